@@ -1,0 +1,83 @@
+# MLBench: the targets a contributor needs. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export MLBENCH_CACHE ?= $(HOME)/.cache/mlbench
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+RUN ?= manifests/examples/local-quick.yaml
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: system-deps
+system-deps: ## install OpenMPI, Prometheus and ssh from Debian when missing (needs root)
+	@missing=""; \
+	command -v mpirun >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+.PHONY: install
+install: system-deps ## make the Python environment (cached by constraints.txt) and install mlbench editable
+	@bash hack/venv.sh >/dev/null
+
+$(PYTHON):
+	@$(MAKE) --no-print-directory install
+
+.PHONY: lock
+lock: ## re-pin constraints.txt from the current environment
+	{ echo "# Exact versions of every Python package (regenerate with \`make lock\`)."; \
+	  $(VENV)/bin/pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)=='; } > constraints.txt
+
+.PHONY: crds
+crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
+	$(VENV)/bin/mlbench crds
+
+.PHONY: lint
+lint: $(PYTHON) ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: fmt
+fmt: $(PYTHON) ## format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+.PHONY: test
+test: install k8s-bins ## the whole suite: lint, CRD freshness, unit, multi-process and cluster tests
+	$(MAKE) --no-print-directory lint
+	$(VENV)/bin/mlbench crds --check
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: install ## tests that need no cluster
+	$(PYTHON) -m pytest -m "not cluster" $(PYTEST_ARGS)
+
+.PHONY: run-local
+run-local: install ## the main job: a local benchmark run of $(RUN)
+	$(VENV)/bin/mlbench run $(RUN) --local
+
+.PHONY: bench
+bench: install ## runner and operator benchmarks (print figures)
+	$(PYTHON) benchmarks/runner_cpu_scaling.py
+	$(PYTHON) benchmarks/operator_scale.py
+
+.PHONY: images
+images: ## build the operator and runner images (needs docker)
+	docker build -f Dockerfile.operator -t mlbench/mlbench-operator:0.1.0 .
+	docker build -f Dockerfile.runner -t mlbench/mlbench-runner:0.1.0 .
+
+.PHONY: clean
+clean: ## remove build outputs and results in the work tree (keeps the caches)
+	rm -rf .venv build *.egg-info crds/*.egg-info .mypy_cache .ruff_cache .pytest_cache mlbench-results
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+include tests/cluster/cluster.mk

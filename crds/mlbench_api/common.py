@@ -1,0 +1,106 @@
+"""Shared building blocks: the base model, Kubernetes-shaped helpers and schema hints.
+
+Schema hints (``x-kubernetes-*`` keys, CEL rules) ride along in pydantic's
+``json_schema_extra`` so that ``mlbench_api.crdgen`` can turn the JSON schema into a
+structural CRD schema without a second description of the API.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "mlbench.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: DNS-1035 label: what a Service name (the run's headless Service) must be.
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: DNS-1123 subdomain, the usual object name.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+_QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i?|[munkMGTPE])?$"
+
+
+def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry (a CEL rule evaluated by the API server)."""
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the Kubernetes API carries it: camelCase, no nulls."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.match(_QUANTITY, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
+    if not isinstance(value, str) and value < 0:
+        raise ValueError("a quantity must not be negative")
+    return value
+
+
+#: A resource quantity such as ``2``, ``500m`` or ``8Gi`` (int-or-string on the wire).
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": _QUANTITY, "maxLength": 64}],
+        }
+    ),
+]
+
+#: Free-form Kubernetes object (e.g. a core/v1 VolumeSource) that the API passes through.
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+ShortString = Annotated[str, Field(max_length=253)]
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
+
+
+class Condition(ApiModel):
+    """A status condition shaped exactly like ``metav1.Condition``."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    last_transition_time: datetime
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+class ObjectMeta(ApiModel):
+    """The subset of ``metav1.ObjectMeta`` that the models read; the rest passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(max_length=253)]
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None

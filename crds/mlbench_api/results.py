@@ -1,0 +1,94 @@
+"""The result contract between runner, launcher and operator.
+
+Rank 0 writes a full :class:`RunSummary` to ``<output>/summary.json``; the launcher
+writes :meth:`RunSummary.termination_message` (compact, < 4 KiB, the kubelet's limit)
+to ``/dev/termination-log``; the operator parses it back with
+:meth:`RunSummary.from_termination_message` into ``status.result``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import Field
+
+from mlbench_api.common import ApiModel
+
+TERMINATION_MESSAGE_LIMIT = 4096
+SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
+
+
+class PhaseTotals(ApiModel):
+    """Seconds per training phase, summed over steps on rank 0 (see the runner docs)."""
+
+    data: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    communication: float = 0.0
+    optimizer: float = 0.0
+    evaluation: float = 0.0
+
+
+class Environment(ApiModel):
+    torch: str | None = None
+    cuda: str | None = None
+    devices: Annotated[list[str], Field(max_length=64)] = Field(default_factory=list)
+    world_size: int
+    backend: str
+    algorithm: str | None = None
+    seed: int | None = None
+    hostname: str | None = None
+
+
+class EpochRecord(ApiModel):
+    epoch: int
+    accuracy: float | None = None
+    loss: float | None = None
+    wall_seconds: float
+    lr: float | None = None
+
+
+class RunSummary(ApiModel):
+    """The outcome of one run, as rank 0 saw it."""
+
+    schema_: Literal["mlbench.io/summary/v1"] = Field(default=SUMMARY_SCHEMA, alias="schema")
+    run: str
+    task: str
+    status: Literal["success", "goal-not-reached", "aborted"]
+    goal_reached: bool
+    goal_target: float | None = None
+    time_to_goal_seconds: float | None = Field(default=None, description="Wall clock from run start to the goal.")
+    best_accuracy: float | None = None
+    final_accuracy: float | None = None
+    epochs: float
+    steps: int
+    samples: int
+    wall_clock_seconds: float = Field(description="Run start (before data is touched) to run stop.")
+    train_seconds: float = Field(description="Sum of per-step times (data+forward+backward+comm+optimizer).")
+    compute_seconds: float
+    communication_seconds: float
+    comm_compute_ratio: float | None = None
+    samples_per_second: float
+    phases: PhaseTotals
+    environment: Environment
+    history: list[EpochRecord] = Field(default_factory=list)
+
+    def termination_message(self) -> str:
+        """Compact JSON that fits the kubelet's 4 KiB termination-message limit."""
+        data: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.pop("history", None)
+        text = json.dumps(data, separators=(",", ":"))
+        if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
+            data["environment"].pop("devices", None)
+            text = json.dumps(data, separators=(",", ":"))
+        return text
+
+    @classmethod
+    def from_termination_message(cls, text: str) -> RunSummary:
+        """Parse a launcher's termination message; raises ValueError when malformed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"termination message is not JSON: {exc}") from exc
+        return cls.model_validate(data)

@@ -1,0 +1,1 @@
+"""MLBench test suite."""

@@ -1,0 +1,69 @@
+"""The `mlbench` API commands, run as a user would run them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.api.examples import EXAMPLES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mlbench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mlbench_api.cli", *args], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+
+
+def test_catalog_lists_every_task() -> None:
+    out = mlbench("catalog")
+    assert out.returncode == 0, out.stderr
+    assert "cifar10-resnet20 " in out.stdout
+    assert "epsilon-logreg " in out.stdout
+    assert "80%" in out.stdout
+
+
+def test_catalog_prints_one_task_as_yaml() -> None:
+    out = mlbench("catalog", "epsilon-logreg")
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["spec"]["training"]["batchSizePerWorker"] == 100
+
+
+def test_validate_accepts_valid_and_names_the_field_of_invalid() -> None:
+    ok = mlbench("validate", str(EXAMPLES / "valid" / "run-full.yaml"))
+    assert ok.returncode == 0, ok.stderr
+    bad = mlbench("validate", str(EXAMPLES / "invalid" / "run-workers-too-many.yaml"))
+    assert bad.returncode == 1
+    assert "spec.workers: Input should be less than or equal to 1024" in bad.stderr
+
+
+def test_config_prints_the_effective_configuration() -> None:
+    out = mlbench("config", str(EXAMPLES / "valid" / "run-mpi-cpu.yaml"))
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["worldSize"] == 16
+    assert cfg["lr"]["alpha"] == 800
+
+
+def test_config_with_unknown_task_names_the_field(tmp_path: Path) -> None:
+    run = yaml.safe_load((EXAMPLES / "valid" / "run-minimal.yaml").read_text())
+    run["spec"]["taskRef"]["name"] = "no-such-task"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run))
+    out = mlbench("config", str(path))
+    assert out.returncode == 1
+    assert "spec.taskRef.name: no task 'no-such-task'" in out.stderr
+
+
+def test_crds_check_detects_stale_files(tmp_path: Path) -> None:
+    assert mlbench("crds", "--out", str(tmp_path)).returncode == 0
+    assert mlbench("crds", "--check", "--out", str(tmp_path)).returncode == 0
+    victim = next(tmp_path.glob("mlbench.io_benchmarkruns.yaml"))
+    victim.write_text(victim.read_text() + "# edited by hand\n")
+    out = mlbench("crds", "--check", "--out", str(tmp_path))
+    assert out.returncode == 1
+    assert "benchmarkruns" in out.stderr
