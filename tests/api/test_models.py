@@ -1,0 +1,59 @@
+"""Rules of the smaller models that the YAML examples do not reach."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from mlbench_api.common import Condition
+from mlbench_api.config import RunConfig
+from mlbench_api.errors import format_errors
+from mlbench_api.results import RunSummary
+from mlbench_api.run import BenchmarkRunStatus, RunOverrides
+from mlbench_api.task import Overridable
+
+
+def _problems(model: type[BaseModel], data: dict[str, Any]) -> list[str]:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(data)
+    return format_errors(info.value)
+
+
+def test_overridable_names_are_exactly_the_override_fields() -> None:
+    fields = {info.alias for info in RunOverrides.model_fields.values()}
+    assert {o.value for o in Overridable} == fields
+
+
+def test_condition_status_must_be_true_false_unknown() -> None:
+    now = datetime.now(UTC).isoformat()
+    problems = _problems(Condition, {"type": "Ready", "status": "Maybe", "reason": "X", "lastTransitionTime": now})
+    assert problems[0].startswith("status: Input should be 'True', 'False' or 'Unknown'")
+
+
+def test_condition_reason_is_camel_case_identifier() -> None:
+    now = datetime.now(UTC).isoformat()
+    problems = _problems(Condition, {"type": "Ready", "status": "True", "reason": "not ok", "lastTransitionTime": now})
+    assert problems[0].startswith("reason: String should match pattern")
+
+
+def test_status_rejects_unknown_phase() -> None:
+    assert _problems(BenchmarkRunStatus, {"phase": "Done"})[0].startswith("phase: Input should be")
+
+
+def test_run_config_needs_a_positive_world_size() -> None:
+    problems = _problems(RunConfig, {"worldSize": 0})
+    assert any(p.startswith("worldSize: Input should be greater than or equal to 1") for p in problems)
+    assert any(p.startswith("taskName: Field required") for p in problems)
+
+
+def test_summary_names_missing_fields() -> None:
+    problems = _problems(RunSummary, {"run": "r", "task": "t", "status": "exploded"})
+    assert any(p.startswith("status: Input should be") for p in problems)
+    assert any(p.startswith("goalReached: Field required") for p in problems)
+
+
+def test_override_names_use_wire_names() -> None:
+    assert RunOverrides(max_epochs=3, batch_size_per_worker=8).names() == ["batchSizePerWorker", "maxEpochs"]
