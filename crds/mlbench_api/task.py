@@ -131,7 +131,7 @@ class LearningRate(ApiModel):
                     ".perSample",
                 ),
                 cel(
-                    "self.schedule != 'inverse-sqrt' || size(self.alphaByWorkers) > 0",
+                    "self.schedule != 'inverse-sqrt' || (has(self.alphaByWorkers) && size(self.alphaByWorkers) > 0)",
                     "the inverse-sqrt schedule needs alphaByWorkers",
                     ".alphaByWorkers",
                 ),
@@ -141,8 +141,8 @@ class LearningRate(ApiModel):
                     ".value",
                 ),
                 cel(
-                    "self.milestones.isSorted() && "
-                    "self.milestones.all(m, self.milestones.filter(n, n == m).size() == 1)",
+                    "!has(self.milestones) || (self.milestones.isSorted() && "
+                    "self.milestones.all(m, self.milestones.filter(n, n == m).size() == 1))",
                     "milestones must be strictly increasing",
                     ".milestones",
                 ),

@@ -1,0 +1,1 @@
+"""Local Kubernetes control plane (real apiserver + kwok) for MLBench tests."""

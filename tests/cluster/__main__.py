@@ -1,0 +1,7 @@
+"""``python -m tests.cluster up|down|env|status|build``."""
+
+import sys
+
+from tests.cluster.cluster import main
+
+sys.exit(main())

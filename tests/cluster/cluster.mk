@@ -1,0 +1,31 @@
+# Local Kubernetes control plane for tests (real apiserver/etcd/controller-manager/
+# scheduler built from Go modules + kwok fake nodes).  Included by the top-level
+# Makefile; see tests/cluster/README.md.
+PYTHON ?= .venv/bin/python
+MLBENCH_CACHE ?= $(HOME)/.cache/mlbench
+export MLBENCH_CACHE
+
+.PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status test-cluster
+
+## k8s-bins: build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok (cached)
+k8s-bins:
+	tests/cluster/build-k8s.sh
+
+## cluster-up: start the local cluster (idempotent); prints the kubeconfig path
+cluster-up: k8s-bins
+	$(PYTHON) -m tests.cluster up
+
+## cluster-down: stop every cluster process and wipe etcd data (idempotent)
+cluster-down:
+	$(PYTHON) -m tests.cluster down
+
+## cluster-env: eval "$$(make -s cluster-env)" to point kubectl at the cluster
+cluster-env:
+	@$(PYTHON) -m tests.cluster env
+
+cluster-status:
+	$(PYTHON) -m tests.cluster status
+
+## test-cluster: tests that need the cluster (the fixture starts/stops it)
+test-cluster: k8s-bins
+	$(PYTHON) -m pytest tests/cluster tests/test_crds_server.py -m cluster

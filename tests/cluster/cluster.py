@@ -1,0 +1,689 @@
+"""A real, local Kubernetes control plane for tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok (fake nodes, simulated pods).
+
+Why: the operator must be exercised against the real API server (OpenAPI and
+CEL validation, RBAC, scheduling, garbage collection) while this machine has no
+container runtime.  Everything listens on 127.0.0.1 only.
+
+Binaries come from ``tests/cluster/build-k8s.sh`` (built from Go modules and
+cached per version).  State lives in ``$MLBENCH_CACHE/cluster`` (default
+``~/.cache/mlbench/cluster``): certificates, kubeconfigs, logs and pid files;
+etcd's data lives in /dev/shm and is wiped by ``down``.
+
+Stdlib + PyYAML only at import time, so ``python -m tests.cluster up`` works
+from a bare interpreter.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build-k8s.sh"
+STAGES_FILE = HERE / "kwok-stages.yaml"
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+#: order matters: started left to right, stopped right to left
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def cache_root() -> Path:
+    """Root of all MLBench caches (``$MLBENCH_CACHE`` or ``~/.cache/mlbench``)."""
+    env = os.environ.get("MLBENCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "mlbench"
+
+
+def default_cluster_dir() -> Path:
+    return cache_root() / "cluster"
+
+
+def bin_dir() -> Path:
+    """Versioned binary dir; the build script owns the version key."""
+    override = os.environ.get("MLBENCH_K8S_BIN_DIR")
+    if override:
+        return Path(override)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-bin-dir"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+def ensure_binaries() -> Path:
+    """Build (or reuse) the control-plane binaries; return their directory."""
+    if os.environ.get("MLBENCH_K8S_BIN_DIR"):
+        return bin_dir()
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def kubectl_path() -> Path:
+    return bin_dir() / "kubectl"
+
+
+def free_port() -> int:
+    """A currently free TCP port on loopback (tiny race accepted for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+# Nodes: two CPU nodes and two 8-GPU nodes.  pods=1100 each so a 1000-worker
+# scale test fits on one node and 4400 pods fit in total.
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    cpu: str
+    memory: str
+    zone: str
+    instance_type: str
+    gpus: int = 0
+    pods: str = "1100"
+    #: reported InternalIP (documentation only; nothing is ever sent to it)
+    internal_ip: str = ""
+
+    def manifest(self) -> dict[str, Any]:
+        labels = {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "node.kubernetes.io/instance-type": self.instance_type,
+            "topology.kubernetes.io/zone": self.zone,
+            "topology.kubernetes.io/region": "local",
+            "type": "kwok",
+        }
+        resources: dict[str, str] = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": self.pods,
+            "ephemeral-storage": "500Gi",
+        }
+        if self.gpus:
+            labels["nvidia.com/gpu.present"] = "true"
+            labels["nvidia.com/gpu.count"] = str(self.gpus)
+            resources["nvidia.com/gpu"] = str(self.gpus)
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": labels,
+                "annotations": {
+                    KWOK_NODE_ANNOTATION: "fake",
+                    "node.alpha.kubernetes.io/ttl": "0",
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": resources,
+                "allocatable": dict(resources),
+                "addresses": [
+                    {"type": "InternalIP", "address": self.internal_ip},
+                    {"type": "Hostname", "address": self.name},
+                ],
+            },
+        }
+
+
+DEFAULT_NODES: tuple[FakeNode, ...] = (
+    FakeNode("kwok-cpu-0", "16", "64Gi", "zone-a", "mlbench.cpu16", internal_ip="10.250.0.1"),
+    FakeNode("kwok-cpu-1", "16", "64Gi", "zone-b", "mlbench.cpu16", internal_ip="10.250.0.2"),
+    FakeNode("kwok-gpu-0", "32", "128Gi", "zone-a", "mlbench.gpu8", gpus=8, internal_ip="10.250.0.3"),
+    FakeNode("kwok-gpu-1", "32", "128Gi", "zone-b", "mlbench.gpu8", gpus=8, internal_ip="10.250.0.4"),
+)
+
+
+@dataclass
+class LocalCluster:
+    """Lifecycle of the local control plane rooted at ``root``.
+
+    ``up()`` is idempotent (a healthy running cluster is reused) and
+    ``down()`` is safe to call repeatedly.
+    """
+
+    root: Path = field(default_factory=default_cluster_dir)
+    nodes: Sequence[FakeNode] = DEFAULT_NODES
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False, repr=False)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def etcd_data(self) -> Path:
+        """etcd data on tmpfs when available: fast and never persisted."""
+        tag = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10]
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.root
+        return base / f"mlbench-etcd-{os.getuid()}-{tag}"
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise up/down between concurrent callers (e.g. two pytest runs)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # --------------------------------------------------------------- public
+    def up(self, timeout: float = 120.0) -> bool:
+        """Start the cluster; return True if this call started it, False if
+        a healthy one was already running."""
+        with self._lock():
+            if self._running_and_healthy():
+                return False
+            self._stop_all()
+            bins = ensure_binaries()
+            try:
+                self._start(bins, timeout)
+            except BaseException:
+                self._stop_all()
+                raise
+            return True
+
+    def down(self) -> None:
+        """Stop every component this cluster dir started and wipe etcd data."""
+        with self._lock():
+            self._stop_all()
+
+    def status(self) -> dict[str, bool]:
+        return {c: self._pid_alive(c) is not None for c in COMPONENTS}
+
+    def is_up(self) -> bool:
+        with self._lock():
+            return self._running_and_healthy()
+
+    # ------------------------------------------------------------- internals
+    def _running_and_healthy(self) -> bool:
+        if not self.state_file.exists() or not self.kubeconfig.exists():
+            return False
+        if not all(self._pid_alive(c) for c in COMPONENTS):
+            return False
+        state = json.loads(self.state_file.read_text())
+        return self._get_ok(f"https://{HOST}:{state['apiserver_port']}/readyz")
+
+    def _pid_alive(self, component: str) -> int | None:
+        """PID of a running component we started (checked via /proc cmdline so
+        a recycled pid is never mistaken for ours)."""
+        pidfile = self.pids / f"{component}.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            for _ in range(40):  # cmdline reads empty for a moment around exec()
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if raw:
+                    break
+                time.sleep(0.025)
+            cmdline = raw.split(b"\0")
+        except (OSError, ValueError):
+            return None
+        if not cmdline or not cmdline[0].endswith(component.encode()):
+            return None
+        if str(self.root).encode() not in b" ".join(cmdline):
+            return None
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+        except OSError:
+            return None
+        return pid
+
+    def _stop_all(self) -> None:
+        for component in reversed(COMPONENTS):
+            pid = self._pid_alive(component)
+            if pid is not None:
+                self._terminate(pid)
+            (self.pids / f"{component}.pid").unlink(missing_ok=True)
+        for proc in self._procs.values():
+            with contextlib.suppress(ChildProcessError, OSError):
+                proc.poll()
+        self._procs.clear()
+        subprocess.run(["rm", "-rf", str(self.etcd_data)], check=False)
+        self.state_file.unlink(missing_ok=True)
+
+    @staticmethod
+    def _terminate(pid: int, grace: float = 10.0) -> None:
+        """SIGTERM the component's process group (it is a session leader we
+        created), then SIGKILL after ``grace`` seconds."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                    if done == pid:
+                        return
+                except ChildProcessError:
+                    # not our child (started by another `up`): poll /proc
+                    if not Path(f"/proc/{pid}").exists():
+                        return
+                    stat = Path(f"/proc/{pid}/stat")
+                    with contextlib.suppress(OSError):
+                        if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                            return
+                time.sleep(0.05)
+
+    def _spawn(self, component: str, argv: list[str]) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pids.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - owned by the child
+        log.write(f"\n==== {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.root,
+        )
+        log.close()
+        self._procs[component] = proc
+        (self.pids / f"{component}.pid").write_text(f"{proc.pid}\n")
+
+    def _start(self, bins: Path, timeout: float) -> None:
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._ensure_pki()
+        ports = {
+            "etcd_client_port": free_port(),
+            "etcd_peer_port": free_port(),
+            "apiserver_port": free_port(),
+            "controller_manager_port": free_port(),
+            "scheduler_port": free_port(),
+            "kwok_port": free_port(),
+        }
+        api = f"https://{HOST}:{ports['apiserver_port']}"
+        self._write_kubeconfigs(api)
+        etcd_url = f"http://{HOST}:{ports['etcd_client_port']}"
+        peer_url = f"http://{HOST}:{ports['etcd_peer_port']}"
+        subprocess.run(["rm", "-rf", str(self.etcd_data)], check=False)
+        self.etcd_data.mkdir(parents=True, mode=0o700)
+        pki = self.pki
+        kc = self.root / "kubeconfigs"
+
+        self._spawn(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=default",
+                f"--data-dir={self.etcd_data}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+                # marker so _pid_alive can tell our etcd from anyone else's
+                f"--initial-cluster-token=mlbench-{self.root}",
+            ],
+        )
+        self._wait(lambda: self._get_ok(f"{etcd_url}/health", tls=False), deadline, "etcd")
+
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={ports['apiserver_port']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-issuer={SA_ISSUER}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--profiling=false",
+                f"--cert-dir={pki}",
+                "--v=1",
+            ],
+        )
+        self._wait(lambda: self._get_ok(f"{api}/readyz"), deadline, "kube-apiserver")
+
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kc / 'controller-manager.kubeconfig'}",
+                f"--authentication-kubeconfig={kc / 'controller-manager.kubeconfig'}",
+                f"--authorization-kubeconfig={kc / 'controller-manager.kubeconfig'}",
+                f"--bind-address={HOST}",
+                f"--secure-port={ports['controller_manager_port']}",
+                "--leader-elect=false",
+                "--controllers=*,-nodeipam,-bootstrapsigner,-tokencleaner",
+                # each controller acts as its own ServiceAccount, so the default
+                # RBAC roles (system:controller:*) apply, as in kubeadm clusters
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--node-monitor-grace-period=60s",
+                "--concurrent-gc-syncs=20",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={kc / 'scheduler.kubeconfig'}",
+                f"--authentication-kubeconfig={kc / 'scheduler.kubeconfig'}",
+                f"--authorization-kubeconfig={kc / 'scheduler.kubeconfig'}",
+                f"--bind-address={HOST}",
+                f"--secure-port={ports['scheduler_port']}",
+                "--leader-elect=false",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={kc / 'kwok.kubeconfig'}",
+                f"--config={STAGES_FILE}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--server-address={HOST}:{ports['kwok_port']}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        state = {**ports, "server": api, "bin_dir": str(bins), "started": time.time()}
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+        cm = f"https://{HOST}:{ports['controller_manager_port']}/healthz"
+        sched = f"https://{HOST}:{ports['scheduler_port']}/healthz"
+        self._wait(lambda: self._get_ok(cm), deadline, "kube-controller-manager")
+        self._wait(lambda: self._get_ok(sched), deadline, "kube-scheduler")
+        self._create_nodes(bins)
+        self._wait(lambda: self._nodes_ready(bins), deadline, "kwok nodes Ready and untainted")
+        self._wait(
+            lambda: self._kubectl_ok(bins, "-n", "default", "get", "serviceaccount", "default"),
+            deadline,
+            "default service account",
+        )
+        state["startup_seconds"] = round(time.monotonic() - t0, 2)
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+    def _wait(self, check: Any, deadline: float, what: str) -> None:
+        while True:
+            if check():
+                return
+            for component, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{component} exited ({proc.returncode}) while waiting for {what}; "
+                        f"see {self.logs / (component + '.log')}:\n{self._tail(component)}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}; logs in {self.logs}")
+            time.sleep(0.2)
+
+    def _tail(self, component: str, lines: int = 30) -> str:
+        try:
+            text = (self.logs / f"{component}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        # controller-manager/scheduler serve self-signed certs on loopback
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _get_ok(self, url: str, tls: bool = True) -> bool:
+        try:
+            ctx = self._ssl_context() if tls else None
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return int(resp.status) == 200
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return False
+
+    def _kubectl_ok(self, bins: Path, *args: str) -> bool:
+        res = subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return res.returncode == 0
+
+    def _create_nodes(self, bins: Path) -> None:
+        docs = {"apiVersion": "v1", "kind": "List", "items": [n.manifest() for n in self.nodes]}
+        subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "create", "-f", "-"],
+            input=json.dumps(docs),
+            text=True,
+            check=True,
+            capture_output=True,
+        )
+
+    def _nodes_ready(self, bins: Path) -> bool:
+        res = subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "nodes", "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if res.returncode != 0:
+            return False
+        items = json.loads(res.stdout)["items"]
+        if len(items) < len(self.nodes):
+            return False
+        for node in items:
+            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            if conds.get("Ready") != "True" or node.get("spec", {}).get("taints"):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ PKI
+    def _ensure_pki(self) -> None:
+        """CA, serving cert, client certs and SA key; generated once per
+        cluster dir and reused (EC P-256 keys: fast to make)."""
+        pki = self.pki
+        if (pki / ".complete").exists():
+            return
+        subprocess.run(["rm", "-rf", str(pki)], check=True)
+        pki.mkdir(parents=True, mode=0o700)
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=mlbench-local-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+            cwd=pki,
+        )
+        sans = ",".join(
+            [
+                f"IP:{HOST}",
+                f"IP:{SERVICE_IP}",
+                "DNS:localhost",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local",
+            ]
+        )
+        certs = {
+            # name: (subject, extendedKeyUsage, subjectAltName)
+            "apiserver": ("/CN=kube-apiserver", "serverAuth", sans),
+            "admin": ("/O=system:masters/CN=mlbench-admin", "clientAuth", None),
+            "controller-manager": ("/CN=system:kube-controller-manager", "clientAuth", None),
+            "scheduler": ("/CN=system:kube-scheduler", "clientAuth", None),
+            # kwok plays every kubelet (node status, leases, pod status and
+            # deletion): simplest truthful identity is a cluster admin.
+            "kwok": ("/O=system:masters/CN=kwok-controller", "clientAuth", None),
+        }
+        for name, (subj, eku, san) in certs.items():
+            _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki)
+            ext = [f"extendedKeyUsage={eku}", "keyUsage=critical,digitalSignature,keyEncipherment"]
+            if san:
+                ext.append(f"subjectAltName={san}")
+            (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
+            _openssl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                f"{name}.crt",
+                "-days",
+                "3650",
+                "-sha256",
+                "-extfile",
+                f"{name}.ext",
+                cwd=pki,
+            )
+        _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
+        _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+        (pki / ".complete").write_text("ok\n")
+
+    def _kubeconfig_doc(self, server: str, user: str, cert: str) -> dict[str, Any]:
+        pki = self.pki
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "mlbench-local",
+                    "cluster": {"server": server, "certificate-authority-data": _b64(pki / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": _b64(pki / f"{cert}.crt"),
+                        "client-key-data": _b64(pki / f"{cert}.key"),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "mlbench-local", "context": {"cluster": "mlbench-local", "user": user, "namespace": "default"}}
+            ],
+            "current-context": "mlbench-local",
+            "preferences": {},
+        }
+
+    def _write_kubeconfigs(self, server: str) -> None:
+        kc = self.root / "kubeconfigs"
+        kc.mkdir(parents=True, exist_ok=True)
+        for cert in ("controller-manager", "scheduler", "kwok"):
+            path = kc / f"{cert}.kubeconfig"
+            path.write_text(yaml.safe_dump(self._kubeconfig_doc(server, cert, cert)))
+            path.chmod(0o600)
+        tmp = self.kubeconfig.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(self._kubeconfig_doc(server, "mlbench-admin", "admin")))
+        tmp.chmod(0o600)
+        tmp.replace(self.kubeconfig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``python -m tests.cluster up|down|env|status [--dir DIR]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down", "env", "status", "build"])
+    parser.add_argument("--dir", type=Path, default=default_cluster_dir(), help="cluster state dir")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(root=args.dir)
+    if args.command == "build":
+        print(ensure_binaries())
+    elif args.command == "up":
+        t0 = time.monotonic()
+        started = cluster.up()
+        verb = "started" if started else "already running"
+        print(f"cluster {verb} in {time.monotonic() - t0:.1f}s; kubeconfig:", file=sys.stderr)
+        print(cluster.kubeconfig)
+    elif args.command == "down":
+        cluster.down()
+        print("cluster down", file=sys.stderr)
+    elif args.command == "env":
+        print(f"export KUBECONFIG={cluster.kubeconfig}")
+        print(f"export MLBENCH_TEST_KUBECONFIG={cluster.kubeconfig}")
+        print(f"export MLBENCH_KUBECTL={kubectl_path()}")
+        print(f"export PATH={bin_dir()}:$PATH")
+    elif args.command == "status":
+        st = cluster.status()
+        for name, alive in st.items():
+            print(f"{name:26s} {'running' if alive else 'stopped'}")
+        return 0 if all(st.values()) else 1
+    return 0

@@ -1,0 +1,194 @@
+"""Pytest plugin: a real local Kubernetes API for tests marked ``cluster``.
+
+Fixtures:
+  kube_cluster (session)  brings the local cluster up once (or uses
+                          ``$MLBENCH_TEST_KUBECONFIG``), installs the CRDs from
+                          ``crds/bases`` and tears down only what it started.
+  kubeconfig (session)    path to the admin kubeconfig.
+  kubectl (session)       callable running kubectl against that cluster.
+  kube_api (session)      ``kubernetes.client.ApiClient`` for that cluster.
+  namespace (function)    a fresh namespace, deleted afterwards.
+
+``MLBENCH_KUBECTL`` overrides the kubectl binary (default: the one built by
+``tests/cluster/build-k8s.sh``, or ``kubectl`` on PATH with an external
+cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+import yaml
+
+from tests.cluster.cluster import LocalCluster, kubectl_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = Path(os.environ.get("MLBENCH_CRD_DIR", REPO_ROOT / "crds" / "bases"))
+
+
+class Kubectl(Protocol):
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+@dataclass(frozen=True)
+class KubeCluster:
+    """What the session fixture hands out."""
+
+    kubeconfig: Path
+    kubectl_bin: str
+    started_here: bool
+    crds: tuple[str, ...]
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl; never raises on failure unless ``check`` (tests assert
+        on returncode/stderr of the real server's answer)."""
+        return subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane (kube_cluster fixture)")
+
+
+def _resolve_kubectl(external: bool) -> str:
+    override = os.environ.get("MLBENCH_KUBECTL")
+    if override:
+        return override
+    built = kubectl_path()
+    if built.exists() or not external:
+        return str(built)
+    found = shutil.which("kubectl")
+    if not found:
+        raise RuntimeError("no kubectl: set MLBENCH_KUBECTL or run `make k8s-bins`")
+    return found
+
+
+def crd_files(crd_dir: Path = CRD_DIR) -> list[Path]:
+    """YAML files in ``crd_dir`` holding CustomResourceDefinitions (skips the
+    kustomization.yaml that sits next to them)."""
+    out = []
+    for f in sorted(crd_dir.glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
+        if docs and all(d.get("kind") == "CustomResourceDefinition" for d in docs):
+            out.append(f)
+    return out
+
+
+def install_crds(cluster: KubeCluster, crd_dir: Path = CRD_DIR, timeout: float = 60) -> tuple[str, ...]:
+    """Server-side apply every CRD in ``crd_dir`` and wait until Established."""
+    files = crd_files(crd_dir)
+    if not files:
+        return ()
+    names: list[str] = []
+    for f in files:
+        res = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f), "-o", "name")
+        if res.returncode != 0:
+            raise RuntimeError(f"installing CRD {f.name} failed:\n{res.stderr}")
+        names += [n.strip() for n in res.stdout.splitlines() if n.strip()]
+    res = cluster.kubectl(
+        "wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names, timeout=timeout + 10
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"CRDs not Established:\n{res.stderr}")
+    return tuple(names)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[KubeCluster]:
+    external = os.environ.get("MLBENCH_TEST_KUBECONFIG")
+    local: LocalCluster | None = None
+    if external:
+        kubeconfig = Path(external)
+        started = False
+    else:
+        local = LocalCluster()
+        started = local.up()
+        kubeconfig = local.kubeconfig
+    try:
+        cluster = KubeCluster(kubeconfig, _resolve_kubectl(bool(external)), started, ())
+        crds = install_crds(cluster)
+        yield KubeCluster(kubeconfig, cluster.kubectl_bin, started, crds)
+    finally:
+        if local is not None and started:
+            local.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(kube_cluster: KubeCluster) -> Path:
+    return kube_cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kubectl(kube_cluster: KubeCluster) -> Kubectl:
+    return kube_cluster.kubectl
+
+
+@pytest.fixture(scope="session")
+def kube_api(kube_cluster: KubeCluster) -> Iterator[Any]:
+    """A ``kubernetes.client.ApiClient`` (imported lazily so collection works
+    without the package)."""
+    from kubernetes import config as k8s_config
+
+    client = k8s_config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2, what: str = "") -> Any:
+    """Poll until ``predicate()`` is truthy; return its value or fail the test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def namespace(kube_cluster: KubeCluster) -> Iterator[str]:
+    """A unique namespace (with its default ServiceAccount, so pods are
+    admitted), deleted after the test without waiting."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube_cluster.kubectl("create", "namespace", name, check=True)
+    wait_for(
+        lambda: kube_cluster.kubectl("-n", name, "get", "serviceaccount", "default").returncode == 0,
+        what=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+def get_json(kube_cluster: KubeCluster, *args: str) -> Any:
+    """``kubectl get ... -o json`` parsed; None if it does not exist."""
+    res = kube_cluster.kubectl("get", *args, "-o", "json")
+    if res.returncode != 0:
+        if "NotFound" in res.stderr:
+            return None
+        raise RuntimeError(res.stderr)
+    return json.loads(res.stdout)

@@ -1,0 +1,3 @@
+"""Registers the local-Kubernetes pytest plugin (fixtures + ``cluster`` marker)."""
+
+pytest_plugins = ["tests.cluster.plugin"]

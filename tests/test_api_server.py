@@ -1,0 +1,102 @@
+"""API behaviour only a real API server shows: immutability (CEL transition rules), the
+status subresource, defaulting, and printer columns filled from status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.cluster.plugin import KubeCluster, get_json
+
+pytestmark = pytest.mark.cluster
+
+GROUP, VERSION, PLURAL = "mlbench.io", "v1alpha1", "benchmarkruns"
+
+
+def _run(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "BenchmarkRun",
+        "metadata": {"name": name},
+        "spec": {"taskRef": {"name": "cifar10-resnet20"}, "workers": 2},
+    }
+
+
+def _api(kube_api: Any) -> Any:
+    """The custom-objects client, untyped: it returns plain JSON-shaped dicts."""
+    return client.CustomObjectsApi(kube_api)
+
+
+def _create(api: Any, namespace: str, name: str) -> dict[str, Any]:
+    created: dict[str, Any] = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _run(name))
+    return created
+
+
+def test_server_applies_schema_defaults(kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    spec = _create(api, namespace, "defaults")["spec"]
+    assert spec["backend"] == "gloo"
+    assert spec["algorithm"] == "allreduce-sgd"
+    assert spec["slotsPerWorker"] == 1
+    assert spec["seed"] == 42
+
+
+def test_spec_is_immutable_except_run_policy(kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    _create(api, namespace, "immutable")
+    with pytest.raises(ApiException) as info:
+        api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "immutable", {"spec": {"workers": 4}})
+    assert info.value.status == 422
+    assert "spec is immutable except runPolicy" in str(info.value.body)
+    patched = api.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "immutable", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}}}
+    )
+    assert patched["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 60
+    assert patched["spec"]["workers"] == 2
+
+
+def test_status_is_a_subresource(kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    _create(api, namespace, "status")
+    # A write to the main resource cannot set status ...
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "status", {"status": {"phase": "Running"}})
+    assert "status" not in api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "status")
+    # ... only the status subresource can, and it is validated too.
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "status", {"status": {"phase": "Running", "workers": {"ready": 2}}}
+    )
+    with pytest.raises(ApiException) as info:
+        api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "status", {"status": {"phase": "Exploded"}}
+        )
+    assert "status.phase" in str(info.value.body)
+
+
+def test_printer_columns_show_status(kube_cluster: KubeCluster, kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    _create(api, namespace, "columns")
+    status = {
+        "phase": "Succeeded",
+        "progress": {"epoch": 41, "lastAccuracy": 0.8012},
+        "result": {"goalReached": True, "timeToGoalSeconds": 123.5},
+    }
+    api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "columns", {"status": status})
+    out = kube_cluster.kubectl("get", "benchmarkruns", "-n", namespace, "columns").stdout
+    header, row = out.splitlines()[:2]
+    assert header.split()[:8] == ["NAME", "TASK", "WORKERS", "BACKEND", "PHASE", "EPOCH", "ACCURACY", "TIME-TO-GOAL"]
+    assert row.split()[:8] == ["columns", "cifar10-resnet20", "2", "gloo", "Succeeded", "41", "0.8012", "123.5"]
+
+
+def test_field_selector_on_task(kube_cluster: KubeCluster, kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    _create(api, namespace, "selected")
+    other = _run("other")
+    other["spec"]["taskRef"]["name"] = "epsilon-logreg"
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, other)
+    listed = get_json(kube_cluster, "br", "-n", namespace, "--field-selector", "spec.taskRef.name=epsilon-logreg")
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["other"]
+    assert json.dumps(listed).count("cifar10-resnet20") == 0
