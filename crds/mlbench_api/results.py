@@ -18,6 +18,8 @@ from mlbench_api.common import ApiModel
 TERMINATION_MESSAGE_LIMIT = 4096
 SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
 
+StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "setup-failed"]
+
 
 class PhaseTotals(ApiModel):
     """Seconds per training phase, summed over steps on rank 0 (see the runner docs)."""
@@ -39,6 +41,8 @@ class Environment(ApiModel):
     algorithm: str | None = None
     seed: int | None = None
     hostname: str | None = None
+    precision: str | None = Field(default=None, description="fp32, fp64 or bf16-autocast.")
+    channels_last: bool | None = None
 
 
 class EpochRecord(ApiModel):
@@ -56,6 +60,7 @@ class RunSummary(ApiModel):
     run: str
     task: str
     status: Literal["success", "goal-not-reached", "aborted"]
+    stop_reason: StopReason | None = Field(default=None, description="Why training stopped.")
     goal_reached: bool
     goal_target: float | None = None
     time_to_goal_seconds: float | None = Field(default=None, description="Wall clock from run start to the goal.")

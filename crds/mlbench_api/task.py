@@ -95,6 +95,9 @@ class DatasetSpec(ApiModel):
     train_subset: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Use only the first N training samples (open division / smoke runs)."
     )
+    test_subset: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Evaluate on the first N test samples only (open division / smoke runs)."
+    )
     synthetic: SyntheticData | None = None
 
     @model_validator(mode="after")

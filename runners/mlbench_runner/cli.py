@@ -1,0 +1,69 @@
+"""``mlbench-runner``: ``train`` (one rank) and ``launch`` (the launcher pod)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mlbench_api.config import CONFIG_ENV, RunConfig
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from mlbench_runner.train import train
+
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        print(f"error: pass --config or set {CONFIG_ENV}", file=sys.stderr)
+        return 2
+    try:
+        config = RunConfig.load(path)
+    except (OSError, ValidationError, ValueError) as exc:
+        print(f"error: invalid run config {path}: {exc}", file=sys.stderr)
+        return 2
+    if args.output_dir:
+        config = config.model_copy(update={"output_dir": args.output_dir})
+    try:
+        summary = train(config)
+    except (ValueError, FileNotFoundError) as exc:  # bad input: one clear line, no traceback
+        print(
+            f"error: rank {os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('RANK', '0'))}: {exc}", file=sys.stderr
+        )
+        return 2
+    return 3 if summary is not None and summary.status == "aborted" else 0
+
+
+def configure_logging() -> None:
+    """Library log lines (e.g. dataset decoding) as JSON too, like the event log."""
+    import structlog
+
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlbench_runner.launch import add_launch_arguments, run_launch
+
+    configure_logging()
+    parser = argparse.ArgumentParser(prog="mlbench-runner", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="train this rank from a RunConfig")
+    p_train.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
+    p_train.add_argument("--output-dir", help="override RunConfig.outputDir")
+    p_launch = sub.add_parser("launch", help="launcher pod: mpirun every rank, write the termination log")
+    add_launch_arguments(p_launch)
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        return _train(args)
+    return run_launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The few collectives the algorithms need, over torch.distributed or mpi4py.
+
+PyPI torch has no MPI backend, so ``backend: mpi`` goes through mpi4py on CPU tensors,
+zero-copy: the numpy view of a contiguous tensor shares its memory, and the reduction
+is ``Allreduce(MPI.IN_PLACE, view)``. Both paths offer the same small interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mlbench_runner.world import World
+
+
+class Communicator(ABC):
+    """Sum all-reduce, broadcast and barrier over the job's ranks."""
+
+    rank: int
+    size: int
+    name: str
+
+    @abstractmethod
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        """Replace ``tensor`` with its element-wise sum over ranks (identical on every rank)."""
+
+    @abstractmethod
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Overwrite ``tensor`` with rank ``src``'s copy."""
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the transport."""
+
+
+class TorchCommunicator(Communicator):
+    """torch.distributed with gloo (CPU) or nccl (GPU)."""
+
+    def __init__(self, world: World, backend: str, timeout_s: float = 1800.0) -> None:
+        self.rank, self.size, self.name = world.rank, world.size, backend
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{world.master_addr}:{world.master_port}",
+                rank=world.rank,
+                world_size=world.size,
+                timeout=timedelta(seconds=timeout_s),
+            )
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        dist.broadcast(tensor, src=src)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class MpiCommunicator(Communicator):
+    """mpi4py on the tensors' own memory (CPU only)."""
+
+    def __init__(self, world: World) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = MPI.COMM_WORLD
+        self.rank, self.size, self.name = self._comm.Get_rank(), self._comm.Get_size(), "mpi"
+        if (self.rank, self.size) != (world.rank, world.size):
+            raise RuntimeError(
+                f"MPI sees rank {self.rank}/{self.size} but the environment says {world.rank}/{world.size}"
+            )
+
+    @staticmethod
+    def _view(tensor: torch.Tensor) -> np.ndarray:
+        if tensor.device.type != "cpu":
+            raise ValueError("backend mpi: tensors must be on the CPU (use nccl for GPUs)")
+        if not tensor.is_contiguous():
+            raise ValueError("backend mpi: tensors must be contiguous for a zero-copy view")
+        return tensor.detach().numpy()  # shares memory with the tensor
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        self._comm.Allreduce(self._mpi.IN_PLACE, self._view(tensor), op=self._mpi.SUM)
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        self._comm.Bcast(self._view(tensor), root=src)
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+
+class LocalCommunicator(Communicator):
+    """One process: every collective is the identity."""
+
+    def __init__(self, backend: str) -> None:
+        self.rank, self.size, self.name = 0, 1, backend
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        return None
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        return None
+
+    def barrier(self) -> None:
+        return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_communicator(world: World, backend: str, process_group: bool = False) -> Communicator:
+    """The transport for ``backend`` (gloo, nccl or mpi).
+
+    A single process gets :class:`LocalCommunicator` unless ``process_group`` asks for a
+    real torch.distributed group (DDP needs one even alone).
+    """
+    if world.size == 1 and backend != "mpi":
+        if not process_group:
+            return LocalCommunicator(backend)
+        if world.launcher == "single":
+            world = World(0, 1, 0, 1, "127.0.0.1", _free_port(), "single")
+    if backend == "mpi":
+        if world.launcher != "mpirun" and world.size > 1:
+            raise ValueError("backend: mpi needs the ranks to be started by mpirun")
+        return MpiCommunicator(world)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend: unknown {backend!r} (gloo, nccl or mpi)")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend: nccl needs a GPU and none is visible")
+    return TorchCommunicator(world, backend)

@@ -1,0 +1,148 @@
+"""CIFAR-10 from the python pickles, an image folder, or a JPEG tarball of that folder.
+
+Folders and tarballs are decoded once with pillow and cached as ``.npy`` files keyed by
+the source's size and mtime, under a file lock so concurrent ranks decode only once.
+Images in a folder are ordered round-robin over classes (the i-th file of every class
+in turn), so a ``trainSubset`` prefix is class-balanced.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import pickle
+import re
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from mlbench_runner.data.base import TensorDataset, cache_root
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+_IMAGE = re.compile(r"(?:^|/)(train|test)/([^/]+)/([^/]+\.(?:jpe?g|png))$", re.IGNORECASE)
+
+log = structlog.get_logger("mlbench.data")
+
+
+def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std (0-255 scale) of uint8 NCHW images, in float64."""
+    flat = x.transpose(1, 0, 2, 3).reshape(x.shape[1], -1)
+    mean = tuple(float(v) for v in flat.mean(axis=1, dtype=np.float64))
+    std = tuple(float(v) for v in flat.std(axis=1, dtype=np.float64))
+    return mean, std
+
+
+def load_cifar_python(path: Path) -> TensorDataset:
+    """The standard ``cifar-10-batches-py`` directory (data_batch_1..5, test_batch)."""
+    if path.is_file() and path.name.endswith(".tar.gz"):
+        raise ValueError(f"dataset.path: {path} is a tarball; extract it or use format image-tarball")
+
+    def read(name: str) -> tuple[np.ndarray, np.ndarray]:
+        file = path / name
+        if not file.exists():
+            raise FileNotFoundError(f"dataset.path: {path} has no {name} (not a cifar-10-batches-py folder)")
+        with file.open("rb") as fh:
+            batch = pickle.load(fh, encoding="bytes")
+        x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        return x, np.asarray(batch[b"labels"], dtype=np.int64)
+
+    parts = [read(f"data_batch_{i}") for i in range(1, 6)]
+    x_train = np.concatenate([p[0] for p in parts])
+    y_train = np.concatenate([p[1] for p in parts])
+    x_test, y_test = read("test_batch")
+    mean, std = channel_stats(x_train)
+    return TensorDataset("image", x_train, y_train, x_test, y_test, mean, std, source=str(path))
+
+
+def _members(path: Path) -> Iterator[tuple[str, bytes]]:
+    """(relative name, bytes) of every image file in a folder or tarball."""
+    if path.is_dir():
+        for file in sorted(path.rglob("*")):
+            if file.is_file():
+                yield file.relative_to(path).as_posix(), file.read_bytes()
+        return
+    with tarfile.open(path, "r:*") as tar:
+        for member in tar:
+            if member.isfile() and _IMAGE.search(member.name):
+                fh = tar.extractfile(member)
+                if fh is not None:
+                    yield member.name, fh.read()
+
+
+def decode_image_archive(path: Path) -> dict[str, np.ndarray]:
+    """Decode every ``train|test/<class>/<file>`` image into uint8 NCHW arrays."""
+    from PIL import Image
+
+    found: dict[str, dict[str, list[tuple[str, np.ndarray]]]] = {"train": defaultdict(list), "test": defaultdict(list)}
+    for name, data in _members(path):
+        match = _IMAGE.search(name)
+        if not match:
+            continue
+        split, cls, file = match.groups()
+        with Image.open(io.BytesIO(data)) as img:
+            arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        if arr.shape != (32, 32, 3):
+            raise ValueError(f"dataset.path: {name} is {arr.shape[1]}x{arr.shape[0]}, expected 32x32")
+        found[split][cls].append((file, arr.transpose(2, 0, 1)))
+    classes = sorted(
+        set(found["train"]) | set(found["test"]),
+        key=lambda c: (c not in CLASSES, CLASSES.index(c) if c in CLASSES else 0, c),
+    )
+    if not found["train"] or not found["test"]:
+        raise ValueError(f"dataset.path: {path} needs both train/<class>/ and test/<class>/ images")
+    out: dict[str, np.ndarray] = {}
+    for split in ("train", "test"):
+        per_class = [sorted(found[split][c]) for c in classes]
+        xs: list[np.ndarray] = []
+        ys: list[int] = []
+        for i in range(max(len(p) for p in per_class)):  # round-robin: prefixes stay class-balanced
+            for label, files in enumerate(per_class):
+                if i < len(files):
+                    xs.append(files[i][1])
+                    ys.append(label)
+        out[f"x_{split}"] = np.stack(xs)
+        out[f"y_{split}"] = np.asarray(ys, dtype=np.int64)
+    out["classes"] = np.asarray(classes)
+    return out
+
+
+def _cache_dir(path: Path) -> Path:
+    st = path.stat()
+    stamp = f"{path.name}-{st.st_size}-{int(st.st_mtime)}" if path.is_file() else f"{path.name}-dir-{int(st.st_mtime)}"
+    return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", stamp)
+
+
+def load_image_archive(path: Path) -> TensorDataset:
+    """An image folder or tarball, via the decoded ``.npy`` cache."""
+    cache = _cache_dir(path)
+    meta_file = cache / "meta.json"
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank decodes, the others wait and read
+        if not meta_file.exists():
+            log.info("dataset_decode", source=str(path), cache=str(cache))
+            arrays = decode_image_archive(path)
+            for key in ("x_train", "y_train", "x_test", "y_test"):
+                np.save(cache / f"{key}.npy", arrays[key])
+            mean, std = channel_stats(arrays["x_train"])
+            meta = {"source": str(path), "classes": arrays["classes"].tolist(), "mean": mean, "std": std}
+            tmp = meta_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(meta))
+            tmp.rename(meta_file)  # written last: its presence means the cache is complete
+    meta = json.loads(meta_file.read_text())
+    arrays = {k: np.load(cache / f"{k}.npy", mmap_mode="r") for k in ("x_train", "y_train", "x_test", "y_test")}
+    return TensorDataset(
+        "image",
+        arrays["x_train"],
+        arrays["y_train"],
+        np.ascontiguousarray(arrays["x_test"]),
+        np.ascontiguousarray(arrays["y_test"]),
+        tuple(meta["mean"]),
+        tuple(meta["std"]),
+        source=str(path),
+    )

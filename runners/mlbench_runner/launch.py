@@ -1,0 +1,222 @@
+"""The launcher pod's entrypoint: mpirun over the hostfile, then report the result.
+
+``mlbench-runner launch`` runs ``mpirun --hostfile H -np <worldSize> ... python -m
+mlbench_runner.cli train --config C`` and forwards its output. Rank 0 prints a
+``run_summary`` event line carrying the compact summary; the launcher writes that (the
+:meth:`RunSummary.termination_message`) to the termination log and exits 0, or writes
+``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back, mpirun
+failed, or the run was aborted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from mlbench_api.config import CONFIG_ENV, RunConfig
+from mlbench_api.results import RunSummary
+from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+#: Environment forwarded to every rank with ``-x`` (when set on the launcher).
+FORWARD_ENV = (
+    CONFIG_ENV,
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "MLBENCH_HOSTFILE",
+    "MLBENCH_CACHE",
+    "MLBENCH_DATA_DIR",
+    "MLBENCH_DTYPE",
+    "MLBENCH_PRECISION",
+    "MLBENCH_CHANNELS_LAST",
+    "MLBENCH_MAX_STEPS",
+    "MLBENCH_TRACE_PARAMS",
+    "MLBENCH_THREADS",
+    "MLBENCH_METRICS_LINGER_SECONDS",
+    "PYTHONPATH",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "OMP_NUM_THREADS",
+)
+
+
+def mpirun_command(
+    *,
+    world_size: int,
+    hostfile: str,
+    config_path: str,
+    ssh_port: int = 2222,
+    ssh_key: str | None = None,
+    oversubscribe: bool = False,
+    mpirun: str = "mpirun",
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    extra_mpi_args: Sequence[str] = (),
+) -> list[str]:
+    """The full mpirun command line (the operator's launcher runs exactly this)."""
+    env = dict(os.environ if env is None else env)
+    rsh = f"-p {ssh_port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    if ssh_key:
+        rsh += f" -i {ssh_key}"
+    cmd = [
+        mpirun,
+        "--hostfile",
+        hostfile,
+        "-np",
+        str(world_size),
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "-mca",
+        "plm_rsh_args",
+        rsh,
+    ]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if oversubscribe:
+        cmd.append("--oversubscribe")
+    for name in FORWARD_ENV:
+        if name in env:
+            cmd += ["-x", name]
+    cmd += list(extra_mpi_args)
+    cmd += [python, "-m", "mlbench_runner.cli", "train", "--config", config_path]
+    return cmd
+
+
+def strip_tag(line: str) -> str:
+    """Drop mpirun's ``[1,0]<stdout>:`` prefix (from ``--tag-output``)."""
+    if line.startswith("[") and ">:" in line[:40]:
+        return line.split(">:", 1)[1]
+    return line
+
+
+def summary_from_line(line: str) -> RunSummary | None:
+    """The RunSummary carried by a ``run_summary`` event line, else None."""
+    text = strip_tag(line).strip()
+    if not text.startswith("{") or '"run_summary"' not in text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if data.get("event") != "run_summary":
+        return None
+    return RunSummary.model_validate(data["summary"])
+
+
+def stream(cmd: list[str], on_line: Callable[[str], None], env: dict[str, str] | None = None) -> int:
+    """Run ``cmd``, handing each output line (stdout and stderr merged) to ``on_line``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+    except KeyboardInterrupt:
+        proc.terminate()
+        raise
+    return proc.wait()
+
+
+def write_termination(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        print(json.dumps({"event": "termination_log_unwritable", "path": path, "error": str(exc)}), file=sys.stderr)
+
+
+def error_message(error: str, code: int) -> str:
+    return json.dumps({"error": error[:3000], "exitCode": code}, separators=(",", ":"))
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    config_path = args.config or os.environ.get(CONFIG_ENV)
+    if not config_path:
+        write_termination(args.termination_log, error_message(f"no --config and no ${CONFIG_ENV}", 2))
+        print(f"error: pass --config or set {CONFIG_ENV}", file=sys.stderr)
+        return 2
+    try:
+        config = RunConfig.load(config_path)
+        hosts = parse_hostfile(args.hostfile)
+    except (OSError, ValueError) as exc:
+        write_termination(args.termination_log, error_message(str(exc), 2))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    slots = sum(s for _, s in hosts)
+    if slots < config.world_size and not args.oversubscribe:
+        msg = f"hostfile {args.hostfile} has {slots} slots for worldSize {config.world_size}"
+        write_termination(args.termination_log, error_message(msg, 2))
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env[CONFIG_ENV] = str(Path(config_path).resolve())
+    env.setdefault("MLBENCH_HOSTFILE", args.hostfile)
+    env.setdefault("MASTER_ADDR", hosts[0][0])
+    env.setdefault("MASTER_PORT", str(args.master_port))
+    cmd = mpirun_command(
+        world_size=config.world_size,
+        hostfile=args.hostfile,
+        config_path=env[CONFIG_ENV],
+        ssh_port=args.ssh_port,
+        ssh_key=args.ssh_key,
+        oversubscribe=args.oversubscribe,
+        mpirun=args.mpirun,
+        env=env,
+        extra_mpi_args=shlex.split(args.mpi_args or ""),
+    )
+    print(json.dumps({"event": "launch", "command": cmd}), flush=True)
+    if args.dry_run:
+        return 0
+    found: list[RunSummary] = []
+    tail: list[str] = []
+
+    def on_line(line: str) -> None:
+        print(line, flush=True)
+        summary = summary_from_line(line)
+        if summary is not None:
+            found.append(summary)
+        tail.append(line)
+        del tail[:-20]
+
+    try:
+        code = stream(cmd, on_line, env)
+    except FileNotFoundError as exc:
+        write_termination(args.termination_log, error_message(f"cannot start mpirun: {exc}", 127))
+        return 127
+    if not found and Path(config.output_dir, "summary.json").exists():
+        found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
+    if code != 0 or not found:
+        reason = f"mpirun exited with {code}" if code != 0 else "no run summary from rank 0"
+        write_termination(
+            args.termination_log, error_message(f"{reason}; last output: " + " | ".join(tail[-5:]), code or 1)
+        )
+        return code or 1
+    summary = found[-1]
+    write_termination(args.termination_log, summary.termination_message())
+    return 3 if summary.status == "aborted" else 0
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
+    parser.add_argument("--hostfile", default=os.environ.get("MLBENCH_HOSTFILE", DEFAULT_HOSTFILE))
+    parser.add_argument("--termination-log", default=os.environ.get("MLBENCH_TERMINATION_LOG", DEFAULT_TERMINATION_LOG))
+    parser.add_argument("--ssh-port", type=int, default=int(os.environ.get("MLBENCH_SSH_PORT", "2222")))
+    parser.add_argument("--ssh-key", default=os.environ.get("MLBENCH_SSH_KEY"))
+    parser.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "29500")))
+    parser.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    parser.add_argument("--mpi-args", default=os.environ.get("MLBENCH_MPI_ARGS"), help="extra mpirun arguments")
+    parser.add_argument(
+        "--oversubscribe", action="store_true", default=os.environ.get("MLBENCH_OVERSUBSCRIBE", "0") == "1"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")

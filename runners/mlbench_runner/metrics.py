@@ -1,0 +1,77 @@
+"""Prometheus metrics of one rank, served on ``metrics_port + local_rank`` (0 disables).
+
+Names carry their unit (Prometheus conventions); see docs/runner.md for the list. Each
+rank has its own registry so an in-process test can build several.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from mlbench_runner.timing import PHASES, StepTiming
+
+METRIC_NAMES = (
+    "mlbench_run_info",
+    "mlbench_phase_seconds_total",
+    "mlbench_step_duration_seconds",
+    "mlbench_steps_total",
+    "mlbench_samples_total",
+    "mlbench_epoch",
+    "mlbench_loss",
+    "mlbench_accuracy",
+    "mlbench_learning_rate",
+    "mlbench_samples_per_second",
+    "mlbench_goal_reached",
+)
+
+
+class RunnerMetrics:
+    """The runner's gauges and counters; ``serve`` starts the HTTP endpoint."""
+
+    def __init__(self, run: str, task: str, backend: str, *, world_size: int, algorithm: str, rank: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge(
+            "mlbench_run_info",
+            "Constant 1, labelled with the run's identity.",
+            ["run", "task", "backend", "world_size", "algorithm", "rank"],
+            registry=r,
+        )
+        self.info.labels(run, task, backend, str(world_size), algorithm, str(rank)).set(1)
+        self.phase_seconds = Counter(
+            "mlbench_phase_seconds",
+            "Seconds spent per phase (data, forward, backward, communication, optimizer, evaluation).",
+            ["phase"],
+            registry=r,
+        )
+        for phase in (*PHASES, "evaluation"):
+            self.phase_seconds.labels(phase)
+        self.step_duration = Histogram(
+            "mlbench_step_duration_seconds",
+            "Duration of one optimizer step (sum of its phases).",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+        self.steps = Counter("mlbench_steps", "Optimizer steps taken by this rank.", registry=r)
+        self.samples = Counter("mlbench_samples", "Training samples processed by this rank.", registry=r)
+        self.epoch = Gauge("mlbench_epoch", "Epochs completed (fractional during an epoch).", registry=r)
+        self.loss = Gauge("mlbench_loss", "Mean training loss of the last epoch on this rank.", registry=r)
+        self.accuracy = Gauge("mlbench_accuracy", "Last test accuracy (fraction, all ranks).", registry=r)
+        self.lr = Gauge("mlbench_learning_rate", "Current learning rate.", registry=r)
+        self.throughput = Gauge(
+            "mlbench_samples_per_second", "Global training samples per second of step time.", registry=r
+        )
+        self.goal = Gauge("mlbench_goal_reached", "1 once the accuracy goal was reached.", registry=r)
+
+    def serve(self, port: int) -> None:
+        """Start the endpoint on ``port`` (all interfaces); ``0`` means metrics are off."""
+        if port:
+            start_http_server(port, registry=self.registry)
+
+    def observe_steps(self, steps: list[StepTiming], samples_per_step: int) -> None:
+        for step in steps:
+            for phase, seconds in step.phases.items():
+                self.phase_seconds.labels(phase).inc(seconds)
+            self.step_duration.observe(step.total)
+        self.steps.inc(len(steps))
+        self.samples.inc(len(steps) * samples_per_step)

@@ -1,0 +1,120 @@
+"""Accumulate one rank's timings into the :class:`RunSummary` result contract.
+
+Definitions (also in docs/runner.md): ``train_seconds`` is the sum over steps of the
+five step phases; ``compute_seconds`` = forward + backward + optimizer;
+``communication_seconds`` = the communication phase; ``samples_per_second`` = global
+samples / train_seconds; ``wall_clock_seconds`` runs from the start of the run (before
+the data is loaded) to the stop, evaluation included.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+
+import torch
+
+from mlbench_api.config import RunConfig
+from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_runner.timing import PHASES, StepTiming
+from mlbench_runner.world import World
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index} {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"cpu {cpu} ({torch.get_num_threads()} threads/rank)"
+
+
+class SummaryBuilder:
+    """Sums step timings and epoch records; ``build`` makes the RunSummary."""
+
+    def __init__(self, config: RunConfig, world: World, device: torch.device, precision: str) -> None:
+        self.config, self.world, self.device, self.precision = config, world, device, precision
+        self.totals = {p: 0.0 for p in PHASES}
+        self.evaluation = 0.0
+        self.steps_timed = 0
+        self.history: list[EpochRecord] = []
+        self.time_to_goal: float | None = None
+        self.stopped_at: tuple[int, float, float] | None = None
+        self.result: RunSummary | None = None
+
+    def add_steps(self, steps: list[StepTiming]) -> None:
+        for step in steps:
+            for phase, seconds in step.phases.items():
+                self.totals[phase] += seconds
+        self.steps_timed += len(steps)
+
+    def add_evaluation(self, seconds: float) -> None:
+        self.evaluation += seconds
+
+    def add_epoch(self, epoch: int, accuracy: float, loss: float, wall: float, lr: float) -> None:
+        finite_loss = loss if math.isfinite(loss) else None
+        self.history.append(EpochRecord(epoch=epoch, accuracy=accuracy, loss=finite_loss, wall_seconds=wall, lr=lr))
+
+    def throughput(self) -> float:
+        """Global samples per second of step time so far."""
+        busy = sum(self.totals.values())
+        batch = self.config.task.training.batch_size_per_worker
+        return self.steps_timed * batch * self.world.size / busy if busy > 0 else 0.0
+
+    def stop(self, steps: int, epochs: float, wall: float) -> None:
+        self.stopped_at = (steps, epochs, wall)
+
+    def build(self, status: str, stop_reason: str | None = None) -> RunSummary:
+        steps, epochs, wall = self.stopped_at or (0, 0.0, 0.0)
+        t = self.totals
+        compute = t["forward"] + t["backward"] + t["optimizer"]
+        comm = t["communication"]
+        train_seconds = sum(t.values())
+        accuracies = [h.accuracy for h in self.history if h.accuracy is not None]
+        batch = self.config.task.training.batch_size_per_worker
+        samples = steps * batch * self.world.size
+        env = Environment(
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            devices=[device_description(self.device)],
+            precision=self.precision.split("+")[0],
+            channels_last="+channels_last" in self.precision,
+            world_size=self.world.size,
+            backend=self.config.backend.value,
+            algorithm=f"{self.config.algorithm.value}/{self.config.bucketing.value}",
+            seed=self.config.seed,
+            hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
+        )
+        goal_reached = self.time_to_goal is not None if status != "aborted" else False
+        if self.config.task.goal.mode.value == "accuracy-after-time":
+            goal_reached = bool(accuracies) and accuracies[-1] >= self.config.goal_target and status != "aborted"
+        self.result = RunSummary(
+            run=self.config.run_name,
+            task=self.config.task_name,
+            status=status,
+            stop_reason=stop_reason,
+            goal_reached=goal_reached,
+            goal_target=self.config.goal_target,
+            time_to_goal_seconds=self.time_to_goal,
+            best_accuracy=max(accuracies) if accuracies else None,
+            final_accuracy=accuracies[-1] if accuracies else None,
+            epochs=round(epochs, 6),
+            steps=steps,
+            samples=samples,
+            wall_clock_seconds=wall,
+            train_seconds=train_seconds,
+            compute_seconds=compute,
+            communication_seconds=comm,
+            comm_compute_ratio=comm / compute if compute > 0 else None,
+            samples_per_second=samples / train_seconds if train_seconds > 0 else 0.0,
+            phases=PhaseTotals(evaluation=self.evaluation, **t),
+            environment=env,
+            history=self.history,
+        )
+        return self.result

@@ -1,0 +1,102 @@
+"""Tiny hand-written SVG charts (no matplotlib): a line chart and stacked bars."""
+
+from __future__ import annotations
+
+from html import escape
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 440, 70, 190, 40, 70
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        hi = lo + 1.0
+    return [lo + (hi - lo) * i / n for i in range(n + 1)]
+
+
+def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None) -> list[str]:
+    notes = [f'<text x="8" y="{H - 8}" font-size="10" fill="#555">{escape(caption)}</text>'] if caption else []
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{W}" height="{H}" fill="white"/>',
+        f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
+        f'<text x="{LEFT + (W - LEFT - RIGHT) / 2}" y="{H - 30}" text-anchor="middle">{escape(xlabel)}</text>',
+        f'<text x="16" y="{TOP + (H - TOP - BOTTOM) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {TOP + (H - TOP - BOTTOM) / 2})">{escape(ylabel)}</text>',
+        *notes,
+    ]
+
+
+def line_chart(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: list[tuple[str, list[tuple[float, float]]]],
+    *,
+    hline: float | None = None,
+    ymax: float | None = None,
+    caption: str | None = None,
+) -> str:
+    """Lines with markers; ``hline`` draws a dashed target level; ``caption`` a footnote."""
+    pts = [p for _, s in series for p in s]
+    xmax = max((x for x, _ in pts), default=1.0) or 1.0
+    ys = [y for _, y in pts] + ([hline] if hline is not None else [])
+    ymin, ymax = 0.0, ymax or max(ys, default=1.0) or 1.0
+    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def sx(x: float) -> float:
+        return LEFT + pw * x / xmax
+
+    def sy(y: float) -> float:
+        return TOP + ph * (1 - (y - ymin) / (ymax - ymin))
+
+    out = _frame(title, xlabel, ylabel, caption)
+    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
+    for t in _ticks(0, xmax):
+        out.append(f'<text x="{sx(t):.1f}" y="{TOP + ph + 16}" text-anchor="middle">{t:.3g}</text>')
+    for t in _ticks(ymin, ymax):
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{t:.3g}</text>')
+    if hline is not None:
+        out.append(
+            f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{sy(hline):.1f}" y2="{sy(hline):.1f}" '
+            f'stroke="#000" stroke-dasharray="6 4"/>'
+        )
+    for i, (name, s) in enumerate(series):
+        color = COLORS[i % len(COLORS)]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
+        if path:
+            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s]
+        ly = TOP + 16 * i + 8
+        out.append(f'<rect x="{W - RIGHT + 12}" y="{ly - 8}" width="12" height="10" fill="{color}"/>')
+        out.append(f'<text x="{W - RIGHT + 30}" y="{ly + 1}">{escape(name[:24])}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def stacked_bars(title: str, xlabel: str, rows: list[tuple[str, dict[str, float]]], caption: str | None = None) -> str:
+    """One horizontal bar per row, split into its named parts (e.g. seconds per phase)."""
+    parts = list(dict.fromkeys(k for _, r in rows for k in r))
+    total = max((sum(r.values()) for _, r in rows), default=1.0) or 1.0
+    pw = W - LEFT - RIGHT - 60
+    bar = max(12.0, min(40.0, (H - TOP - BOTTOM) / max(1, len(rows)) - 8))
+    out = _frame(title, xlabel, "", caption)
+    for i, (name, r) in enumerate(rows):
+        y = TOP + i * (bar + 8)
+        out.append(f'<text x="{LEFT + 54}" y="{y + bar / 2 + 4:.1f}" text-anchor="end">{escape(name[:18])}</text>')
+        x = LEFT + 60.0
+        for j, part in enumerate(parts):
+            w = pw * r.get(part, 0.0) / total
+            out.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{bar:.1f}" '
+                f'fill="{COLORS[j % len(COLORS)]}"><title>{escape(part)}: {r.get(part, 0.0):.3g}</title></rect>'
+            )
+            x += w
+    for j, part in enumerate(parts):
+        ly = TOP + 16 * j + 8
+        out.append(f'<rect x="{W - RIGHT + 12}" y="{ly - 8}" width="12" height="10" fill="{COLORS[j % len(COLORS)]}"/>')
+        out.append(f'<text x="{W - RIGHT + 30}" y="{ly + 1}">{escape(part)}</text>')
+    out.append(f'<text x="{LEFT + 60 + pw}" y="{H - 30}" text-anchor="end">max {total:.3g}</text>')
+    out.append("</svg>")
+    return "\n".join(out)

@@ -1,0 +1,118 @@
+"""mpirun-launched runs: the launcher pod's code path and the mpi4py backend."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlbench_api.results import RunSummary
+from mlbench_runner.launch import mpirun_command
+
+from .helpers import env, launch_processes, logreg_task, make_config, read_ranks
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine"),
+]
+
+
+def launch(config_path: Path, out: Path, ranks: int, **extra: str) -> subprocess.CompletedProcess[str]:
+    hostfile = out / "hostfile"
+    hostfile.write_text(f"# the launcher reads the first host as rendezvous\nlocalhost slots={ranks}\n")
+    from mlbench_runner.local import free_port
+
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlbench_runner.cli",
+            "launch",
+            "--config",
+            str(config_path),
+            "--hostfile",
+            str(hostfile),
+            "--termination-log",
+            str(out / "termination-log"),
+            "--oversubscribe",
+        ],
+        env=env(MASTER_PORT=str(free_port()), **extra),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def write_config(tmp: Path, name: str, ranks: int, **spec: str) -> tuple[Path, Path]:
+    out = tmp / name
+    out.mkdir()
+    config = make_config(logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0), out, ranks, **spec)
+    (out / "config.json").write_text(config.dump())
+    return out / "config.json", out
+
+
+def test_launch_writes_termination_message(tmp_path: Path) -> None:
+    path, out = write_config(tmp_path, "gloo", 2)
+    proc = launch(path, out, 2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    message = (out / "termination-log").read_text()
+    assert len(message.encode()) < 4096
+    summary = RunSummary.from_termination_message(message)
+    assert summary.environment.world_size == 2
+    assert summary.steps == 2 * 200 // 10
+    assert (out / "ranks" / "rank-1.json").exists()
+
+
+def test_launch_failure_writes_error(tmp_path: Path) -> None:
+    path, out = write_config(tmp_path, "bad", 2)
+    (out / "config.json").write_text(path.read_text().replace('"batchSizePerWorker": 5', '"batchSizePerWorker": 500'))
+    proc = launch(path, out, 2)
+    assert proc.returncode != 0
+    text = (out / "termination-log").read_text()
+    assert '"error"' in text
+    assert '"exitCode"' in text
+
+
+def test_mpi_backend_matches_gloo(tmp_path: Path) -> None:
+    path, out = write_config(tmp_path, "mpi", 2, backend="mpi")
+    proc = launch(path, out, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mpi = read_ranks(out, 2)
+    gloo_cfg = make_config(logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0), tmp_path / "g", 2)
+    gloo = launch_processes(gloo_cfg, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
+    assert mpi[0]["param_sha1"] == mpi[1]["param_sha1"]
+    a, b = np.asarray(mpi[0]["param_values"]), np.asarray(gloo[0]["param_values"])
+    assert a.shape == b.shape
+    assert np.abs(a).max() > 0.1
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    assert summary.environment.backend == "mpi"
+    assert summary.communication_seconds > 0
+
+
+def test_mpirun_command_shape() -> None:
+    cmd = mpirun_command(
+        world_size=8,
+        hostfile="/etc/mlbench/hostfile",
+        config_path="/etc/mlbench/config.json",
+        ssh_key="/etc/mlbench/ssh/id_ed25519",
+        env={"MLBENCH_RUN_CONFIG": "x", "PATH": "/bin"},
+    )
+    joined = " ".join(cmd)
+    assert cmd[cmd.index("-np") + 1] == "8"
+    assert "--hostfile /etc/mlbench/hostfile" in joined
+    rsh = cmd[cmd.index("plm_rsh_args") + 1]
+    assert rsh.startswith("-p 2222 -o StrictHostKeyChecking=no")
+    assert "-i /etc/mlbench/ssh/id_ed25519" in rsh
+    assert cmd[cmd.index("MLBENCH_RUN_CONFIG") - 1 : cmd.index("MLBENCH_RUN_CONFIG") + 1] == [
+        "-x",
+        "MLBENCH_RUN_CONFIG",
+    ]
+    assert (
+        cmd[-5:] == [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", "/etc/mlbench/config.json"][-5:]
+    )
