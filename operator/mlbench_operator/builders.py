@@ -1,0 +1,324 @@
+"""Pure builders: a run's context in, Kubernetes objects (plain dicts) out.
+
+No API calls and no clock here, so every object the operator creates can be checked in a unit
+test: names, owner references, labels, resources, the exact hostfile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlbench_api.common import API_VERSION
+from mlbench_api.config import RunConfig
+from mlbench_api.run import BenchmarkRunSpec
+from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_operator import naming as n
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything the builders need to know about one run (already validated)."""
+
+    name: str
+    namespace: str
+    uid: str
+    task_name: str
+    spec: BenchmarkRunSpec
+    config: RunConfig
+    #: UID for every container (non-root; the image must have this user for ssh). None: the image's user.
+    run_as_user: int | None = n.RUNNER_UID
+
+    @property
+    def task(self) -> BenchmarkTaskSpec:
+        """The task as this run sees it: the snapshot with the run's overrides applied."""
+        return self.config.task
+
+    @property
+    def image(self) -> str:
+        return self.spec.image or self.task.runner.image
+
+
+def owner_reference(ctx: RunContext) -> Obj:
+    """Controller owner reference: deleting the run garbage-collects everything it owns."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "BenchmarkRun",
+        "name": ctx.name,
+        "uid": ctx.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(
+    ctx: RunContext, role: str | None = None, rank: int | None = None, attempt: int | None = None
+) -> dict[str, str]:
+    out = {
+        n.LABEL_RUN: ctx.name,
+        n.LABEL_TASK: ctx.task_name,
+        n.LABEL_MANAGED_BY: n.MANAGER,
+    }
+    if role is not None:
+        out[n.LABEL_ROLE] = role
+    if rank is not None:
+        out[n.LABEL_RANK] = str(rank)
+    if attempt is not None:
+        out[n.LABEL_ATTEMPT] = str(attempt)
+    return out
+
+
+def _metadata(ctx: RunContext, name: str, **label_args: Any) -> Obj:
+    return {
+        "name": name,
+        "namespace": ctx.namespace,
+        "labels": labels(ctx, **label_args),
+        "ownerReferences": [owner_reference(ctx)],
+    }
+
+
+def hostfile(ctx: RunContext) -> str:
+    """The OpenMPI hostfile: one line per worker, by stable DNS name, in rank order."""
+    slots = ctx.spec.slots_per_worker
+    return "".join(f"{n.worker_fqdn(ctx.name, ctx.namespace, i)} slots={slots}\n" for i in range(ctx.spec.workers))
+
+
+def service(ctx: RunContext) -> Obj:
+    """Headless Service that gives every worker a DNS name, also before it is Ready (sshd probes)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ctx, n.service_name(ctx.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER},
+            "ports": [{"name": "ssh", "port": n.SSH_PORT, "targetPort": "ssh", "protocol": "TCP"}],
+        },
+    }
+
+
+def config_map(ctx: RunContext) -> Obj:
+    """The hostfile and the effective RunConfig every rank reads."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ctx, n.config_map_name(ctx.name)),
+        "data": {n.HOSTFILE: hostfile(ctx), n.CONFIG_FILE: ctx.config.dump()},
+    }
+
+
+def ssh_secret(ctx: RunContext, private_key: str, public_key: str) -> Obj:
+    """The run's own key pair; workers authorise exactly this key."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(ctx, n.ssh_secret_name(ctx.name)),
+        "stringData": {
+            n.SSH_PRIVATE_KEY: private_key,
+            n.SSH_PUBLIC_KEY: public_key,
+            n.SSH_AUTHORIZED_KEYS: public_key,
+        },
+    }
+
+
+def worker_resources(ctx: RunContext) -> Obj:
+    """requests == limits (guaranteed QoS when cpu and memory are both given)."""
+    res = ctx.spec.resources
+    quantities: dict[str, str] = {}
+    if res is not None:
+        if res.cpu is not None:
+            quantities["cpu"] = str(res.cpu)
+        if res.memory is not None:
+            quantities["memory"] = str(res.memory)
+        if res.gpu:
+            quantities["nvidia.com/gpu"] = str(res.gpu)
+    return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else {}
+
+
+#: The worker's entrypoint: a non-root sshd on :2222 that accepts exactly the run's key. The runner
+#: image provides /usr/sbin/sshd and ssh-keygen; ``mpirun`` (launcher) starts the ranks through it.
+WORKER_SCRIPT = f"""set -eu
+d=/tmp/mlbench-sshd
+mkdir -p "$d"
+[ -f "$d/host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$d/host_ed25519_key"
+exec /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_ed25519_key" \\
+  -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
+  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no
+"""
+
+
+#: The launcher's init container: mpirun starts only once every worker's DNS name resolves (Ready
+#: pods can precede their DNS records; mpi-operator's launcher famously raced them).
+WAIT_FOR_WORKERS_SCRIPT = f"""set -eu
+deadline=$(( $(date +%s) + {{timeout}} ))
+for host in $(cut -d' ' -f1 {n.CONFIG_DIR}/{n.HOSTFILE}); do
+  until getent hosts "$host" >/dev/null; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "worker $host does not resolve after {{timeout}}s" | tee /dev/termination-log >&2
+      exit 1
+    fi
+    sleep 1
+  done
+done
+"""
+DNS_WAIT_SECONDS = 300
+
+
+def _env(ctx: RunContext, role: str) -> list[Obj]:
+    return [
+        {"name": n.ENV_CONFIG, "value": f"{n.CONFIG_DIR}/{n.CONFIG_FILE}"},
+        {"name": n.ENV_HOSTFILE, "value": f"{n.CONFIG_DIR}/{n.HOSTFILE}"},
+        {"name": n.ENV_SSH_DIR, "value": n.SSH_DIR},
+        {"name": n.ENV_SSH_PORT, "value": str(n.SSH_PORT)},
+        {"name": n.ENV_SSH_KEY, "value": f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}"},
+        {"name": "MLBENCH_RUN", "value": ctx.name},
+        {"name": "MLBENCH_ROLE", "value": role},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+
+
+def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
+    volumes: list[Obj] = [
+        {"name": "config", "configMap": {"name": n.config_map_name(ctx.name)}},
+        # ssh refuses a private key readable by others only if the key is owned by the caller: root-owned
+        # 0440 + fsGroup works for a non-root user; a root container needs 0400.
+        {
+            "name": "ssh",
+            "secret": {
+                "secretName": n.ssh_secret_name(ctx.name),
+                "defaultMode": 0o400 if ctx.run_as_user is None else 0o440,
+            },
+        },
+        {"name": "output", "emptyDir": {}},
+    ]
+    mounts: list[Obj] = [
+        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
+        {"name": "ssh", "mountPath": n.SSH_DIR, "readOnly": True},
+        {"name": "output", "mountPath": n.OUTPUT_DIR},
+    ]
+    if with_data:
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        if ctx.task.dataset.volume:
+            volumes.append({"name": "data", **ctx.task.dataset.volume})
+            mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def _pod_security(ctx: RunContext) -> Obj:
+    if ctx.run_as_user is None:  # the image's own user (e.g. root sshd with privilege separation)
+        return {"seccompProfile": {"type": "RuntimeDefault"}}
+    uid = ctx.run_as_user
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security(ctx: RunContext) -> Obj:
+    if ctx.run_as_user is None:
+        return {"allowPrivilegeEscalation": False}
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _scheduling(ctx: RunContext) -> Obj:
+    sched = ctx.spec.scheduling
+    out: Obj = {}
+    if sched is None:
+        return out
+    if sched.node_selector:
+        out["nodeSelector"] = dict(sched.node_selector)
+    if sched.tolerations:
+        out["tolerations"] = [t.to_api() for t in sched.tolerations]
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    return out
+
+
+def _pod_spec_common(ctx: RunContext) -> Obj:
+    return {
+        "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security(ctx),
+        **_scheduling(ctx),
+    }
+
+
+def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
+    """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics on 9400."""
+    volumes, mounts = _volumes(ctx, with_data=True)
+    container: Obj = {
+        "name": n.WORKER_CONTAINER,
+        "image": ctx.image,
+        "command": ["/bin/sh", "-c", WORKER_SCRIPT],
+        "env": [*_env(ctx, n.ROLE_WORKER), {"name": "MLBENCH_WORKER_INDEX", "value": str(rank)}],
+        "ports": [
+            {"name": "ssh", "containerPort": n.SSH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": n.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "tcpSocket": {"port": "ssh"},
+            "initialDelaySeconds": 1,
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "resources": worker_resources(ctx),
+        "volumeMounts": mounts,
+        "securityContext": _container_security(ctx),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt),
+        "spec": {
+            **_pod_spec_common(ctx),
+            "hostname": n.worker_name(ctx.name, rank),
+            "subdomain": n.service_name(ctx.name),
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
+
+
+def launcher_pod(ctx: RunContext, attempt: int) -> Obj:
+    """The launcher runs ``mpirun`` over the hostfile; its termination message is the run's result."""
+    volumes, mounts = _volumes(ctx, with_data=False)
+    container: Obj = {
+        "name": n.LAUNCHER_CONTAINER,
+        "image": ctx.image,
+        "command": ["mlbench-runner", "launch"],
+        "env": _env(ctx, n.ROLE_LAUNCHER),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security(ctx),
+    }
+    wait: Obj = {
+        "name": "wait-for-workers",
+        "image": ctx.image,
+        "command": ["/bin/sh", "-c", WAIT_FOR_WORKERS_SCRIPT.format(timeout=DNS_WAIT_SECONDS)],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "volumeMounts": [m for m in mounts if m["name"] == "config"],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security(ctx),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(ctx, n.launcher_name(ctx.name), role=n.ROLE_LAUNCHER, attempt=attempt),
+        "spec": {
+            **_pod_spec_common(ctx),
+            "initContainers": [wait],
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }

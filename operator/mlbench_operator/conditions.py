@@ -1,0 +1,68 @@
+"""``metav1.Condition`` bookkeeping: lastTransitionTime moves only when the status flips."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+Condition = dict[str, Any]
+
+# Condition types, in the order ``kubectl describe`` shows them.
+WORKERS_READY = "WorkersReady"
+RUNNING = "Running"
+GOAL_REACHED = "GoalReached"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+TYPES = (WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED)
+
+
+def timestamp(now: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes it."""
+    return now.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def get(conditions: list[Condition] | None, type_: str) -> Condition | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_true(conditions: list[Condition] | None, type_: str) -> bool:
+    cond = get(conditions, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    now: datetime,
+    generation: int | None = None,
+) -> list[Condition]:
+    """Return a new list with ``type_`` set; keeps the old lastTransitionTime if status is unchanged."""
+    old = get(conditions, type_)
+    new: Condition = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": (
+            old["lastTransitionTime"]
+            if old is not None and old.get("status") == status and old.get("lastTransitionTime")
+            else timestamp(now)
+        ),
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out = [c if c.get("type") != type_ else new for c in conditions]
+    if old is None:
+        out.append(new)
+    order = {t: i for i, t in enumerate(TYPES)}
+    return sorted(out, key=lambda c: order.get(c.get("type", ""), len(order)))

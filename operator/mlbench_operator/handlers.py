@@ -1,0 +1,374 @@
+"""kopf glue: thin handlers that feed observations to :mod:`.reconcile` and execute its plans.
+
+* ``run_pods`` (index) keeps a :class:`PodView` of every operator-managed pod, keyed by run;
+  kopf fills indices before any handler runs, so a restarted operator sees all pods first.
+* ``pod_event`` / ``run_event`` wake the run's reconciler (no polling: pod events drive status).
+* ``reconcile_run`` (daemon, one per unfinished run; resumed on operator start) admits the run
+  once, then loops: plan from (run, pods, now) -> execute -> sleep until woken. Bursts of pod
+  events coalesce into one pass, so 1000 workers do not mean 1000 status writes.
+* ``scrape_progress`` (timer) copies rank 0's metrics into ``status.progress`` while Running.
+
+Single active replica: the Deployment runs one pod with the Recreate strategy and kopf runs
+standalone (no peering). kopf's own bookkeeping lives under ``mlbench.io`` annotations/finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from mlbench_api.common import GROUP, VERSION
+from mlbench_operator import builders, logs, progress, reconcile, sshkeys
+from mlbench_operator import conditions as c
+from mlbench_operator import metrics as m
+from mlbench_operator import naming as n
+from mlbench_operator.kube import Kube
+from mlbench_operator.podview import PodView
+
+PLURAL = "benchmarkruns"
+RESYNC_SECONDS = float(os.environ.get("MLBENCH_RESYNC_SECONDS", "300"))
+#: Coalescing window: after a wake-up, wait this long for more events before reconciling.
+DEBOUNCE_SECONDS = float(os.environ.get("MLBENCH_DEBOUNCE_SECONDS", "0.3"))
+#: Don't re-create a pod we created this recently but the watch has not shown yet.
+CREATE_GRACE_SECONDS = 30.0
+DELETE_GRACE_SECONDS = 10.0
+#: Rank 0's metrics port on worker 0 (RunConfig.metricsPort + local rank 0).
+PROGRESS_PORT = n.METRICS_PORT
+
+
+def runner_uid() -> int | None:
+    """``MLBENCH_RUNNER_UID``: the non-root UID runner containers run as (default 1000); "image" keeps the image's."""
+    value = os.environ.get("MLBENCH_RUNNER_UID", str(n.RUNNER_UID)).strip()
+    return None if value in ("", "image") else int(value)
+
+
+log = logs.get_logger()
+
+
+class Wakeups:
+    """One asyncio.Event per run key; pod and run events set it, the run's daemon waits on it."""
+
+    def __init__(self) -> None:
+        # A list: a run deleted and re-created under the same name briefly has two daemons.
+        self._events: dict[tuple[str, str], list[asyncio.Event]] = {}
+
+    def register(self, key: tuple[str, str]) -> asyncio.Event:
+        event = asyncio.Event()
+        self._events.setdefault(key, []).append(event)
+        return event
+
+    def unregister(self, key: tuple[str, str], event: asyncio.Event) -> None:
+        events = self._events.get(key, [])
+        if event in events:
+            events.remove(event)
+        if not events:
+            self._events.pop(key, None)
+
+    def wake(self, key: tuple[str, str]) -> None:
+        for event in self._events.get(key, []):
+            event.set()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- operator lifecycle ------------------------------------------------------------------------------
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Settings for a single-replica operator whose traces on objects are all under mlbench.io."""
+    logs.configure()
+    settings.peering.standalone = True
+    settings.scanning.disabled = True  # no CRD/namespace watching: less RBAC; CRDs exist before we start
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Server-side filtering: watch only the operator's pods, not every pod in the cluster.
+    settings.watching.label_selectors["v1", "pods"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_RUN}"
+    # Optional: serve only runs matching a label selector (e.g. one test session on a shared cluster).
+    run_selector = os.environ.get("MLBENCH_RUN_SELECTOR", "").strip()
+    if run_selector:
+        settings.watching.label_selectors[GROUP, PLURAL] = run_selector
+    settings.posting.level = 100  # only the explicit kopf.event/info/warning calls become Events
+    settings.watching.server_timeout = 300
+    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    memo.kube = memo.get("kube") or Kube()
+    memo.wakeups = Wakeups()
+    port = int(os.environ.get("MLBENCH_METRICS_PORT", "8080"))
+    if port and not memo.get("metrics_started"):
+        from prometheus_client import start_http_server
+
+        start_http_server(port)
+        memo.metrics_started = True
+    log.info("operator_started", metrics_port=port, version=_version(), run_selector=run_selector or None)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    kube = memo.get("kube")
+    if isinstance(kube, Kube) and memo.get("owns_kube", True):
+        kube.close()
+
+
+def _version() -> str:
+    from mlbench_operator import __version__
+
+    return __version__
+
+
+# -- observations ----------------------------------------------------------------------------------------
+@kopf.index("pods", labels={n.LABEL_RUN: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
+async def run_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """(namespace, run) -> PodView for each of the run's pods."""
+    view = PodView.from_pod(body)
+    return {(namespace or "", labels[n.LABEL_RUN]): view} if view is not None else {}
+
+
+@kopf.on.event("pods", labels={n.LABEL_RUN: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
+async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    memo.wakeups.wake((namespace or "", labels[n.LABEL_RUN]))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def run_event(
+    type: str, namespace: str | None, name: str, status: kopf.Status, memo: kopf.Memo, **_: Any
+) -> None:
+    key = (namespace or "", name)
+    m.track_phase(key, status.get("phase"), deleted=type == "DELETED")
+    memo.wakeups.wake(key)
+
+
+# -- the reconciler ----------------------------------------------------------------------------------------
+def _needs_daemon(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    """Unfinished runs, and finished ones still waiting for ttlSecondsAfterFinished."""
+    if status.get("phase") not in reconcile.TERMINAL:
+        return True
+    return (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
+
+
+class RunReconciler:
+    """The state of one run's daemon: only caches; truth is re-read from the run and the pods."""
+
+    def __init__(self, body: kopf.Body, kube: Kube, logger: Any) -> None:
+        self.body = body
+        self.kube = kube
+        self.name: str = body["metadata"]["name"]
+        self.namespace: str = body["metadata"]["namespace"]
+        # The operator is the only writer of these status fields (one replica, one daemon per run), so
+        # our last write is authoritative even before the watch echoes it back.
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.log = log.bind(run=self.name, namespace=self.namespace)
+        self.kopf_logger = logger
+        self.ensured = False
+        self.recent: dict[str, float] = {}  # pod name -> monotonic time we asked to create/delete it
+        self.stale_deleted_at = 0.0
+        self.retry_in = RESYNC_SECONDS  # sooner when a wanted create was deferred (see may_create)
+
+    def view(self) -> dict[str, Any]:
+        """The run as the planner should see it: live metadata/spec, our own status."""
+        return {"metadata": dict(self.body["metadata"]), "spec": dict(self.body["spec"]), "status": self.status}
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        kopf.event(self.body, type=type_, reason=reason, message=message[:1024])
+
+    async def patch(self, new: dict[str, Any]) -> None:
+        changes = reconcile.status_patch(self.status, new)
+        if not changes:
+            return
+        await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, changes)
+        self.status = {**self.status, **changes}
+
+    async def step(self, pods: list[PodView]) -> float | None:
+        """One pass. Returns seconds until the next unprompted pass, or None when the daemon is done."""
+        m.RECONCILES.inc()
+        now = _now()
+        if self.body["metadata"].get("deletionTimestamp"):
+            return RESYNC_SECONDS  # kopf stops us; owner references clean up the rest
+        if self.status.get("phase") in reconcile.TERMINAL:
+            return await self.finished(now)
+
+        snapshot = self.status.get("taskSnapshot")
+        if not snapshot:
+            task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
+            task = await self.kube.run(self.kube.get_task, task_name)
+            admission = reconcile.admit(self.view(), task, runner_uid())
+            if isinstance(admission, reconcile.Rejection):
+                await self.patch(reconcile.rejected_status(self.view(), admission, now))
+                self.event("Warning", admission.reason, admission.message)
+                self.log.warning("run_rejected", reason=admission.reason, message=admission.message)
+                return await self.finished(now)
+            ctx, snapshot = admission
+            await self.patch(reconcile.admitted_status(self.view(), ctx, snapshot, now))
+            self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
+            self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
+        else:
+            try:
+                ctx = reconcile.context(self.view(), snapshot, runner_uid())
+            except ValueError as err:
+                rejection = reconcile.Rejection("InvalidConfig", f"cannot rebuild the configuration: {err}")
+                await self.patch(reconcile.rejected_status(self.view(), rejection, now))
+                self.event("Warning", rejection.reason, rejection.message)
+                return await self.finished(now)
+
+        if not self.ensured:
+            await self.ensure_objects(ctx)
+        plan = reconcile.plan(self.view(), ctx, pods, now)
+        was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
+        if plan.terminal:
+            # Clean up first: a finished status is only written once the world is in its final shape.
+            for name in plan.cleanup:
+                await self.kube.run(self.kube.delete_pod, self.namespace, name)
+            await self.patch(plan.status)
+            self.emit(plan)
+            self.log.info("run_finished", phase=plan.status.get("phase"), message=plan.status.get("message"))
+            return await self.finished(now)
+
+        await self.patch(plan.status)  # restarts are recorded before the old world is torn down
+        self.retry_in = RESYNC_SECONDS
+        stale_age = time.monotonic() - self.stale_deleted_at
+        if plan.delete_stale and stale_age <= DELETE_GRACE_SECONDS:
+            self.retry_in = min(self.retry_in, DELETE_GRACE_SECONDS - stale_age + 0.1)
+        if plan.delete_stale and stale_age > DELETE_GRACE_SECONDS:
+            attempt = plan.status.get("restarts", 0)
+            selector = f"{n.run_selector(self.name)},{n.LABEL_ATTEMPT}!={attempt}"
+            await self.kube.run(self.kube.delete_pods, self.namespace, selector)
+            self.stale_deleted_at = time.monotonic()
+            self.recent.clear()
+            m.RESTARTS.inc()
+        attempt = int(plan.status.get("restarts", 0))
+        todo = [
+            builders.worker_pod(ctx, rank, attempt)
+            for rank in plan.create_workers
+            if self.may_create(n.worker_name(self.name, rank))
+        ]
+        if plan.create_launcher and self.may_create(n.launcher_name(self.name)):
+            todo.append(builders.launcher_pod(ctx, attempt))
+        if todo:
+            results = await self.kube.run(self.kube.create_many, todo)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            for obj, res in zip(todo, results, strict=True):
+                if isinstance(res, BaseException):
+                    self.recent.pop(obj["metadata"]["name"], None)
+            if errors:
+                raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=5)
+        if not was_ready and c.is_true(plan.status.get("conditions"), c.WORKERS_READY) and attempt == 0:
+            created = c.parse_time(self.body["metadata"].get("creationTimestamp"))
+            if created is not None:
+                m.WORKERS_READY_SECONDS.observe(max((now - created).total_seconds(), 0.0))
+        self.emit(plan)
+        return min(plan.requeue_after or RESYNC_SECONDS, self.retry_in, RESYNC_SECONDS)
+
+    def may_create(self, name: str) -> bool:
+        """Skip pods created moments ago that the watch has not delivered yet (no 409 storms)."""
+        now = time.monotonic()
+        age = now - self.recent.get(name, -1e9)
+        if age < CREATE_GRACE_SECONDS:
+            self.retry_in = min(self.retry_in, CREATE_GRACE_SECONDS - age + 0.1)
+            return False
+        self.recent[name] = now
+        return True
+
+    def emit(self, plan: reconcile.Plan) -> None:
+        for type_, reason, message in plan.events:
+            self.event(type_, reason, message)
+            self.log.info("run_transition", reason=reason, message=message)
+
+    async def ensure_objects(self, ctx: builders.RunContext) -> None:
+        """Service, ConfigMap and the SSH Secret; all idempotent (409 = already there)."""
+        private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
+        objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
+        results = await self.kube.run(self.kube.create_many, objs)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)
+        self.ensured = True
+
+    async def finished(self, now: datetime) -> float | None:
+        """Terminal: wait for ttlSecondsAfterFinished (if any), delete the run, and stop."""
+        ttl = (self.body["spec"].get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        left = reconcile.ttl_expired(self.status, ttl, now)
+        if left is None:
+            return None
+        if left > 0:
+            return left
+        self.log.info("run_ttl_expired", ttl=ttl)
+        await self.kube.run(self.kube.delete_run, self.namespace, self.name)
+        return None
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_needs_daemon, cancellation_backoff=5, cancellation_timeout=5)
+async def reconcile_run(
+    *,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: kopf.Memo,
+    logger: Any,
+    stopped: kopf.DaemonStopped,
+    **kwargs: Any,
+) -> None:
+    """The run's reconcile loop; event-driven (woken by pod/run events), resumed after operator restarts."""
+    run_pods: kopf.Index[tuple[str, str], PodView] = kwargs["run_pods"]
+    key = (namespace or "", name)
+    wake = memo.wakeups.register(key)
+    rec = RunReconciler(body, memo.kube, logger)
+    failures = 0
+    try:
+        while True:
+            wake.clear()
+            try:
+                delay = await rec.step(list(run_pods.get(key, [])))
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # any error: record, back off, retry from the cluster's state
+                failures += 1
+                m.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+                rec.log.warning("reconcile_error", error=str(err), failures=failures)
+                delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
+                # Our cached status may be behind a write that failed half-way: trust the cluster again.
+                rec.status = dict(body.get("status") or {})
+            if delay is None or stopped:
+                return
+            woken = asyncio.ensure_future(wake.wait())
+            stopping = asyncio.ensure_future(stopped.wait())
+            try:
+                await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                stopping.cancel()
+            if stopped:
+                return
+            await asyncio.sleep(DEBOUNCE_SECONDS)
+    finally:
+        memo.wakeups.unregister(key, wake)
+
+
+# -- progress ------------------------------------------------------------------------------------------------
+def _is_running(status: kopf.Status, **_: Any) -> bool:
+    return status.get("phase") == "Running"
+
+
+async def scrape_rank0(namespace: str, name: str, run_pods: Mapping[Any, Any]) -> dict[str, Any] | None:
+    """``status.progress`` from rank 0 (worker 0); None when unreachable (kwok, start-up) or empty."""
+    rank0 = next((p for p in run_pods.get((namespace, name), []) if p.rank == 0 and p.ip), None)
+    if rank0 is None or rank0.ip is None:
+        return None
+    text = await progress.fetch(rank0.ip, PROGRESS_PORT)
+    return progress.parse(text, _now()) if text else None
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=30, initial_delay=15, when=_is_running)
+async def scrape_progress(*, namespace: str | None, name: str, patch: kopf.Patch, **kwargs: Any) -> None:
+    """Live progress while Running; an unreachable endpoint just means no update."""
+    value = await scrape_rank0(namespace or "", name, kwargs["run_pods"])
+    if value is not None:
+        patch.status["progress"] = value

@@ -1,0 +1,168 @@
+"""The few Kubernetes API calls the reconciler makes, as raw JSON over the client's transport.
+
+Raw dicts rather than the typed client models: the objects come from :mod:`.builders` as
+dicts, and skipping model (de)serialisation matters when a run creates 1000 pods. Every call
+is counted in ``mlbench_operator_api_requests_total``. Calls are blocking; the async glue
+runs them on a bounded thread pool (:meth:`Kube.run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from mlbench_api.common import GROUP, VERSION
+from mlbench_operator import __version__
+from mlbench_operator import metrics as m
+
+T = TypeVar("T")
+USER_AGENT = f"mlbench-operator/{__version__}"
+_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        self.status = status
+        try:
+            detail = json.loads(body).get("message", body)
+        except ValueError:
+            detail = body
+        super().__init__(f"{method} {path}: HTTP {status}: {str(detail)[:500]}")
+
+
+def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
+    """In-cluster service account when running in a pod, else the kubeconfig ($KUBECONFIG)."""
+    cfg = k8s.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = 32
+    return cfg
+
+
+class Kube:
+    """Thread-safe, counted API access for the reconciler."""
+
+    def __init__(self, configuration: k8s.Configuration | None = None, concurrency: int = 16) -> None:
+        self.api = k8s.ApiClient(configuration or load_configuration())
+        self.api.user_agent = USER_AGENT
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.api.close()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call on the pool without blocking kopf's event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # -- transport -------------------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+        resource: str = "",
+    ) -> Any:
+        """One API request; returns the decoded JSON answer, raises :class:`ApiError` on non-2xx."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, data, post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(5, 30))
+        raw = resp.read()
+        m.API_REQUESTS.labels(method, resource or path.rsplit("/", 2)[-2], str(resp.status)).inc()
+        text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, method, path, text)
+        return json.loads(text) if text else None
+
+    # -- the calls -------------------------------------------------------------------------------
+    def get_task(self, name: str) -> dict[str, Any] | None:
+        """The cluster-scoped BenchmarkTask, or None when it does not exist."""
+        try:
+            task: dict[str, Any] = self.request(
+                "GET", f"/apis/{GROUP}/{VERSION}/benchmarktasks/{quote(name)}", resource="benchmarktasks"
+            )
+            return task
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create a core/v1 object; False if it already exists (409 is success: creates are idempotent)."""
+        plural = _PLURALS[obj["kind"]]
+        ns = obj["metadata"]["namespace"]
+        try:
+            self.request("POST", f"/api/v1/namespaces/{ns}/{plural}", obj, resource=plural)
+        except ApiError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool]:
+        """Create objects in parallel on the pool; per-object outcome (True/False or the error)."""
+        futures = [self.pool.submit(self.create, o) for o in objs]
+        out: list[BaseException | bool] = []
+        for fut in futures:
+            err = fut.exception()
+            out.append(err if err is not None else fut.result())
+        return out
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", resource="pods")
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    def delete_pods(self, namespace: str, selector: str) -> None:
+        """Delete every pod matching ``selector`` in one request (a gang restart)."""
+        self.request(
+            "DELETE",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query=[("labelSelector", selector)],
+            resource="pods",
+        )
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.request(
+            "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{name}/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+            resource="benchmarkruns/status",
+        )
+
+    def delete_run(self, namespace: str, name: str) -> None:
+        try:
+            self.request(
+                "DELETE",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{name}",
+                {"propagationPolicy": "Background"},
+                resource="benchmarkruns",
+            )
+        except ApiError as err:
+            if err.status != 404:
+                raise

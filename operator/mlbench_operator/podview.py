@@ -1,0 +1,135 @@
+"""A small, hashable summary of a pod: what the reconciler needs, nothing more.
+
+The operator keeps one of these per pod in a kopf index (memory stays small at 1000 workers)
+and decides from them; the raw pod dicts are never stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlbench_operator import naming as n
+
+#: Container waiting reasons that will not fix themselves; shown to the user as the cause.
+STUCK_WAITING = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
+)
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    role: str
+    rank: int | None
+    attempt: int
+    phase: str = "Pending"
+    ready: bool = False
+    scheduled: bool = False
+    unschedulable: str | None = None  #: the scheduler's message while PodScheduled=False/Unschedulable
+    terminating: bool = False
+    reason: str | None = None  #: pod-level reason (e.g. Evicted, DeadlineExceeded)
+    message: str | None = None  #: pod-level message
+    exit_code: int | None = None
+    term_reason: str | None = None  #: container terminated reason (Completed, Error, OOMKilled)
+    term_message: str | None = None  #: container termination message (the launcher's result)
+    waiting: str | None = None  #: "reason: message" of a container stuck waiting
+    ip: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView | None:
+        """Summarise a pod dict; None if it does not carry the operator's labels."""
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        role = labels.get(n.LABEL_ROLE)
+        if role not in (n.ROLE_WORKER, n.ROLE_LAUNCHER) or n.LABEL_RUN not in labels:
+            return None
+        try:
+            attempt = int(labels.get(n.LABEL_ATTEMPT, "0"))
+            rank = int(labels[n.LABEL_RANK]) if role == n.ROLE_WORKER else None
+        except (KeyError, ValueError):
+            return None
+        status = pod.get("status") or {}
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        sched = conds.get("PodScheduled") or {}
+        unschedulable = None
+        if sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+            unschedulable = sched.get("message") or "unschedulable"
+        exit_code = term_reason = term_message = waiting = None
+        main = status.get("containerStatuses") or []
+        failed_init = [
+            cs
+            for cs in status.get("initContainerStatuses") or []
+            if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0
+        ]
+        # An init container matters only when it failed (then the main container never ran).
+        for cs in [*main, *failed_init]:
+            state = cs.get("state") or {}
+            term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if term and (exit_code is None or (exit_code == 0 and term.get("exitCode", 0) != 0)):
+                exit_code = term.get("exitCode")
+                term_reason = term.get("reason")
+                term_message = term.get("message")
+            wait = state.get("waiting")
+            if wait and wait.get("reason") in STUCK_WAITING:
+                waiting = f"{wait.get('reason')}: {wait.get('message', '')}".rstrip(": ")
+        return cls(
+            name=meta.get("name", ""),
+            role=role,
+            rank=rank,
+            attempt=attempt,
+            phase=status.get("phase") or "Pending",
+            ready=(conds.get("Ready") or {}).get("status") == "True",
+            scheduled=sched.get("status") == "True" or bool((pod.get("spec") or {}).get("nodeName")),
+            unschedulable=unschedulable,
+            terminating=meta.get("deletionTimestamp") is not None,
+            reason=status.get("reason"),
+            message=status.get("message"),
+            exit_code=exit_code,
+            term_reason=term_reason,
+            term_message=term_message,
+            waiting=waiting,
+            ip=status.get("podIP"),
+        )
+
+    def failure(self) -> tuple[str, str]:
+        """``(reason, message)`` naming the real cause of this pod's failure."""
+        what = "launcher" if self.role == n.ROLE_LAUNCHER else f"worker {self.rank}"
+        if self.reason == "Evicted":
+            return "Evicted", f"{what} (pod {self.name}) was evicted: {self.message or 'no message'}"
+        if self.term_reason == "OOMKilled":
+            return "OOMKilled", f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code})"
+        if self.reason == "DeadlineExceeded":
+            return "DeadlineExceeded", f"{what} (pod {self.name}) exceeded its active deadline"
+        base = "LauncherFailed" if self.role == n.ROLE_LAUNCHER else "WorkerFailed"
+        detail = f"exit code {self.exit_code}" if self.exit_code is not None else f"phase {self.phase}"
+        if self.term_reason and self.term_reason not in ("Error", "Completed"):
+            detail += f" ({self.term_reason})"
+        text = _error_text(self.term_message or self.message or "")
+        if text:
+            detail += f": {_tail(text, 1024)}"
+        return base, f"{what} (pod {self.name}) failed with {detail}"
+
+
+def _error_text(text: str) -> str:
+    """The launcher writes ``{"error": ..., "exitCode": n}``; show the error, else the raw text (logs)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            return data["error"]
+    return text
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a long text (logs put the real error last)."""
+    return text if len(text) <= limit else "..." + text[-limit:]

@@ -1,0 +1,400 @@
+"""The operator's decisions, as pure functions of (run, its pods, now).
+
+:func:`admit` resolves a run against its task once and snapshots the task; :func:`plan`
+then maps the run's status and the observed pods to the next status and the actions that
+move the world towards it. The kopf glue in :mod:`.handlers` only executes the plan, so a
+restarted operator that sees the same cluster makes the same decisions (state lives in the
+resource and the pods, never in memory).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from mlbench_api.common import ObjectMeta
+from mlbench_api.config import OverrideNotAllowed, effective_config
+from mlbench_api.results import RunSummary
+from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, RunPolicy, RunResult
+from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_operator import conditions as c
+from mlbench_operator import naming as n
+from mlbench_operator.builders import RunContext
+from mlbench_operator.podview import PodView
+
+TERMINAL = ("Succeeded", "Failed")
+RESTARTED = "Restarted"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a run cannot start; it ends Failed with this reason, having created nothing."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """The next status and what to do to the world to get there."""
+
+    status: dict[str, Any]
+    create_workers: list[int] = field(default_factory=list)
+    create_launcher: bool = False
+    delete_stale: bool = False  #: delete every pod not of the current attempt (gang restart)
+    cleanup: list[str] = field(default_factory=list)  #: pods to delete as the run finishes
+    events: list[tuple[str, str, str]] = field(default_factory=list)  #: (type, reason, message)
+    requeue_after: float | None = None  #: wake up by then even without pod events (deadline)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.get("phase") in TERMINAL
+
+
+def _short(err: Exception, limit: int = 2048) -> str:
+    if isinstance(err, ValidationError):
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        text = "; ".join(parts)
+    else:
+        text = str(err)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def validate_run(body: Mapping[str, Any]) -> BenchmarkRun:
+    """The run's spec through the API models (the CRD schema already checked most of it)."""
+    meta = body.get("metadata") or {}
+    return BenchmarkRun(
+        metadata=ObjectMeta(name=meta.get("name", ""), namespace=meta.get("namespace")),
+        spec=BenchmarkRunSpec.model_validate(body.get("spec") or {}),
+    )
+
+
+def context(body: Mapping[str, Any], snapshot: Mapping[str, Any], run_as_user: int | None = n.RUNNER_UID) -> RunContext:
+    """Rebuild the run's context from its spec and task snapshot; raises ValueError if invalid."""
+    run = validate_run(body)
+    meta = body.get("metadata") or {}
+    task = BenchmarkTaskSpec.model_validate(snapshot)
+    task_name = run.spec.task_ref.name
+    config = effective_config(run, task_name, task, output_dir=n.OUTPUT_DIR, metrics_port=n.METRICS_PORT)
+    return RunContext(
+        name=run.metadata.name,
+        namespace=run.metadata.namespace or "default",
+        uid=meta.get("uid", ""),
+        task_name=task_name,
+        spec=run.spec,
+        config=config,
+        run_as_user=run_as_user,
+    )
+
+
+def admit(
+    body: Mapping[str, Any], task: Mapping[str, Any] | None, run_as_user: int | None = n.RUNNER_UID
+) -> tuple[RunContext, dict[str, Any]] | Rejection:
+    """Resolve the run against its task (``None``: not found); the snapshot is the task's validated spec."""
+    task_name = ((body.get("spec") or {}).get("taskRef") or {}).get("name", "")
+    try:
+        validate_run(body)
+    except ValueError as err:
+        return Rejection("InvalidSpec", f"spec is invalid: {_short(err)}")
+    if task is None:
+        return Rejection("TaskNotFound", f"BenchmarkTask {task_name!r} does not exist")
+    try:
+        snapshot = BenchmarkTaskSpec.model_validate(task.get("spec") or {}).to_api()
+    except ValueError as err:
+        return Rejection("InvalidTask", f"BenchmarkTask {task_name!r} is invalid: {_short(err)}")
+    try:
+        ctx = context(body, snapshot, run_as_user)
+    except OverrideNotAllowed as err:
+        return Rejection("OverrideNotAllowed", str(err))
+    except ValueError as err:
+        return Rejection("InvalidConfig", f"the effective configuration is invalid: {_short(err)}")
+    return ctx, snapshot
+
+
+class _Status:
+    """Builds the next status from the previous one."""
+
+    def __init__(self, body: Mapping[str, Any], now: datetime) -> None:
+        self.old: dict[str, Any] = dict(body.get("status") or {})
+        self.new: dict[str, Any] = copy.deepcopy(self.old)
+        self.now = now
+        self.generation = (body.get("metadata") or {}).get("generation")
+        self.new["observedGeneration"] = self.generation
+        self.new.setdefault("conditions", [])
+
+    def cond(self, type_: str, status: str, reason: str, message: str = "") -> None:
+        self.new["conditions"] = c.set_condition(
+            self.new["conditions"], type_, status, reason, message, now=self.now, generation=self.generation
+        )
+
+    def in_progress(self) -> None:
+        self.cond(c.GOAL_REACHED, "Unknown", "NoResultYet", "the run has not finished")
+        self.cond(c.SUCCEEDED, "False", "InProgress", "")
+        self.cond(c.FAILED, "False", "InProgress", "")
+
+    def fail(self, reason: str, message: str) -> None:
+        self.new["phase"] = "Failed"
+        self.new["message"] = message
+        self.new.setdefault("completionTime", c.timestamp(self.now))
+        if not c.is_true(self.new["conditions"], c.WORKERS_READY):
+            self.cond(c.WORKERS_READY, "False", "RunFailed", "the run failed")
+        self.cond(c.RUNNING, "False", "RunFailed", "the run failed")
+        self.cond(c.GOAL_REACHED, "False", "RunFailed", "the run failed before it reported a result")
+        self.cond(c.SUCCEEDED, "False", reason, message)
+        self.cond(c.FAILED, "True", reason, message)
+
+
+def rejected_status(body: Mapping[str, Any], rejection: Rejection, now: datetime) -> dict[str, Any]:
+    """Status for a run that cannot start (nothing was created)."""
+    st = _Status(body, now)
+    st.new["workers"] = {"ready": 0, "total": int((body.get("spec") or {}).get("workers", 1))}
+    st.new["restarts"] = 0
+    st.fail(rejection.reason, rejection.message)
+    return st.new
+
+
+def admitted_status(
+    body: Mapping[str, Any], ctx: RunContext, snapshot: dict[str, Any], now: datetime
+) -> dict[str, Any]:
+    """Status right after admission: the task snapshot is fixed from here on."""
+    st = _Status(body, now)
+    st.new.update(
+        phase="Pending",
+        taskSnapshot=snapshot,
+        startTime=c.timestamp(now),
+        restarts=0,
+        workers={"ready": 0, "total": ctx.spec.workers},
+        message=f"creating {ctx.spec.workers} workers",
+    )
+    st.cond(c.WORKERS_READY, "False", "Creating", f"0/{ctx.spec.workers} workers ready")
+    st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+    st.in_progress()
+    return st.new
+
+
+def _summary_result(summary: RunSummary) -> dict[str, Any]:
+    return RunResult(
+        goal_reached=summary.goal_reached,
+        time_to_goal_seconds=summary.time_to_goal_seconds,
+        best_accuracy=summary.best_accuracy,
+        final_accuracy=summary.final_accuracy,
+        epochs=summary.epochs,
+        wall_clock_seconds=summary.wall_clock_seconds,
+        compute_seconds=summary.compute_seconds,
+        communication_seconds=summary.communication_seconds,
+        samples_per_second=summary.samples_per_second,
+        world_size=summary.environment.world_size,
+    ).to_api()
+
+
+def _cleanup(policy: CleanPodPolicy, pods: Iterable[PodView]) -> list[str]:
+    """Pods to delete at the end. Running: unfinished pods but never the launcher (its log is the record)."""
+    if policy is CleanPodPolicy.NONE:
+        return []
+    out = []
+    for pod in pods:
+        if pod.terminating:
+            continue
+        if policy is CleanPodPolicy.ALL or (not pod.finished and pod.role == n.ROLE_WORKER):
+            out.append(pod.name)
+    return sorted(out)
+
+
+def _find_failure(
+    run: str, workers: Mapping[int, PodView], launcher: PodView | None, total: int, was_running: bool
+) -> tuple[str, str] | None:
+    """The first real failure of the current world, as (reason, message)."""
+    if launcher is not None and launcher.phase == "Failed":
+        return launcher.failure()
+    if was_running and (launcher is None or launcher.terminating):
+        return "LauncherLost", f"launcher (pod {n.launcher_name(run)}) disappeared while it was running"
+    for rank in sorted(workers):
+        pod = workers[rank]
+        if pod.phase == "Failed":
+            return pod.failure()
+        if pod.phase == "Succeeded" and (launcher is None or not launcher.finished):
+            return "WorkerExited", f"worker {rank} (pod {pod.name}) exited before the launcher finished"
+    if launcher is not None and not launcher.finished:
+        lost = [r for r in range(total) if r not in workers or workers[r].terminating]
+        if lost:
+            pod_name = n.worker_name(run, lost[0])
+            return "WorkerLost", f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
+    return None
+
+
+def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> Plan:
+    """Next status and actions for an admitted, unfinished run."""
+    st = _Status(body, now)
+    pods = list(pods)
+    policy = ctx.spec.run_policy or RunPolicy()
+    total = ctx.spec.workers
+    restarts = int(st.old.get("restarts") or 0)
+    st.new["restarts"] = restarts
+    current = [p for p in pods if p.attempt == restarts]
+    stale = [p for p in pods if p.attempt != restarts]
+    workers = {p.rank: p for p in current if p.role == n.ROLE_WORKER and p.rank is not None and p.rank < total}
+    launcher = next((p for p in current if p.role == n.ROLE_LAUNCHER), None)
+    ready = sum(1 for p in workers.values() if p.ready and not p.terminating)
+    st.new["workers"] = {"ready": ready, "total": total}
+    out = Plan(status=st.new)
+    old_phase = st.old.get("phase")
+
+    def finish(cleanup: bool = True) -> Plan:
+        if cleanup:
+            out.cleanup = _cleanup(policy.clean_pod_policy, pods)
+        phase = st.new["phase"]
+        kind = "Normal" if phase == "Succeeded" else "Warning"
+        out.events.append((kind, phase, st.new.get("message", "")))
+        return out
+
+    # 1. The launcher finished successfully: its termination message is the result.
+    if launcher is not None and launcher.phase == "Succeeded":
+        text = (launcher.term_message or "").strip()
+        try:
+            if not text:
+                raise ValueError("the launcher exited 0 but wrote no termination message")
+            summary = RunSummary.from_termination_message(text)
+        except ValueError as err:
+            st.fail("InvalidResult", f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
+            return finish()
+        result = _summary_result(summary)
+        st.new.update(phase="Succeeded", result=result)
+        st.new.setdefault("completionTime", c.timestamp(now))
+        if summary.goal_reached:
+            ttg = summary.time_to_goal_seconds
+            msg = f"goal reached{f' in {ttg:.1f} s' if ttg is not None else ''}"
+            reason = "GoalReached"
+        else:
+            msg = f"finished without reaching the goal ({summary.stop_reason or summary.status})"
+            reason = "Aborted" if summary.status == "aborted" else "GoalNotReached"
+        if summary.best_accuracy is not None:
+            msg += f"; best accuracy {summary.best_accuracy:.4f}"
+        st.new["message"] = msg
+        st.cond(c.WORKERS_READY, "False", "RunFinished", "the run finished")
+        st.cond(c.RUNNING, "False", "Completed", f"launcher {launcher.name} completed")
+        st.cond(c.GOAL_REACHED, "True" if summary.goal_reached else "False", reason, msg)
+        st.cond(c.SUCCEEDED, "True", reason, msg)
+        st.cond(c.FAILED, "False", "Succeeded", "")
+        return finish()
+
+    # 1b. The launcher failed but rank 0 reported (the run aborted, e.g. diverged): a restart would repeat it.
+    if launcher is not None and launcher.phase == "Failed" and launcher.term_message:
+        aborted: RunSummary | None
+        try:
+            aborted = RunSummary.from_termination_message(launcher.term_message)
+        except ValueError:
+            aborted = None
+        if aborted is not None:
+            summary = aborted
+            st.new["result"] = _summary_result(summary)
+            st.fail(
+                "Aborted",
+                f"the run aborted ({summary.stop_reason or summary.status}); "
+                f"launcher {launcher.name} exit code {launcher.exit_code}",
+            )
+            st.cond(c.GOAL_REACHED, "False", "Aborted", "the run aborted before reaching the goal")
+            return finish()
+
+    # 2. Out of time.
+    start = c.parse_time(st.old.get("startTime"))
+    deadline = policy.active_deadline_seconds
+    if deadline is not None and start is not None:
+        left = (start + timedelta(seconds=deadline) - now).total_seconds()
+        if left <= 0:
+            st.fail("DeadlineExceeded", f"the run exceeded runPolicy.activeDeadlineSeconds={deadline}")
+            return finish()
+        out.requeue_after = left
+
+    # 3. A failed rank fails the world: restart the whole gang or give up.
+    was_running = c.is_true(st.old.get("conditions"), c.RUNNING)
+    failure = _find_failure(ctx.name, workers, launcher, total, was_running) if not stale else None
+    if failure is not None:
+        reason, message = failure
+        if restarts >= policy.max_restarts:
+            st.fail(reason, f"{message} (gave up after {restarts} of maxRestarts={policy.max_restarts} restarts)")
+            return finish()
+        restarts += 1
+        text = f"restart {restarts}/{policy.max_restarts}: {message}"
+        st.new.update(restarts=restarts, phase="Pending", message=text, workers={"ready": 0, "total": total})
+        st.cond(c.WORKERS_READY, "False", "Restarting", text)
+        st.cond(c.RUNNING, "False", "Restarting", text)
+        st.cond(RESTARTED, "True", reason, text)
+        out.delete_stale = True
+        out.events.append(("Warning", "Restarting", text))
+        return out
+
+    # 4. Make progress: clear the previous world, create workers, then the launcher.
+    if stale:
+        out.delete_stale = any(not p.terminating for p in stale)
+        st.new["phase"] = "Pending"
+        msg = f"waiting for {len(stale)} pods of the previous attempt to terminate"
+        st.cond(c.WORKERS_READY, "False", "Restarting", msg)
+        st.cond(c.RUNNING, "False", "Restarting", msg)
+        st.in_progress()
+        st.new["message"] = msg
+        return out
+
+    if launcher is None:
+        out.create_workers = [r for r in range(total) if r not in workers]
+    unsched = sorted((p for p in workers.values() if p.unschedulable), key=lambda p: p.rank or 0)
+    stuck = sorted((p for p in workers.values() if p.waiting), key=lambda p: p.rank or 0)
+    all_scheduled = len(workers) == total and all(p.scheduled for p in workers.values())
+    if ready == total:
+        st.cond(c.WORKERS_READY, "True", "AllWorkersReady", f"{ready}/{total} workers ready")
+    elif unsched:
+        st.cond(
+            c.WORKERS_READY,
+            "False",
+            "Unschedulable",
+            f"{len(unsched)}/{total} workers cannot be scheduled: {unsched[0].unschedulable}",
+        )
+    elif stuck:
+        st.cond(c.WORKERS_READY, "False", "ContainerWaiting", f"worker {stuck[0].rank}: {stuck[0].waiting}")
+    else:
+        st.cond(c.WORKERS_READY, "False", "WaitingForWorkers", f"{ready}/{total} workers ready")
+
+    if launcher is not None and launcher.phase == "Running":
+        st.new["phase"] = "Running"
+        st.cond(c.RUNNING, "True", "LauncherRunning", f"launcher {launcher.name} is running mpirun")
+    elif launcher is not None:
+        st.new["phase"] = "Starting"
+        why = launcher.waiting or launcher.unschedulable
+        detail = f": {why}" if why else ""
+        st.cond(c.RUNNING, "False", "LauncherStarting", f"launcher {launcher.name} is {launcher.phase}{detail}")
+    elif ready == total:
+        st.new["phase"] = "Starting"
+        out.create_launcher = True
+        st.cond(c.RUNNING, "False", "CreatingLauncher", "every worker is Ready; creating the launcher")
+    else:
+        st.new["phase"] = "Starting" if all_scheduled else "Pending"
+        st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+    st.in_progress()
+    wr = c.get(st.new["conditions"], c.WORKERS_READY) or {}
+    run = c.get(st.new["conditions"], c.RUNNING) or {}
+    st.new["message"] = f"{wr.get('message', '')}; {run.get('message', '')}"
+    if st.new["phase"] != old_phase:
+        out.events.append(("Normal", st.new["phase"], st.new["message"]))
+    if (
+        wr.get("reason") == "Unschedulable"
+        and (c.get(st.old.get("conditions"), c.WORKERS_READY) or {}).get("reason") != "Unschedulable"
+    ):
+        out.events.append(("Warning", "Unschedulable", wr.get("message", "")))
+    return out
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level status keys that changed (a JSON merge patch for the status subresource)."""
+    return {k: v for k, v in new.items() if old.get(k) != v}
+
+
+def ttl_expired(status: Mapping[str, Any], ttl: int | None, now: datetime) -> float | None:
+    """Seconds until a finished run should be deleted (<= 0: now); None: keep it."""
+    done = c.parse_time(status.get("completionTime"))
+    if ttl is None or done is None:
+        return None
+    return (done + timedelta(seconds=ttl) - now).total_seconds()

@@ -1,0 +1,85 @@
+"""Shared test data for the operator tests: a task, runs, pods, summaries."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from mlbench_api.results import Environment, PhaseTotals, RunSummary
+
+TASK_NAME = "optest-task"
+
+TASK: dict[str, Any] = {
+    "apiVersion": "mlbench.io/v1alpha1",
+    "kind": "BenchmarkTask",
+    "metadata": {"name": TASK_NAME},
+    "spec": {
+        "division": "closed",
+        "model": {"name": "resnet", "version": "m1", "depth": 20},
+        "dataset": {
+            "name": "cifar10",
+            "format": "cifar10-python",
+            "path": "/data/cifar10",
+        },
+        "training": {
+            "batchSizePerWorker": 32,
+            "learningRate": {
+                "schedule": "multistep",
+                "perSample": 0.000390625,
+                "warmupEpochs": 5,
+                "milestones": [82, 109],
+            },
+            "momentum": 0.9,
+            "nesterov": True,
+            "maxEpochs": 164,
+        },
+        "goal": {"target": 0.8, "lightTarget": 0.7},
+        "runner": {"image": "mlbench/mlbench-runner:test"},
+        "overridable": ["model", "dataset"],
+    },
+}
+
+
+def task(name: str = TASK_NAME) -> dict[str, Any]:
+    out = copy.deepcopy(TASK)
+    out["metadata"]["name"] = name
+    return out
+
+
+def run(
+    name: str = "r1",
+    namespace: str = "ns",
+    workers: int = 2,
+    task_name: str = TASK_NAME,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A BenchmarkRun body as the API server would return it."""
+    return {
+        "apiVersion": "mlbench.io/v1alpha1",
+        "kind": "BenchmarkRun",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
+        "spec": {"taskRef": {"name": task_name}, "workers": workers, **spec},
+    }
+
+
+def summary(run_name: str = "r1", world_size: int = 2, goal: bool = True) -> RunSummary:
+    return RunSummary(
+        run=run_name,
+        task=TASK_NAME,
+        status="success" if goal else "goal-not-reached",
+        goal_reached=goal,
+        goal_target=0.8,
+        time_to_goal_seconds=1234.5 if goal else None,
+        best_accuracy=0.81 if goal else 0.5,
+        final_accuracy=0.81 if goal else 0.5,
+        epochs=90.0,
+        steps=1000,
+        samples=32000,
+        wall_clock_seconds=1300.0,
+        train_seconds=1200.0,
+        compute_seconds=900.0,
+        communication_seconds=250.0,
+        samples_per_second=26.7,
+        phases=PhaseTotals(forward=400, backward=500, communication=250),
+        environment=Environment(world_size=world_size, backend="gloo"),
+    )

@@ -1,0 +1,285 @@
+"""The operator against the real control plane (kwok nodes): lifecycle, failures, restarts, cleanup."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from mlbench_operator import conditions as c
+from tests.cluster.plugin import wait_for
+from tests.operator import helpers as h
+from tests.operator.conftest import OperatorProcess, Runs
+
+pytestmark = pytest.mark.cluster
+
+
+def cond(status: dict, type_: str) -> dict:
+    found = c.get(status.get("conditions"), type_)
+    assert found is not None, f"no {type_} condition in {status.get('conditions')}"
+    return found
+
+
+def owned_by(obj: dict, run: dict) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(r["uid"] == run["metadata"]["uid"] and r.get("controller") for r in refs)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_lifecycle(runs: Runs, workers: int) -> None:
+    name = f"life{workers}"
+    runs.apply(h.run(name, workers=workers, resources={"cpu": "500m", "memory": "512Mi"}))
+    status = runs.wait_phase(name, "Running")
+    run = runs.run(name)
+    ns = runs.ns
+    # kopf's traces are ours: the mlbench.io finalizer while the run is active, no kopf.zalando.org keys
+    assert run["metadata"].get("finalizers") == ["mlbench.io/operator"]
+    assert not [k for k in run["metadata"].get("annotations") or {} if "kopf" in k]
+
+    # The world: names, owners, labels, resources.
+    svc = runs.get("service", name)
+    assert svc is not None
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"]
+    cm = runs.get("configmap", f"{name}-config")
+    assert cm is not None
+    assert cm["data"]["hostfile"] == "".join(f"{name}-worker-{i}.{name}.{ns}.svc slots=1\n" for i in range(workers))
+    assert json.loads(cm["data"]["config.json"])["worldSize"] == workers
+    secret = runs.get("secret", f"{name}-ssh")
+    assert secret is not None
+    assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys"}
+    pods = runs.pods(name)
+    assert set(pods) == {f"{name}-worker-{i}" for i in range(workers)} | {f"{name}-launcher"}
+    for obj in [svc, cm, secret, *pods.values()]:
+        assert owned_by(obj, run), obj["metadata"]["name"]
+        assert obj["metadata"]["labels"]["mlbench.io/task"] == h.TASK_NAME
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mlbench-operator"
+    for i in range(workers):
+        pod = pods[f"{name}-worker-{i}"]
+        assert pod["metadata"]["labels"]["mlbench.io/role"] == "worker"
+        assert pod["metadata"]["labels"]["mlbench.io/rank"] == str(i)
+        assert pod["spec"]["hostname"] == f"{name}-worker-{i}"
+        assert pod["spec"]["subdomain"] == name
+        res = pod["spec"]["containers"][0]["resources"]
+        assert res["requests"] == res["limits"] == {"cpu": "500m", "memory": "512Mi"}
+    assert pods[f"{name}-launcher"]["metadata"]["labels"]["mlbench.io/role"] == "launcher"
+    assert status["workers"] == {"ready": workers, "total": workers}
+    assert cond(status, "WorkersReady")["status"] == "True"
+    assert cond(status, "Running")["status"] == "True"
+    assert status["taskSnapshot"]["model"]["depth"] == 20
+
+    # Finish: a valid RunSummary in the launcher's termination message.
+    runs.finish_launcher(name, 0, h.summary(name, world_size=workers).termination_message())
+    status = runs.wait_phase(name, "Succeeded")
+    assert status["result"]["goalReached"] is True
+    assert status["result"]["timeToGoalSeconds"] == 1234.5
+    assert status["result"]["worldSize"] == workers
+    assert cond(status, "Succeeded")["status"] == "True"
+    assert cond(status, "GoalReached")["status"] == "True"
+    assert status["completionTime"] >= status["startTime"]
+    # cleanPodPolicy Running: running workers removed, the launcher kept for its log
+    wait_for(lambda: set(runs.pods(name)) == {f"{name}-launcher"}, timeout=30, what="workers cleaned up")
+    # finished and no TTL: nothing left to do, so the run no longer blocks its own deletion
+    wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
+
+    # kubectl get shows the truth
+    table = runs.kubectl("get", "benchmarkruns", name).stdout
+    assert "Succeeded" in table
+    assert "1234.5" in table
+    assert h.TASK_NAME in table
+
+    def reasons() -> set[str]:
+        out = runs.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+        return {e["reason"] for e in json.loads(out)["items"]}
+
+    wait_for(lambda: {"Admitted", "Running", "Succeeded"} <= reasons(), timeout=20, what="Events on transitions")
+
+
+def test_launcher_waits_for_every_worker(runs: Runs, kube_cluster: object) -> None:
+    """Workers that cannot be scheduled: a clear condition, and no launcher until all are Ready."""
+    name = "gated"
+    key = f"mlbench-test-{uuid.uuid4().hex[:6]}"
+    runs.apply(h.run(name, workers=2, scheduling={"nodeSelector": {key: "yes"}}))
+    status = runs.wait_status(
+        name, lambda s: (cond(s, "WorkersReady")["reason"] == "Unschedulable") and s, what="Unschedulable"
+    )
+    assert status["phase"] == "Pending"
+    assert "cannot be scheduled" in cond(status, "WorkersReady")["message"]
+    time.sleep(2)
+    assert f"{name}-launcher" not in runs.pods(name)
+    runs.kubectl("label", "node", "kwok-cpu-0", f"{key}=yes")
+    try:
+        runs.wait_phase(name, "Running", timeout=90)
+    finally:
+        runs.kubectl("label", "node", "kwok-cpu-0", f"{key}-", check=False)
+    pods = runs.pods(name)
+    launcher_created = pods[f"{name}-launcher"]["metadata"]["creationTimestamp"]
+    for i in range(2):
+        ready = next(x for x in pods[f"{name}-worker-{i}"]["status"]["conditions"] if x["type"] == "Ready")
+        assert ready["status"] == "True"
+        assert ready["lastTransitionTime"] <= launcher_created
+
+
+def test_worker_failure_gang_restart_then_failed(runs: Runs) -> None:
+    name = "flaky"
+    runs.apply(h.run(name, workers=2, runPolicy={"maxRestarts": 1}))
+    runs.wait_phase(name, "Running")
+    first = {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()}
+    runs.fail_pod(f"{name}-worker-1", 137, "killed")
+    status = runs.wait_status(
+        name,
+        lambda s: s.get("restarts") == 1 and s.get("phase") == "Running" and s,
+        timeout=90,
+        what="restarted world Running",
+    )
+    second = {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()}
+    assert set(second) == set(first)
+    assert not set(second.values()) & set(first.values()), "every pod of the world must be recreated"
+    assert all(o["metadata"]["labels"]["mlbench.io/attempt"] == "1" for o in runs.pods(name).values())
+    assert cond(status, "Restarted")["status"] == "True"
+    assert f"{name}-worker-1" in cond(status, "Restarted")["message"]
+
+    runs.fail_pod(f"{name}-worker-0", 3, "CUDA error: out of memory")
+    status = runs.wait_phase(name, "Failed", timeout=60)
+    assert cond(status, "Failed")["reason"] == "WorkerFailed"
+    assert f"{name}-worker-0" in status["message"]
+    assert "exit code 3" in status["message"]
+    assert "CUDA error" in status["message"]
+    assert status["restarts"] == 1
+    # the failed pod survives for its logs; running pods are removed
+    wait_for(lambda: f"{name}-worker-1" not in runs.pods(name), timeout=30, what="running worker removed")
+    assert f"{name}-worker-0" in runs.pods(name)
+
+
+def test_launcher_failure_message_is_shown(runs: Runs) -> None:
+    name = "boom"
+    runs.apply(h.run(name, workers=1, runPolicy={"maxRestarts": 0}))
+    runs.wait_phase(name, "Running")
+    runs.finish_launcher(name, 1, '{"error":"mpirun exited with 1; last output: NCCL timeout","exitCode":1}')
+    status = runs.wait_phase(name, "Failed")
+    assert cond(status, "Failed")["reason"] == "LauncherFailed"
+    assert "NCCL timeout" in status["message"]
+
+
+def test_deadline_exceeded(runs: Runs) -> None:
+    name = "slow"
+    runs.apply(h.run(name, workers=1, runPolicy={"activeDeadlineSeconds": 4}))
+    runs.wait_phase(name, "Running")
+    status = runs.wait_phase(name, "Failed", timeout=30)
+    assert cond(status, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_unknown_task_creates_nothing(runs: Runs) -> None:
+    runs.apply(h.run("orphan", task_name="no-such-task"))
+    status = runs.wait_phase("orphan", "Failed")
+    assert cond(status, "Failed")["reason"] == "TaskNotFound"
+    assert "no-such-task" in status["message"]
+    assert runs.pods("orphan") == {}
+    assert runs.get("configmap", "orphan-config") is None
+    assert runs.get("service", "orphan") is None
+
+
+def test_disallowed_override_is_rejected(runs: Runs) -> None:
+    runs.apply(h.run("tweaked", overrides={"learningRate": 0.5}))
+    status = runs.wait_phase("tweaked", "Failed")
+    assert cond(status, "Failed")["reason"] == "OverrideNotAllowed"
+    assert "learningRate" in status["message"]
+    assert runs.pods("tweaked") == {}
+
+
+def test_malformed_summary_is_invalid_result(runs: Runs) -> None:
+    runs.apply(h.run("garbled", workers=1))
+    runs.wait_phase("garbled", "Running")
+    runs.finish_launcher("garbled", 0, '{"schema": "mlbench.io/summary/v1", "run": "garbled"')
+    status = runs.wait_phase("garbled", "Failed")
+    assert cond(status, "Failed")["reason"] == "InvalidResult"
+    assert "result" not in status
+
+
+def test_delete_cascades(runs: Runs) -> None:
+    runs.apply(h.run("gone", workers=2))
+    runs.wait_phase("gone", "Running")
+    runs.kubectl("delete", "benchmarkrun", "gone", "--wait=true", "--timeout=30s")
+
+    def all_gone() -> bool:
+        return (
+            runs.pods("gone") == {}
+            and runs.get("service", "gone") is None
+            and runs.get("configmap", "gone-config") is None
+            and runs.get("secret", "gone-ssh") is None
+        )
+
+    wait_for(all_gone, timeout=60, what="owned objects garbage-collected")
+
+
+def test_ttl_after_finished_deletes_run(runs: Runs) -> None:
+    runs.apply(h.run("brief", workers=1, runPolicy={"ttlSecondsAfterFinished": 2}))
+    runs.wait_phase("brief", "Running")
+    runs.finish_launcher("brief", 0, h.summary("brief", world_size=1).termination_message())
+    wait_for(lambda: runs.get("benchmarkrun", "brief") is None, timeout=30, what="run deleted by TTL")
+
+
+def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) -> None:
+    """SIGKILL mid-creation and mid-run: no duplicate pods, no lost status, the run completes."""
+    name = "survivor"
+    workers = 24
+    task = h.task(f"{runs.ns}-task")
+    runs.kubectl("apply", "-f", "-", input=json.dumps(task))
+    try:
+        runs.apply(h.run(name, workers=workers, task_name=task["metadata"]["name"], runPolicy={"maxRestarts": 0}))
+        wait_for(lambda: len(runs.pods(name)) >= 3, timeout=60, interval=0.05, what="some workers created")
+        operator.stop(kill=True)
+        before = {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()}
+        # the task changes while the operator is down: the run keeps its snapshot
+        task["spec"]["runner"]["image"] = "changed/runner:2"
+        runs.kubectl("apply", "-f", "-", input=json.dumps(task))
+        operator.start()
+        runs.wait_phase(name, "Running", timeout=90)
+        pods = runs.pods(name)
+        assert len(pods) == workers + 1
+        for pod, uid in before.items():
+            assert pods[pod]["metadata"]["uid"] == uid, f"{pod} was recreated"
+        assert {o["spec"]["containers"][0]["image"] for o in pods.values()} == {"mlbench/mlbench-runner:test"}
+
+        operator.stop(kill=True)
+        runs.finish_launcher(name, 0, h.summary(name, world_size=workers).termination_message())
+        time.sleep(1)
+        assert runs.status(name)["phase"] == "Running"  # nobody is watching
+        operator.start()
+        status = runs.wait_phase(name, "Succeeded", timeout=60)
+        assert status["restarts"] == 0
+        assert status["result"]["worldSize"] == workers
+    finally:
+        if operator.proc is None:
+            operator.start()
+        runs.kubectl("delete", "benchmarktask", task["metadata"]["name"], "--wait=false", check=False)
+
+
+def test_scale_256_workers_ready(runs: Runs, operator: OperatorProcess) -> None:
+    name = "wide"
+    before = operator.metric("mlbench_operator_api_requests_total")
+    start = time.monotonic()
+    runs.apply(h.run(name, workers=256, resources={"cpu": "10m", "memory": "16Mi"}))
+    runs.wait_status(name, lambda s: (s.get("workers") or {}).get("ready") == 256, timeout=240, what="256 ready")
+    elapsed = time.monotonic() - start
+    runs.wait_phase(name, "Running", timeout=60)
+    assert len(runs.pods(name)) == 257
+    assert operator.metric("mlbench_operator_workers_ready_seconds_count") >= 1
+    assert operator.metric("mlbench_operator_runs", phase="Running") >= 1
+    requests = operator.metric("mlbench_operator_api_requests_total") - before
+    # one create per pod plus a bounded number of status writes: coalescing works
+    assert requests < 256 + 1 + 60, requests
+    print(f"256 workers ready in {elapsed:.1f}s with {requests:.0f} operator API requests")
+
+
+def test_runs_outside_the_selector_are_left_alone(runs: Runs) -> None:
+    """--selector: the operator ignores runs without its label (here: another session's run)."""
+    body = h.run("foreign", runs.ns)
+    runs.kubectl("apply", "-f", "-", input=json.dumps(body))  # no session label
+    runs.apply(h.run("mine", workers=1))
+    runs.wait_phase("mine", "Running")
+    assert runs.status("foreign") == {}
+    assert runs.pods("foreign") == {}
+    assert not runs.run("foreign")["metadata"].get("finalizers")

@@ -1,0 +1,335 @@
+"""The decision logic, without a cluster: admission, the state machine, failures, results, cleanup."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mlbench_operator import builders, reconcile
+from mlbench_operator import conditions as c
+from mlbench_operator.podview import PodView
+from tests.operator import helpers as h
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def admitted(body: dict[str, Any], now: datetime = T0) -> tuple[dict[str, Any], builders.RunContext]:
+    result = reconcile.admit(body, h.task())
+    assert not isinstance(result, reconcile.Rejection), result
+    ctx, snapshot = result
+    body = {**body, "status": reconcile.admitted_status(body, ctx, snapshot, now)}
+    return body, ctx
+
+
+def pod(obj: dict[str, Any], phase: str = "Running", ready: bool = True, **status: Any) -> PodView:
+    """A pod from the builders with a kubelet-like status."""
+    obj = {**obj, "status": {"phase": phase, "podIP": "10.0.0.1", **status}}
+    conds = [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True" if ready else "False"}]
+    obj["status"].setdefault("conditions", conds)
+    view = PodView.from_pod(obj)
+    assert view is not None
+    return view
+
+
+def terminated(obj: dict[str, Any], code: int, message: str = "", reason: str | None = None) -> PodView:
+    term = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error"), "message": message}
+    init_done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    return pod(
+        obj,
+        phase="Succeeded" if code == 0 else "Failed",
+        ready=False,
+        initContainerStatuses=[{"name": "init", "state": init_done}],  # as kwok/the kubelet report them
+        containerStatuses=[{"name": "x", "state": {"terminated": term}}],
+    )
+
+
+def workers(ctx: builders.RunContext, attempt: int = 0, ready: bool = True) -> list[PodView]:
+    return [pod(builders.worker_pod(ctx, r, attempt), ready=ready) for r in range(ctx.spec.workers)]
+
+
+def step(
+    body: dict[str, Any], ctx: builders.RunContext, pods: list[PodView], now: datetime = T0
+) -> tuple[dict[str, Any], reconcile.Plan]:
+    plan = reconcile.plan(body, ctx, pods, now)
+    return {**body, "status": plan.status}, plan
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = c.get(status["conditions"], type_)
+    assert found is not None, type_
+    return found
+
+
+# -- admission ---------------------------------------------------------------------------------------------
+def test_missing_task_is_rejected() -> None:
+    result = reconcile.admit(h.run(), None)
+    assert isinstance(result, reconcile.Rejection)
+    assert result.reason == "TaskNotFound"
+    status = reconcile.rejected_status(h.run(), result, T0)
+    assert status["phase"] == "Failed"
+    assert cond(status, "Failed")["status"] == "True"
+    assert cond(status, "Failed")["reason"] == "TaskNotFound"
+    assert "optest-task" in status["message"]
+
+
+def test_closed_division_override_is_rejected() -> None:
+    result = reconcile.admit(h.run(overrides={"momentum": 0.5}), h.task())
+    assert isinstance(result, reconcile.Rejection)
+    assert result.reason == "OverrideNotAllowed"
+    assert "momentum" in result.message
+
+
+def test_invalid_effective_config_is_rejected() -> None:
+    # maxEpochs below a milestone breaks a cross-field rule of the task (open division allows it).
+    task = h.task()
+    task["spec"]["division"] = "open"
+    result = reconcile.admit(h.run(overrides={"maxEpochs": 10}), task)
+    assert isinstance(result, reconcile.Rejection)
+    assert result.reason == "InvalidConfig"
+
+
+def test_allowed_override_is_admitted_with_snapshot() -> None:
+    body = h.run(overrides={"model": {"name": "resnet", "version": "m2", "depth": 56}})
+    result = reconcile.admit(body, h.task())
+    assert not isinstance(result, reconcile.Rejection)
+    ctx, snapshot = result
+    assert snapshot["model"]["depth"] == 20  # the task as it was
+    assert ctx.config.task.model.depth == 56  # what the run trains
+    status = reconcile.admitted_status(body, ctx, snapshot, T0)
+    assert status["phase"] == "Pending"
+    assert status["taskSnapshot"] == snapshot
+    assert status["workers"] == {"ready": 0, "total": 2}
+
+
+def test_context_uses_snapshot_not_current_task() -> None:
+    body, _ = admitted(h.run())
+    snap = body["status"]["taskSnapshot"]
+    ctx = reconcile.context(body, snap)
+    assert ctx.config.task.training.max_epochs == 164
+
+
+# -- the happy path ------------------------------------------------------------------------------------------
+def test_lifecycle_pending_starting_running_succeeded() -> None:
+    body, ctx = admitted(h.run(workers=3))
+    body, plan = step(body, ctx, [])
+    assert plan.create_workers == [0, 1, 2]
+    assert not plan.create_launcher
+    assert plan.status["phase"] == "Pending"
+
+    not_ready = workers(ctx, ready=False)
+    body, plan = step(body, ctx, not_ready)
+    assert plan.status["phase"] == "Starting"
+    assert plan.create_workers == []
+    assert not plan.create_launcher, "launcher must wait for every worker to be Ready"
+    assert cond(plan.status, "WorkersReady")["status"] == "False"
+
+    two_ready = [*workers(ctx)[:2], not_ready[2]]
+    body, plan = step(body, ctx, two_ready)
+    assert not plan.create_launcher
+    assert plan.status["workers"] == {"ready": 2, "total": 3}
+
+    ready = workers(ctx)
+    body, plan = step(body, ctx, ready)
+    assert plan.create_launcher
+    assert cond(plan.status, "WorkersReady")["status"] == "True"
+    assert plan.status["phase"] == "Starting"
+
+    launcher = pod(builders.launcher_pod(ctx, 0))
+    later = T0 + timedelta(seconds=30)
+    body, plan = step(body, ctx, [*ready, launcher], later)
+    assert plan.status["phase"] == "Running"
+    assert cond(plan.status, "Running")["status"] == "True"
+    assert not plan.create_launcher
+    # WorkersReady did not flip, so its transition time is unchanged
+    assert cond(plan.status, "WorkersReady")["lastTransitionTime"] == c.timestamp(T0)
+    assert ("Normal", "Running", plan.status["message"]) in plan.events
+
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary(world_size=3).termination_message())
+    body, plan = step(body, ctx, [*ready, done], later)
+    st = plan.status
+    assert st["phase"] == "Succeeded"
+    assert st["result"]["goalReached"] is True
+    assert st["result"]["timeToGoalSeconds"] == 1234.5
+    assert st["result"]["worldSize"] == 3
+    assert st["completionTime"] == c.timestamp(later)
+    assert cond(st, "Succeeded")["status"] == "True"
+    assert cond(st, "GoalReached")["status"] == "True"
+    assert cond(st, "Failed")["status"] == "False"
+    # cleanPodPolicy Running (default): running workers go, the launcher stays for its log
+    assert plan.cleanup == ["r1-worker-0", "r1-worker-1", "r1-worker-2"]
+
+
+def test_goal_not_reached_still_succeeds() -> None:
+    body, ctx = admitted(h.run())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary(goal=False).termination_message())
+    _, plan = step(body, ctx, [*workers(ctx), done])
+    assert plan.status["phase"] == "Succeeded"
+    assert cond(plan.status, "GoalReached")["status"] == "False"
+    assert cond(plan.status, "GoalReached")["reason"] == "GoalNotReached"
+
+
+@pytest.mark.parametrize(
+    ("message", "needle"), [("", "no termination message"), ("{not json", "not JSON"), ('{"run": "r1"}', "status")]
+)
+def test_malformed_result_is_invalid_result(message: str, needle: str) -> None:
+    body, ctx = admitted(h.run())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, message)
+    _, plan = step(body, ctx, [*workers(ctx), done])
+    assert plan.status["phase"] == "Failed"
+    assert cond(plan.status, "Failed")["reason"] == "InvalidResult"
+    assert needle in plan.status["message"]
+    assert "result" not in plan.status
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("All", ["r1-launcher", "r1-worker-0", "r1-worker-1"]), ("None", []), ("Running", ["r1-worker-0", "r1-worker-1"])],
+)
+def test_clean_pod_policy(policy: str, expected: list[str]) -> None:
+    body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}))
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    _, plan = step(body, ctx, [*workers(ctx), done])
+    assert plan.cleanup == expected
+
+
+# -- failures -------------------------------------------------------------------------------------------------
+def test_worker_failure_restarts_the_gang_then_gives_up() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
+    launcher = pod(builders.launcher_pod(ctx, 0))
+    oom = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    body, plan = step(body, ctx, [workers(ctx)[0], oom, launcher])
+    assert plan.status["restarts"] == 1
+    assert plan.status["phase"] == "Pending"
+    assert plan.delete_stale
+    assert "OOMKilled" in plan.status["message"]
+    assert "r1-worker-1" in plan.status["message"]
+    assert cond(plan.status, "Restarted")["reason"] == "OOMKilled"
+    assert plan.events[0][:2] == ("Warning", "Restarting")
+
+    # the old world is still terminating: no new pods with the same names yet
+    body, plan = step(body, ctx, [workers(ctx)[0], oom, launcher])
+    assert plan.create_workers == []
+    assert plan.delete_stale
+
+    # gone: the new attempt's workers are created
+    body, plan = step(body, ctx, [])
+    assert plan.create_workers == [0, 1]
+
+    # fails again: maxRestarts=1 exhausted -> Failed with the real cause
+    new = workers(ctx, attempt=1)
+    failed_launcher = terminated(
+        builders.launcher_pod(ctx, 1), 1, '{"error":"mpirun exited with 1; last output: boom","exitCode":1}'
+    )
+    body, plan = step(body, ctx, [*new, failed_launcher])
+    st = plan.status
+    assert st["phase"] == "Failed"
+    assert cond(st, "Failed")["reason"] == "LauncherFailed"
+    assert "mpirun exited with 1" in st["message"]
+    assert "exit code 1" in st["message"]
+    assert "maxRestarts=1" in st["message"]
+    assert plan.cleanup == ["r1-worker-0", "r1-worker-1"]  # failed launcher kept for its log
+
+
+def test_evicted_worker_names_the_cause() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
+    evicted = pod(
+        builders.worker_pod(ctx, 0, 0),
+        phase="Failed",
+        ready=False,
+        reason="Evicted",
+        message="The node was low on resource: memory.",
+    )
+    _, plan = step(body, ctx, [evicted, workers(ctx)[1]])
+    assert plan.status["phase"] == "Failed"
+    assert cond(plan.status, "Failed")["reason"] == "Evicted"
+    assert "low on resource" in plan.status["message"]
+
+
+def test_worker_lost_while_running_is_a_failure() -> None:
+    body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 2}))
+    _, plan = step(body, ctx, [workers(ctx)[0], pod(builders.launcher_pod(ctx, 0))])
+    assert plan.status["restarts"] == 1
+    assert "r1-worker-1" in plan.status["message"]
+
+
+def test_launcher_lost_while_running_is_a_failure() -> None:
+    body, ctx = admitted(h.run(workers=1, runPolicy={"maxRestarts": 2}))
+    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    assert plan.status["phase"] == "Running"
+    _, plan = step(body, ctx, workers(ctx))
+    assert plan.status["restarts"] == 1
+    assert cond(plan.status, "Restarted")["reason"] == "LauncherLost"
+    assert not plan.create_launcher
+
+
+def test_launcher_dns_wait_failure_is_shown() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
+    obj = builders.launcher_pod(ctx, 0)
+    term = {"exitCode": 1, "reason": "Error", "message": "worker r1-worker-1.r1.ns.svc does not resolve after 300s"}
+    launcher = pod(
+        obj,
+        phase="Failed",
+        ready=False,
+        initContainerStatuses=[{"name": "wait-for-workers", "state": {"terminated": term}}],
+        containerStatuses=[{"name": "launcher", "state": {"waiting": {"reason": "PodInitializing"}}}],
+    )
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Failed"
+    assert "does not resolve" in plan.status["message"]
+
+
+def test_aborted_run_fails_without_restart() -> None:
+    body, ctx = admitted(h.run())
+    aborted = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "diverged"})
+    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted.termination_message())
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Failed"
+    assert plan.status["restarts"] == 0
+    assert cond(plan.status, "Failed")["reason"] == "Aborted"
+    assert "diverged" in plan.status["message"]
+    assert plan.status["result"]["goalReached"] is False
+
+
+def test_deadline_exceeded() -> None:
+    body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 60}))
+    _, plan = step(body, ctx, workers(ctx), T0 + timedelta(seconds=30))
+    assert plan.requeue_after == pytest.approx(30)
+    _, plan = step(body, ctx, workers(ctx), T0 + timedelta(seconds=61))
+    assert plan.status["phase"] == "Failed"
+    assert cond(plan.status, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_unschedulable_workers_show_as_condition() -> None:
+    body, ctx = admitted(h.run(resources={"gpu": 4}))
+    msg = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    stuck = PodView.from_pod(
+        {
+            **builders.worker_pod(ctx, 0, 0),
+            "status": {
+                "phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}],
+            },
+        }
+    )
+    assert stuck is not None
+    _, plan = step(body, ctx, [stuck, workers(ctx)[1]])
+    wr = cond(plan.status, "WorkersReady")
+    assert (wr["status"], wr["reason"]) == ("False", "Unschedulable")
+    assert msg in wr["message"]
+    assert plan.status["phase"] == "Pending"
+    assert ("Warning", "Unschedulable", wr["message"]) in plan.events
+
+
+def test_ttl() -> None:
+    status = {"completionTime": c.timestamp(T0)}
+    assert reconcile.ttl_expired(status, None, T0) is None
+    assert reconcile.ttl_expired(status, 60, T0 + timedelta(seconds=10)) == pytest.approx(50)
+    left = reconcile.ttl_expired(status, 60, T0 + timedelta(seconds=70))
+    assert left is not None
+    assert left < 0
+
+
+def test_status_patch_only_changed_keys() -> None:
+    assert reconcile.status_patch({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == {"b": 3, "c": 4}
