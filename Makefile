@@ -34,7 +34,7 @@ $(PYTHON):
 .PHONY: lock
 lock: ## re-pin constraints.txt from the current environment
 	{ echo "# Exact versions of every Python package (regenerate with \`make lock\`)."; \
-	  $(VENV)/bin/pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)=='; } > constraints.txt
+	  $(PYTHON) -m pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)=='; } > constraints.txt
 
 .PHONY: crds
 crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
@@ -44,7 +44,7 @@ crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
 lint: $(PYTHON) ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	$(PYTHON) -m mypy
 
 .PHONY: fmt
 fmt: $(PYTHON) ## format and autofix

@@ -5,7 +5,7 @@ reference all-reduce SGD, by-model bucket) stopped after ``--steps`` steps
 (``MLBENCH_MAX_STEPS``, no evaluation); figures come from rank 0's RunSummary.
 Threads per rank = cores // ranks, so the ranks share the machine's cores.
 
-    PYTHONPATH=crds:runners:. python benchmarks/runner_cpu_scaling.py --ranks 1 2 4 --steps 40
+    .venv/bin/python benchmarks/runner_cpu_scaling.py --ranks 1 2 4 --steps 40
 """
 
 from __future__ import annotations
@@ -20,47 +20,14 @@ from pathlib import Path
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
 from mlbench_runner.local import free_port, importable_env
-
-DEFAULT_DATA = os.environ.get("MLBENCH_DATA_DIR", "/work/shared/datasets") + "/cifar10-jpeg.tar.gz"
+from mlbench_runner.recipes import catalog_recipe, shared_cifar10
 
 
 def task(model: str, data: str, batch: int) -> BenchmarkTaskSpec:
+    """Task 1a's recipe on 10000 images, or 2a's on the synthetic epsilon stand-in."""
     if model == "resnet20":
-        doc = {
-            "model": {"name": "resnet", "version": "m1", "depth": 20},
-            "dataset": {"name": "cifar10", "format": "image-tarball", "path": data, "trainSubset": 10000},
-            "training": {
-                "batchSizePerWorker": batch,
-                "maxEpochs": 164,
-                "momentum": 0.9,
-                "nesterov": True,
-                "weightDecay": 1e-4,
-                "learningRate": {
-                    "schedule": "multistep",
-                    "perSample": 0.1 / 256,
-                    "warmupEpochs": 5,
-                    "milestones": [82, 109],
-                },
-            },
-            "goal": {"target": 0.8},
-        }
-    else:  # task 2a recipe on the synthetic epsilon stand-in
-        doc = {
-            "model": {"name": "logistic-regression"},
-            "dataset": {
-                "name": "epsilon-synthetic",
-                "format": "synthetic",
-                "synthetic": {"trainSamples": 20000, "testSamples": 1000, "features": 2000},
-            },
-            "training": {
-                "batchSizePerWorker": 100,
-                "maxEpochs": 10,
-                "l2Regularization": 2.5e-6,
-                "learningRate": {"schedule": "inverse-sqrt", "alphaByWorkers": [{"minWorkers": 1, "alpha": 200}]},
-            },
-            "goal": {"target": 0.89, "metric": "test-accuracy"},
-        }
-    return BenchmarkTaskSpec.model_validate({"division": "open", "runner": {"image": "bench"}, **doc})
+        return catalog_recipe("cifar10-resnet20", data=data, train_subset=10000, batch=batch)
+    return catalog_recipe("epsilon-logreg-synthetic")
 
 
 def run_once(spec: BenchmarkTaskSpec, ranks: int, steps: int, out: Path) -> RunSummary:
@@ -104,7 +71,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--model", choices=("resnet20", "logreg"), nargs="+", default=["resnet20", "logreg"])
-    p.add_argument("--data", default=DEFAULT_DATA, help="CIFAR-10 JPEG tarball (resnet20)")
+    p.add_argument("--data", default=str(shared_cifar10()), help="CIFAR-10 JPEG tarball (resnet20)")
     args = p.parse_args()
     models = list(args.model)
     if "resnet20" in models and not Path(args.data).exists():

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -35,42 +34,15 @@ from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunConfig
 from mlbench_api.config import effective_config
 from mlbench_runner.data import load_dataset
 from mlbench_runner.models import CifarResNet
+from mlbench_runner.recipes import catalog_recipe, shared_cifar10
 from mlbench_runner.schedule import learning_rate
 from mlbench_runner.train import Options, Trainer
 from mlbench_runner.world import World
 
-DEFAULT_DATA = os.environ.get("MLBENCH_DATA_DIR", "/work/shared/datasets") + "/cifar10-jpeg.tar.gz"
-
 
 def closed_1a(data: str, max_epochs: int, subset: int | None, target: float) -> BenchmarkTaskSpec:
-    milestones = [m for m in (82, 109) if m < max_epochs]
-    return BenchmarkTaskSpec.model_validate(
-        {
-            "division": "closed",
-            "model": {"name": "resnet", "version": "m1", "depth": 20},
-            "dataset": {
-                "name": "cifar10",
-                "format": "image-tarball",
-                "path": data,
-                **({"trainSubset": subset} if subset else {}),
-            },
-            "training": {
-                "batchSizePerWorker": 32,
-                "maxEpochs": max_epochs,
-                "momentum": 0.9,
-                "nesterov": True,
-                "weightDecay": 1e-4,
-                "learningRate": {
-                    "schedule": "multistep",
-                    "perSample": 0.1 / 256,
-                    "warmupEpochs": 5 if max_epochs > 5 else 0,
-                    "milestones": milestones,
-                },
-            },
-            "goal": {"target": target},
-            "runner": {"image": "bench"},
-        }
-    )
+    """The catalog's task 1a, read from the JPEG tarball; shorter only in smoke mode."""
+    return catalog_recipe("cifar10-resnet20", data=data, train_subset=subset, max_epochs=max_epochs, target=target)
 
 
 def make_config(spec: BenchmarkTaskSpec, device: str, out: str) -> RunConfig:
@@ -208,7 +180,7 @@ def main() -> None:
     p.add_argument("--max-epochs", type=int, default=164)
     p.add_argument("--subset", type=int, help="train on the first N images (smoke runs; not closed division)")
     p.add_argument("--target", type=float, default=0.80)
-    p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--data", default=str(shared_cifar10()))
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers for the plain path")
     p.add_argument("--bf16", action="store_true", help="runner path with bf16 autocast + channels_last (open div.)")
     p.add_argument("--only", choices=("runner", "plain"))

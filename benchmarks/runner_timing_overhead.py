@@ -5,7 +5,7 @@
 (b) Relative: ResNet-20 training steps (batch 32) with the PhaseTimer vs without,
     interleaved in blocks so machine noise hits both alike; median per-step time.
 
-    PYTHONPATH=crds:runners:. python benchmarks/runner_timing_overhead.py
+    .venv/bin/python benchmarks/runner_timing_overhead.py
 """
 
 from __future__ import annotations

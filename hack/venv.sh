@@ -3,9 +3,10 @@
 #
 # The heavy part (torch, kopf, ...: several GiB) lives outside the work tree in
 # ${MLBENCH_CACHE:-~/.cache/mlbench}/venv-<python>-<key>, where the key hashes
-# constraints.txt and the dependency lists of pyproject.toml; a second clone or a CI run
-# reuses it. The project itself is then installed editable (seconds), and .venv in the
-# work tree is a symlink to the cached environment.
+# constraints.txt and the dependency lists of pyproject.toml, so every clone and CI run
+# shares it. It never holds the project itself: each checkout gets a small .venv of its
+# own that sees the shared packages through a .pth file and has mlbench installed
+# editable, so two checkouts never import each other's code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,20 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 
-"$venv/bin/pip" install -q --no-deps --no-build-isolation -e . >&2
-ln -sfn "$venv" .venv
+# The shared environment must stay project-free (older versions installed mlbench there).
+if [ -n "$(ls "$venv"/lib/python*/site-packages/ | grep -i '^__editable__.*mlbench' || true)" ]; then
+  "$venv/bin/pip" uninstall -q -y mlbench >&2
+fi
+
+if [ "$(cat .venv/.shared 2>/dev/null)" != "$venv" ]; then
+  rm -rf .venv
+  "$venv/bin/python" -m venv --without-pip .venv
+  shared_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  own_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  # addsitedir (not a bare path line) so the shared site's own .pth files are processed too.
+  echo "import site; site.addsitedir('$shared_site')" > "$own_site/_mlbench_shared.pth"
+  ln -s "$venv/bin/ruff" .venv/bin/ruff
+  echo "$venv" > .venv/.shared
+fi
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . >&2
 echo "$venv"

@@ -50,6 +50,13 @@ FORWARD_ENV = (
 )
 
 
+def launcher_command(config_path: Path, hostfile: Path, termination_log: Path, *, oversubscribe: bool) -> list[str]:
+    """``mlbench-runner launch`` as this interpreter runs it (local runs and tests)."""
+    cmd = [sys.executable, "-m", "mlbench_runner.cli", "launch", "--config", str(config_path)]
+    cmd += ["--hostfile", str(hostfile), "--termination-log", str(termination_log)]
+    return [*cmd, "--oversubscribe"] if oversubscribe else cmd
+
+
 def mpirun_command(
     *,
     world_size: int,

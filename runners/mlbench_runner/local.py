@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.task import DatasetFormat
-from mlbench_runner.launch import strip_tag, summary_from_line
+from mlbench_runner.launch import launcher_command, strip_tag, summary_from_line
 
 
 class LocalRunError(Exception):
@@ -251,19 +251,7 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     hostfile = out / "hostfile"
     hostfile.write_text(f"localhost slots={ranks}\n")
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MLBENCH_HOSTFILE=str(hostfile))
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlbench_runner.cli",
-        "launch",
-        "--config",
-        str(config_path),
-        "--hostfile",
-        str(hostfile),
-        "--termination-log",
-        str(out / "termination-log"),
-        "--oversubscribe",
-    ]
+    cmd = launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -237,8 +237,13 @@ class Trainer:
         return bool(t.item() > 0)
 
     def _budget_exceeded(self) -> bool:
+        """Rank 0's clock is the run's clock (it reports wallClockSeconds), so rank 0 decides."""
         budget = self.config.time_budget_seconds
-        return budget is not None and self._any(self.clock.elapsed() >= budget)
+        if budget is None:
+            return False
+        flag = torch.tensor([1.0 if self.clock.elapsed() >= budget else 0.0], device=self.device)
+        self.comm.broadcast_(flag, src=0)
+        return bool(flag.item() > 0)
 
     # -- phases -----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mlbench_api.results import RunSummary
-from mlbench_runner.launch import mpirun_command
+from mlbench_runner.launch import launcher_command, mpirun_command
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks
 
@@ -27,19 +27,7 @@ def launch(config_path: Path, out: Path, ranks: int, **extra: str) -> subprocess
     from mlbench_runner.local import free_port
 
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlbench_runner.cli",
-            "launch",
-            "--config",
-            str(config_path),
-            "--hostfile",
-            str(hostfile),
-            "--termination-log",
-            str(out / "termination-log"),
-            "--oversubscribe",
-        ],
+        launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True),
         env=env(MASTER_PORT=str(free_port()), **extra),
         capture_output=True,
         text=True,
