@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import OverrideNotAllowed, effective_config
+from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, RunPolicy, RunResult
 from mlbench_api.task import BenchmarkTaskSpec
@@ -57,11 +58,7 @@ class Plan:
 
 
 def _short(err: Exception, limit: int = 2048) -> str:
-    if isinstance(err, ValidationError):
-        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-        text = "; ".join(parts)
-    else:
-        text = str(err)
+    text = "; ".join(format_errors(err)) if isinstance(err, ValidationError) else str(err)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
