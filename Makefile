@@ -14,11 +14,12 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: system-deps
-system-deps: ## install OpenMPI, Prometheus and ssh from Debian when missing (needs root)
+system-deps: ## install OpenMPI, Prometheus and OpenSSH from Debian when missing (needs root)
 	@missing=""; \
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
