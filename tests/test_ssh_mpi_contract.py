@@ -378,6 +378,9 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     assert set(error) == {"error", "exitCode"}, error
     assert error["exitCode"] == proc.returncode
     assert "mpirun exited with" in error["error"]
+    # The termination log itself names ssh's reason first, not only mpirun's generic tail.
+    assert "Permission denied" in error["error"].split("; last output:")[0].split("; cause: ")[1], error
+    assert len(wrong_log.read_bytes()) <= 4096
     assert "Permission denied (publickey)" in proc.stdout, proc.stdout[-4000:]  # the launcher's log: ssh said why
     assert cluster.accepted() == accepted, "sshd accepted a key that is not the run's"
     assert fingerprint(public, tmp_path) not in "".join(log.read_text() for log in cluster.sshd_logs)

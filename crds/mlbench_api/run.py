@@ -100,9 +100,11 @@ class Scheduling(ApiModel):
 
 
 class CleanPodPolicy(StrEnum):
-    RUNNING = "Running"  #: delete pods still running; keep the launcher and failed pods for logs
-    ALL = "All"
-    NONE = "None"
+    """What to delete when a run finishes (Kubeflow's meanings)."""
+
+    RUNNING = "Running"  #: delete unfinished pods (launcher included); keep finished ones for their logs
+    ALL = "All"  #: delete every pod
+    NONE = "None"  #: keep every pod
 
 
 class RunPolicy(ApiModel):

@@ -15,6 +15,7 @@ standalone (no peering). kopf's own bookkeeping lives under ``mlbench.io`` annot
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from mlbench_operator import builders, logs, progress, reconcile, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
-from mlbench_operator.kube import Kube
+from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
 
 PLURAL = "benchmarkruns"
@@ -147,11 +148,21 @@ async def run_event(
 
 
 # -- the reconciler ----------------------------------------------------------------------------------------
-def _needs_daemon(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
-    """Unfinished runs, and finished ones still waiting for ttlSecondsAfterFinished."""
-    if status.get("phase") not in reconcile.TERMINAL:
+def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> bool:
+    """Unfinished runs, and finished ones whose cleanPodPolicy still wants pods deleted (e.g. the
+    operator died between writing the final status and deleting the pods)."""
+    if (body.get("status") or {}).get("phase") not in reconcile.TERMINAL:
         return True
-    return (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
+    pods = list(kwargs["run_pods"].get((namespace or "", name), []))
+    return bool(pods) and bool(reconcile.cleanup_pending(body, pods))
+
+
+def _waits_for_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    """Finished runs with ttlSecondsAfterFinished (also when it was set after the run finished)."""
+    return (
+        status.get("phase") in reconcile.TERMINAL
+        and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
+    )
 
 
 class RunReconciler:
@@ -171,10 +182,19 @@ class RunReconciler:
         self.recent: dict[str, float] = {}  # pod name -> monotonic time we asked to create/delete it
         self.stale_deleted_at = 0.0
         self.retry_in = RESYNC_SECONDS  # sooner when a wanted create was deferred (see may_create)
+        self.create_failures = 0  # consecutive refused creates (403): backoff
+        self.create_backoff_until = 0.0  # monotonic; no pod creates before (pod events don't shorten it)
 
     def view(self) -> dict[str, Any]:
         """The run as the planner should see it: live metadata/spec, our own status."""
         return {"metadata": dict(self.body["metadata"]), "spec": dict(self.body["spec"]), "status": self.status}
+
+    def recover(self, live_status: Mapping[str, Any]) -> None:
+        """After a failed pass: trust the cluster's status again (a write may have half-failed),
+        except a finished status we wrote: the watch may not have echoed it yet, and re-planning
+        from the older one while the cleanup deletes pods would misread the result as a lost launcher."""
+        if self.status.get("phase") not in reconcile.TERMINAL:
+            self.status = dict(live_status or {})
 
     def event(self, type_: str, reason: str, message: str) -> None:
         kopf.event(self.body, type=type_, reason=reason, message=message[:1024])
@@ -193,7 +213,7 @@ class RunReconciler:
         if self.body["metadata"].get("deletionTimestamp"):
             return RESYNC_SECONDS  # kopf stops us; owner references clean up the rest
         if self.status.get("phase") in reconcile.TERMINAL:
-            return await self.finished(now)
+            return await self.finished(now, pods)
 
         snapshot = self.status.get("taskSnapshot")
         if not snapshot:
@@ -204,7 +224,7 @@ class RunReconciler:
                 await self.patch(reconcile.rejected_status(self.view(), admission, now))
                 self.event("Warning", admission.reason, admission.message)
                 self.log.warning("run_rejected", reason=admission.reason, message=admission.message)
-                return await self.finished(now)
+                return await self.finished(now, pods)
             ctx, snapshot = admission
             await self.patch(reconcile.admitted_status(self.view(), ctx, snapshot, now))
             self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
@@ -213,25 +233,28 @@ class RunReconciler:
             try:
                 ctx = reconcile.context(self.view(), snapshot, runner_uid())
             except ValueError as err:
-                rejection = reconcile.Rejection("InvalidConfig", f"cannot rebuild the configuration: {err}")
-                await self.patch(reconcile.rejected_status(self.view(), rejection, now))
-                self.event("Warning", rejection.reason, rejection.message)
-                return await self.finished(now)
+                # Final status first, then the cleanup by the raw spec.runPolicy.cleanPodPolicy (in finished).
+                message = f"cannot rebuild the configuration: {err}"
+                await self.patch(reconcile.failed_status(self.view(), "InvalidConfig", message, now))
+                self.event("Warning", "InvalidConfig", message)
+                return await self.finished(now, pods)
 
-        if not self.ensured:
-            await self.ensure_objects(ctx)
+        if not self.ensured and not await self.ensure_objects(ctx, now):
+            return min(30.0, RESYNC_SECONDS)  # a name conflict is shown; look again later
         plan = reconcile.plan(self.view(), ctx, pods, now)
         was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
         if plan.terminal:
-            # Clean up first: a finished status is only written once the world is in its final shape.
-            for name in plan.cleanup:
-                await self.kube.run(self.kube.delete_pod, self.namespace, name)
+            # The result first: once it is written, nothing can turn the run back into a running one.
+            # The cleanup follows (finished), re-driven from the cluster's state until done.
             await self.patch(plan.status)
             self.emit(plan)
             self.log.info("run_finished", phase=plan.status.get("phase"), message=plan.status.get("message"))
-            return await self.finished(now)
+            return await self.finished(now, pods)
 
         await self.patch(plan.status)  # restarts are recorded before the old world is torn down
+        if plan.force_delete:
+            self.log.warning("force_delete_pods", pods=plan.force_delete)
+            await self.kube.run(self.kube.delete_pods_named, self.namespace, plan.force_delete, 0)
         self.retry_in = RESYNC_SECONDS
         stale_age = time.monotonic() - self.stale_deleted_at
         if plan.delete_stale and stale_age <= DELETE_GRACE_SECONDS:
@@ -244,6 +267,11 @@ class RunReconciler:
             self.recent.clear()
             m.RESTARTS.inc()
         attempt = int(plan.status.get("restarts", 0))
+        backoff = self.create_backoff_until - time.monotonic()
+        if backoff > 0 and (plan.create_workers or plan.create_launcher):
+            self.retry_in = min(self.retry_in, backoff + 0.1)
+            self.emit(plan)
+            return min(plan.requeue_after or RESYNC_SECONDS, self.retry_in, RESYNC_SECONDS)
         todo = [
             builders.worker_pod(ctx, rank, attempt)
             for rank in plan.create_workers
@@ -254,11 +282,17 @@ class RunReconciler:
         if todo:
             results = await self.kube.run(self.kube.create_many, todo)
             errors = [r for r in results if isinstance(r, BaseException)]
+            refused: list[tuple[str, int, str]] = []
             for obj, res in zip(todo, results, strict=True):
                 if isinstance(res, BaseException):
                     self.recent.pop(obj["metadata"]["name"], None)
+                    if isinstance(res, ApiError) and res.status in (403, 422):
+                        refused.append((obj["metadata"]["name"], res.status, res.detail))
+            if refused:
+                return await self.creation_refused(refused, now, pods)
             if errors:
                 raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=5)
+            self.create_failures = 0
         if not was_ready and c.is_true(plan.status.get("conditions"), c.WORKERS_READY) and attempt == 0:
             created = c.parse_time(self.body["metadata"].get("creationTimestamp"))
             if created is not None:
@@ -281,26 +315,63 @@ class RunReconciler:
             self.event(type_, reason, message)
             self.log.info("run_transition", reason=reason, message=message)
 
-    async def ensure_objects(self, ctx: builders.RunContext) -> None:
-        """Service, ConfigMap and the SSH Secret; all idempotent (409 = already there)."""
+    async def creation_refused(
+        self, refused: list[tuple[str, int, str]], now: datetime, pods: list[PodView]
+    ) -> float | None:
+        """403/422 on pod creates: a visible condition and Event; 422 fails the run, 403 backs off."""
+        plan = reconcile.creation_failed(self.view(), refused, now)
+        await self.patch(plan.status)
+        self.emit(plan)
+        if plan.terminal:
+            self.log.warning("run_failed_create_refused", message=plan.status.get("message"))
+            return await self.finished(now, pods)
+        self.create_failures += 1
+        delay = min(5.0 * 2 ** (self.create_failures - 1), 120.0)
+        self.create_backoff_until = time.monotonic() + delay
+        self.log.warning("pod_create_refused", message=plan.status.get("message"), retry_in=delay)
+        return delay
+
+    async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
+        """Service, ConfigMap and the SSH Secret. 409 is fine only when the existing object is this
+        run's (a retry); one of another owner (e.g. a deleted run of the same name whose garbage
+        collection has not finished) is reported as NameConflict and nothing proceeds (False)."""
         private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
         results = await self.kube.run(self.kube.create_many, objs)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)
+        for obj, created in zip(objs, results, strict=True):
+            if created is False:  # 409: whose is it?
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
+                owner = reconcile.controller_uid(existing)
+                if existing is not None and owner != ctx.uid:
+                    plan = reconcile.object_conflict(self.view(), kind, name, owner, now)
+                    await self.patch(plan.status)
+                    self.emit(plan)
+                    self.log.warning("name_conflict", kind=kind, object=name, owner=owner)
+                    return False
         self.ensured = True
+        return True
 
-    async def finished(self, now: datetime) -> float | None:
-        """Terminal: wait for ttlSecondsAfterFinished (if any), delete the run, and stop."""
-        ttl = (self.body["spec"].get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-        left = reconcile.ttl_expired(self.status, ttl, now)
-        if left is None:
+    async def finished(self, now: datetime, pods: list[PodView]) -> float | None:
+        """Terminal: apply cleanPodPolicy until done (idempotent: derived from the pods still there).
+
+        Returns None (the daemon stops) once nothing is left to delete; ttlSecondsAfterFinished is
+        handled by :func:`expire_run`.
+        """
+        todo = reconcile.cleanup_pending(self.view(), pods)
+        if not todo:
             return None
-        if left > 0:
-            return left
-        self.log.info("run_ttl_expired", ttl=ttl)
-        await self.kube.run(self.kube.delete_run, self.namespace, self.name)
+        self.log.info("cleanup", pods=len(todo))
+        # All or nothing: an error raises, and the next pass (or a restarted operator) deletes what is left.
+        await self.kube.run(self.kube.delete_pods_named, self.namespace, todo)
+        deleted = set(todo)
+        after = [dataclasses.replace(p, terminating=True) if p.name in deleted else p for p in pods]
+        # In the same pass (kopf may stop this daemon once the index shows the pods Terminating):
+        # workers.ready recounted, and the run's last event, on which kopf releases the finalizer.
+        await self.patch(reconcile.cleaned_up_status(self.view(), after, now))
         return None
 
 
@@ -334,8 +405,7 @@ async def reconcile_run(
                 m.RECONCILE_ERRORS.labels(type(err).__name__).inc()
                 rec.log.warning("reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
-                # Our cached status may be behind a write that failed half-way: trust the cluster again.
-                rec.status = dict(body.get("status") or {})
+                rec.recover(body.get("status") or {})
             if delay is None or stopped:
                 return
             woken = asyncio.ensure_future(wake.wait())
@@ -350,6 +420,26 @@ async def reconcile_run(
             await asyncio.sleep(DEBOUNCE_SECONDS)
     finally:
         memo.wakeups.unregister(key, wake)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_waits_for_ttl, cancellation_timeout=5)
+async def expire_run(
+    *, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """ttlSecondsAfterFinished: delete the finished run when it expires. A daemon of its own, spawned
+    whenever the filter starts to match, so a TTL added (or changed) after the run finished counts."""
+    kube: Kube = memo.kube
+    while not stopped:
+        ttl = (body.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        left = reconcile.ttl_expired(body.get("status") or {}, ttl, _now())
+        if left is None:  # not finished / no TTL any more: kopf stops us on the next event
+            await stopped.wait(RESYNC_SECONDS)
+            continue
+        if left <= 0:
+            log.info("run_ttl_expired", run=name, namespace=namespace, ttl=ttl)
+            await kube.run(kube.delete_run, namespace or "", name)
+            return
+        await stopped.wait(min(left, 60.0))  # the live body may change the TTL meanwhile
 
 
 # -- progress ------------------------------------------------------------------------------------------------

@@ -35,9 +35,10 @@ class ApiError(Exception):
         self.status = status
         try:
             detail = json.loads(body).get("message", body)
-        except ValueError:
+        except (ValueError, AttributeError):
             detail = body
-        super().__init__(f"{method} {path}: HTTP {status}: {str(detail)[:500]}")
+        self.detail = str(detail)[:500]  #: the API server's message (e.g. why a create was refused)
+        super().__init__(f"{method} {path}: HTTP {status}: {self.detail}")
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -130,12 +131,34 @@ class Kube:
             out.append(err if err is not None else fut.result())
         return out
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A core/v1 object (Service, ConfigMap, Secret, Pod); None when it does not exist."""
+        plural = _PLURALS[kind]
         try:
-            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", resource="pods")
+            obj: dict[str, Any] = self.request(
+                "GET", f"/api/v1/namespaces/{namespace}/{plural}/{quote(name)}", resource=plural
+            )
+            return obj
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Delete one pod (404 is fine); ``grace_seconds=0`` force-deletes a pod whose node is gone."""
+        body = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
+        try:
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body, resource="pods")
         except ApiError as err:
             if err.status != 404:
                 raise
+
+    def delete_pods_named(self, namespace: str, names: Iterable[str], grace_seconds: int | None = None) -> None:
+        """Delete pods in parallel on the pool; raises the first error after all were tried."""
+        futures = [self.pool.submit(self.delete_pod, namespace, name, grace_seconds) for name in names]
+        errors = [err for fut in futures if (err := fut.exception()) is not None]
+        if errors:
+            raise errors[0]
 
     def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete every pod matching ``selector`` in one request (a gang restart)."""

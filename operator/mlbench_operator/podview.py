@@ -37,6 +37,8 @@ class PodView:
     term_message: str | None = None  #: container termination message (the launcher's result)
     waiting: str | None = None  #: "reason: message" of a container stuck waiting
     ip: str | None = None
+    owner_uid: str | None = None  #: UID of the controller owner (the run that created the pod)
+    deletion_timestamp: str | None = None  #: when the kubelet should have removed a terminating pod
 
     @property
     def finished(self) -> bool:
@@ -63,13 +65,15 @@ class PodView:
             unschedulable = sched.get("message") or "unschedulable"
         exit_code = term_reason = term_message = waiting = None
         main = status.get("containerStatuses") or []
-        failed_init = [
+        # An init container matters only when it failed (then the main container never ran) or is
+        # stuck waiting (e.g. ImagePullBackOff: the main container then only says PodInitializing).
+        init = [
             cs
             for cs in status.get("initContainerStatuses") or []
             if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0
+            or ((cs.get("state") or {}).get("waiting") or {}).get("reason") in STUCK_WAITING
         ]
-        # An init container matters only when it failed (then the main container never ran).
-        for cs in [*main, *failed_init]:
+        for cs in [*main, *init]:
             state = cs.get("state") or {}
             term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
             if term and (exit_code is None or (exit_code == 0 and term.get("exitCode", 0) != 0)):
@@ -77,7 +81,7 @@ class PodView:
                 term_reason = term.get("reason")
                 term_message = term.get("message")
             wait = state.get("waiting")
-            if wait and wait.get("reason") in STUCK_WAITING:
+            if wait and wait.get("reason") in STUCK_WAITING and waiting is None:
                 waiting = f"{wait.get('reason')}: {wait.get('message', '')}".rstrip(": ")
         return cls(
             name=meta.get("name", ""),
@@ -96,6 +100,8 @@ class PodView:
             term_message=term_message,
             waiting=waiting,
             ip=status.get("podIP"),
+            owner_uid=next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
+            deletion_timestamp=meta.get("deletionTimestamp"),
         )
 
     def failure(self) -> tuple[str, str]:

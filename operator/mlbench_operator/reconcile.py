@@ -10,6 +10,8 @@ resource and the pods, never in memory).
 from __future__ import annotations
 
 import copy
+import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,6 +32,11 @@ from mlbench_operator.podview import PodView
 
 TERMINAL = ("Succeeded", "Failed")
 RESTARTED = "Restarted"
+#: A pod still Terminating this long after its deletionTimestamp (the end of its grace period) is on
+#: a lost node: the kubelet will never confirm, so it is force-deleted (its name is needed again).
+FORCE_DELETE_AFTER_SECONDS = 60.0
+#: Appended to WorkersReady's message once the end-of-run cleanup is done (a real status change).
+CLEANED_UP = "pods cleaned up per cleanPodPolicy"
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class Plan:
     create_launcher: bool = False
     delete_stale: bool = False  #: delete every pod not of the current attempt (gang restart)
     cleanup: list[str] = field(default_factory=list)  #: pods to delete as the run finishes
+    force_delete: list[str] = field(default_factory=list)  #: pods stuck Terminating (lost node): grace 0
     events: list[tuple[str, str, str]] = field(default_factory=list)  #: (type, reason, message)
     requeue_after: float | None = None  #: wake up by then even without pod events (deadline)
 
@@ -138,8 +146,7 @@ class _Status:
         self.new["phase"] = "Failed"
         self.new["message"] = message
         self.new.setdefault("completionTime", c.timestamp(self.now))
-        if not c.is_true(self.new["conditions"], c.WORKERS_READY):
-            self.cond(c.WORKERS_READY, "False", "RunFailed", "the run failed")
+        self.cond(c.WORKERS_READY, "False", "RunFailed", "the run failed")
         self.cond(c.RUNNING, "False", "RunFailed", "the run failed")
         self.cond(c.GOAL_REACHED, "False", "RunFailed", "the run failed before it reported a result")
         self.cond(c.SUCCEEDED, "False", reason, message)
@@ -152,6 +159,13 @@ def rejected_status(body: Mapping[str, Any], rejection: Rejection, now: datetime
     st.new["workers"] = {"ready": 0, "total": int((body.get("spec") or {}).get("workers", 1))}
     st.new["restarts"] = 0
     st.fail(rejection.reason, rejection.message)
+    return st.new
+
+
+def failed_status(body: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """Status for an admitted run that fails outside :func:`plan` (restarts and workers are kept)."""
+    st = _Status(body, now)
+    st.fail(reason, message)
     return st.new
 
 
@@ -189,17 +203,96 @@ def _summary_result(summary: RunSummary) -> dict[str, Any]:
     ).to_api()
 
 
+def clean_pod_policy(spec: Mapping[str, Any] | None) -> CleanPodPolicy:
+    """``spec.runPolicy.cleanPodPolicy`` from the raw spec (usable even when the spec no longer validates)."""
+    raw = ((spec or {}).get("runPolicy") or {}).get("cleanPodPolicy")
+    try:
+        return CleanPodPolicy(raw) if raw else RunPolicy().clean_pod_policy
+    except ValueError:
+        return RunPolicy().clean_pod_policy
+
+
 def _cleanup(policy: CleanPodPolicy, pods: Iterable[PodView]) -> list[str]:
-    """Pods to delete at the end. Running: unfinished pods but never the launcher (its log is the record)."""
+    """Pods to delete at the end. Running (as Kubeflow's): every pod that has not finished, the launcher
+    included (a Pending launcher would otherwise wait forever); finished pods stay for their logs."""
     if policy is CleanPodPolicy.NONE:
         return []
     out = []
     for pod in pods:
         if pod.terminating:
             continue
-        if policy is CleanPodPolicy.ALL or (not pod.finished and pod.role == n.ROLE_WORKER):
+        if policy is CleanPodPolicy.ALL or not pod.finished:
             out.append(pod.name)
     return sorted(out)
+
+
+def _own(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView]]:
+    """(pods of this run, pods with our labels but another or no controller: e.g. a deleted run of the same
+    name whose garbage collection has not finished)."""
+    mine: list[PodView] = []
+    foreign: list[PodView] = []
+    for pod in pods:
+        # no controller at all (e.g. orphaned with --cascade=orphan) is not ours either
+        (foreign if uid and pod.owner_uid != uid else mine).append(pod)
+    return mine, foreign
+
+
+def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[str]:
+    """A finished run's pods that its cleanPodPolicy still wants deleted (empty: cleanup done).
+
+    Derived from the cluster alone (terminal phase + pods present), so a cleanup interrupted by an
+    operator restart or a failed delete is re-driven until done.
+    """
+    uid = (body.get("metadata") or {}).get("uid", "")
+    mine, _ = _own(pods, uid)
+    return _cleanup(clean_pod_policy(body.get("spec")), mine)
+
+
+def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: datetime) -> dict[str, Any]:
+    """A finished run's status once its cleanup is done: ``workers.ready`` recounted, WorkersReady says so.
+
+    Always a real change after a cleanup (the message gains :data:`CLEANED_UP`), so the run gets a watch
+    event after the daemon stopped and kopf can release the finalizer.
+    """
+    st = _Status(body, now)
+    uid = (body.get("metadata") or {}).get("uid", "")
+    mine, _ = _own(pods, uid)
+    restarts = int(st.old.get("restarts") or 0)
+    ready = sum(1 for p in mine if p.role == n.ROLE_WORKER and p.attempt == restarts and p.ready and not p.terminating)
+    total = int((st.old.get("workers") or {}).get("total") or (body.get("spec") or {}).get("workers") or 0)
+    st.new["workers"] = {"ready": ready, "total": total}
+    wr = c.get(st.new["conditions"], c.WORKERS_READY) or {}
+    msg = wr.get("message") or "the run finished"
+    if CLEANED_UP not in msg:
+        msg = f"{msg}; {CLEANED_UP} {clean_pod_policy(body.get('spec')).value}"
+    st.cond(c.WORKERS_READY, "False", wr.get("reason") or "RunFinished", msg)
+    return st.new
+
+
+def _reject_non_finite(value: str) -> Any:
+    raise ValueError(f"the result contains {value}, which is not a number Kubernetes can store")
+
+
+def _check_finite(data: Any, path: str = "") -> None:
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ValueError(f"the result's {path or 'value'} is {data}, which is not a number Kubernetes can store")
+    if isinstance(data, dict):
+        for k, v in data.items():
+            _check_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            _check_finite(v, f"{path}[{i}]")
+
+
+def parse_summary(text: str) -> RunSummary:
+    """The launcher's RunSummary; ValueError when malformed or when it holds NaN/Infinity (or overflows
+    to it, e.g. ``1e999``): the API server rejects non-finite numbers, which would wedge the status."""
+    try:
+        data = json.loads(text, parse_constant=_reject_non_finite)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"termination message is not JSON: {exc}") from exc
+    _check_finite(data)
+    return RunSummary.model_validate(data)
 
 
 def _find_failure(
@@ -224,10 +317,21 @@ def _find_failure(
     return None
 
 
+def _stuck_terminating(pod: PodView, now: datetime) -> bool:
+    """Terminating for longer than its grace period plus a margin: the node is gone."""
+    end = c.parse_time(pod.deletion_timestamp) if pod.terminating else None
+    return end is not None and (now - end).total_seconds() > FORCE_DELETE_AFTER_SECONDS
+
+
+def _until_stuck(pod: PodView, now: datetime) -> float | None:
+    end = c.parse_time(pod.deletion_timestamp)
+    return None if end is None else max((end - now).total_seconds() + FORCE_DELETE_AFTER_SECONDS + 1, 1.0)
+
+
 def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> Plan:
     """Next status and actions for an admitted, unfinished run."""
     st = _Status(body, now)
-    pods = list(pods)
+    pods, foreign = _own(pods, ctx.uid)
     policy = ctx.spec.run_policy or RunPolicy()
     total = ctx.spec.workers
     restarts = int(st.old.get("restarts") or 0)
@@ -240,6 +344,10 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
     st.new["workers"] = {"ready": ready, "total": total}
     out = Plan(status=st.new)
     old_phase = st.old.get("phase")
+    out.force_delete = sorted(p.name for p in pods if _stuck_terminating(p, now))
+    # pods on a lost node send no more events: look again when they would count as stuck
+    waits = [_until_stuck(p, now) for p in pods if p.terminating and p.name not in out.force_delete]
+    out.requeue_after = min((w for w in waits if w is not None), default=None)
 
     def finish(cleanup: bool = True) -> Plan:
         if cleanup:
@@ -255,11 +363,12 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         try:
             if not text:
                 raise ValueError("the launcher exited 0 but wrote no termination message")
-            summary = RunSummary.from_termination_message(text)
+            summary = parse_summary(text)
+            result = _summary_result(summary)
+            _check_finite(result)
         except ValueError as err:
             st.fail("InvalidResult", f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
             return finish()
-        result = _summary_result(summary)
         st.new.update(phase="Succeeded", result=result)
         st.new.setdefault("completionTime", c.timestamp(now))
         if summary.goal_reached:
@@ -283,12 +392,15 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
     if launcher is not None and launcher.phase == "Failed" and launcher.term_message:
         aborted: RunSummary | None
         try:
-            aborted = RunSummary.from_termination_message(launcher.term_message)
+            aborted = parse_summary(launcher.term_message)
+            aborted_result = _summary_result(aborted)
+            _check_finite(aborted_result)
         except ValueError:
             aborted = None
-        if aborted is not None:
+        # Only an "aborted" summary means "a restart would repeat it"; any other status is a crash.
+        if aborted is not None and aborted.status == "aborted":
             summary = aborted
-            st.new["result"] = _summary_result(summary)
+            st.new["result"] = aborted_result
             st.fail(
                 "Aborted",
                 f"the run aborted ({summary.stop_reason or summary.status}); "
@@ -305,7 +417,7 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         if left <= 0:
             st.fail("DeadlineExceeded", f"the run exceeded runPolicy.activeDeadlineSeconds={deadline}")
             return finish()
-        out.requeue_after = left
+        out.requeue_after = min(left, out.requeue_after) if out.requeue_after is not None else left
 
     # 3. A failed rank fails the world: restart the whole gang or give up.
     was_running = c.is_true(st.old.get("conditions"), c.RUNNING)
@@ -336,13 +448,30 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         st.new["message"] = msg
         return out
 
+    held = {p.name: p for p in foreign}
     if launcher is None:
         out.create_workers = [r for r in range(total) if r not in workers]
+    wanted = {n.worker_name(ctx.name, r): r for r in out.create_workers}
+    blocked = [held[name] for name in sorted(held) if name in wanted]  # names taken by another owner's pods
+    out.create_workers = [r for name, r in wanted.items() if name not in held]
+    prev_wr = c.get(st.old.get("conditions"), c.WORKERS_READY) or {}
+    prev_run = c.get(st.old.get("conditions"), c.RUNNING) or {}
     unsched = sorted((p for p in workers.values() if p.unschedulable), key=lambda p: p.rank or 0)
     stuck = sorted((p for p in workers.values() if p.waiting), key=lambda p: p.rank or 0)
     all_scheduled = len(workers) == total and all(p.scheduled for p in workers.values())
     if ready == total:
         st.cond(c.WORKERS_READY, "True", "AllWorkersReady", f"{ready}/{total} workers ready")
+    elif prev_wr.get("reason") == "CreateFailed" and out.create_workers:
+        # the API server refused a create (quota, policy): keep saying so while we retry
+        st.cond(c.WORKERS_READY, "False", "CreateFailed", prev_wr.get("message", ""))
+    elif blocked:
+        st.cond(
+            c.WORKERS_READY,
+            "False",
+            "NameConflict",
+            f"pod {blocked[0].name} belongs to another owner (uid {blocked[0].owner_uid}, e.g. a deleted run "
+            "of the same name); waiting for it to be deleted",
+        )
     elif unsched:
         st.cond(
             c.WORKERS_READY,
@@ -365,8 +494,19 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         st.cond(c.RUNNING, "False", "LauncherStarting", f"launcher {launcher.name} is {launcher.phase}{detail}")
     elif ready == total:
         st.new["phase"] = "Starting"
-        out.create_launcher = True
-        st.cond(c.RUNNING, "False", "CreatingLauncher", "every worker is Ready; creating the launcher")
+        blocker = held.get(n.launcher_name(ctx.name))
+        out.create_launcher = blocker is None
+        if blocker is not None:
+            st.cond(
+                c.RUNNING,
+                "False",
+                "NameConflict",
+                f"pod {blocker.name} belongs to another owner (uid {blocker.owner_uid}); waiting for it to be deleted",
+            )
+        elif prev_run.get("reason") == "CreateFailed":
+            st.cond(c.RUNNING, "False", "CreateFailed", prev_run.get("message", ""))
+        else:
+            st.cond(c.RUNNING, "False", "CreatingLauncher", "every worker is Ready; creating the launcher")
     else:
         st.new["phase"] = "Starting" if all_scheduled else "Pending"
         st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
@@ -395,3 +535,51 @@ def ttl_expired(status: Mapping[str, Any], ttl: int | None, now: datetime) -> fl
     if ttl is None or done is None:
         return None
     return (done + timedelta(seconds=ttl) - now).total_seconds()
+
+
+def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]], now: datetime) -> Plan:
+    """The API server refused pod creations: ``failures`` = (pod, HTTP status, its message).
+
+    422 (the object is invalid: it will never be accepted) fails the run; anything else (403 from a
+    ResourceQuota, PodSecurity or a webhook: may pass later) is shown as CreateFailed on WorkersReady
+    (or Running, for the launcher) while the caller retries with backoff. A Warning Event is planned
+    whenever the message changes, not on every retry.
+    """
+    st = _Status(body, now)
+    out = Plan(status=st.new)
+    name, code, detail = next((f for f in failures if f[1] == 422), failures[0])
+    text = f"creating pod {name} was refused (HTTP {code}): {detail}"
+    if len(failures) > 1:
+        text += f" (and {len(failures) - 1} more)"
+    if code == 422:
+        st.fail("CreateFailed", text)
+        out.events.append(("Warning", "Failed", text))
+        return out
+    type_ = c.RUNNING if name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
+    old = c.get(st.old.get("conditions"), type_) or {}
+    st.cond(type_, "False", "CreateFailed", text)
+    st.new["message"] = text
+    if (old.get("reason"), old.get("message")) != ("CreateFailed", text):
+        out.events.append(("Warning", "CreateFailed", text))
+    return out
+
+
+def object_conflict(body: Mapping[str, Any], kind: str, name: str, owner: str | None, now: datetime) -> Plan:
+    """A Service/ConfigMap/Secret with the run's name exists but is not the run's: say so, wait."""
+    st = _Status(body, now)
+    out = Plan(status=st.new)
+    text = (
+        f"{kind} {name} already exists and is not owned by this run (owner uid {owner or 'none'}); "
+        "waiting for it to be deleted"
+    )
+    old = c.get(st.old.get("conditions"), c.WORKERS_READY) or {}
+    st.cond(c.WORKERS_READY, "False", "NameConflict", text)
+    st.new["message"] = text
+    if (old.get("reason"), old.get("message")) != ("NameConflict", text):
+        out.events.append(("Warning", "NameConflict", text))
+    return out
+
+
+def controller_uid(obj: Mapping[str, Any] | None) -> str | None:
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)

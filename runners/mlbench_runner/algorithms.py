@@ -145,5 +145,6 @@ class DDPBaseline(DistributedAlgorithm):
     def synchronize(self, model: nn.Module) -> None:
         return None
 
-    def before_evaluation(self, model: nn.Module) -> None:
-        return None  # buffers are broadcast from rank 0 on every forward
+    # before_evaluation: the base class's average. DDP broadcasts rank 0's buffers at the
+    # start of each forward, but BatchNorm then updates them from the rank's own batch, so
+    # after the last training step the ranks' running statistics differ.

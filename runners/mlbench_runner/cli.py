@@ -9,7 +9,45 @@ import sys
 from mlbench_api.config import CONFIG_ENV, RunConfig
 
 
+def abort_mpi_if_initialised(code: int) -> None:
+    """A failing rank under ``backend: mpi`` must take the job down, not sit in MPI_Finalize.
+
+    mpi4py finalizes at exit, and OpenMPI's MPI_Finalize waits for every peer, while the
+    peers wait forever in a collective for this rank. ``MPI_Abort`` makes mpirun kill them
+    all and exit non-zero at once. A no-op when mpi4py was never initialised (gloo, nccl).
+    """
+    if mpi_initialised():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+
+
+def mpi_initialised() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        return bool(mpi.Is_initialized() and not mpi.Is_finalized())
+    except Exception:  # pragma: no cover - defensive: never mask the real failure
+        return False
+
+
 def _train(args: argparse.Namespace) -> int:
+    try:
+        code = _train_rank(args)
+    except BaseException as exc:
+        if mpi_initialised() and not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            import traceback
+
+            traceback.print_exc()  # Abort below ends the process: say why first
+            abort_mpi_if_initialised(1)
+        raise
+    if code not in (0, 3):  # 3 (aborted) is a collective decision: every rank stops together
+        abort_mpi_if_initialised(code)
+    return code
+
+
+def _train_rank(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from mlbench_runner.train import train

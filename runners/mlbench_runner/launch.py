@@ -4,8 +4,9 @@
 mlbench_runner.cli train --config C`` and forwards its output. Rank 0 prints a
 ``run_summary`` event line carrying the compact summary; the launcher writes that (the
 :meth:`RunSummary.termination_message`) to the termination log and exits 0, or writes
-``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back, mpirun
-failed, or the run was aborted.
+``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back or mpirun
+failed. An aborted run (status ``aborted``: every rank exits 3) still gets its summary
+written, and the launcher exits 3.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -25,6 +27,15 @@ from mlbench_api.results import RunSummary
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+#: Kubernetes reads at most 4096 bytes of a termination message.
+TERMINATION_LIMIT = 4096
+#: Output lines that name the real cause of a failed launch (ssh, name resolution, a
+#: Python error); they go first in the error message, before mpirun's generic tail.
+CAUSE = re.compile(
+    r"Permission denied|ssh: |Could not resolve|Connection refused|Host key verification failed"
+    r"|^\w*(Error|Exception)\b|\b\w+(Error|Exception): |^error: "
+)
+MAX_CAUSES = 10
 #: Environment forwarded to every rank with ``-x`` (when set on the launcher).
 FORWARD_ENV = (
     CONFIG_ENV,
@@ -143,8 +154,58 @@ def write_termination(path: str, text: str) -> None:
         print(json.dumps({"event": "termination_log_unwritable", "path": path, "error": str(exc)}), file=sys.stderr)
 
 
+def exit_status(code: int) -> int:
+    """Popen's return code as a shell would report it: killed by signal n -> 128 + n."""
+    return 128 - code if code < 0 else code
+
+
 def error_message(error: str, code: int) -> str:
-    return json.dumps({"error": error[:3000], "exitCode": code}, separators=(",", ":"))
+    """``{"error": ..., "exitCode": n}``, cut so that its UTF-8 encoding fits in 4 KiB."""
+    cut = len(error)
+    while True:
+        msg = json.dumps({"error": error[:cut], "exitCode": code}, separators=(",", ":"))
+        size = len(msg.encode())
+        if size <= TERMINATION_LIMIT:
+            return msg
+        # escaping makes a character 1-12 bytes: scale the cut by the overshoot, always shrink
+        cut = max(0, min(cut - 1, cut * (TERMINATION_LIMIT - 64) // size))
+
+
+def is_cause(line: str) -> bool:
+    return bool(CAUSE.search(strip_tag(line).strip()))
+
+
+def _encoded(text: str) -> int:
+    return len(json.dumps(text)) - 2  # bytes once escaped in the termination message
+
+
+def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget: int = 3500) -> str:
+    """The reason, then the lines that say why (as they came), then the newest output lines.
+
+    Each line is cut to 400 characters and the tail is taken from the newest line backwards
+    while the escaped text stays within ``budget`` bytes, so the last line always survives.
+    """
+    picked: list[str] = []
+    for line in causes:
+        text = strip_tag(line).strip()[:400]
+        if text and text not in picked:
+            picked.append(text)
+    parts = [reason]
+    if picked:
+        parts.append("cause: " + " | ".join(picked))
+    used = sum(_encoded(p) for p in parts)
+    rest: list[str] = []
+    for line in reversed(tail[-8:]):
+        text = strip_tag(line).strip()[:400]
+        if not text or text in picked:
+            continue
+        if used + _encoded(text) + 3 > budget:
+            break
+        rest.insert(0, text)
+        used += _encoded(text) + 3
+    if rest:
+        parts.append("last output: " + " | ".join(rest))
+    return "; ".join(parts)
 
 
 def run_launch(args: argparse.Namespace) -> int:
@@ -187,12 +248,16 @@ def run_launch(args: argparse.Namespace) -> int:
         return 0
     found: list[RunSummary] = []
     tail: list[str] = []
+    causes: list[str] = []
 
     def on_line(line: str) -> None:
         print(line, flush=True)
         summary = summary_from_line(line)
         if summary is not None:
             found.append(summary)
+            return
+        if len(causes) < MAX_CAUSES and is_cause(line):
+            causes.append(line)
         tail.append(line)
         del tail[:-20]
 
@@ -203,15 +268,24 @@ def run_launch(args: argparse.Namespace) -> int:
         return 127
     if not found and Path(config.output_dir, "summary.json").exists():
         found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
+    if found and found[-1].status == "aborted" and code in (0, 3):
+        # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too:
+        # keep the summary. Another code means a rank crashed: report that error instead.
+        write_termination(args.termination_log, found[-1].termination_message())
+        return 3
     if code != 0 or not found:
-        reason = f"mpirun exited with {code}" if code != 0 else "no run summary from rank 0"
-        write_termination(
-            args.termination_log, error_message(f"{reason}; last output: " + " | ".join(tail[-5:]), code or 1)
-        )
-        return code or 1
+        status = exit_status(code) or 1
+        if code < 0:
+            reason = f"mpirun was killed by signal {-code}"
+        elif code != 0:
+            reason = f"mpirun exited with {code}"
+        else:
+            reason = "no run summary from rank 0"
+        write_termination(args.termination_log, error_message(failure_text(reason, causes, tail), status))
+        return status
     summary = found[-1]
     write_termination(args.termination_log, summary.termination_message())
-    return 3 if summary.status == "aborted" else 0
+    return 0
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:

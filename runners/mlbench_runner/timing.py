@@ -94,3 +94,7 @@ class WallClock:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` (already spent, e.g. one-time data ingest) out of the elapsed time."""
+        self.start += max(0.0, seconds)

@@ -81,6 +81,9 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     assert status["completionTime"] >= status["startTime"]
     # cleanPodPolicy Running: running workers removed, the launcher kept for its log
     wait_for(lambda: set(runs.pods(name)) == {f"{name}-launcher"}, timeout=30, what="workers cleaned up")
+    status = runs.wait_status(name, lambda s: s["workers"]["ready"] == 0 and s, timeout=10, what="ready recounted")
+    assert status["phase"] == "Succeeded"
+    assert cond(status, "WorkersReady")["status"] == "False"
     # finished and no TTL: nothing left to do, so the run no longer blocks its own deletion
     wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
 
@@ -221,6 +224,24 @@ def test_ttl_after_finished_deletes_run(runs: Runs) -> None:
     wait_for(lambda: runs.get("benchmarkrun", "brief") is None, timeout=30, what="run deleted by TTL")
 
 
+def test_ttl_added_after_the_run_finished(runs: Runs) -> None:
+    """kopf never re-spawns a daemon that returned: the TTL has a daemon of its own."""
+    runs.apply(h.run("late-ttl", workers=1))
+    runs.wait_phase("late-ttl", "Running")
+    runs.finish_launcher("late-ttl", 0, h.summary("late-ttl", world_size=1).termination_message())
+    runs.wait_phase("late-ttl", "Succeeded")
+    wait_for(lambda: not runs.run("late-ttl")["metadata"].get("finalizers"), timeout=30, what="finalizer released")
+    runs.kubectl(
+        "patch",
+        "benchmarkrun",
+        "late-ttl",
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"ttlSecondsAfterFinished":1}}}',
+    )
+    wait_for(lambda: runs.get("benchmarkrun", "late-ttl") is None, timeout=30, what="run deleted by a late TTL")
+
+
 def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) -> None:
     """SIGKILL mid-creation and mid-run: no duplicate pods, no lost status, the run completes."""
     name = "survivor"
@@ -255,6 +276,32 @@ def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) ->
         if operator.proc is None:
             operator.start()
         runs.kubectl("delete", "benchmarktask", task["metadata"]["name"], "--wait=false", check=False)
+
+
+def test_cleanup_interrupted_by_a_restart_is_finished(runs: Runs, operator: OperatorProcess) -> None:
+    """The final status was written but the operator died before deleting the pods: the restarted
+    operator finishes the cleanup from the cluster's state and leaves the result alone."""
+    name = "halfclean"
+    runs.apply(h.run(name, workers=2))
+    runs.wait_phase(name, "Running")
+    operator.stop(kill=True)
+    try:
+        runs.finish_launcher(name, 0, h.summary(name, world_size=2).termination_message())
+        wait_for(
+            lambda: runs.pods(name)[f"{name}-launcher"]["status"].get("phase") == "Succeeded",
+            timeout=30,
+            what="launcher Succeeded",
+        )
+        final = {"status": {"phase": "Succeeded", "completionTime": runs.status(name)["startTime"]}}
+        runs.kubectl("patch", "benchmarkrun", name, "--subresource=status", "--type=merge", "-p", json.dumps(final))
+    finally:
+        operator.start()
+    wait_for(lambda: set(runs.pods(name)) == {f"{name}-launcher"}, timeout=30, what="workers cleaned up")
+    wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
+    status = runs.status(name)
+    assert status["phase"] == "Succeeded"
+    assert status["restarts"] == 0
+    assert status["workers"]["ready"] == 0
 
 
 def test_scale_256_workers_ready(runs: Runs, operator: OperatorProcess) -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
+
+from tests.operator import helpers as h
 
 
 def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,3 +57,228 @@ def test_wakeups_survive_a_recreated_run() -> None:
         assert not old.is_set()
 
     asyncio.run(scenario())
+
+
+# -- RunReconciler against a fake API: ordering of writes and deletes ----------------------------------------
+class FakeKube:
+    """Records the reconciler's API calls; ``kube.run(fn, *args)`` calls fn inline."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_deletes = 0  # the next N pod deletions fail with HTTP 500
+        self.create_error: Any = None  # raised for every pod create
+        self.existing: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object: 409 on create
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.calls.append(("patch", status))
+
+    def delete_pods_named(self, namespace: str, names: list[str], grace: int | None = None) -> None:
+        self.calls.append(("delete", sorted(names), grace))
+        if self.fail_deletes:
+            self.fail_deletes -= 1
+            from mlbench_operator.kube import ApiError
+
+            raise ApiError(500, "DELETE", "/pods", '{"message": "etcd timeout"}')
+
+    def delete_pods(self, namespace: str, selector: str) -> None:
+        self.calls.append(("deletecollection", selector))
+
+    def create_many(self, objs: list[dict[str, Any]]) -> list[Any]:
+        out: list[Any] = []
+        for obj in objs:
+            self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+            if obj["kind"] == "Pod" and self.create_error is not None:
+                out.append(self.create_error)
+            else:
+                out.append((obj["kind"], obj["metadata"]["name"]) not in self.existing)
+        return out
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", kind, name))
+        return self.existing.get((kind, name))
+
+    def patches(self) -> list[dict[str, Any]]:
+        return [call[1] for call in self.calls if call[0] == "patch"]
+
+
+def _reconciler(body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, ensured: bool = True) -> Any:
+    from mlbench_operator import handlers
+
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(handlers.RunReconciler, "event", lambda self, *e: events.append(e))
+    rec = handlers.RunReconciler(body, kube, None)  # type: ignore[arg-type]
+    setattr(rec, "events", events)  # noqa: B010 - a test-only attribute
+    rec.ensured = ensured  # Service/ConfigMap/Secret: only where a test is about them
+    return rec
+
+
+def _running(policy: str = "All", **spec: Any) -> tuple[dict[str, Any], Any, list[Any]]:
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import admitted, pod, step, workers
+
+    body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}, **spec))
+    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    body, plan = step(body, ctx, pods)
+    assert plan.status["phase"] == "Running"
+    return body, ctx, pods
+
+
+def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 1: the result is recorded first; a failed cleanup is finished by the next pass or
+    by a restarted operator, and the run is never re-planned (no LauncherLost restart)."""
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, _ = _running("All")
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    kube = FakeKube()
+    kube.fail_deletes = 1
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(Exception, match="etcd timeout"):
+        asyncio.run(rec.step([*workers(ctx), done]))
+    assert kube.calls[0][0] == "patch", kube.calls
+    assert kube.calls[0][1]["phase"] == "Succeeded"
+    assert kube.calls[0][1]["result"]["goalReached"] is True
+    assert kube.calls[1] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
+
+    # Retried in the same process before the watch echoed the final status: not re-planned.
+    rec.recover(body["status"])
+    assert rec.status["phase"] == "Succeeded"
+
+    # The operator restarts; the launcher's delete had gone through, the workers' had not.
+    finished = {**body, "status": {**body["status"], **kube.calls[0][1]}}
+    kube2 = FakeKube()
+    rec2 = _reconciler(finished, kube2, monkeypatch)
+    assert asyncio.run(rec2.step(workers(ctx))) is None
+    assert kube2.calls[0] == ("delete", ["r1-worker-0", "r1-worker-1"], None)
+    closing = kube2.patches()
+    assert len(closing) == 1
+    assert "phase" not in closing[0]
+    assert "restarts" not in closing[0]
+    assert closing[0]["workers"] == {"ready": 0, "total": 2}
+
+
+def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 6: an unbuildable config ends the run Failed, then the raw cleanPodPolicy applies."""
+    body, _ctx, pods = _running("Running")
+    body["status"]["restarts"] = 1
+    body["status"]["taskSnapshot"] = {"division": "closed", "bogus": True}
+    pods = [dataclasses.replace(p, attempt=1) for p in pods]
+    kube = FakeKube()
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step(pods))
+    assert kube.calls[0][0] == "patch"
+    st = kube.calls[0][1]
+    assert st["phase"] == "Failed"
+    assert "restarts" not in st  # kept (1), not reset
+    assert kube.calls[1] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
+
+
+@pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
+def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: int, terminal: bool) -> None:
+    """Defect 5: 403/422 from a pod create -> condition + Warning Event; 422 fails, 403 backs off."""
+    from mlbench_operator.kube import ApiError
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    kube.create_error = ApiError(code, "POST", "/pods", '{"message": "pods \\"r1-worker-0\\" is forbidden: quota"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    delay = asyncio.run(rec.step([]))
+    last = kube.patches()[-1]
+    conds = {c["type"]: c for c in rec.status["conditions"]}
+    assert "forbidden: quota" in rec.status["message"]
+    assert any(e[1] in ("CreateFailed", "Failed") and "forbidden" in e[2] for e in rec.events)
+    if terminal:
+        assert last["phase"] == "Failed"
+        assert conds["Failed"]["reason"] == "CreateFailed"
+        assert delay is None
+    else:
+        assert rec.status["phase"] == "Pending"
+        assert conds["WorkersReady"]["reason"] == "CreateFailed"
+        assert delay is not None
+        assert delay >= 5
+        creates = len([call for call in kube.calls if call[0] == "create"])
+        again = asyncio.run(rec.step([]))  # e.g. woken by a pod event: still backing off, no create storm
+        assert again is not None
+        assert 0 < again <= delay + 0.2
+        assert len([call for call in kube.calls if call[0] == "create"]) == creates
+        assert {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]["reason"] == "CreateFailed"
+
+
+def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 8: a 409 on the run's Service that belongs to another owner is not adopted."""
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-old", "controller": True}]}}
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    assert asyncio.run(rec.step([])) is not None
+    assert not [call for call in kube.calls if call[:2] == ("create", "Pod")]
+    wr = {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]
+    assert wr["reason"] == "NameConflict"
+    assert "uid-old" in wr["message"]
+    # our own Service from an earlier pass (409 + our uid) is fine
+    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}}
+    asyncio.run(rec.step([]))
+    assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
+
+
+def test_stuck_terminating_pods_are_force_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 7: the handler executes the plan's force deletions with gracePeriodSeconds=0."""
+    from tests.operator.test_reconcile import admitted, workers
+
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 2}))
+    body["status"]["restarts"] = 1
+    stale = [dataclasses.replace(p, terminating=True, deletion_timestamp="2000-01-01T00:00:00Z") for p in workers(ctx)]
+    kube = FakeKube()
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step(stale))
+    assert ("delete", ["r1-worker-0", "r1-worker-1"], 0) in kube.calls
+
+
+def test_ttl_set_after_the_run_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 9: TTL lives in its own daemon, whose filter matches once a finished run has a TTL."""
+    from mlbench_operator import handlers
+
+    waits: Any = handlers._waits_for_ttl
+    finished = {"phase": "Succeeded", "completionTime": "2000-01-01T00:00:00Z"}
+    assert not waits(status=finished, spec={})
+    assert waits(status=finished, spec={"runPolicy": {"ttlSecondsAfterFinished": 5}})
+    assert not waits(status={"phase": "Running"}, spec={"runPolicy": {"ttlSecondsAfterFinished": 5}})
+
+    class Stopped:
+        def __bool__(self) -> bool:
+            return False
+
+        async def wait(self, timeout: float | None = None) -> None:
+            raise AssertionError("expired already: no waiting")
+
+    kube = FakeKube()
+    deleted: list[tuple[str, str]] = []
+    kube.delete_run = lambda ns, name: deleted.append((ns, name))  # type: ignore[attr-defined]
+    memo = type("Memo", (), {"kube": kube})()
+    body = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 5}}, "status": finished}
+    fn: Any = getattr(handlers.expire_run, "__wrapped__", handlers.expire_run)
+    asyncio.run(fn(body=body, namespace="ns", name="r1", memo=memo, stopped=Stopped()))
+    assert deleted == [("ns", "r1")]
+
+
+def test_daemon_filter_covers_pending_cleanup() -> None:
+    """Defect 1 after a restart: a finished run with pods its policy wants gone gets a daemon again."""
+    from mlbench_operator import handlers
+    from tests.operator.test_reconcile import workers
+
+    needs: Any = handlers._needs_daemon
+    body, ctx, _ = _running("Running")
+    finished = {**body, "status": {**body["status"], "phase": "Failed"}}
+    index = {("ns", "r1"): workers(ctx)}
+    assert needs(body=finished, namespace="ns", name="r1", run_pods=index)
+    gone = {("ns", "r1"): [dataclasses.replace(p, terminating=True) for p in workers(ctx)]}
+    assert not needs(body=finished, namespace="ns", name="r1", run_pods=gone)
+    assert not needs(body=finished, namespace="ns", name="r1", run_pods={})
+    assert needs(body=body, namespace="ns", name="r1", run_pods={})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -333,3 +335,160 @@ def test_ttl() -> None:
 
 def test_status_patch_only_changed_keys() -> None:
     assert reconcile.status_patch({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == {"b": 3, "c": 4}
+
+
+# -- review fixes ------------------------------------------------------------------------------------------------
+def finished_body(body: dict[str, Any], plan: reconcile.Plan) -> dict[str, Any]:
+    return {**body, "status": plan.status}
+
+
+def test_cleanup_is_derived_from_the_cluster_after_the_final_status() -> None:
+    """A finished run whose pods were not (all) deleted yet still has its cleanup pending: re-driven
+    after an operator restart, and the result is never re-planned (no LauncherLost restart)."""
+    body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "All"}))
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    pods = [*workers(ctx), done]
+    body, plan = step(body, ctx, pods)
+    assert plan.terminal
+    assert reconcile.cleanup_pending(body, pods) == ["r1-launcher", "r1-worker-0", "r1-worker-1"]
+    # the launcher went first and the operator died: what is left is still pending, nothing else
+    assert reconcile.cleanup_pending(body, workers(ctx)) == ["r1-worker-0", "r1-worker-1"]
+    gone = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
+    assert reconcile.cleanup_pending(body, gone) == []
+    closing = reconcile.cleaned_up_status(body, gone, T0)
+    assert closing["workers"] == {"ready": 0, "total": 2}
+    assert reconcile.CLEANED_UP in cond(closing, "WorkersReady")["message"]
+    assert closing["result"] == plan.status["result"]
+
+
+def test_running_policy_deletes_an_unfinished_launcher() -> None:
+    """cleanPodPolicy Running (Kubeflow's meaning): a Pending launcher after DeadlineExceeded goes too."""
+    body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 60}))
+    pending = pod(builders.launcher_pod(ctx, 0), phase="Pending", ready=False)
+    _, plan = step(body, ctx, [*workers(ctx), pending], T0 + timedelta(seconds=61))
+    assert plan.status["phase"] == "Failed"
+    assert plan.cleanup == ["r1-launcher", "r1-worker-0", "r1-worker-1"]
+
+
+def test_waiting_init_container_reason_is_shown() -> None:
+    body, ctx = admitted(h.run())
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}
+    launcher = pod(
+        builders.launcher_pod(ctx, 0),
+        phase="Pending",
+        ready=False,
+        initContainerStatuses=[{"name": "wait-for-workers", "state": waiting}],
+        containerStatuses=[{"name": "launcher", "state": {"waiting": {"reason": "PodInitializing"}}}],
+    )
+    assert launcher.waiting is not None
+    assert "ImagePullBackOff" in launcher.waiting
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert "ImagePullBackOff" in cond(plan.status, "Running")["message"]
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_result_is_invalid_result(number: str) -> None:
+    body, ctx = admitted(h.run())
+    text = h.summary().termination_message().replace('"best_accuracy":0.81', f'"best_accuracy":{number}')
+    text = text.replace('"bestAccuracy":0.81', f'"bestAccuracy":{number}')
+    assert number in text
+    done = terminated(builders.launcher_pod(ctx, 0), 0, text)
+    _, plan = step(body, ctx, [*workers(ctx), done])
+    assert plan.status["phase"] == "Failed"
+    assert cond(plan.status, "Failed")["reason"] == "InvalidResult"
+    assert "result" not in plan.status
+    json.dumps(plan.status, allow_nan=False)  # what the API server would accept
+
+
+def test_failed_launcher_with_a_non_aborted_summary_is_not_aborted() -> None:
+    """Only status=aborted means 'a restart would repeat it'; a crash after a summary restarts."""
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
+    launcher = terminated(builders.launcher_pod(ctx, 0), 1, h.summary().termination_message())
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["restarts"] == 1
+    assert cond(plan.status, "Restarted")["reason"] == "LauncherFailed"
+
+
+def test_workers_ready_is_false_on_failure() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
+    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    assert cond(plan.status, "WorkersReady")["status"] == "True"
+    failed = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
+    body, plan = step(body, ctx, [*workers(ctx), failed])
+    assert plan.status["phase"] == "Failed"
+    assert (cond(plan.status, "WorkersReady")["status"], cond(plan.status, "WorkersReady")["reason"]) == (
+        "False",
+        "RunFailed",
+    )
+    gone = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
+    assert reconcile.cleaned_up_status(body, [*gone, failed], T0)["workers"] == {"ready": 0, "total": 2}
+
+
+def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None:
+    body, ctx = admitted(h.run())
+    quota = "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10"
+    plan = reconcile.creation_failed(body, [("r1-worker-1", 403, quota)], T0)
+    assert not plan.terminal
+    wr = cond(plan.status, "WorkersReady")
+    assert (wr["status"], wr["reason"]) == ("False", "CreateFailed")
+    assert quota in wr["message"]
+    assert plan.events
+    assert plan.events[0][:2] == ("Warning", "CreateFailed")
+    body = finished_body(body, plan)
+    # the next pass keeps saying so while the worker is still missing; the same refusal: no new Event
+    _, nxt = step(body, ctx, [workers(ctx)[0]])
+    assert nxt.create_workers == [1]
+    assert cond(nxt.status, "WorkersReady")["reason"] == "CreateFailed"
+    assert reconcile.creation_failed(body, [("r1-worker-1", 403, quota)], T0).events == []
+
+    invalid = reconcile.creation_failed(body, [("r1-worker-0", 422, "spec.containers[0].image: Required value")], T0)
+    assert invalid.terminal
+    assert cond(invalid.status, "Failed")["reason"] == "CreateFailed"
+    assert "Required value" in invalid.status["message"]
+
+
+def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 2}))
+    body = {**body, "status": {**body["status"], "restarts": 1}}
+    deleted_at = c.timestamp(T0)
+    stale = [dataclasses.replace(p, terminating=True, deletion_timestamp=deleted_at) for p in workers(ctx, attempt=0)]
+    _, plan = step(body, ctx, stale, T0 + timedelta(seconds=10))
+    assert plan.force_delete == []
+    assert plan.requeue_after is not None
+    assert 10 < plan.requeue_after <= reconcile.FORCE_DELETE_AFTER_SECONDS + 1
+    _, plan = step(body, ctx, stale, T0 + timedelta(seconds=reconcile.FORCE_DELETE_AFTER_SECONDS + 5))
+    assert plan.force_delete == ["r1-worker-0", "r1-worker-1"]
+
+
+def test_pod_view_records_owner_and_deletion() -> None:
+    _, ctx = admitted(h.run())
+    obj = builders.worker_pod(ctx, 0, 0)
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    view = PodView.from_pod(obj)
+    assert view is not None
+    assert view.owner_uid == "uid-r1"
+    assert view.deletion_timestamp == "2026-01-01T12:00:00Z"
+
+
+def test_pods_of_another_owner_are_not_adopted() -> None:
+    """A pod with our labels and name but another controller (a deleted run of the same name)."""
+    body, ctx = admitted(h.run())
+    foreign = [dataclasses.replace(p, owner_uid="uid-old") for p in workers(ctx)]
+    _, plan = step(body, ctx, foreign)
+    assert plan.status["workers"]["ready"] == 0
+    assert plan.create_workers == []  # the names are taken: wait, don't 409 into "success"
+    wr = cond(plan.status, "WorkersReady")
+    assert wr["reason"] == "NameConflict"
+    assert "uid-old" in wr["message"]
+    orphan = dataclasses.replace(workers(ctx)[0], owner_uid=None)
+    assert step(body, ctx, [orphan])[1].create_workers == [1]
+    _, plan = step(body, ctx, [foreign[0], workers(ctx)[1]])
+    assert plan.create_workers == []
+    assert plan.status["workers"]["ready"] == 1
+
+
+def test_clean_pod_policy_from_the_raw_spec() -> None:
+    assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "All"}}).value == "All"
+    assert reconcile.clean_pod_policy({}).value == "Running"
+    assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "bogus"}}).value == "Running"

@@ -31,6 +31,10 @@ def test_resnet_ranks_identical_every_step(tmp_path: Path, ranks: int, algorithm
         assert rec["steps"] == steps
         assert rec["param_sha1"] == recs[0]["param_sha1"], "ranks diverged"
     assert len(set(recs[0]["param_sha1"])) == steps  # the parameters really changed every step
+    # ... and they evaluated one model: BatchNorm running statistics identical at every evaluation.
+    assert len(recs[0]["buffer_sha1"]) == 2
+    for rec in recs:
+        assert rec["buffer_sha1"] == recs[0]["buffer_sha1"], "ranks evaluated different BatchNorm statistics"
     # The trainer used the schedule: warm-up start, end of warm-up, then the milestone decay.
     spe = steps // 2
     assert recs[0]["lrs"] == [learning_rate(config.lr, s, spe) for s in range(steps)]

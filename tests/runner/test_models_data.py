@@ -93,7 +93,8 @@ def test_jpeg_tarball_decoded_once_and_balanced(tmp_path: Path, monkeypatch: pyt
     assert load_dataset(spec).x_train.shape == (3, 3, 32, 32)  # from the cache
 
 
-def test_libsvm_parser(tmp_path: Path) -> None:
+def test_libsvm_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "eps"
     f.write_text("1 1:0.5 3:-1\n-1 2:2\n\n+1 3:0.25\n")
     x, y = parse_libsvm(f)
@@ -123,3 +124,139 @@ def test_synthetic_epsilon_shape() -> None:
 def test_missing_path_names_field(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"dataset\.path"):
         load_dataset(DatasetSpec.model_validate({"name": "c", "format": "npz", "path": str(tmp_path / "nope.npz")}))
+
+
+def _slow_reference(text: str, width: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = [line.split() for line in text.splitlines() if line.strip()]
+    x = np.zeros((len(rows), width), dtype=np.float32)
+    for r, parts in enumerate(rows):
+        for tok in parts[1:]:
+            i, v = tok.split(":")
+            x[r, int(i) - 1] = np.float32(float(v))
+    return x, np.asarray([1.0 if float(p[0]) > 0 else -1.0 for p in rows], dtype=np.float32)
+
+
+def test_libsvm_vectorised_dense_sparse_bz2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bz2
+
+    from mlbench_runner.data import tabular
+
+    rng = np.random.default_rng(0)
+    dense = "".join(
+        f"{rng.choice(['+1', '-1'])} "
+        + " ".join(f"{i}:{v:.6g}" for i, v in enumerate(rng.standard_normal(7), 1))
+        + "\n"
+        for _ in range(50)
+    )
+    sparse = "1 2:0.5 7:-1e-3\n-1\n+1 1:3 5:2.5\n\n-1 7:1\n"
+    text = dense + sparse + dense[:200].rsplit("\n", 1)[0] + "\n"  # dense, then sparse, then dense again
+    f = tmp_path / "mixed"
+    f.write_text(text)
+    monkeypatch.setattr(tabular, "CHUNK_BYTES", 512)  # many blocks: dense ones in one call, sparse per line
+    x, y = tabular.parse_libsvm(f)
+    ref_x, ref_y = _slow_reference(text, 7)
+    np.testing.assert_array_equal(x, ref_x)
+    np.testing.assert_array_equal(y, ref_y)
+    (tmp_path / "mixed.bz2").write_bytes(bz2.compress(text.encode()))
+    xb, yb = tabular.parse_libsvm(tmp_path / "mixed.bz2", features=9)
+    np.testing.assert_array_equal(xb[:, :7], ref_x)
+    assert not xb[:, 7:].any()
+    np.testing.assert_array_equal(yb, ref_y)
+
+    # A fully dense file never goes through the per-token parser.
+    def per_token(*args: object) -> None:
+        raise AssertionError("per-token parse of a dense line")
+
+    monkeypatch.setattr(tabular, "_parse_line", per_token)
+    (tmp_path / "dense").write_text(dense)
+    np.testing.assert_array_equal(tabular.parse_libsvm(tmp_path / "dense")[0], _slow_reference(dense, 7)[0])
+
+
+def test_libsvm_cached_as_npy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_runner.data import tabular
+
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "eps").write_text("1 1:0.5 2:1\n-1 1:2 2:0\n")
+    (tmp_path / "eps.t").write_text("-1 2:1\n")
+    spec = DatasetSpec.model_validate({"name": "e", "format": "libsvm", "path": str(tmp_path / "eps")})
+    first = load_dataset(spec)
+    assert first.ingest_seconds > 0
+    assert len(list((tmp_path / "cache" / "datasets").glob("libsvm-*/x_train.npy"))) == 1
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed again despite the cache")
+
+    monkeypatch.setattr(tabular, "parse_libsvm", no_parse)
+    again = load_dataset(spec)
+    assert again.ingest_seconds == 0
+    np.testing.assert_array_equal(again.x_train, first.x_train)
+    np.testing.assert_array_equal(again.x_test, [[0, 1]])
+
+
+def test_unusable_cache_falls_back_to_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # mkdir under a file fails even as root (like a root-owned cache for UID 1000)
+    monkeypatch.setenv("MLBENCH_CACHE", str(blocker))
+    folder = tmp_path / "imgs"
+    for split in ("train", "test"):
+        for c, cls in enumerate(("airplane", "automobile")):
+            (folder / split / cls).mkdir(parents=True)
+            Image.fromarray(np.full((32, 32, 3), 50 * c, dtype=np.uint8)).save(folder / split / cls / "0.png")
+    ds = load_dataset(DatasetSpec.model_validate({"name": "t", "format": "image-folder", "path": str(folder)}))
+    assert ds.y_train.tolist() == [0, 1]
+    assert int(ds.x_train[1, 0, 0, 0]) == 50
+    (tmp_path / "eps").write_text("1 1:0.5\n")
+    (tmp_path / "eps.t").write_text("-1 1:1\n")
+    eps = load_dataset(DatasetSpec.model_validate({"name": "e", "format": "libsvm", "path": str(tmp_path / "eps")}))
+    assert eps.x_train.tolist() == [[0.5]]
+
+
+def test_runner_image_cache_writable_by_pod_user() -> None:
+    """Pods run as UID 1000; the image's MLBENCH_CACHE must not stay root-owned."""
+    from .helpers import REPO
+
+    text = (REPO / "Dockerfile.runner").read_text()
+    assert "MLBENCH_CACHE=/var/cache/mlbench" in text
+    assert "chown 1000:1000 /var/cache/mlbench" in text
+
+
+def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding into the cache is one-time reformatting: not in wallClockSeconds (docs/runner.md)."""
+    import time
+
+    from mlbench_runner.data import tabular
+    from mlbench_runner.train import Options, train
+    from mlbench_runner.world import World
+
+    from .helpers import logreg_task, make_config
+
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(1)
+    for name, n in (("eps", 40), ("eps.t", 20)):
+        rows = rng.standard_normal((n, 4))
+        (tmp_path / name).write_text(
+            "".join(
+                f"{1 if r[0] > 0 else -1} " + " ".join(f"{i}:{v:.4f}" for i, v in enumerate(r, 1)) + "\n" for r in rows
+            )
+        )
+    real = tabular.parse_libsvm
+
+    def slow_parse(*args: object, **kwargs: object) -> tuple[np.ndarray, np.ndarray]:
+        time.sleep(1.0)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tabular, "parse_libsvm", slow_parse)
+    task = logreg_task(batch=10, epochs=1, target=0.01)
+    task["dataset"] = {"name": "eps-file", "format": "libsvm", "path": str(tmp_path / "eps")}
+    config = make_config(task, tmp_path / "out", 1)
+    (tmp_path / "out").mkdir()
+    start = time.perf_counter()
+    summary = train(config, World(0, 1, 0, 1, "127.0.0.1", 0, "single"), Options())
+    total = time.perf_counter() - start
+    assert summary is not None
+    assert summary.steps == 4
+    assert summary.wall_clock_seconds < total - 1.5  # the 2 s of (slow) decoding is not in it
+    assert summary.time_to_goal_seconds is not None
+    assert summary.time_to_goal_seconds < total - 1.5

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +108,68 @@ def test_mpirun_command_shape() -> None:
     assert (
         cmd[-5:] == [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", "/etc/mlbench/config.json"][-5:]
     )
+
+
+def test_mpi_rank_failure_aborts_job(tmp_path: Path) -> None:
+    """backend mpi: a rank that fails must not sit in MPI_Finalize while its peer waits in a collective."""
+    path, out = write_config(tmp_path, "mpi-fail", 2, backend="mpi")
+    bad = out / "bad.json"  # only rank 1 sees it: too few samples for one global batch -> ValueError after init
+    bad.write_text(path.read_text().replace('"batchSizePerWorker": 5', '"batchSizePerWorker": 500'))
+    rank = [sys.executable, "-m", "mlbench_runner.cli", "train", "--config"]
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "1", *rank, str(path)]
+    cmd += [":", "-np", "1", *rank, str(bad)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    proc = subprocess.Popen(
+        cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    start = time.monotonic()
+    try:
+        output = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("mpirun still running 60 s after rank 1 failed: the job hangs")
+    assert proc.returncode != 0, output[-3000:]
+    assert time.monotonic() - start < 45, output[-3000:]
+    assert "batchSizePerWorker" in output or "global batch" in output, output[-3000:]
+
+
+def test_launch_keeps_aborted_summary(tmp_path: Path) -> None:
+    """A diverged run: every rank exits 3, mpirun too; the termination log still holds the summary."""
+    task = logreg_task(batch=5, epochs=2, train=200, features=12, alpha=1e38, l2=1e-3)
+    out = tmp_path / "diverge"
+    out.mkdir()
+    config = make_config(task, out, 2)
+    (out / "config.json").write_text(config.dump())
+    proc = launch(out / "config.json", out, 2)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = RunSummary.from_termination_message((out / "termination-log").read_text())
+    assert summary.status == "aborted"
+
+
+def test_launch_error_names_the_cause_and_fits(tmp_path: Path) -> None:
+    """ssh's reason is kept from early output; the message fits 4 KiB after JSON escaping; signals -> 128+n."""
+    script = tmp_path / "fake-mpirun"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import os, signal\n"
+        "print('Permission denied (publickey).')\n"
+        "for _ in range(30):\n"
+        "    print('[1,0]<stderr>:' + '\\u00e9\\x01\"' * 300)\n"
+        "print('ORTE was unable to reliably start one or more daemons.', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    script.chmod(0o755)
+    path, out = write_config(tmp_path, "fake", 2)
+    hostfile = out / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    cmd = [*launcher_command(path, hostfile, out / "termination-log", oversubscribe=True), "--mpirun", str(script)]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 128 + 9, proc.stdout[-2000:] + proc.stderr[-2000:]
+    raw = (out / "termination-log").read_bytes()
+    assert len(raw) <= 4096
+    error = json.loads(raw)
+    assert error["exitCode"] == 137
+    assert "signal 9" in error["error"]
+    assert error["error"].index("Permission denied") < error["error"].index("ORTE was unable")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import structlog
 
 from mlbench_api.task import DatasetFormat, DatasetSpec
 
@@ -27,6 +33,8 @@ class TensorDataset:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     source: str = ""
+    #: one-time reformatting (decoding into the cache) done or waited for while loading
+    ingest_seconds: float = 0.0
 
     @property
     def features(self) -> int:
@@ -36,6 +44,59 @@ class TensorDataset:
 def cache_root() -> Path:
     """``${MLBENCH_CACHE:-~/.cache/mlbench}/datasets``: where decoded datasets are kept."""
     return Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "datasets"
+
+
+log = structlog.get_logger("mlbench.data")
+
+
+def cached_arrays(
+    cache: Path, source: Path, keys: Sequence[str], decode: Callable[[], dict[str, Any]], *, mmap: bool = True
+) -> dict[str, Any]:
+    """``{"arrays": {key: ndarray}, "meta": {...}, "ingest_seconds": s}`` from the ``.npy`` cache.
+
+    ``decode()`` returns ``{"arrays": {...}, **meta}``; it runs once, under a file lock so that
+    concurrent ranks decode only once, and its arrays are saved as ``<key>.npy`` (memory-mapped
+    on later reads) with ``meta.json`` written last (its presence means the cache is complete).
+    When the cache directory cannot be used (not writable, e.g. a root-owned
+    ``$MLBENCH_CACHE`` in a pod running as another user; disk full) the data is decoded
+    in memory with a warning instead of failing the run.
+
+    ``ingest_seconds`` is the one-time reformatting this call did or waited for (another rank
+    decoding under the lock): from entry to the cache being complete, 0 on a cache hit. The
+    trainer leaves it out of the run's wall clock (docs/runner.md, "one-time ingest").
+    """
+    meta_file = cache / "meta.json"
+    start = time.perf_counter()
+    hit = meta_file.exists()
+
+    def fallback(decoded: dict[str, Any]) -> dict[str, Any]:
+        return {"arrays": decoded["arrays"], "meta": decoded, "ingest_seconds": time.perf_counter() - start}
+
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with (cache / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank decodes, the others wait and read
+            if not meta_file.exists():
+                log.info("dataset_decode", source=str(source), cache=str(cache))
+                decoded = decode()
+                try:
+                    for key in keys:
+                        np.save(cache / f"{key}.npy", decoded["arrays"][key])
+                    tmp = meta_file.with_suffix(".tmp")
+                    tmp.write_text(
+                        json.dumps({k: v for k, v in decoded.items() if k != "arrays"} | {"source": str(source)})
+                    )
+                    tmp.rename(meta_file)
+                except OSError as exc:
+                    log.warning("dataset_cache_unwritable", cache=str(cache), error=str(exc), fallback="in-memory")
+                    return fallback(decoded)
+        ingest = 0.0 if hit else time.perf_counter() - start
+        meta = json.loads(meta_file.read_text())
+        arrays = {k: np.load(cache / f"{k}.npy", mmap_mode="r" if mmap else None) for k in keys}
+    except OSError as exc:
+        log.warning("dataset_cache_unusable", cache=str(cache), error=str(exc), fallback="in-memory")
+        return fallback(decode())
+    return {"arrays": arrays, "meta": meta, "ingest_seconds": ingest}
 
 
 def resolve_path(path: str | None) -> Path:

@@ -8,9 +8,7 @@ in turn), so a ``trainSubset`` prefix is class-balanced.
 
 from __future__ import annotations
 
-import fcntl
 import io
-import json
 import pickle
 import re
 import tarfile
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from mlbench_runner.data.base import TensorDataset, cache_root
+from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 _IMAGE = re.compile(r"(?:^|/)(train|test)/([^/]+)/([^/]+\.(?:jpe?g|png))$", re.IGNORECASE)
@@ -118,24 +116,16 @@ def _cache_dir(path: Path) -> Path:
 
 
 def load_image_archive(path: Path) -> TensorDataset:
-    """An image folder or tarball, via the decoded ``.npy`` cache."""
-    cache = _cache_dir(path)
-    meta_file = cache / "meta.json"
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank decodes, the others wait and read
-        if not meta_file.exists():
-            log.info("dataset_decode", source=str(path), cache=str(cache))
-            arrays = decode_image_archive(path)
-            for key in ("x_train", "y_train", "x_test", "y_test"):
-                np.save(cache / f"{key}.npy", arrays[key])
-            mean, std = channel_stats(arrays["x_train"])
-            meta = {"source": str(path), "classes": arrays["classes"].tolist(), "mean": mean, "std": std}
-            tmp = meta_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(meta))
-            tmp.rename(meta_file)  # written last: its presence means the cache is complete
-    meta = json.loads(meta_file.read_text())
-    arrays = {k: np.load(cache / f"{k}.npy", mmap_mode="r") for k in ("x_train", "y_train", "x_test", "y_test")}
+    """An image folder or tarball, via the decoded ``.npy`` cache (in memory if the cache is unusable)."""
+    keys = ("x_train", "y_train", "x_test", "y_test")
+
+    def decode() -> dict[str, object]:
+        arrays = decode_image_archive(path)
+        mean, std = channel_stats(arrays["x_train"])
+        return {"arrays": {k: arrays[k] for k in keys}, "classes": arrays["classes"].tolist(), "mean": mean, "std": std}
+
+    cached = cached_arrays(_cache_dir(path), path, keys, decode)
+    arrays, meta = cached["arrays"], cached["meta"]
     return TensorDataset(
         "image",
         arrays["x_train"],
@@ -145,4 +135,5 @@ def load_image_archive(path: Path) -> TensorDataset:
         tuple(meta["mean"]),
         tuple(meta["std"]),
         source=str(path),
+        ingest_seconds=cached["ingest_seconds"],
     )

@@ -9,50 +9,152 @@ a clearly labelled stand-in with epsilon's shape for tests and smoke runs.
 from __future__ import annotations
 
 import bz2
+import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
 from mlbench_api.task import SyntheticData
-from mlbench_runner.data.base import TensorDataset
+from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays
+
+CHUNK_BYTES = 32 << 20
 
 
-def _open(path: Path) -> IO[str]:
-    return bz2.open(path, "rt") if path.suffix == ".bz2" else path.open("rt")
+def _chunks(path: Path, size: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
+    """(first line number, whole lines) of a text or ``.bz2`` file, about ``size`` bytes at a time."""
+    opener = bz2.open if path.suffix == ".bz2" else open
+    lineno, rest = 1, b""
+    with opener(path, "rb") as fh:
+        while True:
+            block = fh.read(size)
+            if not block:
+                break
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                rest = block
+                continue
+            yield lineno, block[:cut]
+            lineno += block.count(b"\n", 0, cut)
+            rest = block[cut:]
+    if rest.strip():
+        yield lineno, rest + b"\n"
+
+
+def _numbers(text: bytes) -> np.ndarray:
+    """All whitespace/colon separated numbers of ``text`` (C parser, no per-token Python)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # older numpy warns on unmatched data
+        try:
+            return np.fromstring(text.replace(b":", b" ").decode("ascii", "replace"), dtype=np.float64, sep=" ")
+        except ValueError:  # newer numpy: "could not be read to its end"; callers check the count anyway
+            return np.zeros(0)
+
+
+def _parse_line(path: Path, lineno: int, line: bytes) -> tuple[float, np.ndarray, np.ndarray]:
+    parts = line.split()
+    try:
+        label = float(parts[0])
+        pairs = [p.split(b":", 1) for p in parts[1:]]
+        idx = np.fromiter((int(i) - 1 for i, _ in pairs), dtype=np.int64, count=len(pairs))
+        val = np.fromiter((float(v) for _, v in pairs), dtype=np.float32, count=len(pairs))
+    except ValueError as exc:
+        raise ValueError(f"dataset.path: {path}:{lineno} is not LIBSVM ({exc})") from exc
+    if len(idx) and idx.min() < 0:
+        raise ValueError(f"dataset.path: {path}:{lineno} has a feature index below 1")
+    return label, idx, val
+
+
+def _sparse_block(path: Path, lineno: int, text: bytes) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Line by line (a C parse per line; the per-token Python parser only to name a bad line)."""
+    labels: list[float] = []
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    for offset, line in enumerate(text.split(b"\n")):
+        if not line.strip():
+            continue
+        pairs = line.count(b":")
+        nums = _numbers(line)
+        if len(nums) == 1 + 2 * pairs and len(line.split()) == 1 + pairs:
+            idx = nums[1::2].astype(np.int64) - 1
+            if np.array_equal(idx + 1, nums[1::2]) and (not len(idx) or idx.min() >= 0):
+                labels.append(float(nums[0]))
+                rows.append((idx, nums[2::2].astype(np.float32)))
+                continue
+        label, idx, val = _parse_line(path, lineno + offset, line)  # raises with the line number
+        labels.append(label)
+        rows.append((idx, val))
+    return np.asarray(labels, dtype=np.float64), rows
+
+
+def _dense_block(text: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """Labels and rows of a block whose every line is ``label 1:v 2:v ... d:v``, else None."""
+    lines = text.count(b"\n") - text.count(b"\n\n")
+    if lines <= 0 or text.startswith(b"\n") or text.count(b":") % lines:
+        return None
+    d = text.count(b":") // lines
+    nums = _numbers(text)
+    if len(nums) != lines * (1 + 2 * d):
+        return None
+    table = nums.reshape(lines, 1 + 2 * d)
+    if d and not np.array_equal(table[:, 1::2], np.broadcast_to(np.arange(1, d + 1), (lines, d))):
+        return None
+    return table[:, 0], table[:, 2::2].astype(np.float32)
 
 
 def parse_libsvm(path: Path, features: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Dense float32 features and +-1 labels from ``label idx:value ...`` lines (1-based idx)."""
-    labels: list[float] = []
-    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    """Dense float32 features and +-1 labels from ``label idx:value ...`` lines (1-based idx).
+
+    Parsed in blocks of whole lines with numpy's C number parser: a block in which every
+    line lists features 1..d in order (epsilon) becomes one table in one call; other blocks
+    (sparse rows: missing indices are 0) are parsed a line at a time.
+    """
+    labels: list[np.ndarray] = []
+    blocks: list[np.ndarray | list[tuple[np.ndarray, np.ndarray]]] = []
     width = 0
-    with _open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            try:
-                labels.append(float(parts[0]))
-                pairs = [p.split(":", 1) for p in parts[1:]]
-                idx = np.fromiter((int(i) - 1 for i, _ in pairs), dtype=np.int64, count=len(pairs))
-                val = np.fromiter((float(v) for _, v in pairs), dtype=np.float32, count=len(pairs))
-            except ValueError as exc:
-                raise ValueError(f"dataset.path: {path}:{lineno} is not LIBSVM ({exc})") from exc
-            if len(idx) and idx.min() < 0:
-                raise ValueError(f"dataset.path: {path}:{lineno} has a feature index below 1")
-            rows.append((idx, val))
-            width = max(width, int(idx.max()) + 1 if len(idx) else 0)
+    for lineno, text in _chunks(path):
+        dense = _dense_block(text)
+        if dense is not None:
+            labels.append(dense[0])
+            blocks.append(dense[1])
+            width = max(width, dense[1].shape[1])
+            continue
+        y, rows = _sparse_block(path, lineno, text)
+        labels.append(y)
+        blocks.append(rows)
+        width = max([width, *(int(idx.max()) + 1 for idx, _ in rows if len(idx))])
+    if features is not None and width > features:
+        raise ValueError(
+            f"dataset.path: {path} has feature index {width}, beyond the {features} features of the train file"
+        )
     width = features or width
-    x = np.zeros((len(rows), width), dtype=np.float32)
-    for r, (idx, val) in enumerate(rows):
-        x[r, idx] = val
-    y = np.where(np.asarray(labels) > 0, 1.0, -1.0).astype(np.float32)
-    return x, y
+    n = sum(len(y) for y in labels)
+    x = np.zeros((n, width), dtype=np.float32)
+    r = 0
+    for block in blocks:
+        if isinstance(block, np.ndarray):
+            x[r : r + len(block), : block.shape[1]] = block
+            r += len(block)
+        else:
+            for idx, val in block:
+                x[r, idx] = val
+                r += 1
+    y_all = np.concatenate(labels) if labels else np.zeros(0)
+    return x, np.where(y_all > 0, 1.0, -1.0).astype(np.float32)
+
+
+def _libsvm_cache(train: Path, test: Path) -> Path:
+    stamp = "-".join(f"{p.name}-{p.stat().st_size}-{int(p.stat().st_mtime)}" for p in (train, test))
+    return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", f"libsvm-{stamp}")
 
 
 def load_libsvm_dataset(path: Path) -> TensorDataset:
-    """``path`` is a folder holding ``<name>`` and ``<name>.t`` (epsilon's layout) or the train file."""
+    """``path`` is a folder holding ``<name>`` and ``<name>.t`` (epsilon's layout) or the train file.
+
+    Parsed once and cached as ``.npy`` under ``$MLBENCH_CACHE`` (keyed by both files' size
+    and mtime, file-locked like the image cache); later runs and the other ranks read the cache.
+    """
     if path.is_dir():
         trains = sorted(
             p for p in path.iterdir() if p.is_file() and ".t" not in p.suffixes and not p.name.startswith(".")
@@ -67,9 +169,24 @@ def load_libsvm_dataset(path: Path) -> TensorDataset:
     test = next((t for t in tests if t.exists()), None)
     if test is None:
         raise FileNotFoundError(f"dataset.path: no test file next to {train} (expected {tests[0].name}[.bz2])")
-    x_train, y_train = parse_libsvm(train)
-    x_test, y_test = parse_libsvm(test, features=x_train.shape[1])
-    return TensorDataset("tabular", x_train, y_train, x_test, y_test, source=str(path))
+
+    def decode() -> dict[str, object]:
+        x_train, y_train = parse_libsvm(train)
+        x_test, y_test = parse_libsvm(test, features=x_train.shape[1])
+        return {"arrays": {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}}
+
+    keys = ("x_train", "y_train", "x_test", "y_test")
+    cached = cached_arrays(_libsvm_cache(train, test), train, keys, decode, mmap=False)
+    a = cached["arrays"]
+    return TensorDataset(
+        "tabular",
+        a["x_train"],
+        a["y_train"],
+        a["x_test"],
+        a["y_test"],
+        source=str(path),
+        ingest_seconds=cached["ingest_seconds"],
+    )
 
 
 def load_npz(path: Path) -> TensorDataset:
