@@ -123,6 +123,12 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
                 f"spec.overrides: {', '.join(refused)} may not be overridden in the closed division "
                 f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
             )
+        source = overrides.dataset_source
+        if source is not None and task.dataset.source is not None and source.sha256 != task.dataset.source.sha256:
+            raise OverrideNotAllowed(
+                "spec.overrides.datasetSource.sha256: the closed division allows only a mirror of the task's "
+                f"data (sha256 {task.dataset.source.sha256}), got {source.sha256}"
+            )
     data = task.to_api()
     training, lr = data["training"], data["training"]["learningRate"]
     o = overrides
@@ -151,6 +157,9 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
         data["dataset"]["trainSubset"] = plain["trainSubset"]
     if "dataset" in plain:
         data["dataset"]["path"] = plain["dataset"]
+    if "datasetSource" in plain:
+        data["dataset"]["source"] = plain["datasetSource"]
+        data["dataset"].pop("volume", None)  # the source replaces wherever the data came from
     if "timeBudgetSeconds" in plain:
         data["goal"]["timeBudgetSeconds"] = plain["timeBudgetSeconds"]
     # Validate once at the end: an override can break a cross-field rule (maxEpochs below a milestone).

@@ -22,7 +22,7 @@ from mlbench_api.common import (
     Quantity,
     cel,
 )
-from mlbench_api.task import BenchmarkTaskSpec, ModelSpec, Optimizer
+from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4
@@ -78,6 +78,12 @@ class RunOverrides(ApiModel):
     model: ModelSpec | None = None
     train_subset: Annotated[int, Field(ge=1)] | None = None
     dataset: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Replaces dataset.path.")
+    dataset_source: DatasetSource | None = Field(
+        default=None,
+        description=(
+            "Replaces dataset.source (e.g. an in-cluster mirror); the closed division requires the task's sha256."
+        ),
+    )
     time_budget_seconds: Annotated[int, Field(ge=1, le=30 * 24 * 3600)] | None = None
 
     def names(self) -> list[str]:

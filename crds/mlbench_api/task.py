@@ -7,6 +7,7 @@ YAML in ``manifests/catalog`` (see ``mlbench_api.catalog``).
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -71,6 +72,37 @@ class SyntheticData(ApiModel):
     seed: Annotated[int, Field(ge=0)] = 0
 
 
+#: Where a sourced dataset lives: the namespace's dataset volume is mounted here (see docs/datasets.md).
+DATA_ROOT = "/data"
+_SHA256 = r"^[0-9a-f]{64}$"
+_URL = r"^https?://[^\s/?#]+[^\s]*$"
+#: ``/data/<one or more segments>``: the fetcher writes only inside the dataset volume.
+_UNDER_DATA = r"^/data(/[^/]+)+$"
+_DOT_SEGMENT = r"(^|/)[.][.]?(/|$)"  # no backslashes: the same text is a CEL string literal
+
+
+class DatasetSource(ApiModel):
+    """Where the operator downloads a dataset from, and the bytes it must be.
+
+    Content-addressed: the sha256 (not the URL) identifies the data, so a mirror with the same
+    bytes is the same dataset, N runs fetch it once per namespace, and a corrupted or swapped
+    download can never be trained on.
+    """
+
+    url: Annotated[str, Field(min_length=8, max_length=2048, pattern=_URL)] = Field(
+        description="http or https URL of the file (a .tar/.tar.gz archive when unpack is true)."
+    )
+    sha256: Annotated[str, Field(pattern=_SHA256)] = Field(
+        description="SHA-256 of the downloaded file, 64 lowercase hex digits."
+    )
+    unpack: bool = Field(
+        default=False, description="Extract the .tar/.tar.gz archive into dataset.path instead of storing the file."
+    )
+    strip_components: Annotated[int, Field(ge=0, le=8)] = Field(
+        default=0, description="With unpack: drop this many leading path components of every member (tar's option)."
+    )
+
+
 class DatasetSpec(ApiModel):
     """Where the data lives in the cluster, or how to generate it."""
 
@@ -81,7 +113,19 @@ class DatasetSpec(ApiModel):
                     "self.format == 'synthetic' ? has(self.synthetic) : has(self.path)",
                     "a synthetic dataset needs 'synthetic', any other format needs 'path'",
                     ".format",
-                )
+                ),
+                cel(
+                    "!(has(self.source) && has(self.volume))",
+                    "source and volume are mutually exclusive: "
+                    "a sourced dataset lives in the namespace's dataset volume",
+                    ".source",
+                ),
+                cel(
+                    f"!has(self.source) || (has(self.path) && self.path.matches('{_UNDER_DATA}') "
+                    f"&& !self.path.matches('{_DOT_SEGMENT}'))",
+                    "with a source, path must lie under /data/ (no '.' or '..' segments)",
+                    ".path",
+                ),
             ]
         }
     )
@@ -91,6 +135,10 @@ class DatasetSpec(ApiModel):
     path: Annotated[str, Field(max_length=4096)] | None = None
     volume: FreeForm | None = Field(
         default=None, description="A core/v1 VolumeSource mounted at /data on every worker."
+    )
+    source: DatasetSource | None = Field(
+        default=None,
+        description="Download into the namespace's dataset volume before the workers start (exclusive with volume).",
     )
     train_subset: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Use only the first N training samples (open division / smoke runs)."
@@ -106,7 +154,19 @@ class DatasetSpec(ApiModel):
             raise ValueError("synthetic: a synthetic dataset needs 'synthetic'")
         if self.format is not DatasetFormat.SYNTHETIC and self.path is None:
             raise ValueError("path: this dataset format needs 'path'")
+        if self.source is not None and self.volume is not None:
+            raise ValueError(
+                "source: source and volume are mutually exclusive: a sourced dataset lives in the "
+                "namespace's dataset volume"
+            )
+        if self.source is not None and not path_under_data_root(self.path):
+            raise ValueError(f"path: with a source, path must lie under {DATA_ROOT}/ (no '.' or '..' segments)")
         return self
+
+
+def path_under_data_root(path: str | None) -> bool:
+    """True for ``/data/<something>`` without ``.``/``..`` segments: the fetcher writes only inside the volume."""
+    return path is not None and bool(re.match(_UNDER_DATA, path)) and not re.search(_DOT_SEGMENT, path)
 
 
 class Schedule(StrEnum):
@@ -302,6 +362,7 @@ class Overridable(StrEnum):
     MODEL = "model"
     TRAIN_SUBSET = "trainSubset"
     DATASET = "dataset"
+    DATASET_SOURCE = "datasetSource"
     TIME_BUDGET_SECONDS = "timeBudgetSeconds"
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import RunConfig
+from mlbench_api.datasets import PERMANENT_EXITS
 from mlbench_api.run import BenchmarkRunSpec
-from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
+from mlbench_operator.settings import DatasetSettings
 
 Obj = dict[str, Any]
 
@@ -30,6 +32,8 @@ class RunContext:
     config: RunConfig
     #: UID for every container (non-root; the image must have this user for ssh). None: the image's user.
     run_as_user: int | None = n.RUNNER_UID
+    #: The namespace's dataset volume (PVC) that sourced datasets live in.
+    dataset_claim: str = n.DATASET_VOLUME
 
     @property
     def task(self) -> BenchmarkTaskSpec:
@@ -141,11 +145,13 @@ def worker_resources(ctx: RunContext) -> Obj:
 
 #: The worker's entrypoint: a non-root sshd on :2222 that accepts exactly the run's key. The runner
 #: image provides /usr/sbin/sshd and ssh-keygen; ``mpirun`` (launcher) starts the ranks through it.
+#: ``mlbench-runner worker`` supervises sshd so that a rank OOM-killed inside the container fails the
+#: pod as OOMKilled with the limit named (see mlbench_runner.worker).
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
 [ -f "$d/host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$d/host_ed25519_key"
-exec /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_ed25519_key" \\
+exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_ed25519_key" \\
   -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no
 """
@@ -203,7 +209,11 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
     if with_data:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        if ctx.task.dataset.volume:
+        if ctx.task.dataset.source is not None:  # fetched into the namespace's dataset volume beforehand
+            claim = {"claimName": ctx.dataset_claim, "readOnly": True}
+            volumes.append({"name": "data", "persistentVolumeClaim": claim})
+            mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
+        elif ctx.task.dataset.volume:
             volumes.append({"name": "data", **ctx.task.dataset.volume})
             mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
     return volumes, mounts
@@ -272,6 +282,8 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
         },
         "resources": worker_resources(ctx),
         "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(ctx),
     }
     return {
@@ -320,5 +332,116 @@ def launcher_pod(ctx: RunContext, attempt: int) -> Obj:
             "initContainers": [wait],
             "containers": [container],
             "volumes": volumes,
+        },
+    }
+
+
+# -- datasets ------------------------------------------------------------------------------------------------------
+def dataset_labels(dataset: str) -> dict[str, str]:
+    return {n.LABEL_MANAGED_BY: n.MANAGER, n.LABEL_DATASET: n.dns_label(dataset, 63)}
+
+
+def dataset_pvc(namespace: str, settings: DatasetSettings) -> Obj:
+    """The namespace's dataset volume: a shared cache, owned by no run (deleting runs must not delete data)."""
+    spec: Obj = {
+        "accessModes": [settings.access_mode],
+        "resources": {"requests": {"storage": settings.size}},
+    }
+    if settings.storage_class:  # absent = the cluster's default StorageClass
+        spec["storageClassName"] = settings.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": settings.volume_name,
+            "namespace": namespace,
+            "labels": {n.LABEL_MANAGED_BY: n.MANAGER, "app.kubernetes.io/part-of": "mlbench"},
+        },
+        "spec": spec,
+    }
+
+
+def sourced(dataset: DatasetSpec) -> tuple[DatasetSource, str]:
+    """The source and path of a dataset the operator fetches (the API guarantees a path with a source)."""
+    if dataset.source is None or dataset.path is None:
+        raise ValueError(f"dataset {dataset.name!r} has no source to fetch")
+    return dataset.source, dataset.path
+
+
+def fetch_job_name(dataset: DatasetSpec) -> str:
+    """Deterministic per (namespace, what the fetch produces): concurrent runs share one Job."""
+    source, path = sourced(dataset)
+    key = n.dataset_key(source.sha256, path, source.unpack, source.strip_components)
+    return n.dataset_job_name(dataset.name, key)
+
+
+def fetch_command(dataset: DatasetSpec, volume: str) -> list[str]:
+    """``mlbench-runner fetch-dataset`` for this dataset; the path is the same inside the Job and the workers."""
+    source, path = sourced(dataset)
+    cmd = ["mlbench-runner", "fetch-dataset", "--url", source.url, "--sha256", source.sha256, "--dest", path]
+    if source.unpack:
+        cmd += ["--unpack", "--strip-components", str(source.strip_components)]
+    return [*cmd, "--volume", volume]
+
+
+def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
+    """The Job that downloads the run's dataset into the dataset volume (mounted read-write at /data).
+
+    Not owned by the run: runs sharing the dataset share the Job, and ttlSecondsAfterFinished removes
+    it. podFailurePolicy fails it at once on a permanent failure (checksum mismatch, full volume);
+    an unreachable source is retried ``backoffLimit`` times.
+    """
+    dataset = ctx.task.dataset
+    source, path = sourced(dataset)
+    labels = dataset_labels(dataset.name)
+    container: Obj = {
+        "name": n.FETCH_CONTAINER,
+        "image": ctx.image,
+        "command": fetch_command(dataset, settings.volume_name),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "data", "mountPath": n.DATA_DIR}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _container_security(ctx),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": fetch_job_name(dataset),
+            "namespace": ctx.namespace,
+            "labels": labels,
+            "annotations": {n.ANNOTATION_DATASET_SHA256: source.sha256, n.ANNOTATION_DATASET_PATH: path},
+        },
+        "spec": {
+            "backoffLimit": settings.backoff_limit,
+            "activeDeadlineSeconds": settings.fetch_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.job_ttl_seconds,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": n.FETCH_CONTAINER,
+                            "operator": "In",
+                            "values": [int(code) for code in PERMANENT_EXITS],
+                        },
+                    },
+                    # a preempted or evicted pod is not the fetch's fault: do not count it
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",  # required by podFailurePolicy; the Job retries with new pods
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                    "securityContext": _pod_security(ctx),
+                    **_scheduling(ctx),
+                    "containers": [container],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],
+                },
+            },
         },
     }

@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
+
+from mlbench_api.datasets import FetchReason
 
 Condition = dict[str, Any]
 
 # Condition types, in the order ``kubectl describe`` shows them.
+DATASET_READY = "DatasetReady"  #: only on runs whose task has a dataset.source
 WORKERS_READY = "WorkersReady"
 RUNNING = "Running"
 GOAL_REACHED = "GoalReached"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-TYPES = (WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED)
+TYPES = (DATASET_READY, WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED)
+
+
+class DatasetReason(StrEnum):
+    """Reasons of ``DatasetReady`` (and of ``Failed`` when a fetch fails)."""
+
+    FETCHING = "Fetching"  #: False: the fetch Job is being created, runs, or retries
+    FETCHED = "Fetched"  #: True: the verified data is in the dataset volume
+    SOURCE_UNREACHABLE = FetchReason.SOURCE_UNREACHABLE.value
+    CHECKSUM_MISMATCH = FetchReason.CHECKSUM_MISMATCH.value
+    VOLUME_FULL = FetchReason.VOLUME_FULL.value
+    FETCH_FAILED = FetchReason.FETCH_FAILED.value
+
+
+#: WorkersReady's reason while the dataset is fetched (no worker exists yet).
+WAITING_FOR_DATASET = "WaitingForDataset"
 
 
 def timestamp(now: datetime) -> str:

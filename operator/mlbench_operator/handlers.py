@@ -25,12 +25,13 @@ from typing import Any
 import kopf
 
 from mlbench_api.common import GROUP, VERSION
-from mlbench_operator import builders, logs, progress, reconcile, sshkeys
+from mlbench_operator import builders, datasets, logs, progress, reconcile, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
+from mlbench_operator.settings import DatasetSettings
 
 PLURAL = "benchmarkruns"
 RESYNC_SECONDS = float(os.environ.get("MLBENCH_RESYNC_SECONDS", "300"))
@@ -39,8 +40,15 @@ DEBOUNCE_SECONDS = float(os.environ.get("MLBENCH_DEBOUNCE_SECONDS", "0.3"))
 #: Don't re-create a pod we created this recently but the watch has not shown yet.
 CREATE_GRACE_SECONDS = 30.0
 DELETE_GRACE_SECONDS = 10.0
+#: While a dataset is fetched: look again this often even without a Job event.
+DATASET_POLL_SECONDS = 10.0
 #: Rank 0's metrics port on worker 0 (RunConfig.metricsPort + local rank 0).
 PROGRESS_PORT = n.METRICS_PORT
+
+
+def dataset_settings() -> DatasetSettings:
+    """``MLBENCH_DATASET_*`` (validated at start-up by ``mlbench-operator``; see settings.py)."""
+    return DatasetSettings.from_env(os.environ)
 
 
 def runner_uid() -> int | None:
@@ -75,6 +83,11 @@ class Wakeups:
         for event in self._events.get(key, []):
             event.set()
 
+    def wake_namespace(self, namespace: str) -> None:
+        """A fetch Job changed: any run of the namespace may be waiting for it (they are few)."""
+        for key in [k for k in self._events if k[0] == namespace]:
+            self.wake(key)
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -94,6 +107,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     # Server-side filtering: watch only the operator's pods, not every pod in the cluster.
     settings.watching.label_selectors["v1", "pods"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_RUN}"
+    settings.watching.label_selectors["batch", "jobs"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_DATASET}"
     # Optional: serve only runs matching a label selector (e.g. one test session on a shared cluster).
     run_selector = os.environ.get("MLBENCH_RUN_SELECTOR", "").strip()
     if run_selector:
@@ -136,6 +150,12 @@ async def run_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.
 @kopf.on.event("pods", labels={n.LABEL_RUN: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
 async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
     memo.wakeups.wake((namespace or "", labels[n.LABEL_RUN]))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={n.LABEL_DATASET: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
+async def fetch_job_event(namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A dataset fetch Job progressed: wake the namespace's runs (those waiting for it re-read it)."""
+    memo.wakeups.wake_namespace(namespace or "")
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -184,6 +204,8 @@ class RunReconciler:
         self.retry_in = RESYNC_SECONDS  # sooner when a wanted create was deferred (see may_create)
         self.create_failures = 0  # consecutive refused creates (403): backoff
         self.create_backoff_until = 0.0  # monotonic; no pod creates before (pod events don't shorten it)
+        self.datasets = dataset_settings()
+        self.pvc_ensured = False
 
     def view(self) -> dict[str, Any]:
         """The run as the planner should see it: live metadata/spec, our own status."""
@@ -219,7 +241,7 @@ class RunReconciler:
         if not snapshot:
             task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
             task = await self.kube.run(self.kube.get_task, task_name)
-            admission = reconcile.admit(self.view(), task, runner_uid())
+            admission = reconcile.admit(self.view(), task, runner_uid(), self.datasets.volume_name)
             if isinstance(admission, reconcile.Rejection):
                 await self.patch(reconcile.rejected_status(self.view(), admission, now))
                 self.event("Warning", admission.reason, admission.message)
@@ -231,7 +253,7 @@ class RunReconciler:
             self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
         else:
             try:
-                ctx = reconcile.context(self.view(), snapshot, runner_uid())
+                ctx = reconcile.context(self.view(), snapshot, runner_uid(), self.datasets.volume_name)
             except ValueError as err:
                 # Final status first, then the cleanup by the raw spec.runPolicy.cleanPodPolicy (in finished).
                 message = f"cannot rebuild the configuration: {err}"
@@ -241,6 +263,10 @@ class RunReconciler:
 
         if not self.ensured and not await self.ensure_objects(ctx, now):
             return min(30.0, RESYNC_SECONDS)  # a name conflict is shown; look again later
+        if ctx.task.dataset.source is not None and not c.is_true(self.status.get("conditions"), c.DATASET_READY):
+            waiting = await self.ensure_dataset(ctx, now, pods)
+            if waiting is not None:
+                return waiting if waiting >= 0 else await self.finished(now, pods)
         plan = reconcile.plan(self.view(), ctx, pods, now)
         was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
         if plan.terminal:
@@ -354,6 +380,46 @@ class RunReconciler:
                     return False
         self.ensured = True
         return True
+
+    async def ensure_dataset(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
+        """The dataset volume and the fetch Job, before any worker exists.
+
+        Returns None when the data is ready (the pass goes on to the workers), seconds until the next
+        look while it is fetched, or -1 when the fetch failed (the run's final status is written).
+        """
+        settings = self.datasets
+        name = builders.fetch_job_name(ctx.task.dataset)
+        admitted = c.parse_time(self.status.get("startTime"))
+        try:
+            if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
+                await self.kube.run(self.kube.create, builders.dataset_pvc(self.namespace, settings))
+                self.pvc_ensured = True
+            job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
+            job_pods: list[dict[str, Any]] = []
+            if job is not None:
+                job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
+            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
+            if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
+                await self.kube.run(self.kube.create, builders.fetch_job(ctx, settings))
+        except ApiError as err:
+            if err.status not in (403, 422):
+                raise
+            # 403 (quota, policy) may pass later: shown and retried; 422 (invalid) never will: the run fails
+            state = datasets.refused(err.status, err.detail, settings.volume_name, name)
+        if state.action is datasets.FetchAction.REPLACE:
+            self.log.info("dataset_job_replaced", job=name, message=state.message)
+            await self.kube.run(self.kube.delete_job, self.namespace, name)
+        plan = reconcile.dataset_plan(self.view(), state, now)
+        await self.patch(plan.status)
+        self.emit(plan)
+        if plan.terminal:
+            self.log.warning("dataset_failed", job=name, reason=state.reason.value, message=state.message)
+            return -1
+        if state.action is datasets.FetchAction.READY:
+            self.log.info("dataset_ready", job=name)
+            return None
+        # Job events wake us; the timer covers pod-only changes (e.g. a pod stuck Pending) and deletions.
+        return min(plan.requeue_after or DATASET_POLL_SECONDS, DATASET_POLL_SECONDS)
 
     async def finished(self, now: datetime, pods: list[PodView]) -> float | None:
         """Terminal: apply cleanPodPolicy until done (idempotent: derived from the pods still there).

@@ -25,7 +25,22 @@ from mlbench_operator import metrics as m
 
 T = TypeVar("T")
 USER_AGENT = f"mlbench-operator/{__version__}"
-_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}
+_PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Job": "jobs",
+}
+
+
+def _collection(obj_or_kind: dict[str, Any] | str, namespace: str) -> tuple[str, str]:
+    """(collection path, plural) of a kind in a namespace: core/v1, or batch/v1 for Jobs."""
+    kind = obj_or_kind if isinstance(obj_or_kind, str) else obj_or_kind["kind"]
+    plural = _PLURALS[kind]
+    prefix = "/apis/batch/v1" if kind == "Job" else "/api/v1"
+    return f"{prefix}/namespaces/{namespace}/{plural}", plural
 
 
 class ApiError(Exception):
@@ -112,10 +127,9 @@ class Kube:
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create a core/v1 object; False if it already exists (409 is success: creates are idempotent)."""
-        plural = _PLURALS[obj["kind"]]
-        ns = obj["metadata"]["namespace"]
+        path, plural = _collection(obj, obj["metadata"]["namespace"])
         try:
-            self.request("POST", f"/api/v1/namespaces/{ns}/{plural}", obj, resource=plural)
+            self.request("POST", path, obj, resource=plural)
         except ApiError as err:
             if err.status == 409:
                 return False
@@ -132,12 +146,10 @@ class Kube:
         return out
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A core/v1 object (Service, ConfigMap, Secret, Pod); None when it does not exist."""
-        plural = _PLURALS[kind]
+        """An object of a kind in ``_PLURALS`` (e.g. Service, Job); None when it does not exist."""
+        path, plural = _collection(kind, namespace)
         try:
-            obj: dict[str, Any] = self.request(
-                "GET", f"/api/v1/namespaces/{namespace}/{plural}/{quote(name)}", resource=plural
-            )
+            obj: dict[str, Any] = self.request("GET", f"{path}/{quote(name)}", resource=plural)
             return obj
         except ApiError as err:
             if err.status == 404:
@@ -168,6 +180,26 @@ class Kube:
             query=[("labelSelector", selector)],
             resource="pods",
         )
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""
+        answer = self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", selector)], resource="pods"
+        )
+        return list((answer or {}).get("items") or [])
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and (in the background) its pods; 404 is fine."""
+        try:
+            self.request(
+                "DELETE",
+                f"/apis/batch/v1/namespaces/{namespace}/jobs/{quote(name)}",
+                {"propagationPolicy": "Background"},
+                resource="jobs",
+            )
+        except ApiError as err:
+            if err.status != 404:
+                raise
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.request(

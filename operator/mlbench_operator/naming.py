@@ -5,6 +5,9 @@ Kept in one module so that the runner, the docs and the tests can import the sam
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from mlbench_api.common import GROUP
 
 # Labels on every object the operator creates.
@@ -16,6 +19,13 @@ LABEL_RANK = f"{GROUP}/rank"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "mlbench-operator"
+#: On dataset fetch Jobs and their pods: the dataset's (sanitised) name.
+LABEL_DATASET = f"{GROUP}/dataset"
+#: Full sha256 and destination of a fetch Job (annotations: a label value holds only 63 characters).
+ANNOTATION_DATASET_SHA256 = f"{GROUP}/dataset-sha256"
+ANNOTATION_DATASET_PATH = f"{GROUP}/dataset-path"
+#: Set by the Job controller on a Job's pods.
+LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
 
 ROLE_WORKER = "worker"
 ROLE_LAUNCHER = "launcher"
@@ -47,6 +57,13 @@ RUNNER_UID = 1000
 
 WORKER_CONTAINER = "worker"
 LAUNCHER_CONTAINER = "launcher"
+FETCH_CONTAINER = "fetch"
+
+#: The namespace's dataset volume (PVC), shared by every run there; MLBENCH_DATASET_VOLUME renames it.
+DATASET_VOLUME = "mlbench-datasets"
+_JOB_PREFIX = "mlbench-dataset-"
+#: Job names become pod label values (``batch.kubernetes.io/job-name``): at most 63 characters.
+_MAX_JOB_NAME = 63
 
 
 def service_name(run: str) -> str:
@@ -73,6 +90,25 @@ def launcher_name(run: str) -> str:
 def worker_fqdn(run: str, namespace: str, rank: int) -> str:
     """The worker's stable DNS name through the headless Service (no cluster-domain suffix)."""
     return f"{worker_name(run, rank)}.{service_name(run)}.{namespace}.svc"
+
+
+def dns_label(text: str, limit: int) -> str:
+    """``text`` as a DNS-1123 label fragment: lowercase, ``[a-z0-9-]``, no leading/trailing dash."""
+    out = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:limit].strip("-")
+    return out or "data"
+
+
+def dataset_key(sha256: str, path: str, unpack: bool, strip_components: int) -> str:
+    """What a fetch produces: the bytes (sha256) and where/how they land. The URL is not part of it: a
+    mirror with the same bytes is the same dataset. 10 hex digits of sha256 over the four."""
+    text = f"{sha256}\n{path}\n{int(unpack)}\n{strip_components}"
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def dataset_job_name(dataset: str, key: str) -> str:
+    """``mlbench-dataset-<name>-<key>``: deterministic per (namespace, dataset), so concurrent runs share one."""
+    room = _MAX_JOB_NAME - len(_JOB_PREFIX) - len(key) - 1
+    return f"{_JOB_PREFIX}{dns_label(dataset, room)}-{key}"
 
 
 def run_selector(run: str) -> str:

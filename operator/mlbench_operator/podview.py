@@ -19,6 +19,11 @@ STUCK_WAITING = frozenset(
 )
 
 
+#: How ``mlbench-runner worker`` starts its termination message when a rank was OOM-killed inside it
+#: (the container itself survives such a kill, so the runtime may not say OOMKilled).
+OOM_PREFIX = "OOMKilled:"
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -39,6 +44,7 @@ class PodView:
     ip: str | None = None
     owner_uid: str | None = None  #: UID of the controller owner (the run that created the pod)
     deletion_timestamp: str | None = None  #: when the kubelet should have removed a terminating pod
+    finished_at: str | None = None  #: when the container that decided exit_code terminated
 
     @property
     def finished(self) -> bool:
@@ -63,7 +69,7 @@ class PodView:
         unschedulable = None
         if sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
             unschedulable = sched.get("message") or "unschedulable"
-        exit_code = term_reason = term_message = waiting = None
+        exit_code = term_reason = term_message = waiting = finished_at = None
         main = status.get("containerStatuses") or []
         # An init container matters only when it failed (then the main container never ran) or is
         # stuck waiting (e.g. ImagePullBackOff: the main container then only says PodInitializing).
@@ -80,6 +86,7 @@ class PodView:
                 exit_code = term.get("exitCode")
                 term_reason = term.get("reason")
                 term_message = term.get("message")
+                finished_at = term.get("finishedAt")
             wait = state.get("waiting")
             if wait and wait.get("reason") in STUCK_WAITING and waiting is None:
                 waiting = f"{wait.get('reason')}: {wait.get('message', '')}".rstrip(": ")
@@ -102,6 +109,7 @@ class PodView:
             ip=status.get("podIP"),
             owner_uid=next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
             deletion_timestamp=meta.get("deletionTimestamp"),
+            finished_at=finished_at,
         )
 
     def failure(self) -> tuple[str, str]:
@@ -109,8 +117,11 @@ class PodView:
         what = "launcher" if self.role == n.ROLE_LAUNCHER else f"worker {self.rank}"
         if self.reason == "Evicted":
             return "Evicted", f"{what} (pod {self.name}) was evicted: {self.message or 'no message'}"
-        if self.term_reason == "OOMKilled":
-            return "OOMKilled", f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code})"
+        if self.term_reason == "OOMKilled" or (self.term_message or "").startswith(OOM_PREFIX):
+            # the worker's own words (mlbench-runner worker) say which limit a rank outgrew
+            detail = (self.term_message or "").removeprefix(OOM_PREFIX).strip()
+            text = f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code})"
+            return "OOMKilled", f"{text}: {_tail(detail, 1024)}" if detail else text
         if self.reason == "DeadlineExceeded":
             return "DeadlineExceeded", f"{what} (pod {self.name}) exceeded its active deadline"
         base = "LauncherFailed" if self.role == n.ROLE_LAUNCHER else "WorkerFailed"

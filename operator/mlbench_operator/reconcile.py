@@ -28,6 +28,7 @@ from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
 
 TERMINAL = ("Succeeded", "Failed")
@@ -79,7 +80,12 @@ def validate_run(body: Mapping[str, Any]) -> BenchmarkRun:
     )
 
 
-def context(body: Mapping[str, Any], snapshot: Mapping[str, Any], run_as_user: int | None = n.RUNNER_UID) -> RunContext:
+def context(
+    body: Mapping[str, Any],
+    snapshot: Mapping[str, Any],
+    run_as_user: int | None = n.RUNNER_UID,
+    dataset_claim: str = n.DATASET_VOLUME,
+) -> RunContext:
     """Rebuild the run's context from its spec and task snapshot; raises ValueError if invalid."""
     run = validate_run(body)
     meta = body.get("metadata") or {}
@@ -94,11 +100,15 @@ def context(body: Mapping[str, Any], snapshot: Mapping[str, Any], run_as_user: i
         spec=run.spec,
         config=config,
         run_as_user=run_as_user,
+        dataset_claim=dataset_claim,
     )
 
 
 def admit(
-    body: Mapping[str, Any], task: Mapping[str, Any] | None, run_as_user: int | None = n.RUNNER_UID
+    body: Mapping[str, Any],
+    task: Mapping[str, Any] | None,
+    run_as_user: int | None = n.RUNNER_UID,
+    dataset_claim: str = n.DATASET_VOLUME,
 ) -> tuple[RunContext, dict[str, Any]] | Rejection:
     """Resolve the run against its task (``None``: not found); the snapshot is the task's validated spec."""
     task_name = ((body.get("spec") or {}).get("taskRef") or {}).get("name", "")
@@ -113,7 +123,7 @@ def admit(
     except ValueError as err:
         return Rejection("InvalidTask", f"BenchmarkTask {task_name!r} is invalid: {_short(err)}")
     try:
-        ctx = context(body, snapshot, run_as_user)
+        ctx = context(body, snapshot, run_as_user, dataset_claim)
     except OverrideNotAllowed as err:
         return Rejection("OverrideNotAllowed", str(err))
     except ValueError as err:
@@ -298,15 +308,20 @@ def parse_summary(text: str) -> RunSummary:
 def _find_failure(
     run: str, workers: Mapping[int, PodView], launcher: PodView | None, total: int, was_running: bool
 ) -> tuple[str, str] | None:
-    """The first real failure of the current world, as (reason, message)."""
+    """The first real failure of the current world, as (reason, message).
+
+    A failed worker is the root cause and wins over the launcher, whose mpirun fails only as
+    its echo (a rank OOM-killed or a worker container killed takes the launcher down too).
+    """
+    for rank in sorted(workers):
+        if workers[rank].phase == "Failed":
+            return workers[rank].failure()
     if launcher is not None and launcher.phase == "Failed":
         return launcher.failure()
     if was_running and (launcher is None or launcher.terminating):
         return "LauncherLost", f"launcher (pod {n.launcher_name(run)}) disappeared while it was running"
     for rank in sorted(workers):
         pod = workers[rank]
-        if pod.phase == "Failed":
-            return pod.failure()
         if pod.phase == "Succeeded" and (launcher is None or not launcher.finished):
             return "WorkerExited", f"worker {rank} (pod {pod.name}) exited before the launcher finished"
     if launcher is not None and not launcher.finished:
@@ -315,6 +330,29 @@ def _find_failure(
             pod_name = n.worker_name(run, lost[0])
             return "WorkerLost", f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
     return None
+
+
+#: How long a failed launcher's workers get to report their own cause before the launcher is blamed.
+ROOT_CAUSE_GRACE_SECONDS = 10.0
+
+
+def _root_cause_wait(launcher: PodView | None, workers: Mapping[int, PodView], now: datetime) -> float | None:
+    """Seconds to hold a launcher failure while a still-running worker may report the real cause.
+
+    The launcher and a worker whose rank died fail within a second or two of each other, in
+    either order; without this the reported reason would depend on which status arrived first.
+    None: decide now (no launcher failure, a worker already failed, none is running, or the
+    grace is over).
+    """
+    if launcher is None or launcher.phase != "Failed" or launcher.finished_at is None:
+        return None
+    if any(w.phase == "Failed" for w in workers.values()) or not any(w.phase == "Running" for w in workers.values()):
+        return None
+    finished = c.parse_time(launcher.finished_at)
+    if finished is None:
+        return None
+    left = ROOT_CAUSE_GRACE_SECONDS - (now - finished).total_seconds()
+    return left if left > 0 else None
 
 
 def _stuck_terminating(pod: PodView, now: datetime) -> bool:
@@ -421,6 +459,10 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
 
     # 3. A failed rank fails the world: restart the whole gang or give up.
     was_running = c.is_true(st.old.get("conditions"), c.RUNNING)
+    hold = _root_cause_wait(launcher, workers, now)
+    if hold is not None:
+        out.requeue_after = min(hold, out.requeue_after) if out.requeue_after is not None else hold
+        return out
     failure = _find_failure(ctx.name, workers, launcher, total, was_running) if not stale else None
     if failure is not None:
         reason, message = failure
@@ -521,6 +563,43 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         and (c.get(st.old.get("conditions"), c.WORKERS_READY) or {}).get("reason") != "Unschedulable"
     ):
         out.events.append(("Warning", "Unschedulable", wr.get("message", "")))
+    return out
+
+
+def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> Plan:
+    """Status while the run's dataset is fetched (no worker exists yet), once it is there, or when it failed.
+
+    DatasetReady carries the state; an Event is planned only when that condition changes (not for every
+    retry-count update of the message).
+    """
+    st = _Status(body, now)
+    out = Plan(status=st.new)
+    old = c.get(st.old.get("conditions"), c.DATASET_READY) or {}
+    deadline = ((body.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    start = c.parse_time(st.old.get("startTime"))
+    left = (start + timedelta(seconds=deadline) - now).total_seconds() if deadline and start else None
+    if left is not None and left <= 0 and state.action not in (FetchAction.READY, FetchAction.FAIL):
+        message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {state.message}"
+        st.fail("DeadlineExceeded", message)
+        out.events.append(("Warning", "Failed", message))
+        return out
+    out.requeue_after = left
+    if state.action is FetchAction.READY:
+        st.cond(c.DATASET_READY, "True", state.reason.value, state.message)
+    elif state.action is FetchAction.FAIL:
+        st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
+        st.fail(state.reason.value, state.message)
+    else:
+        st.new["phase"] = "Pending"
+        st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
+        st.cond(c.WORKERS_READY, "False", c.WAITING_FOR_DATASET, "workers are created once the dataset is ready")
+        st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+        st.in_progress()
+        st.new["message"] = state.message
+    new = c.get(st.new["conditions"], c.DATASET_READY) or {}
+    if (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason")):
+        kind = "Warning" if state.action is FetchAction.FAIL else "Normal"
+        out.events.append((kind, state.reason.value, state.message))
     return out
 
 

@@ -1,4 +1,4 @@
-"""``mlbench-runner``: ``train`` (one rank) and ``launch`` (the launcher pod)."""
+"""``mlbench-runner``: ``train`` (one rank), ``launch`` (the launcher pod), ``fetch-dataset`` (the fetch Job)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mlbench_runner.fetch import add_arguments as add_fetch_arguments
+    from mlbench_runner.fetch import run as run_fetch
     from mlbench_runner.launch import add_launch_arguments, run_launch
 
     configure_logging()
@@ -97,9 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--output-dir", help="override RunConfig.outputDir")
     p_launch = sub.add_parser("launch", help="launcher pod: mpirun every rank, write the termination log")
     add_launch_arguments(p_launch)
+    p_fetch = sub.add_parser("fetch-dataset", help="download a dataset into the dataset volume (the fetch Job)")
+    add_fetch_arguments(p_fetch)
+    p_worker = sub.add_parser("worker", help="worker pod: run sshd (the command after --), report OOM kills")
+    p_worker.add_argument("cmd", nargs=argparse.REMAINDER, help="-- /usr/sbin/sshd ...")
     args = parser.parse_args(argv)
+    if args.command == "worker":
+        from mlbench_runner.worker import run_worker
+
+        return run_worker(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if args.command == "train":
         return _train(args)
+    if args.command == "fetch-dataset":
+        return run_fetch(args)
     return run_launch(args)
 
 

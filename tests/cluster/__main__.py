@@ -1,4 +1,4 @@
-"""``python -m tests.cluster up|down|env|status|build``."""
+"""``python -m tests.cluster up|down|env|status|build|import-image ARCHIVE``."""
 
 import sys
 

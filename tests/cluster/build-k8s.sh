@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build the local control-plane binaries (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok) from Go modules only -- no release
-# downloads.  Output goes to a cache dir keyed by all versions; a stamp file is
+# Build the local cluster's binaries from Go modules only -- no release downloads:
+# the control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# etcd), kwok for simulated nodes, and the real node's agents (kubelet, kube-proxy, built
+# from the same Kubernetes module as the control plane, and CoreDNS for cluster DNS).  Output goes to a cache dir keyed by all versions; a stamp file is
 # written only after every binary succeeded, so an interrupted build is redone.
 #
 # Usage: tests/cluster/build-k8s.sh            (prints the bin dir on stdout)
@@ -11,9 +12,10 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 
 CACHE="${MLBENCH_CACHE:-$HOME/.cache/mlbench}"
-KEY="k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}"
+KEY="k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-coredns-${COREDNS_VERSION}"
 BIN="${CACHE}/${KEY}/bin"
 STAMP="${CACHE}/${KEY}/.complete"
 
@@ -40,7 +42,7 @@ trap 'rm -rf "${WORK}"' EXIT
 
 # ---------------------------------------------------------------- kubernetes
 need_k8s=0
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
   [[ -x "${BIN}/${b}" ]] || need_k8s=1
 done
 if [[ "${need_k8s}" == 1 ]]; then
@@ -66,7 +68,9 @@ if [[ "${need_k8s}" == 1 ]]; then
   go get "k8s.io/kubernetes/cmd/kube-apiserver@${K8S_VERSION}" \
     "k8s.io/kubernetes/cmd/kube-controller-manager@${K8S_VERSION}" \
     "k8s.io/kubernetes/cmd/kube-scheduler@${K8S_VERSION}" \
-    "k8s.io/kubernetes/cmd/kubectl@${K8S_VERSION}"
+    "k8s.io/kubernetes/cmd/kubectl@${K8S_VERSION}" \
+    "k8s.io/kubernetes/cmd/kubelet@${K8S_VERSION}" \
+    "k8s.io/kubernetes/cmd/kube-proxy@${K8S_VERSION}"
   major="${K8S_VERSION#v}"; major="${major%%.*}"
   minor="${K8S_VERSION#v*.}"; minor="${minor%%.*}"
   build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -78,7 +82,7 @@ if [[ "${need_k8s}" == 1 ]]; then
     ldflags+=" -X ${pkg}.gitTreeState=clean"
     ldflags+=" -X ${pkg}.buildDate=${build_date}"
   done
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     if [[ -x "${BIN}/${b}" ]]; then continue; fi
     log "go build ${b}"
     go build -trimpath -ldflags "${ldflags}" -o "${BIN}/${b}.tmp" "k8s.io/kubernetes/cmd/${b}"
@@ -105,7 +109,13 @@ if [[ ! -x "${BIN}/kwok" ]]; then
   GOBIN="${BIN}" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
 fi
 
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok; do
+# ------------------------------------------------------------------- coredns
+if [[ ! -x "${BIN}/coredns" ]]; then
+  log "coredns ${COREDNS_VERSION}"
+  GOBIN="${BIN}" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+fi
+
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok coredns; do
   [[ -x "${BIN}/${b}" ]] || { log "missing ${b}"; exit 1; }
 done
 end=$(date +%s)

@@ -5,9 +5,9 @@ PYTHON ?= .venv/bin/python
 MLBENCH_CACHE ?= $(HOME)/.cache/mlbench
 export MLBENCH_CACHE
 
-.PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status test-cluster
+.PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status cluster-import-image test-cluster test-realnode
 
-## k8s-bins: build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok (cached)
+## k8s-bins: build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, coredns (cached)
 k8s-bins:
 	tests/cluster/build-k8s.sh
 
@@ -19,13 +19,22 @@ cluster-up: k8s-bins
 cluster-down:
 	$(PYTHON) -m tests.cluster down
 
-## cluster-env: eval "$$(make -s cluster-env)" to point kubectl at the cluster
+## cluster-env: eval "$$(make -s cluster-env)" to point kubectl (and ctr: MLBENCH_CONTAINERD_ADDRESS) at the cluster
 cluster-env:
 	@$(PYTHON) -m tests.cluster env
 
 cluster-status:
 	$(PYTHON) -m tests.cluster status
 
+## cluster-import-image: ARCHIVE=img.tar: side-load a docker-archive/OCI tar into the real node's containerd
+cluster-import-image:
+	@test -n "$(ARCHIVE)" || { echo "usage: make cluster-import-image ARCHIVE=path/to/image.tar" >&2; exit 2; }
+	$(PYTHON) -m tests.cluster import-image $(ARCHIVE)
+
 ## test-cluster: tests that need the cluster (the fixture starts/stops it)
 test-cluster: k8s-bins
 	$(PYTHON) -m pytest tests/cluster tests/test_crds_server.py -m cluster
+
+## test-realnode: the real node's tests only (pods in containerd, DNS, Services, OOM, volumes)
+test-realnode: k8s-bins
+	$(PYTHON) -m pytest tests/cluster/test_node.py

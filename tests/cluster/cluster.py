@@ -1,9 +1,13 @@
 """A real, local Kubernetes control plane for tests: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and kwok (fake nodes, simulated pods).
+kube-controller-manager, kube-scheduler and kwok (fake nodes, simulated pods),
+plus, when run as root, ONE real node (``tests/cluster/node.py``: containerd,
+kubelet, kube-proxy, CoreDNS on the bridge ``mlbench0``).
 
 Why: the operator must be exercised against the real API server (OpenAPI and
-CEL validation, RBAC, scheduling, garbage collection) while this machine has no
-container runtime.  Everything listens on 127.0.0.1 only.
+CEL validation, RBAC, scheduling, garbage collection) at scale (kwok) and with
+pods that really run (the real node).  etcd, controller-manager, scheduler and
+kwok listen on 127.0.0.1; the kube-apiserver listens on the bridge address
+10.213.0.1 when the real node runs (pods must reach it), else on 127.0.0.1.
 
 Binaries come from ``tests/cluster/build-k8s.sh`` (built from Go modules and
 cached per version).  State lives in ``$MLBENCH_CACHE/cluster`` (default
@@ -37,6 +41,8 @@ from typing import Any
 
 import yaml
 
+from tests.cluster import node as rn
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-k8s.sh"
 STAGES_FILE = HERE / "kwok-stages.yaml"
@@ -47,6 +53,12 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 #: order matters: started left to right, stopped right to left
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: components that are not a binary named like themselves: a marker in their argv
+ARGV_MARKERS = {"pv-reclaimer": "tests.cluster.pvreclaim"}
+#: bump when the certificates change (new SANs, new identities): the PKI is remade
+PKI_VERSION = "2-realnode"
+#: who runs this machine's real node (there is one bridge and one 10.213.0.1)
+REAL_NODE_OWNER = Path("/run/mlbench-real-node.owner")
 
 
 def cache_root() -> Path:
@@ -80,10 +92,10 @@ def kubectl_path() -> Path:
     return bin_dir() / "kubectl"
 
 
-def free_port() -> int:
-    """A currently free TCP port on loopback (tiny race accepted for tests)."""
+def free_port(host: str = HOST) -> int:
+    """A currently free TCP port on ``host`` (tiny race accepted for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -162,10 +174,10 @@ DEFAULT_NODES: tuple[FakeNode, ...] = (
 
 @dataclass
 class LocalCluster:
-    """Lifecycle of the local control plane rooted at ``root``.
+    """Lifecycle of the local cluster rooted at ``root``.
 
     ``up()`` is idempotent (a healthy running cluster is reused) and
-    ``down()`` is safe to call repeatedly.
+    ``down()`` is safe to call repeatedly, also after a crash.
     """
 
     root: Path = field(default_factory=default_cluster_dir)
@@ -194,6 +206,12 @@ class LocalCluster:
         return self.root / "state.json"
 
     @property
+    def node_paths(self) -> rn.NodePaths:
+        """The real node's dirs: state here, containerd's image store in the cache
+        (a 6 GB runner image is imported once and survives ``down``)."""
+        return rn.NodePaths(self.root / "node", cache_root() / "node-containerd-1.6" / "root")
+
+    @property
     def etcd_data(self) -> Path:
         """etcd data on tmpfs when available: fast and never persisted."""
         tag = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10]
@@ -213,7 +231,7 @@ class LocalCluster:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     # --------------------------------------------------------------- public
-    def up(self, timeout: float = 120.0) -> bool:
+    def up(self, timeout: float = 180.0) -> bool:
         """Start the cluster; return True if this call started it, False if
         a healthy one was already running."""
         with self._lock():
@@ -229,25 +247,54 @@ class LocalCluster:
             return True
 
     def down(self) -> None:
-        """Stop every component this cluster dir started and wipe etcd data."""
+        """Stop every component this cluster dir started, remove the real node's
+        containers, mounts, netns, iptables chains and bridge, wipe etcd data."""
         with self._lock():
             self._stop_all()
 
     def status(self) -> dict[str, bool]:
-        return {c: self._pid_alive(c) is not None for c in COMPONENTS}
+        names = COMPONENTS + (rn.NODE_COMPONENTS if self.real_node() else ())
+        return {c: self._pid_alive(c) is not None for c in names}
 
     def is_up(self) -> bool:
         with self._lock():
             return self._running_and_healthy()
 
+    def state(self) -> dict[str, Any]:
+        """state.json of the running cluster ({} when down)."""
+        try:
+            return dict(json.loads(self.state_file.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def real_node(self) -> rn.RealNodeInfo | None:
+        """The running cluster's real node, or None (see ``real_node_reason``)."""
+        node = self.state().get("real_node")
+        if not node:
+            return None
+        return rn.RealNodeInfo(name=node["name"], containerd_address=node["containerd_address"], ip=node["ip"])
+
+    def real_node_reason(self) -> str:
+        """Why the running cluster has no real node ("" when it has one)."""
+        return str(self.state().get("real_node_reason", "cluster is not running"))
+
+    def import_image(self, archive: Path) -> list[str]:
+        """Import a docker-archive/OCI tar into the real node's containerd (kept
+        across ``down``/``up``); returns the image names imported."""
+        node = self.real_node()
+        if node is None or node.containerd_address is None:
+            raise RuntimeError(f"no real node to import {archive} into: {self.real_node_reason()}")
+        return rn.import_image(Path(node.containerd_address), archive)
+
     # ------------------------------------------------------------- internals
     def _running_and_healthy(self) -> bool:
         if not self.state_file.exists() or not self.kubeconfig.exists():
             return False
-        if not all(self._pid_alive(c) for c in COMPONENTS):
+        state = self.state()
+        names = COMPONENTS + (rn.NODE_COMPONENTS if state.get("real_node") else ())
+        if not all(self._pid_alive(c) for c in names):
             return False
-        state = json.loads(self.state_file.read_text())
-        return self._get_ok(f"https://{HOST}:{state['apiserver_port']}/readyz")
+        return "server" in state and self._get_ok(f"{state['server']}/readyz")
 
     def _pid_alive(self, component: str) -> int | None:
         """PID of a running component we started (checked via /proc cmdline so
@@ -263,7 +310,11 @@ class LocalCluster:
             cmdline = raw.split(b"\0")
         except (OSError, ValueError):
             return None
-        if not cmdline or not cmdline[0].endswith(component.encode()):
+        marker = ARGV_MARKERS.get(component)
+        if marker is not None:
+            if marker.encode() not in cmdline:
+                return None
+        elif not cmdline or not cmdline[0].endswith(component.encode()):
             return None
         if str(self.root).encode() not in b" ".join(cmdline):
             return None
@@ -275,18 +326,61 @@ class LocalCluster:
             return None
         return pid
 
+    def _stop_component(self, component: str, grace: float) -> None:
+        pid = self._pid_alive(component)
+        if pid is not None:
+            self._terminate(pid, grace)
+        (self.pids / f"{component}.pid").unlink(missing_ok=True)
+
     def _stop_all(self) -> None:
+        node_was_here = self._owns_real_node() or (self.node_paths.root.exists() and os.geteuid() == 0)
+        # the node first: its agents, then every container, then containerd
+        for component in ("pv-reclaimer", "kubelet", "kube-proxy", "coredns"):
+            self._stop_component(component, grace=5.0)
+        if self._pid_alive("containerd") is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError, FileNotFoundError):
+                rn.remove_all_containers(self.node_paths.containerd_socket, timeout=20)
+        self._stop_component("containerd", grace=5.0)
         for component in reversed(COMPONENTS):
-            pid = self._pid_alive(component)
-            if pid is not None:
-                self._terminate(pid)
-            (self.pids / f"{component}.pid").unlink(missing_ok=True)
+            self._stop_component(component, grace=10.0)
         for proc in self._procs.values():
             with contextlib.suppress(ChildProcessError, OSError):
                 proc.poll()
         self._procs.clear()
+        if node_was_here and rn.real_node_blocker({}) is None and self._may_touch_real_node():
+            left = rn.host_cleanup(self.node_paths, self._bins_if_built())
+            if left:
+                print(f"warning: could not unmount {left}", file=sys.stderr)
+            for d in ("containerd/state", "kubelet/pods", "kubelet/plugins", "containerd/opt"):
+                subprocess.run(["rm", "-rf", "--one-file-system", str(self.node_paths.root / d)], check=False)
+            if self._owns_real_node():
+                REAL_NODE_OWNER.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(self.etcd_data)], check=False)
         self.state_file.unlink(missing_ok=True)
+
+    def _bins_if_built(self) -> Path | None:
+        try:
+            path = bin_dir()
+        except (subprocess.CalledProcessError, OSError):
+            return None
+        return path if path.is_dir() else None
+
+    def _owns_real_node(self) -> bool:
+        try:
+            return REAL_NODE_OWNER.read_text().strip() == str(self.root.resolve())
+        except OSError:
+            return False
+
+    def _may_touch_real_node(self) -> bool:
+        """True unless ANOTHER cluster dir runs this machine's real node right now."""
+        try:
+            owner = REAL_NODE_OWNER.read_text().strip()
+        except OSError:
+            return True
+        if owner == str(self.root.resolve()):
+            return True
+        other = LocalCluster(root=Path(owner))
+        return not any(other._pid_alive(c) for c in ("containerd", "kubelet"))
 
     @staticmethod
     def _terminate(pid: int, grace: float = 10.0) -> None:
@@ -311,7 +405,7 @@ class LocalCluster:
                             return
                 time.sleep(0.05)
 
-    def _spawn(self, component: str, argv: list[str]) -> None:
+    def _spawn(self, component: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - owned by the child
@@ -324,25 +418,46 @@ class LocalCluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=self.root,
+            env=env,
         )
         log.close()
         self._procs[component] = proc
         (self.pids / f"{component}.pid").write_text(f"{proc.pid}\n")
+
+    def _real_node_plan(self) -> str | None:
+        """None if this ``up`` runs the real node, else why not (logged, kept in
+        state.json); raises if MLBENCH_REAL_NODE=1 and it cannot."""
+        reason = rn.real_node_blocker()
+        if reason is None and not self._may_touch_real_node():
+            reason = f"this machine's real node belongs to the running cluster {REAL_NODE_OWNER.read_text().strip()}"
+        if reason is not None and rn.real_node_required():
+            raise RuntimeError(f"MLBENCH_REAL_NODE=1 but no real node possible: {reason}")
+        return reason
 
     def _start(self, bins: Path, timeout: float) -> None:
         t0 = time.monotonic()
         deadline = t0 + timeout
         self.root.mkdir(parents=True, exist_ok=True)
         self._ensure_pki()
+        no_node_reason = self._real_node_plan()
+        with_node = no_node_reason is None
+        if with_node:
+            REAL_NODE_OWNER.write_text(f"{self.root.resolve()}\n")
+            rn.bridge_up()
+            rn.isolation_up()
+            self._start_containerd()
+        else:
+            print(f"local cluster: no real node ({no_node_reason}); kwok nodes only", file=sys.stderr)
+        api_host = rn.BRIDGE_IP if with_node else HOST
         ports = {
             "etcd_client_port": free_port(),
             "etcd_peer_port": free_port(),
-            "apiserver_port": free_port(),
+            "apiserver_port": free_port(api_host),
             "controller_manager_port": free_port(),
             "scheduler_port": free_port(),
             "kwok_port": free_port(),
         }
-        api = f"https://{HOST}:{ports['apiserver_port']}"
+        api = f"https://{api_host}:{ports['apiserver_port']}"
         self._write_kubeconfigs(api)
         etcd_url = f"http://{HOST}:{ports['etcd_client_port']}"
         peer_url = f"http://{HOST}:{ports['etcd_peer_port']}"
@@ -375,12 +490,16 @@ class LocalCluster:
             [
                 str(bins / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                f"--bind-address={HOST}",
-                f"--advertise-address={HOST}",
+                f"--bind-address={api_host}",
+                f"--advertise-address={api_host}",
                 f"--secure-port={ports['apiserver_port']}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--service-account-issuer={SA_ISSUER}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -441,13 +560,21 @@ class LocalCluster:
                 str(bins / "kwok"),
                 f"--kubeconfig={kc / 'kwok.kubeconfig'}",
                 f"--config={STAGES_FILE}",
+                # only the fake nodes (annotated): the real node has a kubelet
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
                 f"--server-address={HOST}:{ports['kwok_port']}",
                 "--node-lease-duration-seconds=40",
             ],
         )
-        state = {**ports, "server": api, "bin_dir": str(bins), "started": time.time()}
+        state: dict[str, Any] = {
+            **ports,
+            "server": api,
+            "bin_dir": str(bins),
+            "started": time.time(),
+            "real_node": None,
+            "real_node_reason": no_node_reason or "",
+        }
         self.state_file.write_text(json.dumps(state, indent=2))
 
         cm = f"https://{HOST}:{ports['controller_manager_port']}/healthz"
@@ -455,6 +582,13 @@ class LocalCluster:
         self._wait(lambda: self._get_ok(cm), deadline, "kube-controller-manager")
         self._wait(lambda: self._get_ok(sched), deadline, "kube-scheduler")
         self._create_nodes(bins)
+        if with_node:
+            state.update(self._start_node(bins, api, deadline))
+            state["real_node"] = {
+                "name": rn.NODE_NAME,
+                "containerd_address": str(self.node_paths.containerd_socket),
+                "ip": rn.BRIDGE_IP,
+            }
         self._wait(lambda: self._nodes_ready(bins), deadline, "kwok nodes Ready and untainted")
         self._wait(
             lambda: self._kubectl_ok(bins, "-n", "default", "get", "serviceaccount", "default"),
@@ -463,6 +597,118 @@ class LocalCluster:
         )
         state["startup_seconds"] = round(time.monotonic() - t0, 2)
         self.state_file.write_text(json.dumps(state, indent=2))
+
+    # ------------------------------------------------------------ real node
+    def _start_containerd(self) -> None:
+        """containerd first (it needs no apiserver): write the node's configs and
+        start it while the control plane comes up."""
+        paths = self.node_paths
+        for d in paths.all_dirs():
+            d.mkdir(parents=True, exist_ok=True)
+        paths.containerd_config.write_text(rn.containerd_config(paths))
+        rn.write_json(paths.cni_conf_dir / "10-mlbench.conflist", rn.cni_conflist(paths))
+        paths.resolv_conf.write_text("# mlbench test node: cluster DNS only, no upstream resolvers\n")
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        # image pulls go to a proxy that is not there: only imported images exist
+        env.update(HTTP_PROXY=rn.NO_EGRESS_PROXY, HTTPS_PROXY=rn.NO_EGRESS_PROXY, NO_PROXY="")
+        self._spawn("containerd", ["containerd", "--config", str(paths.containerd_config)], env=env)
+
+    def _start_node(self, bins: Path, api: str, deadline: float) -> dict[str, Any]:
+        """Images, RBAC, storage, then CoreDNS, kube-proxy, kubelet, pv-reclaimer;
+        wait for the node Ready and DNS serving.  Returns timings for state.json."""
+        t0 = time.monotonic()
+        paths = self.node_paths
+        sock = paths.containerd_socket
+        node_deadline = min(deadline, t0 + 90)
+        self._wait(
+            lambda: sock.exists() and rn.ctr(sock, "version", check=False, timeout=5).returncode == 0,
+            node_deadline,
+            f"containerd on {sock}",
+        )
+        images = rn.ensure_node_images(sock, paths.images_cache)
+        kc = self.root / "kubeconfigs"
+        self._kubectl_apply(bins, rn.node_rbac())
+        rn.prepare_pv_dirs(paths.pv_dir)
+        self._kubectl_apply(bins, rn.storage_objects(paths.pv_dir))
+
+        ports = {
+            "kubelet_port": free_port(rn.BRIDGE_IP),
+            "kubelet_healthz_port": free_port(),
+            "kube_proxy_healthz_port": free_port(),
+            "kube_proxy_metrics_port": free_port(),
+            "coredns_ready_port": free_port(),
+        }
+        paths.corefile.write_text(rn.corefile(kc / "coredns.kubeconfig", ports["coredns_ready_port"]))
+        paths.kube_proxy_config.write_text(
+            yaml.safe_dump(
+                rn.kube_proxy_config(
+                    kc / "kube-proxy.kubeconfig", ports["kube_proxy_healthz_port"], ports["kube_proxy_metrics_port"]
+                )
+            )
+        )
+        paths.kubelet_config.write_text(
+            yaml.safe_dump(rn.kubelet_config(paths, self.pki, ports["kubelet_port"], ports["kubelet_healthz_port"]))
+        )
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        self._spawn("coredns", rn.coredns_args(bins, paths), env=env)
+        self._spawn(
+            "kube-proxy",
+            [str(bins / "kube-proxy"), f"--config={paths.kube_proxy_config}", "--v=1"],
+            env=env,
+        )
+        rn.ensure_cgroup_root()
+        t_kubelet = time.monotonic()
+        self._spawn("kubelet", rn.kubelet_args(bins, paths, kc / "kubelet.kubeconfig"), env=env)
+        self._spawn(
+            "pv-reclaimer",
+            [
+                sys.executable,
+                "-m",
+                "tests.cluster.pvreclaim",
+                f"--kubectl={bins / 'kubectl'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--pv-dir={paths.pv_dir}",
+            ],
+            env={**env, "PYTHONPATH": str(HERE.parents[1])},
+        )
+        self._wait(lambda: self._real_node_ready(bins), node_deadline, f"real node {rn.NODE_NAME} Ready")
+        node_ready = time.monotonic() - t_kubelet
+        ready_url = f"http://127.0.0.1:{ports['coredns_ready_port']}/ready"
+        self._wait(lambda: self._get_ok(ready_url, tls=False), node_deadline, "CoreDNS ready")
+        kp = f"http://127.0.0.1:{ports['kube_proxy_healthz_port']}/healthz"
+        self._wait(lambda: self._get_ok(kp, tls=False), node_deadline, "kube-proxy healthy")
+        return {
+            **ports,
+            "node_image_seconds": images,
+            "node_ready_after_kubelet_seconds": round(node_ready, 2),
+            "node_start_seconds": round(time.monotonic() - t0, 2),
+        }
+
+    def _real_node_ready(self, bins: Path) -> bool:
+        res = subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "node", rn.NODE_NAME, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if res.returncode != 0:
+            return False
+        node = json.loads(res.stdout)
+        return rn.ready_condition(node) and rn.has_real_node_taint(node)
+
+    def _kubectl_apply(self, bins: Path, docs: list[dict[str, Any]]) -> None:
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+        res = subprocess.run(
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "apply", "-f", "-"],
+            input=body,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if res.returncode != 0:
+            kinds = sorted({f"{d['kind']}/{d['metadata']['name']}" for d in docs})
+            raise RuntimeError(f"kubectl apply of {kinds} failed: {res.stderr.strip()}")
 
     def _wait(self, check: Any, deadline: float, what: str) -> None:
         while True:
@@ -496,7 +742,11 @@ class LocalCluster:
     def _get_ok(self, url: str, tls: bool = True) -> bool:
         try:
             ctx = self._ssl_context() if tls else None
-            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+            # never through a proxy from the environment: everything is local
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+            )
+            with opener.open(url, timeout=2) as resp:
                 return int(resp.status) == 200
         except (urllib.error.URLError, OSError, ssl.SSLError):
             return False
@@ -521,6 +771,8 @@ class LocalCluster:
         )
 
     def _nodes_ready(self, bins: Path) -> bool:
+        """Every fake node Ready and untainted (the real node is checked apart: it
+        carries its taint on purpose)."""
         res = subprocess.run(
             [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "nodes", "-o", "json"],
             capture_output=True,
@@ -529,8 +781,9 @@ class LocalCluster:
         )
         if res.returncode != 0:
             return False
-        items = json.loads(res.stdout)["items"]
-        if len(items) < len(self.nodes):
+        fake = {n.name for n in self.nodes}
+        items = [n for n in json.loads(res.stdout)["items"] if n["metadata"]["name"] in fake]
+        if len(items) < len(fake):
             return False
         for node in items:
             conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
@@ -540,10 +793,11 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ PKI
     def _ensure_pki(self) -> None:
-        """CA, serving cert, client certs and SA key; generated once per
-        cluster dir and reused (EC P-256 keys: fast to make)."""
+        """CA, serving certs, client certs and SA key; generated once per
+        cluster dir (and again when PKI_VERSION changes), EC P-256 keys: fast."""
         pki = self.pki
-        if (pki / ".complete").exists():
+        marker = pki / ".complete"
+        if marker.exists() and marker.read_text().strip() == PKI_VERSION:
             return
         subprocess.run(["rm", "-rf", str(pki)], check=True)
         pki.mkdir(parents=True, mode=0o700)
@@ -569,6 +823,7 @@ class LocalCluster:
         sans = ",".join(
             [
                 f"IP:{HOST}",
+                f"IP:{rn.BRIDGE_IP}",
                 f"IP:{SERVICE_IP}",
                 "DNS:localhost",
                 "DNS:kubernetes",
@@ -586,6 +841,14 @@ class LocalCluster:
             # kwok plays every kubelet (node status, leases, pod status and
             # deletion): simplest truthful identity is a cluster admin.
             "kwok": ("/O=system:masters/CN=kwok-controller", "clientAuth", None),
+            # the real node: kubelet (Node authorizer identity), its serving cert on
+            # the bridge address, kube-proxy (default binding system:node-proxier),
+            # CoreDNS (mlbench:coredns role) and the apiserver's kubelet client
+            "kubelet": (f"/O=system:nodes/CN=system:node:{rn.NODE_NAME}", "clientAuth", None),
+            "kubelet-serving": (f"/CN={rn.NODE_NAME}", "serverAuth", f"IP:{rn.BRIDGE_IP},DNS:{rn.NODE_NAME}"),
+            "kube-proxy": ("/CN=system:kube-proxy", "clientAuth", None),
+            "coredns": ("/CN=mlbench:coredns", "clientAuth", None),
+            "apiserver-kubelet-client": ("/CN=kube-apiserver-kubelet-client", "clientAuth", None),
         }
         for name, (subj, eku, san) in certs.items():
             _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki)
@@ -614,7 +877,7 @@ class LocalCluster:
             )
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
         _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-        (pki / ".complete").write_text("ok\n")
+        marker.write_text(f"{PKI_VERSION}\n")
 
     def _kubeconfig_doc(self, server: str, user: str, cert: str) -> dict[str, Any]:
         pki = self.pki
@@ -646,7 +909,7 @@ class LocalCluster:
     def _write_kubeconfigs(self, server: str) -> None:
         kc = self.root / "kubeconfigs"
         kc.mkdir(parents=True, exist_ok=True)
-        for cert in ("controller-manager", "scheduler", "kwok"):
+        for cert in ("controller-manager", "scheduler", "kwok", "kubelet", "kube-proxy", "coredns"):
             path = kc / f"{cert}.kubeconfig"
             path.write_text(yaml.safe_dump(self._kubeconfig_doc(server, cert, cert)))
             path.chmod(0o600)
@@ -657,11 +920,12 @@ class LocalCluster:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``python -m tests.cluster up|down|env|status [--dir DIR]``."""
+    """CLI: ``python -m tests.cluster up|down|env|status|build|import-image [--dir DIR]``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["up", "down", "env", "status", "build"])
+    parser.add_argument("command", choices=["up", "down", "env", "status", "build", "import-image"])
+    parser.add_argument("archive", nargs="*", type=Path, help="import-image: docker-archive or OCI tar(s)")
     parser.add_argument("--dir", type=Path, default=default_cluster_dir(), help="cluster state dir")
     args = parser.parse_args(argv)
     cluster = LocalCluster(root=args.dir)
@@ -671,7 +935,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.monotonic()
         started = cluster.up()
         verb = "started" if started else "already running"
-        print(f"cluster {verb} in {time.monotonic() - t0:.1f}s; kubeconfig:", file=sys.stderr)
+        node = cluster.real_node()
+        where = f"real node {node.name} + kwok nodes" if node else f"kwok nodes only ({cluster.real_node_reason()})"
+        print(f"cluster {verb} in {time.monotonic() - t0:.1f}s, {where}; kubeconfig:", file=sys.stderr)
         print(cluster.kubeconfig)
     elif args.command == "down":
         cluster.down()
@@ -681,9 +947,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"export MLBENCH_TEST_KUBECONFIG={cluster.kubeconfig}")
         print(f"export MLBENCH_KUBECTL={kubectl_path()}")
         print(f"export PATH={bin_dir()}:$PATH")
+        node = cluster.real_node()
+        if node is not None and node.containerd_address:
+            print(f"export MLBENCH_CONTAINERD_ADDRESS={node.containerd_address}")
+        else:
+            print(f"# no real node: {cluster.real_node_reason()}")
     elif args.command == "status":
         st = cluster.status()
         for name, alive in st.items():
             print(f"{name:26s} {'running' if alive else 'stopped'}")
         return 0 if all(st.values()) else 1
+    elif args.command == "import-image":
+        if not args.archive:
+            parser.error("import-image needs at least one ARCHIVE")
+        for archive in args.archive:
+            t0 = time.monotonic()
+            names = cluster.import_image(archive)
+            took = time.monotonic() - t0
+            print(f"imported {archive} ({', '.join(names) or 'no names'}) in {took:.1f}s", file=sys.stderr)
     return 0

@@ -8,6 +8,9 @@ Fixtures:
   kubectl (session)       callable running kubectl against that cluster.
   kube_api (session)      ``kubernetes.client.ApiClient`` for that cluster.
   namespace (function)    a fresh namespace, deleted afterwards.
+  real_node (session)     ``RealNodeInfo`` of a node that really runs pods (the local
+                          cluster's ``mlbench-node-0``, or any node of an external
+                          cluster that is not kwok's); skips with the reason if none.
 
 ``MLBENCH_KUBECTL`` overrides the kubectl binary (default: the one built by
 ``tests/cluster/build-k8s.sh``, or ``kubectl`` on PATH with an external
@@ -31,6 +34,7 @@ import pytest
 import yaml
 
 from tests.cluster.cluster import LocalCluster, kubectl_path
+from tests.cluster.node import REAL_NODE_KEY, RealNodeInfo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = Path(os.environ.get("MLBENCH_CRD_DIR", REPO_ROOT / "crds" / "bases"))
@@ -50,6 +54,8 @@ class KubeCluster:
     kubectl_bin: str
     started_here: bool
     crds: tuple[str, ...]
+    #: the local cluster when the session runs on it (None with MLBENCH_TEST_KUBECONFIG)
+    local: LocalCluster | None = None
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
@@ -68,6 +74,7 @@ class KubeCluster:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane (kube_cluster fixture)")
+    config.addinivalue_line("markers", "realnode: needs a node that really runs pods (real_node fixture)")
 
 
 def _resolve_kubectl(external: bool) -> str:
@@ -125,12 +132,45 @@ def kube_cluster() -> Iterator[KubeCluster]:
         started = local.up()
         kubeconfig = local.kubeconfig
     try:
-        cluster = KubeCluster(kubeconfig, _resolve_kubectl(bool(external)), started, ())
+        cluster = KubeCluster(kubeconfig, _resolve_kubectl(bool(external)), started, (), local)
         crds = install_crds(cluster)
-        yield KubeCluster(kubeconfig, cluster.kubectl_bin, started, crds)
+        yield KubeCluster(kubeconfig, cluster.kubectl_bin, started, crds, local)
     finally:
         if local is not None and started:
             local.down()
+
+
+def find_real_node(cluster: KubeCluster) -> RealNodeInfo | str:
+    """The node tests may run real pods on, or why there is none.
+
+    Local cluster: its state says.  External cluster: a node labelled
+    ``mlbench.io/real-node=true`` (our local cluster reached via its kubeconfig),
+    else any cluster with a node kwok does not simulate (kind, a cloud cluster).
+    """
+    if cluster.local is not None:
+        node = cluster.local.real_node()
+        return node if node is not None else f"the local cluster has no real node: {cluster.local.real_node_reason()}"
+    res = cluster.kubectl("get", "nodes", "-o", "json")
+    if res.returncode != 0:
+        return f"cannot list nodes: {res.stderr.strip()}"
+    nodes = json.loads(res.stdout)["items"]
+    containerd = os.environ.get("MLBENCH_CONTAINERD_ADDRESS") or None
+    for n in nodes:
+        if (n["metadata"].get("labels") or {}).get(REAL_NODE_KEY) == "true":
+            return RealNodeInfo(name=n["metadata"]["name"], containerd_address=containerd)
+    real = [n for n in nodes if "kwok.x-k8s.io/node" not in (n["metadata"].get("annotations") or {})]
+    if not real:
+        return "the cluster has only kwok (fake) nodes"
+    return RealNodeInfo(name=None, containerd_address=containerd, node_selector={}, tolerations=[], ip=None)
+
+
+@pytest.fixture(scope="session")
+def real_node(kube_cluster: KubeCluster) -> RealNodeInfo:
+    """A node that really runs pods, with the scheduling to reach it; skips if none."""
+    found = find_real_node(kube_cluster)
+    if isinstance(found, str):
+        pytest.skip(f"no real node: {found}")
+    return found
 
 
 @pytest.fixture(scope="session")

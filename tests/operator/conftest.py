@@ -32,6 +32,10 @@ RBAC = REPO / "manifests" / "operator"
 #: (or of other people's sessions on a shared cluster) are never touched.
 SESSION_LABEL = "mlbench.io/test-session"
 SESSION = uuid.uuid4().hex[:12]
+#: The test operator's dataset PVCs ask for this class; the tests bind them to static PVs of the same class
+#: (no provisioner, and independent of a default StorageClass the cluster may have).
+TEST_STORAGE_CLASS = "mlbench-test-static"
+TEST_BACKOFF_LIMIT = 1
 
 
 def free_port() -> int:
@@ -59,6 +63,8 @@ class OperatorProcess:
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
         env.setdefault("MLBENCH_DEBOUNCE_SECONDS", "0.2")
         env["MLBENCH_RUN_SELECTOR"] = f"{SESSION_LABEL}={SESSION}"
+        env["MLBENCH_DATASET_STORAGE_CLASS"] = TEST_STORAGE_CLASS
+        env["MLBENCH_DATASET_BACKOFF_LIMIT"] = str(TEST_BACKOFF_LIMIT)  # each retry costs the Job's 10 s+ backoff
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         log.write(f"\n==== start {self.starts} {time.strftime('%T')}\n".encode())
         self.proc = subprocess.Popen(

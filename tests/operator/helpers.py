@@ -83,3 +83,19 @@ def summary(run_name: str = "r1", world_size: int = 2, goal: bool = True) -> Run
         phases=PhaseTotals(forward=400, backward=500, communication=250),
         environment=Environment(world_size=world_size, backend="gloo"),
     )
+
+
+#: The smoke tarball's sha256 (shared/datasets/cifar10-jpeg.tar.gz).
+JPEG_SHA256 = "0493b9c94c62a5e8a6b98a28016b4eebed4fa9aac8154143eead5d26fc94fabb"
+
+
+def sourced_task(name: str = TASK_NAME, url: str = "http://datasets.example/cifar10-jpeg.tar.gz") -> dict[str, Any]:
+    """The test task with a dataset the operator fetches into the namespace's dataset volume."""
+    out = task(name)
+    out["spec"]["dataset"] = {
+        "name": "cifar10-jpeg",
+        "format": "image-tarball",
+        "path": "/data/cifar10/cifar10-jpeg.tar.gz",
+        "source": {"url": url, "sha256": JPEG_SHA256},
+    }
+    return out

@@ -492,3 +492,60 @@ def test_clean_pod_policy_from_the_raw_spec() -> None:
     assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "All"}}).value == "All"
     assert reconcile.clean_pod_policy({}).value == "Running"
     assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "bogus"}}).value == "Running"
+
+
+# -- root cause: a worker's failure wins over the launcher's echo of it ------------------------------------------
+def _failed_launcher(ctx: builders.RunContext, finished: datetime | None) -> PodView:
+    term = {
+        "exitCode": 1,
+        "reason": "Error",
+        "message": '{"error":"mpirun noticed that process rank 1 exited","exitCode":1}',
+    }
+    if finished is not None:
+        term["finishedAt"] = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return pod(
+        builders.launcher_pod(ctx, 0),
+        phase="Failed",
+        ready=False,
+        containerStatuses=[{"name": "launcher", "state": {"terminated": term}}],
+    )
+
+
+OOM_TEXT = "OOMKilled: the kernel killed 1 process(es) in worker r1-worker-1 for exceeding its memory limit of 256 MiB"
+
+
+@pytest.mark.parametrize(
+    ("worker1", "launcher_finished", "now", "expected"),
+    [
+        # the worker reported first, or together with the launcher: its cause, at once
+        ("oom", T0, T0, ("OOMKilled", None)),
+        ("oom", None, T0, ("OOMKilled", None)),
+        # the launcher failed first while every worker still runs: hold for the grace, then blame it
+        ("running", T0, T0 + timedelta(seconds=2), (None, 8.0)),
+        ("running", T0, T0 + timedelta(seconds=10), ("LauncherFailed", None)),
+        ("running", None, T0, ("LauncherFailed", None)),  # no finish time reported: decide now
+        # a worker's runtime reason says Error but its own message says OOMKilled (the container survived)
+        ("oom-message", T0, T0, ("OOMKilled", None)),
+    ],
+)
+def test_worker_cause_wins_over_the_launcher(
+    worker1: str, launcher_finished: datetime | None, now: datetime, expected: tuple[str | None, float | None]
+) -> None:
+    body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 0}))
+    w0, w1 = workers(ctx)
+    if worker1 == "oom":
+        w1 = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    elif worker1 == "oom-message":
+        w1 = terminated(builders.worker_pod(ctx, 1, 0), 137, message=OOM_TEXT)
+    _, plan = step(body, ctx, [w0, w1, _failed_launcher(ctx, launcher_finished)], now=now)
+    reason, hold = expected
+    if reason is None:
+        assert plan.status.get("phase") != "Failed"
+        assert plan.requeue_after == pytest.approx(hold)
+        return
+    assert plan.status["phase"] == "Failed"
+    assert cond(plan.status, "Failed")["reason"] == reason
+    if reason == "OOMKilled":
+        assert "r1-worker-1" in plan.status["message"]
+    if worker1 == "oom-message":
+        assert "256 MiB" in plan.status["message"]

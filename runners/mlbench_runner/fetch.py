@@ -1,0 +1,347 @@
+"""``mlbench-runner fetch-dataset``: download a dataset into the dataset volume, verified, once.
+
+Runs in the operator's fetch Job with the namespace's dataset PVC mounted read-write at /data:
+
+* idempotent: a marker file next to the data (``<dest>.mlbench-dataset.json``) records the sha256
+  it was verified against; when it matches, the fetch is a no-op (N runs, one download);
+* streaming: the body is hashed while it is written to a temporary file in the destination's
+  folder (same filesystem), then renamed into place, so readers never see half a file and a
+  checksum mismatch leaves nothing behind;
+* safe unpacking: members with absolute names, ``..`` segments, links pointing outside the
+  destination, devices or FIFOs are refused before anything is extracted;
+* failures are classified (:class:`~mlbench_api.datasets.FetchReason`), written as JSON to the
+  termination log and reflected in the exit code, which the Job's podFailurePolicy reads.
+
+Only the standard library: the fetch Job must not depend on torch being importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
+
+CHUNK = 1 << 20
+TIMEOUT_SECONDS = 60.0
+TERMINATION_LOG = "/dev/termination-log"
+
+
+class FetchError(Exception):
+    """A classified failure: the reason becomes the run's condition reason."""
+
+    def __init__(self, reason: FetchReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """What to fetch and where; ``volume`` names the PVC in messages (VolumeFull)."""
+
+    url: str
+    sha256: str
+    dest: Path
+    unpack: bool = False
+    strip_components: int = 0
+    volume: str = ""
+
+    @property
+    def marker(self) -> Path:
+        return marker_path(self.dest)
+
+    def marker_record(self) -> dict[str, object]:
+        """What the marker stores; a different sha256, unpack or strip means "fetch again"."""
+        return {"sha256": self.sha256, "unpack": self.unpack, "stripComponents": self.strip_components}
+
+
+def marker_path(dest: Path) -> Path:
+    """The marker lives next to the data (not inside: a plain file has no inside)."""
+    return dest.with_name(dest.name + MARKER_SUFFIX)
+
+
+def already_there(req: FetchRequest) -> bool:
+    """The data is complete and was verified against this sha256 (the marker is written last)."""
+    try:
+        record = json.loads(req.marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(record, dict):
+        return False
+    wanted = req.marker_record()
+    return all(record.get(k) == v for k, v in wanted.items()) and req.dest.exists()
+
+
+# -- download ----------------------------------------------------------------------------------------------
+def _describe_url_error(url: str, exc: BaseException) -> str:
+    """One line naming the URL and the real cause (DNS, refused, timeout, HTTP status)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"GET {url}: HTTP {exc.code} {exc.reason}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, socket.gaierror):
+        return f"GET {url}: cannot resolve host ({reason.strerror or reason})"
+    if isinstance(reason, ConnectionRefusedError):
+        return f"GET {url}: connection refused"
+    if isinstance(reason, TimeoutError):
+        return f"GET {url}: timed out"
+    return f"GET {url}: {reason}"
+
+
+@contextlib.contextmanager
+def _open(url: str, timeout: float) -> Iterator[BinaryIO]:
+    """The response body; any network or HTTP failure is a SourceUnreachable FetchError."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):  # urllib would also read file:// URLs
+        raise FetchError(FetchReason.SOURCE_UNREACHABLE, f"GET {url}: only http and https URLs are fetched")
+    request = urllib.request.Request(url, headers={"User-Agent": "mlbench-runner fetch-dataset"})
+    try:
+        resp = urllib.request.urlopen(request, timeout=timeout)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise FetchError(FetchReason.SOURCE_UNREACHABLE, _describe_url_error(url, exc)) from exc
+    with resp:
+        yield resp
+
+
+def _volume_full(req: FetchRequest, what: Path) -> FetchError:
+    where = f"volume {req.volume}" if req.volume else f"the volume holding {req.dest.parent}"
+    return FetchError(FetchReason.VOLUME_FULL, f"no space left on {where} while writing {what} (ENOSPC)")
+
+
+def download(req: FetchRequest, into: Path, timeout: float = TIMEOUT_SECONDS) -> None:
+    """Stream ``req.url`` into ``into`` (a temporary file) and verify its sha256 on the way."""
+    digest = hashlib.sha256()
+    size = 0
+    with _open(req.url, timeout) as body, into.open("wb") as out:
+        while True:
+            try:
+                chunk = body.read(CHUNK)
+            except OSError as exc:  # a reset or timeout in the middle of the body
+                raise FetchError(FetchReason.SOURCE_UNREACHABLE, _describe_url_error(req.url, exc)) from exc
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise _volume_full(req, req.dest) from exc
+                raise
+        try:
+            out.flush()
+            os.fsync(out.fileno())
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise _volume_full(req, req.dest) from exc
+            raise
+    got = digest.hexdigest()
+    if got != req.sha256:
+        raise FetchError(
+            FetchReason.CHECKSUM_MISMATCH,
+            f"sha256 of {req.url} ({size} bytes): expected {req.sha256}, got {got}",
+        )
+
+
+# -- safe unpacking ----------------------------------------------------------------------------------------
+def _stripped(name: str, strip: int) -> str | None:
+    """The member's name below the destination after dropping ``strip`` components; None: skip it."""
+    parts = [p for p in PurePosixPath(name).parts if p not in ("", ".")]
+    if PurePosixPath(name).is_absolute() or ".." in parts:
+        raise FetchError(FetchReason.FETCH_FAILED, f"archive member {name!r} escapes the destination")
+    parts = parts[strip:]
+    return "/".join(parts) if parts else None
+
+
+def _link_stays_inside(member_name: str, target: str, hard: bool) -> bool:
+    """Symlink targets are relative to the member's folder, hard links to the archive root."""
+    if PurePosixPath(target).is_absolute():
+        return False
+    base = PurePosixPath() if hard else PurePosixPath(member_name).parent
+    depth = 0
+    for part in (base / target).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
+
+
+def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
+    """Every member renamed for ``strip``, after refusing anything that could write outside the destination."""
+    out = []
+    for member in tar.getmembers():
+        name = _stripped(member.name, strip)
+        if name is None:
+            continue
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise FetchError(FetchReason.FETCH_FAILED, f"archive member {member.name!r} is a device or FIFO")
+        if member.issym() or member.islnk():
+            target = _stripped(member.linkname, strip) if member.islnk() else member.linkname
+            if target is None or not _link_stays_inside(name, target, member.islnk()):
+                raise FetchError(
+                    FetchReason.FETCH_FAILED,
+                    f"archive member {member.name!r} links to {member.linkname!r}, outside the destination",
+                )
+            if member.islnk():
+                member.linkname = target
+        member.name = name
+        member.mode &= 0o755  # no set-uid/gid or world-writable bits: the volume is shared by every run
+        out.append(member)
+    return out
+
+
+def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
+    """Extract ``archive`` (tar, tar.gz, tar.bz2, tar.xz) into the empty folder ``into``.
+
+    Our own checks (:func:`safe_members`) give clear messages; Python's ``data`` filter (PEP 706)
+    stays on underneath as a second line of defence.
+    """
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = safe_members(tar, req.strip_components)
+            if not members:
+                raise FetchError(
+                    FetchReason.FETCH_FAILED,
+                    f"{req.url} holds no files below {req.strip_components} stripped path components",
+                )
+            tar.extractall(into, members=members, filter="data")
+    except tarfile.FilterError as exc:
+        raise FetchError(FetchReason.FETCH_FAILED, f"{req.url}: unsafe archive member refused: {exc}") from exc
+    except tarfile.TarError as exc:
+        raise FetchError(FetchReason.FETCH_FAILED, f"{req.url} is not a readable tar archive: {exc}") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _volume_full(req, req.dest) from exc
+        raise
+
+
+# -- putting it in place ---------------------------------------------------------------------------------------
+def _replace(src: Path, dest: Path) -> None:
+    """Move ``src`` to ``dest``; an old folder there is moved aside first and removed after."""
+    if dest.is_dir() and not dest.is_symlink():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        dest.rename(old)
+        src.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)
+
+
+def _write_marker(req: FetchRequest) -> None:
+    tmp = req.marker.with_name(f".{req.marker.name}.tmp-{os.getpid()}")
+    record = {**req.marker_record(), "url": req.url, "fetchedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, req.marker)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise _volume_full(req, req.marker) from exc
+        raise
+
+
+def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
+    """Make ``req.dest`` hold the verified data. Returns False when it was already there."""
+    if already_there(req):
+        return False
+    parent = req.dest.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        req.marker.unlink(missing_ok=True)  # from here on the data is not known-good
+        work = Path(tempfile.mkdtemp(prefix=f".{req.dest.name}.fetch-", dir=parent))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _volume_full(req, parent) from exc
+        raise FetchError(FetchReason.FETCH_FAILED, f"cannot prepare {parent}: {exc}") from exc
+    try:
+        archive = work / "download"
+        download(req, archive, timeout)
+        if req.unpack:
+            tree = work / "tree"
+            tree.mkdir()
+            unpack(req, archive, tree)
+            archive.unlink()
+            _replace(tree, req.dest)
+        else:
+            _replace(archive, req.dest)
+        _write_marker(req)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _volume_full(req, req.dest) from exc
+        raise FetchError(FetchReason.FETCH_FAILED, f"writing {req.dest}: {exc}") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return True
+
+
+# -- the subcommand ------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="http(s) URL of the file")
+    parser.add_argument("--sha256", required=True, help="expected SHA-256 (64 lowercase hex digits)")
+    parser.add_argument(
+        "--dest", required=True, type=Path, help="the dataset's path (a file, or a folder with --unpack)"
+    )
+    parser.add_argument("--unpack", action="store_true", help="extract the tar archive into --dest")
+    parser.add_argument("--strip-components", type=int, default=0, help="with --unpack: drop leading path components")
+    parser.add_argument("--volume", default="", help="name of the volume (PVC) for error messages")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_SECONDS, help="socket timeout in seconds")
+    parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the JSON failure goes")
+
+
+def write_termination_log(path: str, failure: FetchFailure) -> None:
+    """Best effort: outside a pod /dev/termination-log does not exist."""
+    with contextlib.suppress(OSError):
+        Path(path).write_text(failure.termination_message())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when the data is in place; else the reason's exit code, with the JSON termination message."""
+    req = FetchRequest(
+        url=args.url,
+        sha256=args.sha256.lower(),
+        dest=args.dest,
+        unpack=args.unpack,
+        strip_components=args.strip_components,
+        volume=args.volume,
+    )
+    started = time.monotonic()
+    try:
+        fetched = fetch(req, args.timeout)
+    except FetchError as exc:
+        failure = FetchFailure(exc.reason, exc.message)
+    except Exception as exc:  # a bug or an unforeseen OS error: still one classified line
+        failure = FetchFailure(FetchReason.FETCH_FAILED, f"{type(exc).__name__}: {exc}")
+    else:
+        what = "fetched" if fetched else "already present"
+        print(
+            json.dumps(
+                {
+                    "event": "dataset_" + what.replace(" ", "_"),
+                    "dest": str(req.dest),
+                    "sha256": req.sha256,
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            )
+        )
+        return 0
+    print(json.dumps({"event": "dataset_fetch_failed", "reason": failure.reason.value, "message": failure.message}))
+    write_termination_log(args.termination_log, failure)
+    return int(EXIT_FOR_REASON[failure.reason])

@@ -1,0 +1,775 @@
+"""The test cluster's one REAL node: containerd + runc + CNI bridge + kubelet +
+kube-proxy + CoreDNS on this machine, next to the kwok fake nodes.
+
+Why: the operator's pods must really run somewhere (ssh between workers, mpirun,
+DNS names of a headless Service, datasets on a volume, OOM kills), and kwok only
+simulates pod status.  Everything stays on this machine: pods live on the bridge
+``mlbench0`` (10.213.0.0/24, no masquerading, forwarding off the bridge dropped),
+and the kube-apiserver, kubelet and CoreDNS listen on the bridge address only.
+
+This module holds the pure config builders (unit-tested without root) and the host
+operations (bridge, iptables, cleanup of containers, mounts, netns, cgroups);
+``LocalCluster`` in cluster.py runs the processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.images import BUSYBOX_IMAGE, PAUSE_IMAGE, build_archive, ctr_bin
+
+NODE_NAME = "mlbench-node-0"
+BRIDGE = "mlbench0"
+BRIDGE_IP = "10.213.0.1"
+POD_CIDR = "10.213.0.0/24"
+CLUSTER_DOMAIN = "cluster.local"
+REAL_NODE_KEY = "mlbench.io/real-node"
+REAL_NODE_LABELS = {REAL_NODE_KEY: "true"}
+REAL_NODE_TAINT = {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}
+#: what a pod needs to land on the real node
+REAL_NODE_TOLERATIONS = [{"key": REAL_NODE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+CGROUP_ROOT = "/mlbench-node-0"
+ISOLATION_CHAIN = "MLBENCH-ISOLATION"
+STORAGE_CLASS = "standard"
+LOCAL_PV_LABEL = "mlbench.io/local-pv"
+LOCAL_PV_COUNT = 6
+LOCAL_PV_SIZE = "10Gi"
+#: the processes of the node, in start order (stopped in reverse)
+NODE_COMPONENTS = ("containerd", "coredns", "kube-proxy", "kubelet", "pv-reclaimer")
+#: containerd sends image pulls through this proxy: nothing listens there, so a pull of
+#: an image that was not imported fails at once instead of reaching for the internet
+NO_EGRESS_PROXY = "http://127.0.0.1:9"
+REQUIRED_TOOLS = {
+    "containerd": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
+    "iptables": "iptables",
+    "ip": "iproute2",
+    "mount": "mount",
+}
+CNI_BIN_DIR = Path("/usr/lib/cni")
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+
+
+@dataclass(frozen=True)
+class RealNodeInfo:
+    """What tests need to put pods on a real node and side-load images into it.
+
+    On the local cluster: ``mlbench-node-0`` with its taint/label and its containerd
+    socket.  On another real cluster (``MLBENCH_TEST_KUBECONFIG``): no name, no
+    scheduling constraints, containerd only if ``MLBENCH_CONTAINERD_ADDRESS`` says so.
+    """
+
+    name: str | None
+    containerd_address: str | None
+    node_selector: dict[str, str] = field(default_factory=lambda: dict(REAL_NODE_LABELS))
+    tolerations: list[dict[str, str]] = field(default_factory=lambda: [dict(t) for t in REAL_NODE_TOLERATIONS])
+    ip: str | None = BRIDGE_IP
+
+    def scheduling(self) -> dict[str, Any]:
+        """Pod-spec fields (``nodeSelector`` + ``tolerations``) that place a pod here
+        (empty on a cluster where every node is real)."""
+        out: dict[str, Any] = {}
+        if self.node_selector:
+            out["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            out["tolerations"] = [dict(t) for t in self.tolerations]
+        return out
+
+
+# ----------------------------------------------------------------- preflight
+def real_node_blocker(env: dict[str, str] | None = None) -> str | None:
+    """Why this machine cannot run the real node, or None if it can.
+
+    ``MLBENCH_REAL_NODE=0`` turns it off; the kwok part of the cluster never needs it.
+    """
+    env = dict(os.environ) if env is None else env
+    if env.get("MLBENCH_REAL_NODE", "").strip().lower() in ("0", "false", "no", "off"):
+        return "MLBENCH_REAL_NODE=0"
+    if os.geteuid() != 0:
+        return "not root (a kubelet, containerd and a bridge need root)"
+    if env.get("container"):
+        return f"inside a {env['container']} container"
+    for tool, package in REQUIRED_TOOLS.items():
+        if not shutil.which(tool):
+            return f"{tool} not found (apt-get install {package})"
+    missing = [p for p in CNI_PLUGINS if not (CNI_BIN_DIR / p).exists()]
+    if missing:
+        return f"CNI plugins {missing} not in {CNI_BIN_DIR} (apt-get install containernetworking-plugins)"
+    for binary, package in (("/usr/bin/catatonit", "catatonit"), ("/bin/busybox", "busybox-static")):
+        if not Path(binary).exists():
+            return f"{binary} not found (apt-get install {package})"
+    if not Path("/sys/fs/cgroup/pids").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "no usable cgroup hierarchy under /sys/fs/cgroup"
+    return None
+
+
+def real_node_required(env: dict[str, str] | None = None) -> bool:
+    """``MLBENCH_REAL_NODE=1``: fail ``up`` instead of running without the real node."""
+    env = dict(os.environ) if env is None else env
+    return env.get("MLBENCH_REAL_NODE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# ------------------------------------------------------------ config builders
+@dataclass(frozen=True)
+class NodePaths:
+    """Where the node keeps things: state under the cluster dir (wiped freely),
+    containerd's root (images, snapshots) under the cache (survives ``down``)."""
+
+    root: Path  # <cluster dir>/node
+    containerd_root: Path
+
+    @property
+    def containerd_dir(self) -> Path:
+        return self.root / "containerd"
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.containerd_dir / "config.toml"
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.containerd_dir / "state"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.containerd_dir / "containerd.sock"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
+    def cni_ipam_dir(self) -> Path:
+        return self.root / "cni" / "ipam"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.root / "kube-proxy-config.yaml"
+
+    @property
+    def corefile(self) -> Path:
+        return self.root / "Corefile"
+
+    @property
+    def resolv_conf(self) -> Path:
+        return self.root / "resolv.conf"
+
+    @property
+    def pv_dir(self) -> Path:
+        return self.root / "pv"
+
+    @property
+    def images_cache(self) -> Path:
+        return self.containerd_root.parent / "images"
+
+    def all_dirs(self) -> list[Path]:
+        return [
+            self.containerd_dir,
+            self.containerd_state,
+            self.containerd_root,
+            self.cni_conf_dir,
+            self.cni_ipam_dir,
+            self.kubelet_dir,
+            self.pod_logs,
+            self.pv_dir,
+        ]
+
+
+def containerd_config(paths: NodePaths) -> str:
+    """containerd 1.6 config: CRI with runc (cgroupfs), overlayfs, our own CNI dirs and
+    the locally built pause image.  ``restrict_oom_score_adj`` is required here: without
+    it every sandbox fails with runc's "can't get final child's PID from pipe: EOF"."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    unused = [f"io.containerd.snapshotter.v1.{name}" for name in ("btrfs", "zfs", "devmapper", "aufs")]
+    return f"""version = 2
+root = "{paths.containerd_root}"
+state = "{paths.containerd_state}"
+disabled_plugins = {json.dumps(unused)}
+
+[grpc]
+  address = "{paths.containerd_socket}"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{paths.containerd_dir / "opt"}"
+
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_unprivileged_ports = true
+  enable_unprivileged_icmp = true
+  device_ownership_from_security_context = true
+  max_concurrent_downloads = 3
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{paths.cni_conf_dir}"
+  max_conf_num = 1
+"""
+
+
+def cni_conflist(paths: NodePaths) -> dict[str, Any]:
+    """Bridge + host-local IPAM + portmap (containerd adds loopback itself).
+    ``ipMasq`` stays off: pod traffic never leaves this machine."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "mlbench",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "isDefaultGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR, "gateway": BRIDGE_IP}]],
+                    "dataDir": str(paths.cni_ipam_dir),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def kubelet_config(paths: NodePaths, pki: Path, port: int, healthz_port: int) -> dict[str, Any]:
+    """KubeletConfiguration: x509 + webhook authn/authz, cgroupfs on cgroup v1, our
+    containerd, cluster DNS on the bridge, image GC off (imported images cannot be
+    pulled again), the real-node taint."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": BRIDGE_IP,
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "tlsCertFile": str(pki / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True, "cacheTTL": "30s"},
+            "x509": {"clientCAFile": str(pki / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": CGROUP_ROOT,
+        "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
+        "podLogsDir": str(paths.pod_logs),
+        "clusterDNS": [BRIDGE_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": str(paths.resolv_conf),
+        "registerWithTaints": [dict(REAL_NODE_TAINT)],
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "failSwapOn": False,
+        "serializeImagePulls": False,
+        "shutdownGracePeriod": "0s",
+        "shutdownGracePeriodCriticalPods": "0s",
+        "maxPods": 110,
+        "volumePluginDir": str(paths.root / "volume-plugins"),
+        "runtimeRequestTimeout": "2m",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "nodeStatusUpdateFrequency": "5s",
+    }
+
+
+def kubelet_args(bins: Path, paths: NodePaths, kubeconfig: Path) -> list[str]:
+    return [
+        str(bins / "kubelet"),
+        f"--config={paths.kubelet_config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={paths.kubelet_dir}",
+        f"--cert-dir={paths.root / 'kubelet-pki'}",
+        f"--hostname-override={NODE_NAME}",
+        f"--node-ip={BRIDGE_IP}",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in REAL_NODE_LABELS.items()),
+        "--v=1",
+    ]
+
+
+def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict[str, Any]:
+    """iptables mode on the host; touches no global conntrack/route_localnet sysctls
+    and opens NodePorts on the bridge address only."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "mode": "iptables",
+        "hostnameOverride": NODE_NAME,
+        "bindAddress": BRIDGE_IP,
+        "clusterCIDR": POD_CIDR,
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        "nodePortAddresses": [f"{BRIDGE_IP}/32"],
+        "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    }
+
+
+def corefile(kubeconfig: Path, ready_port: int) -> str:
+    """CoreDNS on the bridge address only, cluster zones only (no upstream: names
+    outside the cluster get SERVFAIL, nothing is forwarded off this machine).  No
+    ``cache``: a worker's name must resolve as soon as its pod is Ready, and a cached
+    NXDOMAIN from a moment before would hide it for the cache's TTL."""
+    return f""".:53 {{
+    bind {BRIDGE_IP}
+    errors
+    ready 127.0.0.1:{ready_port}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig} mlbench-local
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+}}
+"""
+
+
+def coredns_args(bins: Path, paths: NodePaths) -> list[str]:
+    return [str(bins / "coredns"), "-conf", str(paths.corefile), "-pidfile", ""]
+
+
+def node_rbac() -> list[dict[str, Any]]:
+    """RBAC for the node's agents that the default policy lacks: CoreDNS reads
+    Services/EndpointSlices/Pods/Namespaces; the apiserver's kubelet client may call
+    the kubelet API (``kubectl logs/exec``)."""
+    list_watch = ["list", "watch"]
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "mlbench:coredns"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": list_watch},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": list_watch},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "mlbench:coredns"},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "mlbench:coredns"},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "mlbench:coredns"}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "mlbench:apiserver-kubelet-client"},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "kube-apiserver-kubelet-client"}],
+        },
+    ]
+
+
+def storage_objects(pv_dir: Path, count: int = LOCAL_PV_COUNT) -> list[dict[str, Any]]:
+    """Default StorageClass ``standard`` (no provisioner, WaitForFirstConsumer, as a
+    kind cluster has one) and ``count`` local PVs on the real node."""
+    sc = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Retain",
+    }
+    return [sc] + [local_pv(i, pv_dir / f"pv-{i}") for i in range(count)]
+
+
+def local_pv(index: int, path: Path) -> dict[str, Any]:
+    """A ``local`` PV; Retain, and the cluster's pv-reclaimer wipes and frees it once
+    released (what the local static provisioner does in real clusters)."""
+    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"mlbench-local-{index}", "labels": {LOCAL_PV_LABEL: "true"}},
+        "spec": {
+            "capacity": {"storage": LOCAL_PV_SIZE},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "volumeMode": "Filesystem",
+            "local": {"path": str(path)},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
+        },
+    }
+
+
+def prepare_pv_dirs(pv_dir: Path, count: int = LOCAL_PV_COUNT) -> None:
+    """Fresh, empty, world-writable directories (pods run as any uid)."""
+    for i in range(count):
+        d = pv_dir / f"pv-{i}"
+        wipe_dir_contents(d)
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o777)
+
+
+def wipe_dir_contents(d: Path) -> None:
+    """Empty ``d`` without crossing into anything mounted below it."""
+    if not d.is_dir():
+        return
+    for child in d.iterdir():
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(child)], check=False)
+
+
+# ------------------------------------------------------------ host operations
+def _run(*argv: str, timeout: float = 20, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def bridge_up() -> None:
+    """Create the bridge with the gateway address (idempotent)."""
+    if _run("ip", "link", "show", BRIDGE).returncode != 0:
+        _run("ip", "link", "add", BRIDGE, "type", "bridge", check=True)
+    _run("ip", "addr", "replace", f"{BRIDGE_IP}/24", "dev", BRIDGE, check=True)
+    _run("ip", "link", "set", BRIDGE, "up", check=True)
+
+
+def bridge_down() -> None:
+    _run("ip", "link", "del", BRIDGE)
+
+
+def isolation_rules() -> list[list[str]]:
+    """Rules of our FORWARD guard: pod <-> pod on the bridge is fine; anything routed
+    between the bridge and another interface is dropped."""
+    return [
+        ["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"],
+        ["-i", BRIDGE, "-j", "DROP"],
+        ["-o", BRIDGE, "-j", "DROP"],
+    ]
+
+
+def isolation_up() -> None:
+    """Install the guard chain (rebuilt from scratch) and make sure routing on the
+    bridge works (Service VIP -> pod is routed back onto the same bridge)."""
+    isolation_down()
+    _run("iptables", "-w", "-N", ISOLATION_CHAIN, check=True)
+    for rule in isolation_rules():
+        _run("iptables", "-w", "-A", ISOLATION_CHAIN, *rule, check=True)
+    _run("iptables", "-w", "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN, check=True)
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+
+
+def isolation_down() -> None:
+    for _ in range(10):
+        if _run("iptables", "-w", "-D", "FORWARD", "-j", ISOLATION_CHAIN).returncode != 0:
+            break
+    _run("iptables", "-w", "-F", ISOLATION_CHAIN)
+    _run("iptables", "-w", "-X", ISOLATION_CHAIN)
+
+
+def kubelet_chains_down() -> None:
+    """The kubelet's chains (KUBE-FIREWALL, canaries, hint): the jumps to them first,
+    then the chains (kube-proxy --cleanup handles kube-proxy's own)."""
+    chains = {
+        "filter": ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY"),
+        "nat": ("KUBE-KUBELET-CANARY",),
+        "mangle": ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"),
+    }
+    for tool in ("iptables", "ip6tables"):
+        if not shutil.which(tool):
+            continue
+        for table, names in chains.items():
+            rules = _run(tool, "-w", "-t", table, "-S").stdout.splitlines()
+            for rule in rules:
+                words = shlex.split(rule)
+                if words[:1] == ["-A"] and any(f"-j {n}" in rule for n in names):
+                    _run(tool, "-w", "-t", table, "-D", *words[1:])
+            for name in names:
+                if _run(tool, "-w", "-t", table, "-F", name).returncode == 0:
+                    _run(tool, "-w", "-t", table, "-X", name)
+
+
+def ctr(address: Path, *args: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``ctr`` against the node's containerd, in the CRI namespace."""
+    res = subprocess.run(
+        [ctr_bin(), "--address", str(address), "--namespace", "k8s.io", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and res.returncode != 0:
+        raise RuntimeError(f"ctr {' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def image_labels(address: Path, name: str) -> dict[str, str] | None:
+    """Labels of image ``name`` in the node's containerd, None if it is not there."""
+    res = ctr(address, "images", "ls", f"name=={name}", check=False, timeout=15)
+    lines = [ln for ln in res.stdout.splitlines()[1:] if ln.split() and ln.split()[0] == name]
+    if res.returncode != 0 or not lines:
+        return None
+    labels_col = lines[0].split()[-1]
+    out: dict[str, str] = {}
+    for item in labels_col.split(","):
+        if "=" in item:
+            k, v = item.split("=", 1)
+            out[k] = v
+    return out
+
+
+def import_image(address: Path, archive: Path, timeout: float = 1800) -> list[str]:
+    """Import a docker-archive or OCI tar into the node's containerd (namespace
+    k8s.io, unpacked for overlayfs) and return the image names it brought."""
+    if not archive.is_file():
+        raise FileNotFoundError(f"image archive {archive} does not exist")
+    res = ctr(address, "images", "import", "--all-platforms", str(archive), timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"importing {archive} into {address} failed: {res.stderr.strip() or res.stdout.strip()}")
+    names = []
+    for line in (res.stdout + "\n" + res.stderr).splitlines():
+        # ctr prints "unpacking <name> (sha256:...)...done"
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "unpacking":
+            names.append(parts[1])
+    return names
+
+
+def ensure_node_images(address: Path, cache: Path) -> dict[str, float]:
+    """Build (once) and import (once per containerd root) the pause and busybox
+    images; an image is re-imported only when its archive changed (label check)."""
+    took: dict[str, float] = {}
+    for name in (PAUSE_IMAGE, BUSYBOX_IMAGE):
+        t0 = time.monotonic()
+        archive, key = build_archive(name, cache)
+        if (image_labels(address, name) or {}).get("mlbench.io/archive") != key:
+            import_image(address, archive, timeout=120)
+            ctr(address, "images", "label", name, f"mlbench.io/archive={key}", timeout=15)
+        took[name] = round(time.monotonic() - t0, 2)
+    return took
+
+
+def remove_all_containers(address: Path, timeout: float = 30) -> None:
+    """Kill and delete every task and container of the CRI namespace (the kubelet is
+    already stopped; the API objects are wiped with etcd anyway)."""
+    tasks = ctr(address, "tasks", "ls", "-q", check=False, timeout=timeout).stdout.split()
+    if tasks:
+        ctr(address, "tasks", "delete", "--force", *tasks, check=False, timeout=timeout)
+    containers = ctr(address, "containers", "ls", "-q", check=False, timeout=timeout).stdout.split()
+    if containers:
+        ctr(address, "containers", "delete", *containers, check=False, timeout=timeout)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def shim_pids(address: Path) -> list[int]:
+    """containerd shims started by OUR containerd (their ``-address`` is our socket)."""
+    out = []
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if argv and argv[0].endswith("containerd-shim-runc-v2") and str(address) in argv:
+            out.append(pid)
+    return out
+
+
+def cgroup_dirs(root: str = CGROUP_ROOT) -> list[Path]:
+    """The node's cgroup root in every mounted hierarchy (v1 controllers + unified)."""
+    base = Path("/sys/fs/cgroup")
+    rel = root.lstrip("/")
+    out = []
+    if (base / "cgroup.controllers").exists():  # pure cgroup v2
+        out.append(base / rel)
+    else:
+        out += [d / rel for d in base.iterdir() if d.is_dir() and not d.is_symlink()]
+    return [d for d in out if d.is_dir()]
+
+
+def ensure_cgroup_root(root: str = CGROUP_ROOT) -> None:
+    """The kubelet wants its cgroupRoot to exist in every hierarchy (cgroup v1);
+    a new cpuset cgroup is unusable until it has cpus and mems (copied from /)."""
+    base = Path("/sys/fs/cgroup")
+    rel = root.lstrip("/")
+    hierarchies = [base] if (base / "cgroup.controllers").exists() else [d for d in base.iterdir() if d.is_dir()]
+    for h in hierarchies:
+        if not (h / "cgroup.procs").exists():
+            continue  # not a cgroup mount
+        d = h / rel
+        d.mkdir(exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (d / name).exists() and not (d / name).read_text().strip():
+                (d / name).write_text((h / name).read_text())
+
+
+def cgroup_pids(root: str = CGROUP_ROOT) -> set[int]:
+    pids: set[int] = set()
+    for d in cgroup_dirs(root):
+        for procs in d.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in procs.read_text().split())
+    return pids
+
+
+def kill_node_processes(address: Path, root: str = CGROUP_ROOT, timeout: float = 10) -> None:
+    """SIGKILL what containers left behind: every process in the node's cgroups, then
+    our shims; wait until they are gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        victims = cgroup_pids(root) | set(shim_pids(address))
+        if not victims or time.monotonic() > deadline:
+            return
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def remove_cgroups(root: str = CGROUP_ROOT) -> None:
+    """rmdir the node's (now empty) cgroup trees, deepest first."""
+    for d in cgroup_dirs(root):
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+def mounts_under(prefixes: Sequence[Path]) -> list[str]:
+    """Mount points at or below any of ``prefixes`` (deepest first)."""
+    roots = [str(p.resolve()) for p in prefixes]
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = line.split()[4].replace("\\040", " ")
+        if any(mp == r or mp.startswith(r + "/") for r in roots):
+            out.append(mp)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def unmount_all(prefixes: Sequence[Path]) -> list[str]:
+    """Unmount everything below ``prefixes`` (pod volumes, rootfs, shm); returns
+    what could not be unmounted."""
+    left = []
+    for mp in mounts_under(prefixes):
+        if _run("umount", mp).returncode != 0 and _run("umount", "-l", mp).returncode != 0:
+            left.append(mp)
+    return left
+
+
+def pod_netns() -> list[str]:
+    """Network namespaces the CRI created for pods on our bridge (an address in
+    POD_CIDR), e.g. left behind when sandboxes were killed without CNI teardown."""
+    netns_dir = Path("/run/netns")
+    if not netns_dir.is_dir():
+        return []
+    prefix = POD_CIDR.rsplit(".", 1)[0] + "."
+    out = []
+    for ns in sorted(netns_dir.iterdir()):
+        if not ns.name.startswith("cni-"):
+            continue
+        res = _run("ip", "-n", ns.name, "-4", "-o", "addr", "show", timeout=5)
+        if res.returncode == 0 and f" {prefix}" in res.stdout:
+            out.append(ns.name)
+    return out
+
+
+def remove_pod_netns() -> None:
+    for name in pod_netns():
+        _run("ip", "netns", "delete", name, timeout=5)
+
+
+def kube_proxy_cleanup(bins: Path) -> None:
+    """Remove kube-proxy's iptables chains (idempotent, needs no apiserver)."""
+    binary = bins / "kube-proxy"
+    if binary.exists():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _run(str(binary), "--cleanup", timeout=30)
+
+
+def host_cleanup(paths: NodePaths, bins: Path | None) -> list[str]:
+    """Undo everything the node did to this machine, whatever state it crashed in.
+    Returns the problems it could not fix (mounts that stayed)."""
+    kill_node_processes(paths.containerd_socket)
+    left = unmount_all([paths.root, paths.containerd_root])
+    remove_pod_netns()
+    if bins is not None:
+        kube_proxy_cleanup(bins)
+    kubelet_chains_down()
+    isolation_down()
+    bridge_down()
+    remove_cgroups()
+    subprocess.run(["rm", "-rf", "--one-file-system", str(paths.cni_ipam_dir)], check=False)
+    return left
+
+
+def ready_condition(node: dict[str, Any]) -> bool:
+    conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+    return conds.get("Ready") == "True"
+
+
+def has_real_node_taint(node: dict[str, Any]) -> bool:
+    taints = node.get("spec", {}).get("taints") or []
+    return any(t.get("key") == REAL_NODE_KEY and t.get("effect") == "NoSchedule" for t in taints)
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,324 @@
+"""End-to-end fixtures: built images, the operator installed as a user installs it, real pods.
+
+Everything here goes through what a user has: ``make images`` (hack/images.sh), ``kubectl apply
+-k`` of the shipped manifests (tests/e2e/deploy only adds the test cluster's scheduling), a
+namespace that enforces the ``restricted`` Pod Security Standard, and the dataset mechanism of
+the operator (a task whose ``dataset.source`` points at an HTTP server inside the cluster that
+serves ``../shared/datasets/cifar10-jpeg.tar.gz``; nothing is prepared on a volume by hand).
+
+On the local test cluster the pods run on its real node (kubelet + containerd). With
+``MLBENCH_TEST_KUBECONFIG`` the same tests run against any real cluster whose nodes can run
+the images ``docker.io/mlbench/mlbench-{operator,runner}:0.1.0`` (push or side-load them first;
+set ``MLBENCH_E2E_BUILD_IMAGES=0`` to skip the local build).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.node import RealNodeInfo
+from tests.cluster.plugin import KubeCluster
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = Path(__file__).resolve().parent / "deploy"
+DATASET = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
+BUSYBOX = "docker.io/mlbench/busybox:test"
+E2E_LABEL = {"mlbench.io/e2e": "true"}
+SESSION = uuid.uuid4().hex[:6]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class E2E:
+    """One e2e namespace on a cluster with the operator installed."""
+
+    cluster: KubeCluster
+    namespace: str
+    scheduling: dict[str, Any]
+    containerd_address: str | None
+    dataset_url: str
+    dataset_sha256: str
+    tasks: list[str] = field(default_factory=list)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def apply(self, body: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+    def task(self, name: str) -> str:
+        """A cluster-scoped open-division task: the smoke recipe, shortened, with a sourced dataset."""
+        smoke = yaml.safe_load((REPO / "manifests/catalog/cifar10-resnet20-smoke.yaml").read_text())
+        spec = smoke["spec"]
+        spec["description"] = "e2e test task (NOT a result): the smoke recipe on 1024 JPEG CIFAR-10 images"
+        spec["dataset"].update(
+            trainSubset=1024,
+            testSubset=512,
+            source={"url": self.dataset_url, "sha256": self.dataset_sha256},
+        )
+        spec["training"]["maxEpochs"] = 3
+        spec["training"]["learningRate"]["milestones"] = [2]
+        spec["goal"].update(target=0.15, lightTarget=0.12)
+        full = f"e2e-{SESSION}-{name}"
+        self.apply(
+            {
+                "apiVersion": "mlbench.io/v1alpha1",
+                "kind": "BenchmarkTask",
+                "metadata": {"name": full, "labels": E2E_LABEL},
+                "spec": spec,
+            }
+        )
+        self.tasks.append(full)
+        return full
+
+    def run(self, name: str, task: str, **spec: Any) -> str:
+        body = {
+            "apiVersion": "mlbench.io/v1alpha1",
+            "kind": "BenchmarkRun",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": E2E_LABEL},
+            "spec": {
+                "taskRef": {"name": task},
+                "workers": 2,
+                "resources": {"cpu": "500m", "memory": "2Gi"},
+                "scheduling": self.scheduling,
+                "runPolicy": {"maxRestarts": 2, "cleanPodPolicy": "None"},
+                **spec,
+            },
+        }
+        self.apply(body)
+        return name
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        out = self.kubectl("get", kind, name, "-n", self.namespace, "-o", "json")
+        return dict(json.loads(out.stdout))
+
+    def status(self, run: str) -> dict[str, Any]:
+        return dict(self.get("benchmarkrun", run).get("status") or {})
+
+    def wait_status(
+        self,
+        run: str,
+        pred: Callable[[dict[str, Any]], Any],
+        timeout: float,
+        what: str,
+        every: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(run)
+            if pred(st):
+                return st
+            if every is not None:
+                every()
+            if time.monotonic() > deadline:
+                brief = json.dumps(st)[:3000]
+                pytest.fail(f"{run}: timed out after {timeout}s waiting for {what}; status: {brief}\n{self.debug(run)}")
+            time.sleep(1)
+
+    def wait_finished(self, run: str, timeout: float = 600, every: Callable[[], None] | None = None) -> dict[str, Any]:
+        return self.wait_status(
+            run, lambda s: s.get("phase") in ("Succeeded", "Failed"), timeout, "a final phase", every
+        )
+
+    def get_br(self, run: str) -> dict[str, str]:
+        """``kubectl get br RUN`` as a user sees it: printer columns by header."""
+        out = self.kubectl("get", "br", run, "-n", self.namespace).stdout.splitlines()
+        header, row = out[0], out[1]
+        starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+        cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        return dict(zip(names, cells, strict=True))
+
+    def events(self, run: str) -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get", "events", "-n", self.namespace, "--field-selector", f"involvedObject.name={run}", "-o", "json"
+        )
+        return list(json.loads(out.stdout)["items"])
+
+    def logs(self, pod: str, container: str | None = None) -> str:
+        args = ["logs", pod, "-n", self.namespace] + (["-c", container] if container else [])
+        return self.kubectl(*args, check=False).stdout
+
+    def debug(self, run: str) -> str:
+        pods = self.kubectl("get", "pods,jobs,pvc", "-n", self.namespace, "-o", "wide", check=False).stdout
+        events = self.kubectl("get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp", check=False).stdout
+        return (
+            f"--- objects\n{pods}\n--- events\n{events[-4000:]}\n--- launcher\n{self.logs(f'{run}-launcher')[-3000:]}"
+        )
+
+    def kill_container(self, pod: str) -> None:
+        """SIGKILL the pod's main container, as a crashing process or the OOM killer would."""
+        body = self.get("pod", pod)
+        cid = body["status"]["containerStatuses"][0]["containerID"]
+        if self.containerd_address and cid.startswith("containerd://"):
+            subprocess.run(
+                [
+                    "ctr",
+                    "--address",
+                    self.containerd_address,
+                    "-n",
+                    "k8s.io",
+                    "tasks",
+                    "kill",
+                    "-s",
+                    "SIGKILL",
+                    cid.split("://", 1)[1],
+                ],
+                check=True,
+                capture_output=True,
+            )
+        else:  # another cluster: kill every process of the container from inside
+            self.kubectl("exec", pod, "-n", self.namespace, "--", "sh", "-c", "kill -9 -1", check=False)
+
+
+def _build_images(containerd_address: str | None) -> None:
+    if os.environ.get("MLBENCH_E2E_BUILD_IMAGES", "1") == "0":
+        return
+    env = dict(os.environ)
+    if containerd_address:
+        env["MLBENCH_CONTAINERD_ADDRESS"] = containerd_address
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack/images.sh"), "--debian-base", "--load"],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"hack/images.sh failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+
+
+def _install_operator(cluster: KubeCluster) -> None:
+    """As the README says: the CRDs first (the catalog's tasks need them Established), then everything."""
+    cluster.kubectl("apply", "-k", str(REPO / "crds/bases"), check=True)
+    cluster.kubectl(
+        "wait",
+        "--for",
+        "condition=Established",
+        "crd/benchmarktasks.mlbench.io",
+        "crd/benchmarkruns.mlbench.io",
+        check=True,
+    )
+    cluster.kubectl("apply", "-k", str(DEPLOY), check=True)
+    # a rebuilt image under the same tag needs a new pod (IfNotPresent keeps the old one otherwise)
+    cluster.kubectl("rollout", "restart", "deployment/mlbench-operator", "-n", "mlbench-system", check=True)
+    res = cluster.kubectl(
+        "rollout", "status", "deployment/mlbench-operator", "-n", "mlbench-system", "--timeout=180s", timeout=200
+    )
+    if res.returncode != 0:
+        pods = cluster.kubectl("get", "pods,events", "-n", "mlbench-system", "-o", "wide").stdout
+        logs = cluster.kubectl("logs", "deployment/mlbench-operator", "-n", "mlbench-system", "--tail=50").stdout
+        pytest.fail(f"the operator Deployment did not become available: {res.stderr}\n{pods}\n{logs}")
+
+
+def _dataset_server(cluster: KubeCluster, namespace: str, scheduling: dict[str, Any]) -> None:
+    """busybox httpd in the namespace serving the JPEG CIFAR-10 tarball (copied in with kubectl cp)."""
+    labels = {"app": "datasets"}
+    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "datasets", "namespace": namespace, "labels": labels},
+        "spec": {
+            **scheduling,
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "runAsGroup": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "httpd",
+                    "image": BUSYBOX,
+                    "command": ["httpd", "-f", "-v", "-p", "8080", "-h", "/srv"],
+                    "ports": [{"containerPort": 8080}],
+                    "volumeMounts": [{"name": "srv", "mountPath": "/srv"}],
+                    "securityContext": security,
+                }
+            ],
+            "volumes": [{"name": "srv", "emptyDir": {}}],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "datasets", "namespace": namespace},
+        "spec": {"selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]},
+    }
+    for body in (pod, service):
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body), check=True)
+    cluster.kubectl("wait", "--for=condition=Ready", "pod/datasets", "-n", namespace, "--timeout=120s", check=True)
+    cluster.kubectl("cp", str(DATASET), f"{namespace}/datasets:/srv/{DATASET.name}", check=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
+    """Images built and loaded, the operator running as a Deployment, a restricted namespace with data."""
+    if not DATASET.exists():
+        pytest.skip(f"{DATASET} is not there")
+    _build_images(real_node.containerd_address)
+    _install_operator(kube_cluster)
+    namespace = f"mlbench-e2e-{SESSION}"
+    kube_cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        check=True,
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": namespace,
+                    "labels": {
+                        "pod-security.kubernetes.io/enforce": "restricted",
+                        "pod-security.kubernetes.io/enforce-version": "latest",
+                    },
+                },
+            }
+        ),
+    )
+    scheduling = real_node.scheduling()
+    _dataset_server(kube_cluster, namespace, scheduling)
+    env = E2E(
+        cluster=kube_cluster,
+        namespace=namespace,
+        scheduling=scheduling,
+        containerd_address=real_node.containerd_address,
+        dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
+        dataset_sha256=sha256(DATASET),
+    )
+    yield env
+    kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    if env.tasks:
+        kube_cluster.kubectl("delete", "benchmarktask", *env.tasks, "--wait=false")
+    # the Deployment only: the CRDs and the catalog stay for the other tests of the session
+    kube_cluster.kubectl("delete", "deployment", "mlbench-operator", "-n", "mlbench-system", "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def e2e_task(e2e: E2E) -> str:
+    """The shortened smoke task, its dataset fetched by the operator from the in-cluster server."""
+    return e2e.task("cifar10")

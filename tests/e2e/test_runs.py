@@ -1,0 +1,116 @@
+"""BenchmarkRuns that train in real pods: sshd, mpirun over ssh between pods, real collectives.
+
+Each test applies a run the way a user does and watches what a user sees: ``kubectl get br``
+(phase, epoch, accuracy, time to goal), the run's conditions and Events, the launcher's log.
+The data arrives through the operator's dataset mechanism (see conftest.py). Figures printed
+here come from the JPEG copy of CIFAR-10 in shared/datasets, on 1024 training images: they
+test the plumbing, they are not results.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import E2E
+
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def _watch_columns(e2e: E2E, run: str, seen: list[dict[str, str]]) -> Any:
+    """Record ``kubectl get br`` rows while the run trains (to show progress appears live)."""
+
+    def every() -> None:
+        row = e2e.get_br(run)
+        if row.get("PHASE") == "Running" and row.get("EPOCH"):
+            seen.append(row)
+
+    return every
+
+
+def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str) -> None:
+    assert st.get("phase") == "Succeeded", f"{run} did not succeed: {json.dumps(st)[:2000]}\n{e2e.debug(run)}"
+    result = st["result"]
+    assert result["worldSize"] == 2
+    assert result["epochs"] >= 1
+    assert 0.0 < result["finalAccuracy"] <= 1.0
+    assert result["timeToGoalSeconds"] is not None
+    assert result["timeToGoalSeconds"] > 0
+    row = e2e.get_br(run)
+    assert row["PHASE"] == "Succeeded"
+    assert row["BACKEND"] == backend
+    assert row["TIME-TO-GOAL"] not in ("", "<none>")
+    assert row["ACCURACY"] not in ("", "<none>")
+    log = e2e.logs(f"{run}-launcher")
+    # both ranks' output comes back through mpirun's ssh to the workers' DNS names
+    assert "rank" in log.lower(), log[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str) -> None:
+    run = e2e.run(f"train-{backend}", e2e_task, backend=backend)
+    seen: list[dict[str, str]] = []
+    st = e2e.wait_finished(run, every=_watch_columns(e2e, run, seen))
+    _assert_succeeded(e2e, run, st, backend)
+    assert seen, "kubectl get br never showed an epoch while the run was Running"
+    assert _condition(st, "DatasetReady").get("status") == "True"
+    print(f"\n{backend}: {e2e.get_br(run)}")
+
+
+def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
+    run = e2e.run("killed-worker", e2e_task, overrides={"maxEpochs": 3})
+    e2e.wait_status(
+        run, lambda s: s.get("phase") == "Running" and (s.get("progress") or {}).get("step"), 600, "training steps"
+    )
+    e2e.kill_container(f"{run}-worker-1")
+    st = e2e.wait_finished(run)
+    _assert_succeeded(e2e, run, st, "gloo")
+    assert st["restarts"] == 1
+    restarts = [ev for ev in e2e.events(run) if ev["reason"] == "Restarting"]
+    assert restarts, e2e.debug(run)
+    message = restarts[0]["message"]
+    assert "restart 1/2" in message, message
+    assert f"{run}-" in message, message
+
+
+def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None:
+    run = e2e.run(
+        "oom",
+        e2e_task,
+        resources={"cpu": "500m", "memory": "256Mi"},
+        runPolicy={"maxRestarts": 0, "cleanPodPolicy": "None"},
+    )
+    st = e2e.wait_finished(run)
+    assert st["phase"] == "Failed", e2e.debug(run)
+    failed = _condition(st, "Failed")
+    assert failed.get("reason") == "OOMKilled", json.dumps(st)[:2000]
+    assert "worker" in failed["message"]
+    assert "memory" in failed["message"].lower()
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ({"sha256": "0" * 64}, "ChecksumMismatch"),
+        ({"url": "http://no-such-service.invalid:8080/cifar10.tar.gz"}, "SourceUnreachable"),
+    ],
+    ids=["checksum", "unreachable"],
+)
+def test_bad_dataset_source_fails_with_a_clear_reason(
+    e2e: E2E, e2e_task: str, source: dict[str, str], reason: str
+) -> None:
+    """A run may point the (open-division) task at another source: a wrong one fails before any worker."""
+    override = {"url": e2e.dataset_url, "sha256": e2e.dataset_sha256, **source}
+    run = e2e.run(f"bad-{reason.lower()}", e2e_task, overrides={"datasetSource": override})
+    st = e2e.wait_finished(run, timeout=300)
+    assert st["phase"] == "Failed"
+    failed = _condition(st, "Failed")
+    assert failed.get("reason") == reason, json.dumps(st)[:2000]
+    selector = f"mlbench.io/run={run},mlbench.io/role=worker"
+    assert not e2e.kubectl("get", "pods", "-n", e2e.namespace, "-l", selector, "-o", "name").stdout.strip()

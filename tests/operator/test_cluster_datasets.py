@@ -1,0 +1,215 @@
+"""Sourced datasets and restricted Pod Security against the real control plane (kwok nodes).
+
+kwok plays the kubelet: a fetch Job's pod finishes only when the test annotates it (exit code and
+termination message), exactly as the real fetcher would end; the Job controller, its
+podFailurePolicy and the PV binder are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
+from mlbench_operator import builders, reconcile
+from mlbench_operator import conditions as c
+from tests.cluster.plugin import KubeCluster, wait_for
+from tests.operator import helpers as h
+from tests.operator.conftest import TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
+
+pytestmark = pytest.mark.cluster
+
+SOURCED_TASK = "optest-sourced"
+PVC = "mlbench-datasets"
+
+
+@pytest.fixture(scope="module")
+def sourced_task(kube_cluster: KubeCluster) -> Iterator[str]:
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(h.sourced_task(SOURCED_TASK)), check=True)
+    yield SOURCED_TASK
+    kube_cluster.kubectl("delete", "benchmarktask", SOURCED_TASK, "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture
+def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
+    """A PV pre-bound to the namespace's dataset PVC (no provisioner; the class is the test operator's)."""
+    name = f"mlbench-test-{uuid.uuid4().hex[:8]}"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "20Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": TEST_STORAGE_CLASS,
+            "claimRef": {"namespace": namespace, "name": PVC},
+            "hostPath": {"path": f"/tmp/{name}"},  # never mounted: kwok runs nothing
+        },
+    }
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(pv), check=True)
+    yield name
+    kube_cluster.kubectl("delete", "pv", name, "--ignore-not-found", "--wait=false")
+
+
+def job_name() -> str:
+    ctx = reconcile.admit(h.run(), h.sourced_task(SOURCED_TASK))
+    assert not isinstance(ctx, reconcile.Rejection)
+    return builders.fetch_job_name(ctx[0].task.dataset)
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = c.get(status.get("conditions"), type_)
+    assert found is not None, f"no {type_} in {status.get('conditions')}"
+    return found
+
+
+def dataset_reason(status: dict[str, Any]) -> str | None:
+    found = c.get(status.get("conditions"), c.DATASET_READY)
+    return None if found is None else f"{found['status']}/{found['reason']}"
+
+
+def fetch_pod(runs: Runs, job: str, phase: str = "Running") -> str:
+    """The Job's newest pod once kwok runs it."""
+
+    def find() -> str | None:
+        out = runs.kubectl("get", "pods", "-l", f"batch.kubernetes.io/job-name={job}", "-o", "json").stdout
+        pods = [p for p in json.loads(out)["items"] if p["status"].get("phase") == phase]
+        pods.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+        return pods[-1]["metadata"]["name"] if pods else None
+
+    return str(wait_for(find, timeout=60, what=f"a {phase} pod of Job {job}"))
+
+
+def test_a_sourced_dataset_is_fetched_before_any_worker(runs: Runs, sourced_task: str, volume: str) -> None:
+    name = "fetched"
+    runs.apply(h.run(name, workers=2, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/Fetching" and s, what="Fetching")
+    assert status["phase"] == "Pending"
+    assert cond(status, "WorkersReady")["reason"] == "WaitingForDataset"
+
+    # the shared, unowned volume and the deterministic Job
+    pvc = runs.get("pvc", PVC)
+    assert pvc is not None
+    assert not pvc["metadata"].get("ownerReferences")
+    assert pvc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mlbench-operator"
+    assert pvc["spec"]["storageClassName"] == TEST_STORAGE_CLASS  # MLBENCH_DATASET_STORAGE_CLASS
+    job = job_name()
+    obj = runs.get("job", job)
+    assert obj is not None
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:2] == ["mlbench-runner", "fetch-dataset"]
+    assert "--dest" in container["command"]
+
+    pod = fetch_pod(runs, job)
+    assert runs.pods(name) == {}  # no worker while the data is not there
+    runs.fail_pod(pod, 0)  # exit 0: fetched
+    status = runs.wait_phase(name, "Running", timeout=90)
+    assert dataset_reason(status) == "True/Fetched"
+    worker = runs.pods(name)[f"{name}-worker-0"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": PVC, "readOnly": True}} in worker["spec"]["volumes"]
+
+    # a second run in the namespace shares the fetched data: no new Job, no new pod
+    runs.apply(h.run("again", workers=1, task_name=sourced_task))
+    status = runs.wait_phase("again", "Running", timeout=60)
+    assert dataset_reason(status) == "True/Fetched"
+    again = runs.get("job", job)
+    assert again is not None
+    assert again["metadata"]["uid"] == obj["metadata"]["uid"]
+
+    def reasons() -> set[str]:
+        out = runs.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+        return {e["reason"] for e in json.loads(out)["items"]}
+
+    wait_for(lambda: {"Fetching", "Fetched"} <= reasons(), timeout=20, what="dataset Events")
+
+
+def test_a_checksum_mismatch_fails_the_run_and_a_new_run_fetches_again(
+    runs: Runs, sourced_task: str, volume: str
+) -> None:
+    name = "mismatch"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    job = job_name()
+    pod = fetch_pod(runs, job)
+    message = f"sha256 of http://datasets.example/cifar10-jpeg.tar.gz (5 bytes): expected {h.JPEG_SHA256}, got abc"
+    failure = FetchFailure(FetchReason.CHECKSUM_MISMATCH, message)
+    runs.fail_pod(pod, int(FetchExit.CHECKSUM_MISMATCH), failure.termination_message())
+    status = runs.wait_phase(name, "Failed", timeout=60)
+    failed = cond(status, "Failed")
+    assert (failed["reason"], failed["message"]) == ("ChecksumMismatch", message)
+    assert dataset_reason(status) == "False/ChecksumMismatch"
+    assert runs.pods(name) == {}
+    obj = runs.get("job", job)
+    assert obj is not None
+    assert obj["status"].get("failed") == 1  # permanent: podFailurePolicy failed the Job at once, no retry
+    old_uid = obj["metadata"]["uid"]
+
+    # The namespace is not wedged: a run admitted after the failure replaces the failed Job. (Times have
+    # second precision; a run admitted in the failure's own second shares the verdict.)
+    time.sleep(1.1)
+    runs.apply(h.run("retry", workers=1, task_name=sourced_task))
+
+    def replaced() -> bool:
+        new = runs.get("job", job)
+        return new is not None and new["metadata"]["uid"] != old_uid
+
+    wait_for(replaced, timeout=60, what="the failed fetch Job replaced")
+    status = runs.wait_status("retry", lambda s: dataset_reason(s) == "False/Fetching" and s, what="Fetching")
+    assert status["phase"] == "Pending"
+    runs.fail_pod(fetch_pod(runs, job), 0)
+    runs.wait_phase("retry", "Running", timeout=90)
+    assert runs.status(name)["phase"] == "Failed"  # the first run's verdict stands
+
+
+def test_an_unreachable_source_is_retried_then_fails(runs: Runs, sourced_task: str, volume: str) -> None:
+    name = "unreachable"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    job = job_name()
+    message = "GET http://datasets.example/cifar10-jpeg.tar.gz: connection refused"
+    failure = FetchFailure(FetchReason.SOURCE_UNREACHABLE, message).termination_message()
+    runs.fail_pod(fetch_pod(runs, job), int(FetchExit.SOURCE_UNREACHABLE), failure)
+    status = runs.wait_status(
+        name, lambda s: "retry 1" in cond(s, c.DATASET_READY)["message"] and s, timeout=60, what="retry shown"
+    )
+    assert status["phase"] == "Pending"
+    assert "last attempt: SourceUnreachable: " + message in cond(status, c.DATASET_READY)["message"]
+    for attempt in range(2, TEST_BACKOFF_LIMIT + 2):  # the (backoffLimit + 1)th failure fails the Job
+        runs.fail_pod(fetch_pod(runs, job), int(FetchExit.SOURCE_UNREACHABLE), failure)
+        wait_for(lambda: _failed_pods(runs, job) >= attempt, timeout=60, what="the attempt counted")  # noqa: B023
+    status = runs.wait_phase(name, "Failed", timeout=90)
+    assert (cond(status, "Failed")["reason"], cond(status, "Failed")["message"]) == ("SourceUnreachable", message)
+
+
+def _failed_pods(runs: Runs, job: str) -> int:
+    obj = runs.get("job", job)
+    return int(((obj or {}).get("status") or {}).get("failed") or 0)
+
+
+def test_restricted_namespace_admits_every_pod(
+    runs: Runs, sourced_task: str, volume: str, kube_cluster: KubeCluster, namespace: str
+) -> None:
+    kube_cluster.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite", check=True
+    )
+    # the admission plugin is live: a privileged pod is refused in this namespace
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]},
+    }
+    refused = kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(bad))
+    assert refused.returncode != 0
+    assert "violates PodSecurity" in refused.stderr
+
+    name = "restricted"
+    runs.apply(h.run(name, workers=2, task_name=sourced_task))
+    runs.fail_pod(fetch_pod(runs, job_name()), 0)  # the fetch Job's pod was admitted
+    status = runs.wait_phase(name, "Running", timeout=90)  # workers, then the launcher, admitted
+    assert set(runs.pods(name)) == {f"{name}-worker-0", f"{name}-worker-1", f"{name}-launcher"}
+    assert "CreateFailed" not in json.dumps(status["conditions"])

@@ -1,0 +1,308 @@
+"""``mlbench-runner fetch-dataset`` against a real local HTTP server (and a real tiny tmpfs for ENOSPC)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import socket
+import subprocess
+import tarfile
+import threading
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
+from mlbench_runner.cli import main
+from mlbench_runner.fetch import FetchError, FetchRequest, _describe_url_error, fetch, marker_path
+
+
+class Server:
+    """http.server in a thread serving a folder; counts GETs so a no-op re-run is visible."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.gets = 0
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+
+            def do_GET(self) -> None:
+                server.gets += 1
+                super().do_GET()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    root = tmp_path / "served"
+    root.mkdir()
+    srv = Server(root)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tarball(members: dict[str, bytes], links: dict[str, tuple[str, bytes]] | None = None) -> bytes:
+    """A .tar.gz with the given files; ``links``: name -> (target, tarfile type)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, (target, kind) in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def serve(server: Server, name: str, data: bytes) -> str:
+    (server.root / name).write_bytes(data)
+    return server.url(name)
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary files or folders the fetcher should have removed."""
+    return sorted(p.name for p in folder.iterdir() if ".fetch-" in p.name or ".tmp-" in p.name or ".old-" in p.name)
+
+
+def test_fetches_a_file_verifies_it_and_writes_the_marker(server: Server, tmp_path: Path) -> None:
+    data = os.urandom(3 * (1 << 20) + 17)  # several chunks
+    dest = tmp_path / "data" / "cifar10" / "x.tar.gz"
+    req = FetchRequest(url=serve(server, "x.tar.gz", data), sha256=sha(data), dest=dest)
+    assert fetch(req) is True
+    assert dest.read_bytes() == data
+    marker = json.loads(marker_path(dest).read_text())
+    assert marker["sha256"] == sha(data)
+    assert marker["url"] == req.url
+    assert leftovers(dest.parent) == []
+
+
+def test_a_second_fetch_is_a_no_op_without_any_request(server: Server, tmp_path: Path) -> None:
+    data = b"payload" * 1000
+    req = FetchRequest(url=serve(server, "f", data), sha256=sha(data), dest=tmp_path / "f")
+    assert fetch(req) is True
+    assert server.gets == 1
+    server.close()  # the source may even be gone: the marker says the data is there
+    assert fetch(req) is False
+    assert server.gets == 1
+
+
+def test_a_different_sha256_fetches_again(server: Server, tmp_path: Path) -> None:
+    dest = tmp_path / "f"
+    old, new = b"old data", b"new data"
+    fetch(FetchRequest(url=serve(server, "old", old), sha256=sha(old), dest=dest))
+    assert fetch(FetchRequest(url=serve(server, "new", new), sha256=sha(new), dest=dest)) is True
+    assert dest.read_bytes() == new
+    assert json.loads(marker_path(dest).read_text())["sha256"] == sha(new)
+
+
+def test_a_missing_marker_means_the_data_is_not_trusted(server: Server, tmp_path: Path) -> None:
+    data = b"abc" * 100
+    dest = tmp_path / "f"
+    dest.write_bytes(b"half a download from a crashed fetcher")
+    assert fetch(FetchRequest(url=serve(server, "f", data), sha256=sha(data), dest=dest)) is True
+    assert dest.read_bytes() == data
+
+
+def test_http_404_is_source_unreachable_naming_the_url(server: Server, tmp_path: Path) -> None:
+    url = server.url("missing.tar.gz")
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=url, sha256="0" * 64, dest=tmp_path / "d"))
+    assert info.value.reason is FetchReason.SOURCE_UNREACHABLE
+    assert url in info.value.message
+    assert "HTTP 404" in info.value.message
+    assert not (tmp_path / "d").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_connection_refused_is_source_unreachable(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/x"
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=url, sha256="0" * 64, dest=tmp_path / "d"))
+    assert info.value.reason is FetchReason.SOURCE_UNREACHABLE
+    assert info.value.message == f"GET {url}: connection refused"
+
+
+def test_dns_failures_name_the_host_problem() -> None:
+    # Pure: a real lookup would send traffic to the resolver.
+    err = urllib.error.URLError(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert _describe_url_error("http://nowhere.invalid/x", err) == (
+        "GET http://nowhere.invalid/x: cannot resolve host (Name or service not known)"
+    )
+
+
+def test_only_http_urls_are_fetched(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s")
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=f"file://{secret}", sha256=sha(b"s"), dest=tmp_path / "d"))
+    assert info.value.reason is FetchReason.SOURCE_UNREACHABLE
+    assert "only http and https" in info.value.message
+
+
+def test_checksum_mismatch_says_expected_and_got_and_leaves_nothing(server: Server, tmp_path: Path) -> None:
+    data = b"the real bytes"
+    wrong = "ab" * 32
+    dest = tmp_path / "d" / "file"
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "f", data), sha256=wrong, dest=dest))
+    assert info.value.reason is FetchReason.CHECKSUM_MISMATCH
+    assert f"expected {wrong}, got {sha(data)}" in info.value.message
+    assert not dest.exists()
+    assert not marker_path(dest).exists()
+    assert leftovers(dest.parent) == []
+
+
+def test_unpack_with_strip_components(server: Server, tmp_path: Path) -> None:
+    data = tarball({"cifar-10-batches-py/data_batch_1": b"1", "cifar-10-batches-py/sub/test_batch": b"t"})
+    dest = tmp_path / "cifar10" / "cifar-10-batches-py"
+    req = FetchRequest(url=serve(server, "a.tgz", data), sha256=sha(data), dest=dest, unpack=True, strip_components=1)
+    assert fetch(req) is True
+    assert (dest / "data_batch_1").read_bytes() == b"1"
+    assert (dest / "sub" / "test_batch").read_bytes() == b"t"
+    assert marker_path(dest).exists()
+    assert leftovers(dest.parent) == []
+    assert fetch(req) is False
+
+
+def test_unpack_replaces_an_older_tree(server: Server, tmp_path: Path) -> None:
+    dest = tmp_path / "tree"
+    one, two = tarball({"a": b"1", "gone": b"x"}), tarball({"a": b"2"})
+    fetch(FetchRequest(url=serve(server, "1.tgz", one), sha256=sha(one), dest=dest, unpack=True))
+    fetch(FetchRequest(url=serve(server, "2.tgz", two), sha256=sha(two), dest=dest, unpack=True))
+    assert sorted(p.name for p in dest.iterdir()) == ["a"]
+    assert (dest / "a").read_bytes() == b"2"
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("members", "links", "needle"),
+    [
+        ({"../evil": b"x"}, None, "escapes the destination"),
+        ({"/etc/evil": b"x"}, None, "escapes the destination"),
+        ({"ok/../../evil": b"x"}, None, "escapes the destination"),
+        ({}, {"link": ("/etc/passwd", tarfile.SYMTYPE)}, "outside the destination"),
+        ({}, {"d/link": ("../../x", tarfile.SYMTYPE)}, "outside the destination"),
+        ({"a": b"x"}, {"hard": ("../a", tarfile.LNKTYPE)}, "escapes the destination"),
+        ({}, {"dev": ("", tarfile.CHRTYPE)}, "device or FIFO"),
+    ],
+)
+def test_unsafe_archives_are_refused_before_anything_is_written(
+    server: Server,
+    tmp_path: Path,
+    members: dict[str, bytes],
+    links: dict[str, tuple[str, bytes]] | None,
+    needle: str,
+) -> None:
+    data = tarball(members, links)
+    dest = tmp_path / "vol" / "tree"
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "bad.tar.gz", data), sha256=sha(data), dest=dest, unpack=True))
+    assert info.value.reason is FetchReason.FETCH_FAILED
+    assert needle in info.value.message
+    assert not dest.exists()
+    assert sorted(p.name for p in (tmp_path / "vol").iterdir()) == []
+    assert not (tmp_path / "evil").exists()
+
+
+def test_a_link_inside_the_tree_is_fine(server: Server, tmp_path: Path) -> None:
+    data = tarball({"d/a": b"x"}, {"d/link": ("a", tarfile.SYMTYPE), "top": ("d/a", tarfile.SYMTYPE)})
+    dest = tmp_path / "tree"
+    fetch(FetchRequest(url=serve(server, "l.tgz", data), sha256=sha(data), dest=dest, unpack=True))
+    assert (dest / "d" / "link").read_bytes() == b"x"
+    assert (dest / "top").read_bytes() == b"x"
+
+
+def test_not_an_archive_is_a_fetch_failure(server: Server, tmp_path: Path) -> None:
+    data = b"this is no tarball"
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "x.tgz", data), sha256=sha(data), dest=tmp_path / "t", unpack=True))
+    assert info.value.reason is FetchReason.FETCH_FAILED
+    assert "not a readable tar archive" in info.value.message
+
+
+def test_cli_writes_the_termination_message_and_exit_code(server: Server, tmp_path: Path) -> None:
+    data = b"bytes"
+    log = tmp_path / "termination-log"
+    args = ["fetch-dataset", "--url", serve(server, "f", data), "--sha256", "cd" * 32]
+    code = main([*args, "--dest", str(tmp_path / "d"), "--termination-log", str(log)])
+    assert code == FetchExit.CHECKSUM_MISMATCH
+    failure = FetchFailure.parse(log.read_text())
+    assert failure is not None
+    assert failure.reason is FetchReason.CHECKSUM_MISMATCH
+    assert "expected " + "cd" * 32 in failure.message
+    ok = ["fetch-dataset", "--url", server.url("f"), "--sha256", sha(data), "--dest", str(tmp_path / "d")]
+    assert main([*ok, "--termination-log", str(tmp_path / "unused")]) == 0
+    assert not (tmp_path / "unused").exists()
+
+
+@pytest.fixture
+def tiny_volume(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (root only): ENOSPC as a full PVC would give it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]
+    res = subprocess.run(mount, check=False, capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_full_volume_is_volume_full_naming_the_pvc(server: Server, tiny_volume: Path) -> None:
+    data = os.urandom(3 << 20)
+    dest = tiny_volume / "cifar10" / "big.bin"
+    req = FetchRequest(url=serve(server, "big", data), sha256=sha(data), dest=dest, volume="mlbench-datasets")
+    with pytest.raises(FetchError) as info:
+        fetch(req)
+    assert info.value.reason is FetchReason.VOLUME_FULL
+    assert "volume mlbench-datasets" in info.value.message
+    assert str(dest) in info.value.message
+    assert leftovers(dest.parent) == []  # the partial download is gone: the space is free again
+
+
+def test_a_full_volume_while_unpacking(server: Server, tiny_volume: Path) -> None:
+    data = tarball({"top/a": os.urandom(600 << 10), "top/b": os.urandom(600 << 10)})
+    dest = tiny_volume / "tree"
+    req = FetchRequest(url=serve(server, "t.tgz", data), sha256=sha(data), dest=dest, unpack=True, volume="pvc-x")
+    with pytest.raises(FetchError) as info:
+        fetch(req)
+    assert info.value.reason is FetchReason.VOLUME_FULL
+    assert "volume pvc-x" in info.value.message
+    assert sorted(p.name for p in tiny_volume.iterdir()) == []
