@@ -14,12 +14,20 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: system-deps
-system-deps: ## install OpenMPI, Prometheus and OpenSSH from Debian when missing (needs root)
+system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime (containerd, runc, CNI, podman, ...) from Debian when missing (needs root)
 	@missing=""; \
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin libopenmpi-dev"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v containerd >/dev/null || missing="$$missing containerd"; \
+	command -v runc >/dev/null || missing="$$missing runc"; \
+	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
+	[ -x /usr/bin/catatonit ] || missing="$$missing catatonit"; \
+	command -v iptables >/dev/null || missing="$$missing iptables"; \
+	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
@@ -58,6 +66,10 @@ test: install k8s-bins ## the whole suite: lint, CRD freshness, unit, multi-proc
 	$(VENV)/bin/mlbench crds --check
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
+.PHONY: e2e
+e2e: install k8s-bins ## end to end on the test cluster's real node: images, operator Deployment, runs in real pods
+	$(PYTHON) -m pytest -m e2e tests/e2e tests/images $(PYTEST_ARGS)
+
 .PHONY: test-fast
 test-fast: install ## tests that need no cluster
 	$(PYTHON) -m pytest -m "not cluster" $(PYTEST_ARGS)
@@ -72,9 +84,12 @@ bench: install ## runner and operator benchmarks (print figures)
 	$(PYTHON) benchmarks/operator_scale.py
 
 .PHONY: images
-images: ## build the operator and runner images (needs docker)
-	docker build -f Dockerfile.operator -t mlbench/mlbench-operator:0.1.0 .
-	docker build -f Dockerfile.runner -t mlbench/mlbench-runner:0.1.0 .
+images: ## build the operator and runner images (docker or podman; cached by a hash of their inputs)
+	hack/images.sh build
+
+.PHONY: images-load
+images-load: ## import both images into the test node's containerd (MLBENCH_CONTAINERD_ADDRESS, from python -m tests.cluster env)
+	hack/images.sh load
 
 .PHONY: clean
 clean: ## remove build outputs and results in the work tree (keeps the caches)

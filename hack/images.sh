@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# Build the operator and runner images (Dockerfile.operator, Dockerfile.runner), cached by
+# a hash of their inputs, and load them into the test node's containerd.
+#
+# Usage: hack/images.sh [--debian-base] [--load] [build|load|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
+#        (default: build)
+#
+#   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
+#               image already carries the label io.mlbench.inputs=<hash of its inputs>
+#   load        import both images into the containerd at $MLBENCH_CONTAINERD_ADDRESS
+#               (namespace k8s.io), skipped per image when it already holds that image id
+#   base        only the local Debian base image (mmdebstrap + import)
+#   wheelhouse  only the wheelhouse (pip download with constraints.txt)
+#   tags        print the image tags, one a line
+#   run-flags   the flags `podman run` needs on this host (tests use them)
+#   --debian-base  same as MLBENCH_BASE=local;  --load: build, then load (if the address is set)
+#
+# Environment:
+#   MLBENCH_BUILDER   docker | podman (default: docker if its daemon answers, else podman)
+#   MLBENCH_BASE      local | <image ref>. local (the default when mmdebstrap is installed):
+#                     a Debian bookworm base built here, never pulled. Otherwise the ref is
+#                     passed as BASE_IMAGE (the Dockerfiles' default is python:3.11-slim-bookworm).
+#   TORCH_INDEX       pip index for torch (e.g. https://download.pytorch.org/whl/cpu); empty
+#                     (the default here) means PyPI, i.e. exactly what constraints.txt pins.
+#   MLBENCH_WHEELHOUSE  auto (default with podman) | off | a directory of wheels
+#   MLBENCH_CACHE     where the wheelhouse lives (default ~/.cache/mlbench)
+#   MLBENCH_PIP_CA    CA bundle handed to pip as a build secret (default: the host's, if any)
+#   MLBENCH_IMAGE_TAG tag of both images (default 0.1.0, as manifests/ reference them)
+#
+# Each step prints "[images] <step>: <seconds>s" so cold and warm timings can be reported.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TAG="${MLBENCH_IMAGE_TAG:-0.1.0}"
+# Fully qualified: podman would prefix a short name with localhost/, and the kubelet
+# normalizes the manifests' mlbench/x to docker.io/mlbench/x.
+RUNNER_IMAGE="docker.io/mlbench/mlbench-runner:${TAG}"
+OPERATOR_IMAGE="docker.io/mlbench/mlbench-operator:${TAG}"
+INPUTS_LABEL="io.mlbench.inputs"
+CACHE="${MLBENCH_CACHE:-$HOME/.cache/mlbench}"
+TORCH_INDEX="${TORCH_INDEX-}"
+PIP_CA="${MLBENCH_PIP_CA-/etc/ssl/certs/ca-certificates.crt}"
+# Python packages each image installs (their pins come from constraints.txt).
+WHEEL_REQUIREMENTS=(torch mpi4py numpy pillow prometheus-client structlog pydantic pyyaml kopf kubernetes)
+
+log() { echo "[images] $*" >&2; }
+die() { echo "[images] error: $*" >&2; exit 1; }
+
+# since START: seconds elapsed since START (a `date +%s.%N` value), one decimal.
+since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
+
+# timed STEP CMD...: run CMD, then log how long STEP took (also when it fails).
+timed() {
+  local step=$1 start rc=0
+  shift
+  start=$(date +%s.%N)
+  "$@" || rc=$?
+  log "${step}: $(since "$start")s$([ "$rc" = 0 ] || echo " (failed: exit ${rc})")"
+  return "$rc"
+}
+
+# ------------------------------------------------------------------ builder
+# Why not just `docker`: here /usr/local/bin/docker is a client without a daemon.
+pick_builder() {
+  if [ -n "${MLBENCH_BUILDER:-}" ]; then echo "$MLBENCH_BUILDER"; return; fi
+  if command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then echo docker; return; fi
+  if command -v podman >/dev/null && timeout 30 podman info >/dev/null 2>&1; then echo podman; return; fi
+  die "no image builder: neither a docker daemon (docker info) nor podman (podman info) answers"
+}
+BUILDER=""
+builder() { [ -n "$BUILDER" ] || BUILDER=$(pick_builder); echo "$BUILDER"; }
+
+# Flags every podman container (build steps included) needs on this kind of host: podman 4.3
+# sets nofile/nproc to the host's limits by default, which a nested/limited host refuses
+# ("error setting rlimit type 6: operation not permitted"; here anything above 32768
+# processes is refused), and crun does not handle cgroups in hybrid mode, so runc runs the
+# steps. Override with MLBENCH_PODMAN_FLAGS.
+podman_flags() {
+  if [ -n "${MLBENCH_PODMAN_FLAGS:-}" ]; then echo "$MLBENCH_PODMAN_FLAGS"; return; fi
+  local nofile nproc
+  nofile=$(ulimit -n)
+  nproc=$(ulimit -u)
+  if [ "$nofile" = unlimited ] || [ "$nofile" -gt 65536 ]; then nofile=65536; fi
+  if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+  echo "--runtime=runc --ulimit=nofile=${nofile}:${nofile} --ulimit=nproc=${nproc}:${nproc}"
+}
+
+# image_label IMAGE LABEL: the label's value, empty when the image or the label is absent.
+image_label() {
+  "$(builder)" image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null | sed 's/^<no value>$//' || true
+}
+image_id() { "$(builder)" image inspect --format '{{.Id}}' "$1" 2>/dev/null | sed 's/^sha256://'; }
+image_size() { "$(builder)" image inspect --format '{{.Size}}' "$1" 2>/dev/null | awk '{printf "%.0f MB", $1/1e6}'; }
+
+# -------------------------------------------------------------------- base
+# What the base is made of; any change here or in hack/base/ gives a new tag (and rebuilds the images).
+BASE_SUITE=bookworm
+BASE_MMDEBSTRAP_ARGS=(--variant=minbase --aptopt=hack/base/apt.conf --dpkgopt=hack/base/dpkg.cfg)
+BASE_IMPORT_CHANGES=('ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'ENV LANG=C.UTF-8' 'CMD ["/bin/bash"]')
+
+base_recipe_hash() {
+  { cat hack/base/packages.txt hack/base/apt.conf hack/base/dpkg.cfg
+    printf '%s\n' "$BASE_SUITE" "${BASE_MMDEBSTRAP_ARGS[@]}" "${BASE_IMPORT_CHANGES[@]}"; } | sha256sum | cut -c1-12
+}
+base_tag() { echo "localhost/mlbench-base:${BASE_SUITE}-$(base_recipe_hash)"; }
+
+# Debian bookworm root file system -> image. hack/base/apt.conf and dpkg.cfg stay in the image
+# (like the settings of Debian's official images: no .deb caches in layers, no docs); apt's
+# lists are dropped (the Dockerfiles run apt-get update anyway).
+base_build() {
+  local tag=$1 pkgs tmp change rc=0
+  pkgs=$(grep -v '^#' hack/base/packages.txt | grep -v '^$' | paste -sd, -)
+  local -a changes=()
+  for change in "${BASE_IMPORT_CHANGES[@]}" "LABEL io.mlbench.base-recipe=$(base_recipe_hash)"; do
+    changes+=(--change "$change")
+  done
+  tmp=$(mktemp -d)
+  mmdebstrap --quiet "${BASE_MMDEBSTRAP_ARGS[@]}" --include="$pkgs" \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+    "$BASE_SUITE" "$tmp/rootfs.tar" >&2 || rc=$?
+  if [ "$rc" = 0 ]; then "$(builder)" import "${changes[@]}" "$tmp/rootfs.tar" "$tag" >/dev/null || rc=$?; fi
+  rm -rf "$tmp"
+  return "$rc"
+}
+
+# ensure_base: the BASE_IMAGE build argument (empty: the Dockerfiles' default).
+ensure_base() {
+  local mode=${MLBENCH_BASE:-}
+  if [ -z "$mode" ]; then
+    if command -v mmdebstrap >/dev/null; then mode=local; else mode=default; fi
+  fi
+  case "$mode" in
+    default) echo "" ;;
+    local)
+      command -v mmdebstrap >/dev/null || die "MLBENCH_BASE=local needs mmdebstrap (apt-get install mmdebstrap)"
+      local tag
+      tag=$(base_tag)
+      if "$(builder)" image exists "$tag" 2>/dev/null || "$(builder)" image inspect "$tag" >/dev/null 2>&1; then
+        log "base: cached ${tag}"
+      else
+        log "base: building ${tag} (mmdebstrap bookworm, about a minute)"
+        timed "base build" base_build "$tag" || die "building the base image ${tag} failed (see above)"
+        # bases of older recipes are ours and unused from now on
+        "$(builder)" images --format '{{.Repository}}:{{.Tag}}' localhost/mlbench-base | grep -vxF "$tag" |
+          xargs -r "$(builder)" rmi >/dev/null 2>&1 || true
+      fi
+      echo "$tag"
+      ;;
+    *) echo "$mode" ;;
+  esac
+}
+
+# -------------------------------------------------------------- wheelhouse
+# Every wheel both images install, downloaded once per constraints.txt into $CACHE (pip's own
+# cache makes this a copy when the host venv was installed already), so an image build never
+# downloads torch again and needs no index at all.
+wheelhouse_dir() {
+  local key
+  key=$(sha256sum constraints.txt | cut -c1-12)
+  echo "${CACHE}/wheelhouse-${key}"
+}
+
+host_pip() {
+  local py
+  py=$(cat .venv/.shared 2>/dev/null)/bin/python
+  [ -x "$py" ] || py=$(command -v python3)
+  "$py" -m pip "$@"
+}
+
+ensure_wheelhouse() {
+  local dir
+  dir=$(wheelhouse_dir)
+  if [ -f "$dir/.complete" ]; then
+    log "wheelhouse: cached ${dir}"
+  else
+    log "wheelhouse: filling ${dir}"
+    mkdir -p "$dir"
+    # the host is the images' platform (linux x86_64, CPython 3.11, glibc of bookworm)
+    timed "wheelhouse" host_pip download --quiet --only-binary=:all: --dest "$dir" \
+      --constraint constraints.txt "${WHEEL_REQUIREMENTS[@]}" >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
+# ------------------------------------------------------------ input hashes
+# copy_sources DOCKERFILE: the context paths its COPY instructions (without --from) read.
+copy_sources() {
+  awk 'toupper($1) == "COPY" {
+         from = 0; n = 0
+         for (i = 2; i <= NF; i++) { if ($i ~ /^--from=/) from = 1; else if ($i !~ /^--/) args[++n] = $i }
+         if (!from) for (i = 1; i < n; i++) print args[i]
+       }' "$1" | sort -u
+}
+
+# inputs_hash DOCKERFILE BUILD_ARGS...: sha256 over the Dockerfile, every file it copies
+# (path + content, without bytecode caches), .dockerignore and the build arguments
+# (base image id included), so any change to what goes into the image rebuilds it.
+inputs_hash() {
+  local dockerfile=$1 src
+  shift
+  {
+    sha256sum "$dockerfile" .dockerignore
+    for src in $(copy_sources "$dockerfile"); do
+      [ -e "$src" ] || die "$dockerfile copies $src, which does not exist"
+      find "$src" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum
+    done
+    printf '%s\n' "$@"
+  } | sha256sum | cut -c1-16
+}
+
+# build_image NAME DOCKERFILE IMAGE BASE WHEELS [BUILD_ARG...]
+build_image() {
+  local name=$1 dockerfile=$2 image=$3 base=$4 wheels=$5 b extra
+  shift 5
+  b=$(builder)
+  local -a args=()
+  for extra in "$@"; do args+=(--build-arg "$extra"); done
+  if [ -n "$base" ]; then
+    args+=(--build-arg "BASE_IMAGE=${base}")
+    # the base's id, not its tag: a rebuilt base rebuilds the images
+    args+=(--label "io.mlbench.base=${base}@$(image_id "$base")")
+  fi
+  if [ -n "$wheels" ]; then
+    args+=(--build-arg PIP_FIND_LINKS=/wheels --build-arg PIP_NO_INDEX=1)
+  fi
+  local hash
+  hash=$(inputs_hash "$dockerfile" "builder=$b" "${args[@]}")
+  if [ "$(image_label "$image" "$INPUTS_LABEL")" = "$hash" ]; then
+    log "${name}: cache hit ${image} (${INPUTS_LABEL}=${hash}, $(image_size "$image"))"
+    return
+  fi
+  log "${name}: building ${image} (${INPUTS_LABEL}=${hash})"
+  local -a cmd=("$b" build -f "$dockerfile" -t "$image" --label "${INPUTS_LABEL}=${hash}" "${args[@]}")
+  if [ -f "$PIP_CA" ]; then cmd+=(--secret "id=pip-ca,src=${PIP_CA}"); fi
+  if [ "$b" = podman ]; then
+    # shellcheck disable=SC2207
+    cmd+=($(podman_flags) --layers)
+    if [ -n "$wheels" ]; then cmd+=(--volume "${wheels}:/wheels:ro"); fi
+    if [ -n "$base" ]; then cmd+=(--pull=never); fi
+  fi
+  local previous
+  previous=$(image_id "$image" || true)
+  timed "${name} build" "${cmd[@]}" .
+  log "${name}: ${image} $(image_size "$image")"
+  # the image this build replaced is untagged now: drop it (several GB for the runner) unless a
+  # container still uses it
+  if [ -n "$previous" ] && [ "$previous" != "$(image_id "$image")" ]; then
+    "$b" rmi "$previous" >/dev/null 2>&1 || true
+  fi
+}
+
+cmd_build() {
+  local start base wheels=""
+  start=$(date +%s.%N)
+  log "builder: $(builder)"
+  base=$(ensure_base)
+  log "base image: ${base:-<Dockerfile default>}"
+  case "${MLBENCH_WHEELHOUSE:-auto}" in
+    off) ;;
+    auto)
+      # only podman can mount a directory into a build step; a non-PyPI torch index is not in it
+      if [ "$(builder)" = podman ] && [ -z "$TORCH_INDEX" ]; then wheels=$(ensure_wheelhouse); fi
+      ;;
+    *) wheels=${MLBENCH_WHEELHOUSE} ;;
+  esac
+  build_image operator Dockerfile.operator "$OPERATOR_IMAGE" "$base" "$wheels"
+  build_image runner Dockerfile.runner "$RUNNER_IMAGE" "$base" "$wheels" "TORCH_INDEX=${TORCH_INDEX}"
+  log "total: $(since "$start")s"
+}
+
+# ------------------------------------------------------------------- load
+ctr_() { ctr --address "$MLBENCH_CONTAINERD_ADDRESS" --namespace k8s.io "$@"; }
+
+# The builder's image id (its config digest), recorded as a containerd label at import: the
+# same id means the same image, so a warm load is a no-op.
+loaded_id() {
+  ctr_ images ls "name==$1" 2>/dev/null | awk -v l="io.mlbench.image-id=" 'NR > 1 {
+    n = split($NF, kv, ","); for (i = 1; i <= n; i++) if (index(kv[i], l) == 1) print substr(kv[i], length(l) + 1) }'
+}
+
+load_image() {
+  local image=$1 id
+  id=$(image_id "$image" || true)
+  [ -n "$id" ] || die "${image} is not built (run make images)"
+  if [ "$(loaded_id "$image")" = "$id" ]; then
+    log "load: cached ${image} (id ${id:0:12}) in ${MLBENCH_CONTAINERD_ADDRESS}"
+    return
+  fi
+  log "load: importing ${image} (id ${id:0:12}, $(image_size "$image"))"
+  local -a save=("$(builder)" save "$image")
+  [ "$(builder)" = podman ] && save=(podman save --format docker-archive "$image")
+  # shellcheck disable=SC2317
+  import() { "${save[@]}" | ctr_ images import --snapshotter overlayfs -; }
+  timed "load ${image##*/}" import >/dev/null
+  ctr_ images label "$image" "io.mlbench.image-id=${id}" >/dev/null
+}
+
+cmd_load() {
+  [ -n "${MLBENCH_CONTAINERD_ADDRESS:-}" ] ||
+    die "MLBENCH_CONTAINERD_ADDRESS is not set (eval \"\$(python -m tests.cluster env)\" with the real node up)"
+  [ -S "$MLBENCH_CONTAINERD_ADDRESS" ] || die "MLBENCH_CONTAINERD_ADDRESS=${MLBENCH_CONTAINERD_ADDRESS}: no socket there"
+  load_image "$OPERATOR_IMAGE"
+  load_image "$RUNNER_IMAGE"
+}
+
+# Flags (what tests/e2e passes) and commands.
+cmd=""
+load_after=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --debian-base) export MLBENCH_BASE=local ;;
+    --load) load_after=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown flag $1 (--debian-base | --load)" ;;
+    *) [ -z "$cmd" ] || break; cmd=$1 ;;
+  esac
+  shift
+done
+
+case "${cmd:-build}" in
+  build)
+    cmd_build
+    if [ "$load_after" = 1 ]; then
+      if [ -n "${MLBENCH_CONTAINERD_ADDRESS:-}" ]; then cmd_load; else log "load: skipped (MLBENCH_CONTAINERD_ADDRESS not set)"; fi
+    fi
+    ;;
+  load) cmd_load ;;
+  base) ensure_base >/dev/null ;;
+  wheelhouse) ensure_wheelhouse ;;
+  tags) printf '%s\n' "$OPERATOR_IMAGE" "$RUNNER_IMAGE" ;;
+  run-flags) [ "$(builder)" = podman ] && podman_flags || true ;;
+  hash)
+    [ $# = 1 ] || die "usage: hack/images.sh hash Dockerfile.runner|Dockerfile.operator"
+    inputs_hash "$1"
+    ;;
+  *) die "unknown command ${cmd} (build | load | base | wheelhouse | tags | run-flags | hash DOCKERFILE)" ;;
+esac

@@ -1,0 +1,202 @@
+"""The images ``make images`` builds keep the runtime contract the operator relies on.
+
+What the operator's pods need from them (operator/mlbench_operator/builders.py): the runner
+image runs as UID 1000 (user ``mlbench``), starts a non-root sshd with the per-run key, has
+``mpirun`` and ``mlbench-runner`` and Python with torch + mpi4py, and no compiler (the
+builder stage has one, the runtime stage must not); the operator image runs as 65532,
+imports its handlers and carries no torch. A second build must be a cache hit: ``make
+images`` runs before every e2e session and must not rebuild several GB.
+
+The images are built once per session (``hack/images.sh build``, itself a no-op when
+they are current) and every check runs a throwaway container without network.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mlbench_operator import naming as n
+from mlbench_operator.builders import WORKER_SCRIPT
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES_SH = REPO / "hack" / "images.sh"
+RUNNER = "docker.io/mlbench/mlbench-runner:0.1.0"
+OPERATOR = "docker.io/mlbench/mlbench-operator:0.1.0"
+#: what build-essential brings (openmpi-bin's mpicc wrapper stays: without a compiler it compiles nothing)
+COMPILERS = ("gcc", "cc", "c++", "g++", "cpp", "clang", "make")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _answers(cmd: Sequence[str]) -> bool:
+    """Whether ``cmd`` (``docker info``/``podman info``) exits 0 within a short time."""
+    if shutil.which(cmd[0]) is None:
+        return False
+    try:
+        return subprocess.run(cmd, check=False, capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _builder() -> str | None:
+    """The builder hack/images.sh would pick (docker with a daemon, else podman), or None."""
+    chosen = os.environ.get("MLBENCH_BUILDER")
+    if chosen:
+        return chosen
+    for name in ("docker", "podman"):
+        if _answers([name, "info"]):
+            return name
+    return None
+
+
+def images_sh(*args: str) -> subprocess.CompletedProcess[str]:
+    """``hack/images.sh ARGS`` with its output captured (the step timings are on stderr)."""
+    return subprocess.run(
+        ["bash", str(IMAGES_SH), *args], check=False, cwd=REPO, text=True, capture_output=True, timeout=3600
+    )
+
+
+@dataclass(frozen=True)
+class Images:
+    builder: str
+    #: extra ``run`` flags the builder needs here (podman: runc, explicit ulimits)
+    run_flags: tuple[str, ...]
+    build_log: str
+
+    def run(
+        self, image: str, script: str, *, user: str | None = None, volumes: Sequence[str] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """``sh -c SCRIPT`` in a throwaway container of ``image`` (no network), as its own user unless ``user``."""
+        cmd = [self.builder, "run", "--rm", "--network=none", *self.run_flags, "--entrypoint", "/bin/sh"]
+        if user is not None:
+            cmd += ["--user", user]
+        for volume in volumes:
+            cmd += ["--volume", volume]
+        return subprocess.run([*cmd, image, "-c", script], check=False, text=True, capture_output=True, timeout=300)
+
+    def check(self, image: str, script: str, *, user: str | None = None, volumes: Sequence[str] = ()) -> str:
+        """Like :meth:`run`, failing the test with the container's output when ``script`` fails."""
+        proc = self.run(image, script, user=user, volumes=volumes)
+        assert proc.returncode == 0, f"{image}: `{script}` exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    def image_id(self, image: str) -> str:
+        cmd = [self.builder, "image", "inspect", "--format", "{{.Id}}", image]
+        out = subprocess.run(cmd, text=True, capture_output=True, check=True)
+        return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def images() -> Images:
+    """Both images, built (or found current) once per session."""
+    builder = _builder()
+    if builder is None:
+        pytest.skip("no image builder: neither `docker info` nor `podman info` answers")
+    if shutil.which("mmdebstrap") is None and os.environ.get("MLBENCH_BASE", "local") == "local":
+        pytest.skip("no registry here and no mmdebstrap for the local base image (apt-get install mmdebstrap)")
+    start = time.monotonic()
+    proc = images_sh("build")
+    assert proc.returncode == 0, f"hack/images.sh build failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    print(f"hack/images.sh build: {time.monotonic() - start:.1f}s\n{proc.stderr[-2000:]}")
+    flags = images_sh("run-flags").stdout.split() if builder == "podman" else []
+    return Images(builder, tuple(flags), proc.stderr)
+
+
+def test_runner_runs_as_uid_1000_mlbench(images: Images) -> None:
+    assert images.check(RUNNER, "id -u; id -un; echo $HOME").split() == ["1000", "mlbench", "/home/mlbench"]
+
+
+def test_runner_has_no_compiler(images: Images) -> None:
+    # one `command -v` per name: dash's stops at the first name it does not find
+    found = images.run(RUNNER, " ; ".join(f"command -v {c}" for c in COMPILERS) + "; true").stdout.split()
+    assert found == [], f"the runtime stage must not ship a compiler, found {found}"
+
+
+def test_runner_python_imports(images: Images) -> None:
+    script = (
+        "python -c 'import torch, mpi4py.MPI, numpy, PIL, prometheus_client, structlog, yaml, mlbench_runner.train, "
+        "mlbench_api.catalog; print(torch.__version__, mpi4py.MPI.Get_library_version()[:16])'"
+    )
+    out = images.check(RUNNER, script)
+    assert out.startswith("2.15.0"), out
+    assert "Open MPI" in out, out
+
+
+def test_runner_tools_on_default_path(images: Images) -> None:
+    """ssh sessions (mpirun's ranks) get sshd's default PATH, not the image's ENV."""
+    out = images.check(
+        RUNNER,
+        "PATH=/usr/local/bin:/usr/bin:/bin; for t in mlbench-runner ssh ssh-keygen mpirun orted;"
+        " do command -v $t; done; ls /usr/sbin/sshd",
+    )
+    assert out.split() == [
+        "/usr/local/bin/mlbench-runner",
+        "/usr/bin/ssh",
+        "/usr/bin/ssh-keygen",
+        "/usr/bin/mpirun",
+        "/usr/bin/orted",
+        "/usr/sbin/sshd",
+    ]
+    assert "launch" in images.check(RUNNER, "PATH=/usr/local/bin:/usr/bin:/bin; mlbench-runner --help")
+
+
+def test_runner_catalog_and_writable_cache(images: Images) -> None:
+    script = 'ls /etc/mlbench/catalog; touch "$MLBENCH_CACHE/probe"; echo "cache=$MLBENCH_CACHE"'
+    out = images.check(RUNNER, script, user="1000:1000")
+    assert "cifar10-resnet20.yaml" in out.split()
+    assert "cache=/var/cache/mlbench" in out
+
+
+def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) -> None:
+    """The worker entrypoint the operator runs (non-root sshd on 2222) lets the run's key in,
+    and a command over ssh finds mlbench-runner: what mpirun does on every rank."""
+    key = tmp_path / n.SSH_PRIVATE_KEY
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    shutil.copy(key.with_suffix(".pub"), tmp_path / n.SSH_AUTHORIZED_KEYS)
+    tmp_path.chmod(0o755)  # pytest makes it 0700: UID 1000 could not reach the key
+    for f in tmp_path.iterdir():
+        f.chmod(0o444)  # any UID in the container may read them (the Secret is 0440 + fsGroup)
+    script = (
+        f"({WORKER_SCRIPT}) >/tmp/sshd.log 2>&1 &\n"
+        "for i in $(seq 50); do [ -f /tmp/mlbench-sshd/sshd.pid ] && break; sleep 0.2; done\n"
+        f"ssh -p {n.SSH_PORT} -i {n.SSH_DIR}/{n.SSH_PRIVATE_KEY} -o StrictHostKeyChecking=no -o BatchMode=yes "
+        "-o UserKnownHostsFile=/dev/null localhost 'id -u; command -v mlbench-runner' || { cat /tmp/sshd.log; exit 1; }"
+    )
+    out = images.check(RUNNER, script, user="1000:1000", volumes=[f"{tmp_path}:{n.SSH_DIR}:ro"])
+    assert out.split()[-2:] == ["1000", "/usr/local/bin/mlbench-runner"], out
+
+
+def test_operator_runs_as_65532_without_torch(images: Images) -> None:
+    out = images.check(
+        OPERATOR,
+        "id -u; python -c 'import importlib.util as u, mlbench_operator.handlers; print(u.find_spec(\"torch\"))'; "
+        "command -v ssh-keygen",
+    )
+    assert out.split() == ["65532", "None", "/usr/bin/ssh-keygen"]
+
+
+def test_operator_entrypoint_starts(images: Images) -> None:
+    """The Deployment's container command: ``python -m mlbench_operator.main --help`` works as 65532."""
+    out = images.check(OPERATOR, "python -m mlbench_operator.main --help")
+    assert "--metrics-port" in out
+
+
+def test_second_build_is_a_cache_hit(images: Images) -> None:
+    before = {image: images.image_id(image) for image in (RUNNER, OPERATOR)}
+    start = time.monotonic()
+    proc = images_sh("build")
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "operator: cache hit" in proc.stderr, proc.stderr
+    assert "runner: cache hit" in proc.stderr, proc.stderr
+    assert " build: " not in proc.stderr, f"something was rebuilt:\n{proc.stderr}"
+    assert {image: images.image_id(image) for image in (RUNNER, OPERATOR)} == before
+    assert elapsed < 60, f"a warm build took {elapsed:.1f}s"
