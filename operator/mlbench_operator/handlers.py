@@ -522,7 +522,13 @@ async def scrape_rank0(namespace: str, name: str, run_pods: Mapping[Any, Any]) -
     return progress.parse(text, _now()) if text else None
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=30, initial_delay=15, when=_is_running)
+#: How often rank 0's metrics are copied into ``status.progress`` (``kubectl get br``'s EPOCH, ACCURACY).
+PROGRESS_SECONDS = float(os.environ.get("MLBENCH_PROGRESS_SECONDS", "30"))
+
+
+@kopf.timer(
+    GROUP, VERSION, PLURAL, interval=PROGRESS_SECONDS, initial_delay=min(15.0, PROGRESS_SECONDS), when=_is_running
+)
 async def scrape_progress(*, namespace: str | None, name: str, patch: kopf.Patch, **kwargs: Any) -> None:
     """Live progress while Running; an unreachable endpoint just means no update."""
     value = await scrape_rank0(namespace or "", name, kwargs["run_pods"])

@@ -213,6 +213,21 @@ def _summary_result(summary: RunSummary) -> dict[str, Any]:
     ).to_api()
 
 
+def final_progress(old: Mapping[str, Any] | None, summary: RunSummary, now: datetime) -> dict[str, Any]:
+    """``status.progress`` of a finished run: the summary's final figures, not the last scrape.
+
+    Rank 0 is scraped every MLBENCH_PROGRESS_SECONDS, so the last scrape usually predates the
+    final evaluation; ``kubectl get br`` must show the epoch and accuracy the run ended with.
+    """
+    out = dict(old or {})
+    out["epoch"] = float(summary.epochs)
+    if summary.final_accuracy is not None:
+        out["lastAccuracy"] = summary.final_accuracy
+    out["samplesPerSecond"] = summary.samples_per_second
+    out["updatedAt"] = c.timestamp(now)
+    return out
+
+
 def clean_pod_policy(spec: Mapping[str, Any] | None) -> CleanPodPolicy:
     """``spec.runPolicy.cleanPodPolicy`` from the raw spec (usable even when the spec no longer validates)."""
     raw = ((spec or {}).get("runPolicy") or {}).get("cleanPodPolicy")
@@ -407,7 +422,7 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         except ValueError as err:
             st.fail("InvalidResult", f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
             return finish()
-        st.new.update(phase="Succeeded", result=result)
+        st.new.update(phase="Succeeded", result=result, progress=final_progress(st.old.get("progress"), summary, now))
         st.new.setdefault("completionTime", c.timestamp(now))
         if summary.goal_reached:
             ttg = summary.time_to_goal_seconds

@@ -68,6 +68,16 @@ def launcher_command(config_path: Path, hostfile: Path, termination_log: Path, *
     return [*cmd, "--oversubscribe"] if oversubscribe else cmd
 
 
+def rank_config_path(path: str) -> str:
+    """The config path every rank opens: absolute, but with its symlinks kept.
+
+    A ConfigMap volume is a symlink farm (``config.json -> ..data/config.json``, ``..data ->
+    ..2026_11_23_11_22_09.3663563106``) whose timestamped target differs in every pod: the
+    launcher's resolved path does not exist on the workers.
+    """
+    return os.path.abspath(path)
+
+
 def mpirun_command(
     *,
     world_size: int,
@@ -100,6 +110,12 @@ def mpirun_command(
         "-mca",
         "plm_rsh_args",
         rsh,
+        # Workers are reached by their Service names (<pod>.<run>.<ns>.svc): Open MPI would shorten
+        # them to <pod>, which only the pod itself resolves, and a daemon launching its tree-spawn
+        # children over ssh would fail with "Could not resolve hostname" (as Kubeflow's mpi-operator does).
+        "-mca",
+        "orte_keep_fqdn_hostnames",
+        "1",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
@@ -228,7 +244,7 @@ def run_launch(args: argparse.Namespace) -> int:
         print(f"error: {msg}", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    env[CONFIG_ENV] = str(Path(config_path).resolve())
+    env[CONFIG_ENV] = rank_config_path(config_path)
     env.setdefault("MLBENCH_HOSTFILE", args.hostfile)
     env.setdefault("MASTER_ADDR", hosts[0][0])
     env.setdefault("MASTER_PORT", str(args.master_port))

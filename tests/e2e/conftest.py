@@ -98,9 +98,10 @@ class E2E:
             "spec": {
                 "taskRef": {"name": task},
                 "workers": 2,
-                "resources": {"cpu": "500m", "memory": "2Gi"},
+                # two workers and the launcher (100m) fit the test node's 2 CPUs
+                "resources": {"cpu": "900m", "memory": "2Gi"},
                 "scheduling": self.scheduling,
-                "runPolicy": {"maxRestarts": 2, "cleanPodPolicy": "None"},
+                "runPolicy": {"maxRestarts": 2},
                 **spec,
             },
         }

@@ -148,10 +148,16 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
     assert cond(plan.status, "WorkersReady")["lastTransitionTime"] == c.timestamp(T0)
     assert ("Normal", "Running", plan.status["message"]) in plan.events
 
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary(world_size=3).termination_message())
+    summary = h.summary(world_size=3)
+    done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
+    body["status"]["progress"] = {"epoch": 0.5, "step": 7, "lastAccuracy": 0.1}  # the last scrape, long ago
     body, plan = step(body, ctx, [*ready, done], later)
     st = plan.status
     assert st["phase"] == "Succeeded"
+    # kubectl get br shows what the run ended with, not the last scrape
+    assert st["progress"]["epoch"] == summary.epochs
+    assert st["progress"]["lastAccuracy"] == summary.final_accuracy
+    assert st["progress"]["step"] == 7
     assert st["result"]["goalReached"] is True
     assert st["result"]["timeToGoalSeconds"] == 1234.5
     assert st["result"]["worldSize"] == 3

@@ -101,6 +101,7 @@ def test_mpirun_command_shape() -> None:
     rsh = cmd[cmd.index("plm_rsh_args") + 1]
     assert rsh.startswith("-p 2222 -o StrictHostKeyChecking=no")
     assert "-i /etc/mlbench/ssh/id_ed25519" in rsh
+    assert cmd[cmd.index("orte_keep_fqdn_hostnames") + 1] == "1"  # workers' Service names stay whole
     assert cmd[cmd.index("MLBENCH_RUN_CONFIG") - 1 : cmd.index("MLBENCH_RUN_CONFIG") + 1] == [
         "-x",
         "MLBENCH_RUN_CONFIG",
@@ -173,3 +174,17 @@ def test_launch_error_names_the_cause_and_fits(tmp_path: Path) -> None:
     assert error["exitCode"] == 137
     assert "signal 9" in error["error"]
     assert error["error"].index("Permission denied") < error["error"].index("ORTE was unable")
+
+
+def test_ranks_get_the_config_path_with_its_symlinks_kept(tmp_path: Path) -> None:
+    """Like a ConfigMap volume: the resolved target's timestamped name differs in every pod."""
+    from mlbench_runner.launch import rank_config_path
+
+    real = tmp_path / "..2026_11_23_11_22_09.3663563106"
+    real.mkdir()
+    (real / "config.json").write_text("{}")
+    (tmp_path / "..data").symlink_to(real.name)
+    (tmp_path / "config.json").symlink_to("..data/config.json")
+    path = rank_config_path(str(tmp_path / "config.json"))
+    assert path == str(tmp_path / "config.json")
+    assert "..2026" not in path
