@@ -20,14 +20,16 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
-	command -v containerd >/dev/null || missing="$$missing containerd"; \
-	command -v runc >/dev/null || missing="$$missing runc"; \
-	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
-	[ -x /usr/bin/catatonit ] || missing="$$missing catatonit"; \
-	command -v iptables >/dev/null || missing="$$missing iptables"; \
-	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
-	command -v podman >/dev/null || missing="$$missing podman"; \
-	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  command -v containerd >/dev/null || missing="$$missing containerd"; \
+	  command -v runc >/dev/null || missing="$$missing runc"; \
+	  [ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
+	  [ -x /usr/bin/catatonit ] || missing="$$missing catatonit"; \
+	  command -v iptables >/dev/null || missing="$$missing iptables"; \
+	  dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
+	  command -v podman >/dev/null || missing="$$missing podman"; \
+	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	fi; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
@@ -61,13 +63,19 @@ fmt: $(PYTHON) ## format and autofix
 	$(VENV)/bin/ruff check --fix .
 
 .PHONY: test
-test: install k8s-bins ## the whole suite: lint, CRD freshness, unit, multi-process and cluster tests
+test: install k8s-bins e2e-images ## the whole suite: lint, CRD freshness, unit, multi-process and cluster tests
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mlbench crds --check
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
+.PHONY: e2e-images
+e2e-images: ## build the images the e2e tests load (cached by their inputs; needs root and podman or docker)
+	@if [ "$$(id -u)" = 0 ] && { command -v podman || command -v docker; } >/dev/null; then \
+	  bash hack/images.sh --debian-base; \
+	else echo "e2e-images: skipped (needs root and podman or docker); the e2e tests will skip"; fi
+
 .PHONY: e2e
-e2e: install k8s-bins ## end to end on the test cluster's real node: images, operator Deployment, runs in real pods
+e2e: install k8s-bins e2e-images ## end to end on the test cluster's real node: images, operator Deployment, runs in real pods
 	$(PYTHON) -m pytest -m e2e tests/e2e tests/images $(PYTEST_ARGS)
 
 .PHONY: test-fast

@@ -175,9 +175,10 @@ ensure_wheelhouse() {
   else
     log "wheelhouse: filling ${dir}"
     mkdir -p "$dir"
-    # the host is the images' platform (linux x86_64, CPython 3.11, glibc of bookworm)
+    # the host is the images' platform (linux x86_64, CPython 3.11, glibc of bookworm); called in
+    # $(...), where errexit is off: a failed download must not be marked complete
     timed "wheelhouse" host_pip download --quiet --only-binary=:all: --dest "$dir" \
-      --constraint constraints.txt "${WHEEL_REQUIREMENTS[@]}" >&2
+      --constraint constraints.txt "${WHEEL_REQUIREMENTS[@]}" >&2 || return 1
     touch "$dir/.complete"
   fi
   echo "$dir"

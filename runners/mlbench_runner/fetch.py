@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import errno
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -131,7 +132,7 @@ def download(req: FetchRequest, into: Path, timeout: float = TIMEOUT_SECONDS) ->
         while True:
             try:
                 chunk = body.read(CHUNK)
-            except OSError as exc:  # a reset or timeout in the middle of the body
+            except (OSError, http.client.HTTPException) as exc:  # a reset, timeout or truncation mid-body
                 raise FetchError(FetchReason.SOURCE_UNREACHABLE, _describe_url_error(req.url, exc)) from exc
             if not chunk:
                 break
@@ -265,7 +266,6 @@ def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
     parent = req.dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        req.marker.unlink(missing_ok=True)  # from here on the data is not known-good
         work = Path(tempfile.mkdtemp(prefix=f".{req.dest.name}.fetch-", dir=parent))
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -279,9 +279,9 @@ def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
             tree.mkdir()
             unpack(req, archive, tree)
             archive.unlink()
-            _replace(tree, req.dest)
-        else:
-            _replace(archive, req.dest)
+        # only now, with the new data verified, is the old data (and its marker) given up
+        req.marker.unlink(missing_ok=True)
+        _replace(tree if req.unpack else archive, req.dest)
         _write_marker(req)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

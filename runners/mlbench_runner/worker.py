@@ -84,27 +84,31 @@ def supervise(
 ) -> int:
     """Run ``argv`` until it exits (its code) or an OOM kill happens in this cgroup (137)."""
     baseline = read_oom_kills(counters) or 0
-    child = subprocess.Popen(list(argv))
+    child: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
+        if child is not None:
+            child.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the child exists: PID 1 ignores unhandled signals
         signal.signal(sig, forward)
+    child = subprocess.Popen(list(argv))
     while True:
         try:
             code = child.wait(timeout=poll)
         except subprocess.TimeoutExpired:
-            kills = read_oom_kills(counters)
-            if kills is None or kills <= baseline:
-                continue
+            code = None
+        kills = read_oom_kills(counters)
+        if kills is not None and kills > baseline:  # also when the child itself was the one killed
             message = oom_message(worker, kills - baseline, memory_limit(limits))
             print(message, file=sys.stderr, flush=True)
             _write(termination_log, message)
-            child.kill()
-            child.wait()
+            if code is None:
+                child.kill()
+                child.wait()
             return EXIT_OOM
-        return code if code >= 0 else 128 - code
+        if code is not None:
+            return code if code >= 0 else 128 - code
 
 
 def _write(path: str, text: str) -> None:

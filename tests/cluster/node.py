@@ -656,8 +656,10 @@ def ensure_cgroup_root(root: str = CGROUP_ROOT) -> None:
         d = h / rel
         d.mkdir(exist_ok=True)
         for name in ("cpuset.cpus", "cpuset.mems"):
-            if (d / name).exists() and not (d / name).read_text().strip():
-                (d / name).write_text((h / name).read_text())
+            # cgroup v2's root has only cpuset.*.effective; v1's has the plain files
+            source = next((p for p in (h / name, h / f"{name}.effective") if p.exists()), None)
+            if source is not None and (d / name).exists() and not (d / name).read_text().strip():
+                (d / name).write_text(source.read_text())
 
 
 def cgroup_pids(root: str = CGROUP_ROOT) -> set[int]:

@@ -99,7 +99,7 @@ class E2E:
                 "taskRef": {"name": task},
                 "workers": 2,
                 # two workers and the launcher (100m) fit the test node's 2 CPUs
-                "resources": {"cpu": "900m", "memory": "2Gi"},
+                "resources": {"cpu": "850m", "memory": "2Gi"},
                 "scheduling": self.scheduling,
                 "runPolicy": {"maxRestarts": 2},
                 **spec,
@@ -266,7 +266,9 @@ def _dataset_server(cluster: KubeCluster, namespace: str, scheduling: dict[str, 
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "datasets", "namespace": namespace},
-        "spec": {"selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]},
+        # headless: the name resolves to the pod itself (pod -> ClusterIP -> pod on one bridge would
+        # need br_netfilter, which stock Debian kernels load only on demand)
+        "spec": {"clusterIP": "None", "selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]},
     }
     for body in (pod, service):
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body), check=True)

@@ -10,6 +10,7 @@ test the plumbing, they are not results.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -23,12 +24,15 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
-def _watch_columns(e2e: E2E, run: str, seen: list[dict[str, str]]) -> Any:
-    """Record ``kubectl get br`` rows while the run trains (to show progress appears live)."""
+def _watch_columns(e2e: E2E, run: str, seen: list[dict[str, str]], ready: list[float]) -> Any:
+    """Record ``kubectl get br`` rows while the run trains (to show progress appears live), and
+    when READY first showed every worker (the pod start-up time, printed with ``-rP``)."""
 
     def every() -> None:
         row = e2e.get_br(run)
-        if row.get("PHASE") == "Running" and row.get("EPOCH"):
+        if not ready and row.get("READY") == "2":
+            ready.append(time.monotonic())
+        if row.get("PHASE") == "Running" and row.get("EPOCH") not in ("", "<none>"):
             seen.append(row)
 
     return every
@@ -56,9 +60,12 @@ def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str) -> N
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str) -> None:
+    applied = time.monotonic()
     run = e2e.run(f"train-{backend}", e2e_task, backend=backend)
     seen: list[dict[str, str]] = []
-    st = e2e.wait_finished(run, every=_watch_columns(e2e, run, seen))
+    ready: list[float] = []
+    st = e2e.wait_finished(run, every=_watch_columns(e2e, run, seen, ready))
+    print(f"\n{backend}: apply -> 2/2 workers Ready in {ready[0] - applied:.1f} s" if ready else "")
     _assert_succeeded(e2e, run, st, backend)
     assert seen, "kubectl get br never showed an epoch while the run was Running"
     assert _condition(st, "DatasetReady").get("status") == "True"
@@ -85,7 +92,7 @@ def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None
     run = e2e.run(
         "oom",
         e2e_task,
-        resources={"cpu": "900m", "memory": "256Mi"},
+        resources={"cpu": "850m", "memory": "256Mi"},
         runPolicy={"maxRestarts": 0},
     )
     st = e2e.wait_finished(run)
@@ -100,7 +107,8 @@ def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None
     ("source", "reason"),
     [
         ({"sha256": "0" * 64}, "ChecksumMismatch"),
-        ({"url": "http://no-such-service.invalid:8080/cifar10.tar.gz"}, "SourceUnreachable"),
+        # another sha256: with the same one the data already fetched would be used (content-addressed)
+        ({"url": "http://no-such-service.invalid:8080/cifar10.tar.gz", "sha256": "1" * 64}, "SourceUnreachable"),
     ],
     ids=["checksum", "unreachable"],
 )

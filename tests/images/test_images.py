@@ -191,12 +191,9 @@ def test_operator_entrypoint_starts(images: Images) -> None:
 
 def test_second_build_is_a_cache_hit(images: Images) -> None:
     before = {image: images.image_id(image) for image in (RUNNER, OPERATOR)}
-    start = time.monotonic()
     proc = images_sh("build")
-    elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "operator: cache hit" in proc.stderr, proc.stderr
     assert "runner: cache hit" in proc.stderr, proc.stderr
     assert " build: " not in proc.stderr, f"something was rebuilt:\n{proc.stderr}"
     assert {image: images.image_id(image) for image in (RUNNER, OPERATOR)} == before
-    assert elapsed < 60, f"a warm build took {elapsed:.1f}s"
