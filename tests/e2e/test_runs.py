@@ -74,8 +74,12 @@ def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str) -
 
 def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     run = e2e.run("killed-worker", e2e_task, overrides={"maxEpochs": 3})
+    # the first epoch has begun (after the data is decoded): the kill lands mid-training
     e2e.wait_status(
-        run, lambda s: s.get("phase") == "Running" and (s.get("progress") or {}).get("step"), 600, "training steps"
+        run,
+        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(f"{run}-launcher"),
+        600,
+        "the first epoch to start",
     )
     e2e.kill_container(f"{run}-worker-1")
     st = e2e.wait_finished(run)
