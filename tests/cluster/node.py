@@ -498,23 +498,31 @@ def isolation_rules() -> list[list[str]]:
     ]
 
 
+#: Tables holding the guard. mangle's FORWARD runs before filter's, and kube-proxy puts no ACCEPT
+#: there: its filter-table KUBE-FORWARD accepts marked NodePort/externalIP traffic ahead of our
+#: filter-table jump, so the filter copy alone could be bypassed by a Service with outside endpoints.
+ISOLATION_TABLES = ("mangle", "filter")
+
+
 def isolation_up() -> None:
     """Install the guard chain (rebuilt from scratch) and make sure routing on the
     bridge works (Service VIP -> pod is routed back onto the same bridge)."""
     isolation_down()
-    _run("iptables", "-w", "-N", ISOLATION_CHAIN, check=True)
-    for rule in isolation_rules():
-        _run("iptables", "-w", "-A", ISOLATION_CHAIN, *rule, check=True)
-    _run("iptables", "-w", "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN, check=True)
+    for table in ISOLATION_TABLES:
+        _run("iptables", "-w", "-t", table, "-N", ISOLATION_CHAIN, check=True)
+        for rule in isolation_rules():
+            _run("iptables", "-w", "-t", table, "-A", ISOLATION_CHAIN, *rule, check=True)
+        _run("iptables", "-w", "-t", table, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN, check=True)
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
 
 
 def isolation_down() -> None:
-    for _ in range(10):
-        if _run("iptables", "-w", "-D", "FORWARD", "-j", ISOLATION_CHAIN).returncode != 0:
-            break
-    _run("iptables", "-w", "-F", ISOLATION_CHAIN)
-    _run("iptables", "-w", "-X", ISOLATION_CHAIN)
+    for table in ISOLATION_TABLES:
+        for _ in range(10):
+            if _run("iptables", "-w", "-t", table, "-D", "FORWARD", "-j", ISOLATION_CHAIN).returncode != 0:
+                break
+        _run("iptables", "-w", "-t", table, "-F", ISOLATION_CHAIN)
+        _run("iptables", "-w", "-t", table, "-X", ISOLATION_CHAIN)
 
 
 def kubelet_chains_down() -> None:

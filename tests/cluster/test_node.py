@@ -324,6 +324,11 @@ def test_pod_traffic_cannot_leave_the_bridge(kube_cluster: KubeCluster, real_nod
     ours = jumps.index(f"-A FORWARD -j {rn.ISOLATION_CHAIN}")
     # before ours, only kube-proxy's chains (they accept established flows and Service traffic)
     assert all("-j KUBE-" in j for j in jumps[:ours]), jumps
+    # the mangle copy comes first of all: nothing accepts in mangle, so nothing can bypass it
+    mangle = subprocess.run(["iptables", "-w", "-t", "mangle", "-S"], capture_output=True, text=True, check=True)
+    lines = mangle.stdout.splitlines()
+    assert [line.split()[2:] for line in lines if line.startswith(f"-A {rn.ISOLATION_CHAIN} ")] == rn.isolation_rules()
+    assert next(line for line in lines if line.startswith("-A FORWARD")) == f"-A FORWARD -j {rn.ISOLATION_CHAIN}"
     nat = subprocess.run(
         ["iptables", "-w", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True, check=True
     )
