@@ -81,6 +81,24 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
+
+    ref = parse_ref(args.run)
+    if ref is None:
+        print(f"error: run: expected <namespace>/<run>, got {args.run!r}", file=sys.stderr)
+        return 2
+    dest = Path(args.output) if args.output else default_dir(*ref)
+    try:
+        paths = download(*ref, dest, kubeconfig=args.kubeconfig, context=args.context)
+    except ResultsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
 def _runner(entry: str, argv: list[str]) -> int:
     try:
         import importlib
@@ -113,8 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.set_defaults(func=_config)
 
+    p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
+    p.add_argument("run", help="<namespace>/<run>")
+    p.add_argument("-o", "--output", help="directory to write (default mlbench-results/<namespace>/<run>)")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context", help="kubeconfig context")
+    p.set_defaults(func=_fetch)
+
     sub.add_parser("run", help="run a BenchmarkRun (--local: on this machine)", add_help=False)
-    sub.add_parser("results", help="tables and plots from result directories", add_help=False)
+    sub.add_parser(
+        "results", help="tables and plots from result directories or cluster runs (<namespace>/<run>)", add_help=False
+    )
     return parser
 
 

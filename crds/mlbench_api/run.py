@@ -225,6 +225,24 @@ class RunResult(ApiModel):
     world_size: int | None = None
 
 
+class ResultsRef(ApiModel):
+    """Where the run's full results (summary with history, event log, config) are kept, or why not.
+
+    ``mlbench results <namespace>/<run>`` downloads them; the ConfigMap is owned by the run.
+    """
+
+    config_map: str | None = Field(default=None, description="ConfigMap holding the gzip files (binaryData).")
+    files: Annotated[list[str], Field(max_length=8)] | None = None
+    compressed_bytes: Annotated[int, Field(ge=0)] | None = None
+    truncated: Annotated[list[str], Field(max_length=8)] | None = Field(
+        default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only)."
+    )
+    collected_at: datetime | None = None
+    message: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Why no results were kept (e.g. the launcher never ran mpirun)."
+    )
+
+
 class BenchmarkRunStatus(ApiModel):
     phase: Phase | None = None
     conditions: Annotated[list[Condition], Field(max_length=16)] | None = Field(
@@ -238,6 +256,7 @@ class BenchmarkRunStatus(ApiModel):
     restarts: Annotated[int, Field(ge=0)] | None = None
     progress: Progress | None = None
     result: RunResult | None = None
+    results: ResultsRef | None = None
     message: Annotated[str, Field(max_length=32768)] | None = None
     task_snapshot: BenchmarkTaskSpec | None = None
 

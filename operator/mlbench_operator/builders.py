@@ -6,9 +6,11 @@ test: names, owner references, labels, resources, the exact hostfile.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
+from mlbench_api import bundle
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import RunConfig
 from mlbench_api.datasets import PERMANENT_EXITS
@@ -34,6 +36,8 @@ class RunContext:
     run_as_user: int | None = n.RUNNER_UID
     #: The namespace's dataset volume (PVC) that sourced datasets live in.
     dataset_claim: str = n.DATASET_VOLUME
+    #: Ranks keep serving metrics this long after training, so Prometheus scrapes the final values.
+    metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
 
     @property
     def task(self) -> BenchmarkTaskSpec:
@@ -47,11 +51,15 @@ class RunContext:
 
 def owner_reference(ctx: RunContext) -> Obj:
     """Controller owner reference: deleting the run garbage-collects everything it owns."""
+    return run_owner_reference(ctx.name, ctx.uid)
+
+
+def run_owner_reference(run: str, uid: str) -> Obj:
     return {
         "apiVersion": API_VERSION,
         "kind": "BenchmarkRun",
-        "name": ctx.name,
-        "uid": ctx.uid,
+        "name": run,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -111,6 +119,26 @@ def config_map(ctx: RunContext) -> Obj:
         "kind": "ConfigMap",
         "metadata": _metadata(ctx, n.config_map_name(ctx.name)),
         "data": {n.HOSTFILE: hostfile(ctx), n.CONFIG_FILE: ctx.config.dump()},
+    }
+
+
+def results_config_map(run: str, namespace: str, uid: str, task: str, results: bundle.Bundle) -> Obj:
+    """The run's kept results: gzip files in ``binaryData`` (1 MiB at most: see mlbench_api.bundle).
+
+    Built from the run's identity alone (not a :class:`RunContext`): results are collected after the
+    run finished, also when its configuration can no longer be rebuilt.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": n.results_config_map_name(run),
+            "namespace": namespace,
+            "labels": {n.LABEL_RUN: run, n.LABEL_TASK: task, n.LABEL_MANAGED_BY: n.MANAGER},
+            "annotations": {n.ANNOTATION_RESULTS_SCHEMA: bundle.SCHEMA},
+            "ownerReferences": [run_owner_reference(run, uid)],
+        },
+        "binaryData": {k: base64.b64encode(v).decode() for k, v in sorted(results.compressed().items())},
     }
 
 
@@ -182,6 +210,7 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
         {"name": n.ENV_SSH_PORT, "value": str(n.SSH_PORT)},
         {"name": n.ENV_SSH_KEY, "value": f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}"},
         {"name": "MLBENCH_RUN", "value": ctx.name},
+        {"name": "MLBENCH_METRICS_LINGER_SECONDS", "value": str(ctx.metrics_linger_seconds)},
         {"name": "MLBENCH_ROLE", "value": role},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
@@ -262,18 +291,30 @@ def _pod_spec_common(ctx: RunContext) -> Obj:
     }
 
 
+def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
+    """One declared port per rank on worker ``worker``, named for its global rank (``rank-5``).
+
+    Each rank serves on ``9400 + local rank``; mpirun's ``--map-by slot`` fills worker 0's slots
+    first, so worker ``i`` holds ranks ``i * slots ..``. Declared ports are what a PodMonitor (and
+    Prometheus' pod discovery) can scrape; the name gives every series its ``rank`` label.
+    """
+    slots = ctx.spec.slots_per_worker
+    first = worker * slots
+    ranks = range(first, min(first + slots, ctx.config.world_size))
+    return [
+        {"name": n.metrics_port_name(r), "containerPort": n.METRICS_PORT + r - first, "protocol": "TCP"} for r in ranks
+    ]
+
+
 def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
-    """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics on 9400."""
+    """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics from 9400."""
     volumes, mounts = _volumes(ctx, with_data=True)
     container: Obj = {
         "name": n.WORKER_CONTAINER,
         "image": ctx.image,
         "command": ["/bin/sh", "-c", WORKER_SCRIPT],
         "env": [*_env(ctx, n.ROLE_WORKER), {"name": "MLBENCH_WORKER_INDEX", "value": str(rank)}],
-        "ports": [
-            {"name": "ssh", "containerPort": n.SSH_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": n.METRICS_PORT, "protocol": "TCP"},
-        ],
+        "ports": [{"name": "ssh", "containerPort": n.SSH_PORT, "protocol": "TCP"}, *metrics_ports(ctx, rank)],
         "readinessProbe": {
             "tcpSocket": {"port": "ssh"},
             "initialDelaySeconds": 1,

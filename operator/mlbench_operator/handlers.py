@@ -24,14 +24,15 @@ from typing import Any
 
 import kopf
 
+from mlbench_api import bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_operator import builders, datasets, logs, progress, reconcile, sshkeys
+from mlbench_operator import builders, datasets, logs, progress, reconcile, results, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
-from mlbench_operator.settings import DatasetSettings
+from mlbench_operator.settings import DatasetSettings, metrics_linger_seconds
 
 PLURAL = "benchmarkruns"
 RESYNC_SECONDS = float(os.environ.get("MLBENCH_RESYNC_SECONDS", "300"))
@@ -160,21 +161,27 @@ async def fetch_job_event(namespace: str | None, memo: kopf.Memo, **_: Any) -> N
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def run_event(
-    type: str, namespace: str | None, name: str, status: kopf.Status, memo: kopf.Memo, **_: Any
+    *, type: str, namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, **_: Any
 ) -> None:
     key = (namespace or "", name)
-    m.track_phase(key, status.get("phase"), deleted=type == "DELETED")
+    task = (spec.get("taskRef") or {}).get("name", "")
+    m.track_phase(key, status.get("phase"), deleted=type == "DELETED", task=task)
     memo.wakeups.wake(key)
 
 
 # -- the reconciler ----------------------------------------------------------------------------------------
 def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> bool:
-    """Unfinished runs, and finished ones whose cleanPodPolicy still wants pods deleted (e.g. the
-    operator died between writing the final status and deleting the pods)."""
-    if (body.get("status") or {}).get("phase") not in reconcile.TERMINAL:
+    """Unfinished runs, and finished ones whose results are not yet kept or whose cleanPodPolicy still
+    wants pods deleted (e.g. the operator died between writing the final status and deleting the pods)."""
+    status = body.get("status") or {}
+    if status.get("phase") not in reconcile.TERMINAL:
         return True
     pods = list(kwargs["run_pods"].get((namespace or "", name), []))
-    return bool(pods) and bool(reconcile.cleanup_pending(body, pods))
+    if not pods:
+        return False
+    uid = body.get("metadata", {}).get("uid", "")
+    pending = results.decide(status, results.launcher(pods, uid), _now()).action is not results.Action.NONE
+    return pending or bool(reconcile.cleanup_pending(body, pods))
 
 
 def _waits_for_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
@@ -205,6 +212,7 @@ class RunReconciler:
         self.create_failures = 0  # consecutive refused creates (403): backoff
         self.create_backoff_until = 0.0  # monotonic; no pod creates before (pod events don't shorten it)
         self.datasets = dataset_settings()
+        self.linger = metrics_linger_seconds(os.environ)
         self.pvc_ensured = False
 
     def view(self) -> dict[str, Any]:
@@ -248,12 +256,14 @@ class RunReconciler:
                 self.log.warning("run_rejected", reason=admission.reason, message=admission.message)
                 return await self.finished(now, pods)
             ctx, snapshot = admission
+            ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
             await self.patch(reconcile.admitted_status(self.view(), ctx, snapshot, now))
             self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
             self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
         else:
             try:
                 ctx = reconcile.context(self.view(), snapshot, runner_uid(), self.datasets.volume_name)
+                ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
             except ValueError as err:
                 # Final status first, then the cleanup by the raw spec.runPolicy.cleanPodPolicy (in finished).
                 message = f"cannot rebuild the configuration: {err}"
@@ -306,10 +316,10 @@ class RunReconciler:
         if plan.create_launcher and self.may_create(n.launcher_name(self.name)):
             todo.append(builders.launcher_pod(ctx, attempt))
         if todo:
-            results = await self.kube.run(self.kube.create_many, todo)
-            errors = [r for r in results if isinstance(r, BaseException)]
+            outcomes = await self.kube.run(self.kube.create_many, todo)
+            errors = [r for r in outcomes if isinstance(r, BaseException)]
             refused: list[tuple[str, int, str]] = []
-            for obj, res in zip(todo, results, strict=True):
+            for obj, res in zip(todo, outcomes, strict=True):
                 if isinstance(res, BaseException):
                     self.recent.pop(obj["metadata"]["name"], None)
                     if isinstance(res, ApiError) and res.status in (403, 422):
@@ -363,11 +373,11 @@ class RunReconciler:
         collection has not finished) is reported as NameConflict and nothing proceeds (False)."""
         private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
-        results = await self.kube.run(self.kube.create_many, objs)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        outcomes = await self.kube.run(self.kube.create_many, objs)
+        errors = [r for r in outcomes if isinstance(r, BaseException)]
         if errors:
             raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)
-        for obj, created in zip(objs, results, strict=True):
+        for obj, created in zip(objs, outcomes, strict=True):
             if created is False:  # 409: whose is it?
                 kind, name = obj["kind"], obj["metadata"]["name"]
                 existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
@@ -422,14 +432,18 @@ class RunReconciler:
         return min(plan.requeue_after or DATASET_POLL_SECONDS, DATASET_POLL_SECONDS)
 
     async def finished(self, now: datetime, pods: list[PodView]) -> float | None:
-        """Terminal: apply cleanPodPolicy until done (idempotent: derived from the pods still there).
+        """Terminal: keep the results, then apply cleanPodPolicy until done (idempotent: derived from
+        the pods still there).
 
-        Returns None (the daemon stops) once nothing is left to delete; ttlSecondsAfterFinished is
-        handled by :func:`expire_run`.
+        Returns None (the daemon stops) once the results are recorded and nothing is left to delete;
+        ttlSecondsAfterFinished is handled by :func:`expire_run`.
         """
+        decision = await self.keep_results(now, pods)
         todo = reconcile.cleanup_pending(self.view(), pods)
+        if decision.holds_launcher:  # its log is still to be read
+            todo = [p for p in todo if p != n.launcher_name(self.name)]
         if not todo:
-            return None
+            return decision.retry_after
         self.log.info("cleanup", pods=len(todo))
         # All or nothing: an error raises, and the next pass (or a restarted operator) deletes what is left.
         await self.kube.run(self.kube.delete_pods_named, self.namespace, todo)
@@ -438,7 +452,52 @@ class RunReconciler:
         # In the same pass (kopf may stop this daemon once the index shows the pods Terminating):
         # workers.ready recounted, and the run's last event, on which kopf releases the finalizer.
         await self.patch(reconcile.cleaned_up_status(self.view(), after, now))
-        return None
+        return decision.retry_after
+
+    async def keep_results(self, now: datetime, pods: list[PodView]) -> results.Decision:
+        """Copy the launcher's results line into the ``<run>-results`` ConfigMap (once; see .results)."""
+        uid = self.body["metadata"].get("uid", "")
+        pod = results.launcher(pods, uid)
+        decision = results.decide(self.status, pod, now)
+        if decision.action is results.Action.COLLECT and pod is not None:
+            try:
+                text = await self.kube.run(
+                    self.kube.read_log, self.namespace, pod.name, n.LAUNCHER_CONTAINER, results.TAIL_LINES
+                )
+            except ApiError as err:
+                decision = results.after_read_error(self.status, pod, err.detail, err.status == 404, now)
+            else:
+                found, why = results.from_log(text)
+                if found is None:
+                    decision = results.Decision(results.Action.GIVE_UP, why)
+                else:
+                    decision = await self.store_results(found, uid, now)
+        if decision.action is results.Action.GIVE_UP:
+            await self.patch({**self.status, "results": results.missing_status(decision.message, now)})
+            self.event("Warning", "ResultsNotKept", decision.message)
+            self.log.warning("results_not_kept", message=decision.message)
+        return decision
+
+    async def store_results(self, found: bundle.Bundle, uid: str, now: datetime) -> results.Decision:
+        task = (self.body["spec"].get("taskRef") or {}).get("name", "")
+        obj = builders.results_config_map(self.name, self.namespace, uid, task, found)
+        name = obj["metadata"]["name"]
+        try:
+            created = await self.kube.run(self.kube.create, obj)
+        except ApiError as err:
+            if err.status in (403, 422):  # quota, policy, too large: will not pass on a retry
+                return results.Decision(results.Action.GIVE_UP, f"cannot create ConfigMap {name}: {err.detail}")
+            raise
+        if not created:  # 409: ours from an interrupted pass, or someone else's
+            existing = await self.kube.run(self.kube.get, "ConfigMap", self.namespace, name)
+            owner = reconcile.controller_uid(existing)
+            if existing is not None and owner != uid:
+                return results.Decision(results.Action.GIVE_UP, f"ConfigMap {name} exists and is not this run's")
+        await self.patch({**self.status, "results": results.kept_status(self.name, found, now)})
+        message = f"results kept in ConfigMap {name} ({found.compressed_size()} bytes compressed)"
+        self.event("Normal", "ResultsKept", message)
+        self.log.info("results_kept", config_map=name, bytes=found.compressed_size(), truncated=found.truncated)
+        return results.Decision(results.Action.NONE)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=_needs_daemon, cancellation_backoff=5, cancellation_timeout=5)

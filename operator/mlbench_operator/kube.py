@@ -93,9 +93,10 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
         resource: str = "",
+        raw: bool = False,
     ) -> Any:
-        """One API request; returns the decoded JSON answer, raises :class:`ApiError` on non-2xx."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        """One API request; returns the decoded JSON answer (``raw``: the text), raises :class:`ApiError` on non-2xx."""
+        headers = {"Accept": "*/*" if raw else "application/json", "Content-Type": content_type}
         _, url, headers, data, post = self.api.param_serialize(
             method=method,
             resource_path=path,
@@ -110,6 +111,8 @@ class Kube:
         text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, method, path, text)
+        if raw:
+            return text
         return json.loads(text) if text else None
 
     # -- the calls -------------------------------------------------------------------------------
@@ -187,6 +190,17 @@ class Kube:
             "GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", selector)], resource="pods"
         )
         return list((answer or {}).get("items") or [])
+
+    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """The last ``tail_lines`` lines of a container's log (the kubelet reassembles split long lines)."""
+        text: str = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{quote(pod)}/log",
+            query=[("container", container), ("tailLines", str(tail_lines))],
+            resource="pods/log",
+            raw=True,
+        )
+        return text
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and (in the background) its pods; 404 is fine."""

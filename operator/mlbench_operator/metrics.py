@@ -21,16 +21,31 @@ API_REQUESTS = Counter(
     "Kubernetes API requests made by the reconciler (kopf's own watches excluded).",
     ["verb", "resource", "code"],
 )
+RUN_PHASE = Gauge(
+    "mlbench_operator_run_status_phase",
+    "1 for a run's current phase, 0 for the others (like kube_pod_status_phase); gone with the run.",
+    ["namespace", "run", "task", "phase"],
+)
 RESTARTS = Counter("mlbench_operator_gang_restarts_total", "Gang restarts of a run's world after a failure.")
 
 _phases: dict[tuple[str, str], str] = {}
+_tasks: dict[tuple[str, str], str] = {}
 
 
-def track_phase(key: tuple[str, str], phase: str | None, deleted: bool = False) -> None:
-    """Record a run's phase (from its watch events) and refresh the by-phase gauge."""
+def track_phase(key: tuple[str, str], phase: str | None, deleted: bool = False, task: str = "") -> None:
+    """Record a run's phase (from its watch events) and refresh the by-phase gauges."""
+    namespace, run = key
+    old_task = _tasks.pop(key, None)
+    if old_task is not None and (deleted or old_task != task):
+        for p in PHASES:
+            RUN_PHASE.remove(namespace, run, old_task, p)
     if deleted:
         _phases.pop(key, None)
     else:
-        _phases[key] = phase or "Pending"
+        current = phase or "Pending"
+        _phases[key] = current
+        _tasks[key] = task
+        for p in PHASES:
+            RUN_PHASE.labels(namespace, run, task, p).set(1 if p == current else 0)
     for p in PHASES:
         RUNS.labels(p).set(sum(1 for v in _phases.values() if v == p))

@@ -24,6 +24,8 @@ LABEL_DATASET = f"{GROUP}/dataset"
 #: Full sha256 and destination of a fetch Job (annotations: a label value holds only 63 characters).
 ANNOTATION_DATASET_SHA256 = f"{GROUP}/dataset-sha256"
 ANNOTATION_DATASET_PATH = f"{GROUP}/dataset-path"
+#: On a run's results ConfigMap: the bundle format (mlbench_api.bundle.SCHEMA).
+ANNOTATION_RESULTS_SCHEMA = f"{GROUP}/results-schema"
 #: Set by the Job controller on a Job's pods.
 LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
 
@@ -33,6 +35,14 @@ ROLE_LAUNCHER = "launcher"
 # Ports.
 SSH_PORT = 2222
 METRICS_PORT = 9400
+#: Default of MLBENCH_METRICS_LINGER_SECONDS: three scrapes at the PodMonitor's 15 s, one at a 30 s default.
+METRICS_LINGER_SECONDS = 45
+
+
+def metrics_port_name(rank: int) -> str:
+    """The declared port of global rank ``rank`` (port names: at most 15 characters)."""
+    return f"rank-{rank}"
+
 
 # In-container paths and environment.
 CONFIG_DIR = "/etc/mlbench"
@@ -73,6 +83,11 @@ def service_name(run: str) -> str:
 
 def config_map_name(run: str) -> str:
     return f"{run}-config"
+
+
+def results_config_map_name(run: str) -> str:
+    """The run's kept results (see mlbench_api.bundle); survives the pods, not the run."""
+    return f"{run}-results"
 
 
 def ssh_secret_name(run: str) -> str:

@@ -66,6 +66,11 @@ class DatasetSettings:
         )
 
 
+def metrics_linger_seconds(env: Mapping[str, str]) -> int:
+    """``MLBENCH_METRICS_LINGER_SECONDS``: how long ranks keep serving metrics after training (0: not at all)."""
+    return _positive(env, "MLBENCH_METRICS_LINGER_SECONDS", n.METRICS_LINGER_SECONDS, minimum=0)
+
+
 def _positive(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
     raw = env.get(key, "").strip()
     if not raw:

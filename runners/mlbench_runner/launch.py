@@ -6,7 +6,8 @@ mlbench_runner.cli train --config C`` and forwards its output. Rank 0 prints a
 :meth:`RunSummary.termination_message`) to the termination log and exits 0, or writes
 ``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back or mpirun
 failed. An aborted run (status ``aborted``: every rank exits 3) still gets its summary
-written, and the launcher exits 3.
+written, and the launcher exits 3. Whatever the outcome, once mpirun has run the launcher's last
+output line carries rank 0's full results for the operator to keep (:mod:`mlbench_runner.collect`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
+from mlbench_runner.collect import gather, rank0_event, results_line, ssh_options
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -36,6 +38,8 @@ CAUSE = re.compile(
     r"|^\w*(Error|Exception)\b|\b\w+(Error|Exception): |^error: "
 )
 MAX_CAUSES = 10
+#: Rank 0's event lines kept from mpirun's output, the fallback when worker 0's events.jsonl is gone.
+MAX_SEEN_EVENTS = 100_000
 #: Environment forwarded to every rank with ``-x`` (when set on the launcher).
 FORWARD_ENV = (
     CONFIG_ENV,
@@ -93,9 +97,7 @@ def mpirun_command(
 ) -> list[str]:
     """The full mpirun command line (the operator's launcher runs exactly this)."""
     env = dict(os.environ if env is None else env)
-    rsh = f"-p {ssh_port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-    if ssh_key:
-        rsh += f" -i {ssh_key}"
+    rsh = shlex.join(ssh_options(ssh_port, ssh_key))
     cmd = [
         mpirun,
         "--hostfile",
@@ -265,9 +267,13 @@ def run_launch(args: argparse.Namespace) -> int:
     found: list[RunSummary] = []
     tail: list[str] = []
     causes: list[str] = []
+    events: list[str] = []
 
     def on_line(line: str) -> None:
         print(line, flush=True)
+        event = rank0_event(strip_tag(line))
+        if event is not None and len(events) < MAX_SEEN_EVENTS:
+            events.append(event)
         summary = summary_from_line(line)
         if summary is not None:
             found.append(summary)
@@ -284,6 +290,18 @@ def run_launch(args: argparse.Namespace) -> int:
         return 127
     if not found and Path(config.output_dir, "summary.json").exists():
         found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
+    files = gather(
+        config.output_dir,
+        env[CONFIG_ENV],
+        hosts[0][0] if hosts else None,
+        ssh_port=args.ssh_port,
+        ssh_key=args.ssh_key,
+        seen_events=events,
+        seen_summary=found[-1] if found else None,
+    )
+    line = results_line(files)
+    if line is not None:  # the last line of the log: the operator keeps it (mlbench_api.bundle)
+        print(line, flush=True)
     if found and found[-1].status == "aborted" and code in (0, 3):
         # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too:
         # keep the summary. Another code means a rank crashed: report that error instead.

@@ -1,6 +1,7 @@
 """``mlbench results DIR...``: a table of runs and two SVG plots.
 
-Each DIR is a run's output directory (holding ``summary.json``) or a summary file.
+Each DIR is a run's output directory (holding ``summary.json``), a summary file, or a cluster
+run ``<namespace>/<run>``, whose kept results are downloaded first (``mlbench fetch``).
 Plots: test accuracy against wall-clock time, and each run's per-phase time split
 (compute vs communication), written next to the first run or to ``--plots DIR``.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from mlbench_api.config import RunConfig
+from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
 from mlbench_api.task import DatasetFormat
 from mlbench_runner.svg import line_chart, stacked_bars
@@ -144,17 +146,31 @@ def write_plots(runs: list[tuple[Path, RunSummary]], dest: Path) -> list[Path]:
     return [acc, split]
 
 
+def resolve(arg: str, kubeconfig: str | None = None) -> Path:
+    """A local path as it is; ``<namespace>/<run>`` (when no such path exists) downloaded from the cluster."""
+    path = Path(arg)
+    ref = None if path.exists() else parse_ref(arg)
+    if ref is None:
+        return path
+    dest = default_dir(*ref)
+    download(*ref, dest, kubeconfig=kubeconfig)
+    print(f"fetched {arg} into {dest}")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench results``."""
     p = argparse.ArgumentParser(prog="mlbench results", description=__doc__)
-    p.add_argument("dirs", nargs="+", help="run output directories or summary.json files")
+    p.add_argument("dirs", nargs="+", help="run output directories, summary.json files or <namespace>/<run>")
     p.add_argument("--plots", help="where to write the SVG plots (default: the first run's directory)")
+    p.add_argument("--kubeconfig", help="for <namespace>/<run>: default $KUBECONFIG or ~/.kube/config")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     runs: list[tuple[Path, RunSummary]] = []
     for d in args.dirs:
         try:
-            runs.append((Path(d), load_summary(Path(d))))
-        except (OSError, ValueError) as exc:
+            path = resolve(d, args.kubeconfig)
+            runs.append((path, load_summary(path)))
+        except (OSError, ValueError, ResultsUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     print(format_table([s for _, s in runs]))

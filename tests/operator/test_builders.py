@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -109,7 +110,8 @@ def test_worker_pod_shape() -> None:
     assert container["image"] == "example/runner:1"
     quantities = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"}
     assert container["resources"] == {"requests": quantities, "limits": quantities}
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"ssh": 2222, "metrics": 9400}
+    # worker 1 of a 2-slot world holds ranks 2 and 3; each rank's metrics port is named for it
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"ssh": 2222, "rank-2": 9400, "rank-3": 9401}
     assert container["readinessProbe"]["tcpSocket"] == {"port": "ssh"}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MLBENCH_RUN_CONFIG"] == "/etc/mlbench/config.json"
@@ -120,6 +122,33 @@ def test_worker_pod_shape() -> None:
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
     assert volumes["config"]["configMap"]["name"] == "bench-config"
     assert volumes["ssh"]["secret"]["secretName"] == "bench-ssh"
+
+
+@pytest.mark.parametrize(
+    ("workers", "slots", "worker", "expected"),
+    [
+        (1, 1, 0, {"rank-0": 9400}),
+        (4, 1, 3, {"rank-3": 9400}),
+        (2, 2, 0, {"rank-0": 9400, "rank-1": 9401}),
+        (2, 2, 1, {"rank-2": 9400, "rank-3": 9401}),
+        (3, 4, 2, {"rank-8": 9400, "rank-9": 9401, "rank-10": 9402, "rank-11": 9403}),
+    ],
+)
+def test_metrics_ports_are_named_for_global_ranks(workers: int, slots: int, worker: int, expected: dict) -> None:
+    ctx = ctx_for(workers=workers, slotsPerWorker=slots)
+    ports = builders.metrics_ports(ctx, worker)
+    assert {p["name"]: p["containerPort"] for p in ports} == expected
+    assert all(len(p["name"]) <= 15 for p in ports)  # IANA_SVC_NAME
+
+
+def test_ranks_linger_for_the_last_scrape() -> None:
+    ctx = ctx_for()
+    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(n.METRICS_LINGER_SECONDS)
+    quiet = dataclasses.replace(ctx, metrics_linger_seconds=0)
+    env = {e["name"]: e.get("value") for e in builders.launcher_pod(quiet, 0)["spec"]["containers"][0]["env"]}
+    assert env["MLBENCH_METRICS_LINGER_SECONDS"] == "0"
 
 
 def test_worker_without_resources_has_none() -> None:

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from mlbench_api import bundle
+from mlbench_api.results import RunSummary
 from tests.operator import helpers as h
+
+
+def results_line(summary: RunSummary) -> str:
+    """The launcher's last line for ``summary`` (see mlbench_runner.collect)."""
+    return bundle.results_line(bundle.fit({bundle.SUMMARY: summary.model_dump_json(by_alias=True).encode()}))
 
 
 def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,6 +75,8 @@ class FakeKube:
         self.fail_deletes = 0  # the next N pod deletions fail with HTTP 500
         self.create_error: Any = None  # raised for every pod create
         self.existing: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object: 409 on create
+        self.log = ""  # the launcher's log
+        self.log_error: Any = None  # raised by read_log
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
@@ -95,6 +104,15 @@ class FakeKube:
             else:
                 out.append((obj["kind"], obj["metadata"]["name"]) not in self.existing)
         return out
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        return bool(self.create_many([obj])[0])
+
+    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        self.calls.append(("read_log", pod, container))
+        if self.log_error is not None:
+            raise self.log_error
+        return self.log
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get", kind, name))
@@ -136,20 +154,25 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
     kube = FakeKube()
     kube.fail_deletes = 1
+    kube.log = "some output\n" + results_line(h.summary()) + "\n"
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(Exception, match="etcd timeout"):
         asyncio.run(rec.step([*workers(ctx), done]))
     assert kube.calls[0][0] == "patch", kube.calls
     assert kube.calls[0][1]["phase"] == "Succeeded"
     assert kube.calls[0][1]["result"]["goalReached"] is True
-    assert kube.calls[1] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
+    # the results are kept before the cleanup may delete the launcher (cleanPodPolicy All)
+    assert kube.calls[1] == ("read_log", "r1-launcher", "launcher")
+    assert kube.calls[2] == ("create", "ConfigMap", "r1-results")
+    assert kube.calls[3][0] == "patch" and kube.calls[3][1]["results"]["configMap"] == "r1-results"
+    assert kube.calls[4] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
 
     # Retried in the same process before the watch echoed the final status: not re-planned.
     rec.recover(body["status"])
     assert rec.status["phase"] == "Succeeded"
 
     # The operator restarts; the launcher's delete had gone through, the workers' had not.
-    finished = {**body, "status": {**body["status"], **kube.calls[0][1]}}
+    finished = {**body, "status": {**body["status"], **kube.calls[0][1], **kube.calls[3][1]}}
     kube2 = FakeKube()
     rec2 = _reconciler(finished, kube2, monkeypatch)
     assert asyncio.run(rec2.step(workers(ctx))) is None
@@ -169,12 +192,14 @@ def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatc
     pods = [dataclasses.replace(p, attempt=1) for p in pods]
     kube = FakeKube()
     rec = _reconciler(body, kube, monkeypatch)
-    asyncio.run(rec.step(pods))
+    delay = asyncio.run(rec.step(pods))
     assert kube.calls[0][0] == "patch"
     st = kube.calls[0][1]
     assert st["phase"] == "Failed"
     assert "restarts" not in st  # kept (1), not reset
-    assert kube.calls[1] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
+    # the launcher still runs: it is given a while to print its results, the workers go now
+    assert kube.calls[1] == ("delete", ["r1-worker-0", "r1-worker-1"], None)
+    assert delay is not None and 0 < delay <= 31
 
 
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
@@ -282,3 +307,56 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     assert not needs(body=finished, namespace="ns", name="r1", run_pods=gone)
     assert not needs(body=finished, namespace="ns", name="r1", run_pods={})
     assert needs(body=body, namespace="ns", name="r1", run_pods={})
+
+
+def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
+    """A run whose launcher succeeded: the next pass writes Succeeded, then keeps results and cleans up."""
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, _ = _running(policy)
+    body["metadata"]["uid"] = ""  # the test pods carry no owner uid
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    return body, ctx, [*workers(ctx), done]
+
+
+@pytest.mark.parametrize(
+    ("status", "kept", "launcher_deleted"),
+    [
+        (500, False, False),  # kubelet unreachable: spared and retried
+        (404, False, True),  # log gone: recorded, cleanup goes on
+    ],
+)
+def test_unreadable_launcher_log(monkeypatch: pytest.MonkeyPatch, status: int, kept: bool, launcher_deleted: bool) -> None:
+    from mlbench_operator.kube import ApiError
+
+    body, _ctx, pods = _finished("All")
+    kube = FakeKube()
+    kube.log_error = ApiError(status, "GET", "/log", '{"message": "boom"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    delay = asyncio.run(rec.step(pods))
+    deletes = [c[1] for c in kube.calls if c[0] == "delete"]
+    assert ("r1-launcher" in deletes[0]) is launcher_deleted
+    if launcher_deleted:
+        assert rec.status["results"]["message"] == "the launcher's log is gone: boom"
+        assert ("Warning", "ResultsNotKept", "the launcher's log is gone: boom") in rec.events
+    else:
+        assert "results" not in rec.status
+        assert delay is not None
+        assert delay <= 5.1
+
+
+def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted operator that finds status.results does not read the log again; a foreign
+    ConfigMap of the same name is never overwritten."""
+    body, _ctx, pods = _finished("Running")
+    kube = FakeKube()
+    kube.log = results_line(h.summary())
+    kube.existing[("ConfigMap", "r1-results")] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "x"}]}}
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step(pods))
+    assert rec.status["results"]["message"] == "ConfigMap r1-results exists and is not this run's"
+    again = FakeKube()
+    rec2 = _reconciler({**body, "status": rec.status}, again, monkeypatch)
+    asyncio.run(rec2.step(pods))
+    assert not [c for c in again.calls if c[0] == "read_log"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlbench_api import bundle
 from mlbench_api.results import RunSummary
 from mlbench_runner.launch import launcher_command, mpirun_command
 
@@ -58,6 +59,14 @@ def test_launch_writes_termination_message(tmp_path: Path) -> None:
     assert summary.environment.world_size == 2
     assert summary.steps == 2 * 200 // 10
     assert (out / "ranks" / "rank-1.json").exists()
+    # the last output line carries rank 0's full results for the operator to keep
+    kept = bundle.parse_line(proc.stdout.rstrip("\n").rsplit("\n", 1)[-1])
+    assert kept is not None
+    assert kept.files[bundle.SUMMARY] == (out / "summary.json").read_bytes()
+    assert kept.files[bundle.EVENTS] == (out / "events.jsonl").read_bytes()
+    assert kept.files[bundle.CONFIG] == path.read_bytes()
+    assert kept.summary is not None
+    assert len(kept.summary.history) == summary.epochs
 
 
 def test_launch_failure_writes_error(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""A run's results bundle: how a cluster run's full results travel from the launcher to a ConfigMap.
+
+Rank 0 writes ``summary.json`` (with the per-epoch history) and ``events.jsonl`` to worker 0's
+emptyDir, which the run's cleanup deletes. The launcher therefore collects them (with the
+effective ``config.json``) when ``mpirun`` ends and prints them as its *last* log line, a
+``run_results`` event whose files are gzip-compressed and base64-encoded. The operator reads that
+line from the launcher's log (``pods/log``: read-only, no write access for runner pods) and keeps
+the files in a ConfigMap ``<run>-results`` owned by the run, so deleting the run deletes them and
+``mlbench results <namespace>/<run>`` can download them.
+
+Why a ConfigMap and not a results volume: it works on every cluster (no ReadWriteMany storage, no
+StorageClass), it is readable with plain ``kubectl``, and owner references garbage-collect it. Its
+cost is the 1 MiB object limit, hence :data:`BUDGET_BYTES` and :func:`fit`: a long run's event log
+loses its ``train_progress`` lines first, then its middle; the summary is never cut.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import io
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from mlbench_api.results import RunSummary
+
+EVENT = "run_results"
+SCHEMA = "mlbench.io/results/v1"
+SUMMARY = "summary.json"
+EVENTS = "events.jsonl"
+CONFIG = "config.json"
+#: The files a bundle may carry, in the order they are written.
+FILES = (SUMMARY, EVENTS, CONFIG)
+#: Compressed bytes of all files together: a ConfigMap holds at most 1 MiB, metadata included.
+BUDGET_BYTES = 900 * 1024
+#: A decompressed file larger than this is refused (a corrupt or hostile log line).
+MAX_FILE_BYTES = 64 * 1024 * 1024
+#: Key suffix of each file in the ConfigMap's ``binaryData``.
+GZ = ".gz"
+#: Events that say the least per byte; dropped first when the event log is over budget.
+CHATTY_EVENTS = ("train_progress",)
+
+
+class BundleError(ValueError):
+    """A results line or ConfigMap that cannot be read; the message says which part."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The files of one run (raw bytes, uncompressed) and what was cut to fit the budget."""
+
+    files: dict[str, bytes]
+    truncated: tuple[str, ...] = field(default=())
+
+    @property
+    def summary(self) -> RunSummary | None:
+        raw = self.files.get(SUMMARY)
+        return RunSummary.model_validate_json(raw) if raw is not None else None
+
+    def compressed(self) -> dict[str, bytes]:
+        """``name.gz`` -> gzip bytes (``mtime=0``: the same files give the same bytes)."""
+        return {name + GZ: gzip.compress(data, mtime=0) for name, data in self.files.items()}
+
+    def compressed_size(self) -> int:
+        return sum(len(v) for v in self.compressed().values())
+
+
+def _event_name(line: bytes) -> str | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return data.get("event") if isinstance(data, dict) else None
+
+
+def _thin_events(data: bytes, keep_head: int, keep_tail: int) -> bytes:
+    """The event log without chatty events, and only its first and last lines if still long."""
+    lines = [ln for ln in data.splitlines() if _event_name(ln) not in CHATTY_EVENTS]
+    if len(lines) > keep_head + keep_tail:
+        marker = json.dumps({"event": "events_omitted", "count": len(lines) - keep_head - keep_tail}).encode()
+        lines = [*lines[:keep_head], marker, *(lines[-keep_tail:] if keep_tail else [])]
+    return b"".join(ln + b"\n" for ln in lines)
+
+
+def fit(files: Mapping[str, bytes], budget: int = BUDGET_BYTES) -> Bundle:
+    """The bundle of ``files`` within ``budget`` compressed bytes, cutting only the event log.
+
+    Raises :class:`BundleError` when even the summary and config alone do not fit.
+    """
+    bundle = Bundle({k: files[k] for k in FILES if k in files})
+    if bundle.compressed_size() <= budget:
+        return bundle
+    events = bundle.files.get(EVENTS, b"")
+    keep = max(len(events.splitlines()), 2)
+    while True:
+        keep = keep // 2
+        thinned = _thin_events(events, keep_head=keep // 2, keep_tail=keep - keep // 2)
+        candidate = Bundle({**bundle.files, EVENTS: thinned}, truncated=(EVENTS,))
+        if candidate.compressed_size() <= budget:
+            return candidate
+        if keep <= 1:
+            break
+    rest = {k: v for k, v in bundle.files.items() if k != EVENTS}
+    candidate = Bundle(rest, truncated=(EVENTS,))
+    if candidate.compressed_size() <= budget:
+        return candidate
+    raise BundleError(f"the summary and config alone need {candidate.compressed_size()} compressed bytes (> {budget})")
+
+
+def results_line(bundle: Bundle) -> str:
+    """The launcher's last log line: one JSON object, files gzip+base64 encoded."""
+    payload = {
+        "event": EVENT,
+        "schema": SCHEMA,
+        "truncated": list(bundle.truncated),
+        "files": {name: base64.b64encode(data).decode() for name, data in bundle.compressed().items()},
+    }
+    return json.dumps(payload, separators=(",", ":"))
+
+
+def _gunzip(name: str, data: bytes) -> bytes:
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            out = f.read(MAX_FILE_BYTES + 1)
+    except (OSError, EOFError) as exc:
+        raise BundleError(f"{name}: not gzip data: {exc}") from exc
+    if len(out) > MAX_FILE_BYTES:
+        raise BundleError(f"{name}: more than {MAX_FILE_BYTES} bytes once decompressed")
+    return out
+
+
+def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = ()) -> Bundle:
+    """A bundle from ``name.gz`` -> gzip bytes (a results line's or a ConfigMap's); validates the summary."""
+    files: dict[str, bytes] = {}
+    for key, data in compressed.items():
+        name = key.removesuffix(GZ)
+        if name not in FILES or not key.endswith(GZ):
+            raise BundleError(f"unexpected file {key!r} (expected {', '.join(f + GZ for f in FILES)})")
+        files[name] = _gunzip(key, data)
+    bundle = Bundle(files, tuple(truncated))
+    try:
+        bundle.summary  # noqa: B018 - parse to validate
+    except ValueError as exc:
+        raise BundleError(f"{SUMMARY}: not a run summary: {exc}") from exc
+    return bundle
+
+
+def parse_line(line: str) -> Bundle | None:
+    """The bundle of a ``run_results`` line; None for any other line; BundleError when it is malformed."""
+    text = line.strip()
+    if not text.startswith("{") or f'"{EVENT}"' not in text[:40]:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"the {EVENT} line is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("event") != EVENT:
+        return None
+    if data.get("schema") != SCHEMA:
+        raise BundleError(f"unknown results schema {data.get('schema')!r} (expected {SCHEMA})")
+    files = data.get("files")
+    if not isinstance(files, dict):
+        raise BundleError("the results line has no files")
+    try:
+        compressed = {str(k): base64.b64decode(str(v), validate=True) for k, v in files.items()}
+    except binascii.Error as exc:
+        raise BundleError(f"a results file is not base64: {exc}") from exc
+    return from_compressed(compressed, [str(t) for t in data.get("truncated") or []])
+
+
+def from_log(text: str) -> Bundle | None:
+    """The last ``run_results`` bundle in a launcher's log; None when the log has none."""
+    for line in reversed(text.splitlines()):
+        bundle = parse_line(line)
+        if bundle is not None:
+            return bundle
+    return None

@@ -1,0 +1,164 @@
+"""The results bundle: launcher line -> operator ConfigMap -> ``mlbench fetch`` directory."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlbench_api import bundle
+from mlbench_api.download import ResultsUnavailable, from_config_map, parse_ref, results_ref, write
+from mlbench_api.results import EpochRecord
+from tests.operator import helpers as h
+
+
+def _summary_bytes(epochs: int = 3) -> bytes:
+    history = [
+        EpochRecord(epoch=e, accuracy=0.1 * e, loss=2.0 / e, wall_seconds=10.0 * e, lr=0.1)
+        for e in range(1, epochs + 1)
+    ]
+    return h.summary().model_copy(update={"history": history}).model_dump_json(by_alias=True).encode()
+
+
+def _events(n: int, chatty_every: int = 2) -> bytes:
+    rng = random.Random(0)  # incompressible-ish payloads, so the budget is really tested
+    lines = []
+    for i in range(n):
+        name = "train_progress" if chatty_every and i % chatty_every else "epoch_stop"
+        lines.append(json.dumps({"event": name, "i": i, "noise": rng.getrandbits(256).to_bytes(32, "big").hex()}))
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def test_round_trip_through_a_log_line_and_a_config_map() -> None:
+    files = {bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: _events(10), bundle.CONFIG: b'{"runName": "r1"}'}
+    line = bundle.results_line(bundle.fit(files))
+    log = f"noise\n[1,0]<stdout>:{{}}\n{line}\n"
+    found = bundle.from_log(log)
+    assert found is not None
+    assert found.files == files
+    assert found.summary is not None
+    assert len(found.summary.history) == 3
+    # the ConfigMap's binaryData (base64 of the gzip files, as the API returns it) gives the same files
+    binary = {k: base64.b64encode(v).decode() for k, v in found.compressed().items()}
+    assert from_config_map(binary).files == files
+
+
+def test_compression_is_deterministic() -> None:
+    files = {bundle.SUMMARY: _summary_bytes()}
+    assert bundle.results_line(bundle.fit(files)) == bundle.results_line(bundle.fit(files))
+
+
+def test_over_budget_drops_chatty_events_first_and_never_the_summary() -> None:
+    files = {bundle.SUMMARY: _summary_bytes(164), bundle.EVENTS: _events(4000)}
+    full = bundle.Bundle(files).compressed_size()
+    budget = full // 3
+    fitted = bundle.fit(files, budget=budget)
+    assert fitted.compressed_size() <= budget
+    assert fitted.truncated == (bundle.EVENTS,)
+    assert fitted.files[bundle.SUMMARY] == files[bundle.SUMMARY]
+    names = [json.loads(line)["event"] for line in fitted.files[bundle.EVENTS].splitlines()]
+    assert "train_progress" not in names
+    assert names.count("epoch_stop") > 0
+
+
+def test_a_long_log_keeps_its_head_and_tail() -> None:
+    files = {bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: _events(6000, chatty_every=0)}
+    fitted = bundle.fit(files, budget=bundle.Bundle(files).compressed_size() // 4)
+    lines = [json.loads(line) for line in fitted.files[bundle.EVENTS].splitlines()]
+    omitted = [e for e in lines if e["event"] == "events_omitted"]
+    assert len(omitted) == 1
+    assert omitted[0]["count"] > 0
+    assert lines[0]["i"] == 0
+    assert lines[-1]["i"] == 5999
+
+
+def test_summary_too_big_for_any_budget_is_an_error() -> None:
+    with pytest.raises(bundle.BundleError, match="summary and config alone"):
+        bundle.fit({bundle.SUMMARY: _summary_bytes(500)}, budget=100)
+
+
+def _line(**overrides: Any) -> str:
+    payload = {"event": bundle.EVENT, "schema": bundle.SCHEMA, "truncated": [], "files": {}}
+    payload.update(overrides)
+    return json.dumps(payload)
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (_line(schema="mlbench.io/results/v9"), "unknown results schema"),
+        (_line(files=None), "no files"),
+        (_line(files={"summary.json.gz": "@@@"}), "not base64"),
+        (_line(files={"summary.json.gz": base64.b64encode(b"plain").decode()}), "not gzip"),
+        (_line(files={"secrets.txt.gz": base64.b64encode(gzip.compress(b"x")).decode()}), "unexpected file"),
+        (_line(files={"summary.json.gz": base64.b64encode(gzip.compress(b"{}")).decode()}), "not a run summary"),
+        ('{"event": "run_results", "schema": ', "not JSON"),
+    ],
+)
+def test_malformed_results_lines_say_what_is_wrong(line: str, error: str) -> None:
+    with pytest.raises(bundle.BundleError, match=error):
+        bundle.parse_line(line)
+
+
+@pytest.mark.parametrize("line", ["", "plain output", '{"event": "epoch_stop"}', '{"event": "run_summary"}'])
+def test_other_lines_are_not_results(line: str) -> None:
+    assert bundle.parse_line(line) is None
+
+
+def test_the_last_results_line_wins() -> None:
+    first = bundle.results_line(bundle.fit({bundle.SUMMARY: _summary_bytes(1)}))
+    last = bundle.results_line(bundle.fit({bundle.SUMMARY: _summary_bytes(2)}))
+    found = bundle.from_log(f"{first}\n{last}\n")
+    assert found is not None
+    assert found.summary is not None
+    assert len(found.summary.history) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ns/run-1", ("ns", "run-1")),
+        ("team-a/r", ("team-a", "r")),
+        ("results/run1/summary.json", None),
+        ("./ns/run", None),
+        ("ns/1run", None),  # run names are DNS-1035 labels
+        ("NS/run", None),
+        ("run", None),
+    ],
+)
+def test_cluster_run_references(text: str, expected: tuple[str, str] | None) -> None:
+    assert parse_ref(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"phase": "Succeeded", "results": {"configMap": "r1-results"}}, "r1-results"),
+        (
+            {"phase": "Failed", "results": {"message": "the launcher's log is gone"}},
+            "has no kept results: the launcher",
+        ),
+        ({"phase": "Running"}, "is Running: results are kept once it has finished"),
+        ({}, "is Pending"),
+        ({"phase": "Succeeded"}, "not collected yet"),
+    ],
+)
+def test_results_ref_says_why_there_is_nothing(status: dict[str, Any], expected: str) -> None:
+    obj = {"metadata": {"namespace": "ns", "name": "r1"}, "status": status}
+    if expected == "r1-results":
+        assert results_ref(obj) == expected
+    else:
+        with pytest.raises(ResultsUnavailable, match=expected):
+            results_ref(obj)
+
+
+def test_write_lays_out_a_run_directory(tmp_path: Path) -> None:
+    files = {bundle.SUMMARY: _summary_bytes(), bundle.CONFIG: b"{}"}
+    paths = write(bundle.Bundle(files), tmp_path / "ns" / "r1")
+    assert sorted(p.name for p in paths) == ["config.json", "summary.json"]
+    assert (tmp_path / "ns" / "r1" / "summary.json").read_bytes() == files[bundle.SUMMARY]

@@ -1,0 +1,91 @@
+"""Keeping a finished run's results: the pure decisions (mlbench_operator.results), one table each."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mlbench_api import bundle
+from mlbench_operator import results as r
+from mlbench_operator.podview import PodView
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+
+
+def _ago(seconds: float) -> str:
+    return (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def launcher(phase: str = "Succeeded", **kw: Any) -> PodView:
+    return PodView(name="r1-launcher", role="launcher", rank=None, attempt=0, phase=phase, owner_uid="u1", **kw)
+
+
+DONE = {"phase": "Succeeded", "completionTime": _ago(1)}
+
+
+@pytest.mark.parametrize(
+    ("status", "pod", "action"),
+    [
+        ({"phase": "Running"}, launcher("Running"), r.Action.NONE),  # not finished: nothing yet
+        ({**DONE, "results": {"configMap": "r1-results"}}, launcher(), r.Action.NONE),  # recorded once
+        ({**DONE, "results": {"message": "gone"}}, launcher(), r.Action.NONE),  # a recorded failure is final too
+        (DONE, None, r.Action.NONE),  # rejected run: no launcher ever ran
+        (DONE, launcher("Succeeded"), r.Action.COLLECT),
+        ({**DONE, "phase": "Failed"}, launcher("Failed"), r.Action.COLLECT),  # a crash still has events
+        ({"phase": "Failed", "completionTime": _ago(5)}, launcher("Running"), r.Action.WAIT),  # mpirun aborting
+        ({"phase": "Failed", "completionTime": _ago(31)}, launcher("Running"), r.Action.GIVE_UP),
+        ({"phase": "Failed", "completionTime": _ago(5)}, launcher("Running", terminating=True), r.Action.GIVE_UP),
+    ],
+)
+def test_decide(status: dict[str, Any], pod: PodView | None, action: r.Action) -> None:
+    decision = r.decide(status, pod, NOW)
+    assert decision.action is action
+    assert decision.holds_launcher is (action in (r.Action.WAIT, r.Action.COLLECT))
+    if action is r.Action.WAIT:
+        assert decision.retry_after is not None
+        assert 0 < decision.retry_after <= r.WAIT_SECONDS + 1
+    if action is r.Action.GIVE_UP:
+        assert "no results were kept" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("finished_ago", "gone", "action", "message"),
+    [
+        (2, False, r.Action.WAIT, ""),  # a kubelet restarting: look again soon
+        (60, False, r.Action.GIVE_UP, "cannot read the launcher's log: boom"),
+        (2, True, r.Action.GIVE_UP, "the launcher's log is gone: boom"),
+    ],
+)
+def test_after_read_error(finished_ago: float, gone: bool, action: r.Action, message: str) -> None:
+    pod = launcher(finished_at=_ago(finished_ago))
+    decision = r.after_read_error(DONE, pod, "boom", gone, NOW)
+    assert decision.action is action
+    assert decision.message == message
+
+
+def test_launcher_is_the_runs_own() -> None:
+    foreign = PodView(name="r1-launcher", role="launcher", rank=None, attempt=0, owner_uid="old-run")
+    worker = PodView(name="r1-worker-0", role="worker", rank=0, attempt=0, owner_uid="u1")
+    assert r.launcher([foreign, worker], "u1") is None
+    assert r.launcher([worker, launcher()], "u1") == launcher()
+
+
+def test_from_log_says_why_there_is_nothing() -> None:
+    assert r.from_log("mpirun output\n")[1].startswith("the launcher's log has no results line")
+    bad = '{"event": "run_results", "schema": "other"}'
+    assert r.from_log(bad)[1].startswith("the launcher's results line is unreadable: unknown results schema")
+
+
+def test_status_records_size_and_truncation() -> None:
+    found = bundle.Bundle({bundle.EVENTS: b"{}\n"}, truncated=(bundle.EVENTS,))
+    st = r.kept_status("r1", found, NOW)
+    assert st == {
+        "configMap": "r1-results",
+        "files": ["events.jsonl"],
+        "compressedBytes": found.compressed_size(),
+        "collectedAt": "2026-11-23T12:00:00Z",
+        "truncated": ["events.jsonl"],
+    }
+    assert r.missing_status("x" * 5000, NOW)["message"] == "x" * 4096

@@ -1,0 +1,52 @@
+"""The launcher's results collection: best source per file, fallbacks when worker 0 is gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlbench_api import bundle
+from mlbench_runner import collect
+from tests.operator import helpers as h
+
+
+def test_local_files_win(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text(h.summary().model_dump_json(by_alias=True))
+    (tmp_path / "events.jsonl").write_text('{"event": "run_start", "rank": 0}\n')
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    files = collect.gather(
+        str(tmp_path), str(config), None, ssh_port=2222, ssh_key=None, seen_events=["ignored"], seen_summary=None
+    )
+    assert files == {
+        bundle.SUMMARY: (tmp_path / "summary.json").read_bytes(),
+        bundle.EVENTS: b'{"event": "run_start", "rank": 0}\n',
+        bundle.CONFIG: b"{}",
+    }
+
+
+def test_worker_0_unreachable_falls_back_to_what_mpirun_printed(tmp_path: Path) -> None:
+    seen = ['{"event": "run_start", "rank": 0}', '{"event": "epoch_start", "rank": 0}']
+    files = collect.gather(
+        str(tmp_path / "nowhere"),
+        str(tmp_path / "no-config.json"),
+        "host.invalid",  # ssh fails fast: no such host
+        ssh_port=1,
+        ssh_key=None,
+        seen_events=seen,
+        seen_summary=h.summary(),
+    )
+    assert files[bundle.EVENTS].decode().splitlines() == seen
+    assert json.loads(files[bundle.SUMMARY])["run"] == "r1"
+    assert bundle.CONFIG not in files
+    line = collect.results_line(files)
+    assert line is not None
+    assert bundle.parse_line(line) is not None
+
+
+def test_rank0_event_lines() -> None:
+    assert collect.rank0_event('{"event": "epoch_stop", "rank": 0}') is not None
+    assert collect.rank0_event('{"event": "run_error", "rank": 1, "level": "error"}') is None
+    assert collect.rank0_event("plain text") is None
+    assert collect.rank0_event('{"no": "event", "rank": 0}') is None
+    assert collect.results_line({}) is None
