@@ -52,10 +52,22 @@ crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
 	$(VENV)/bin/mlbench crds
 
 .PHONY: lint
-lint: $(PYTHON) ## ruff and mypy
+lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps fresh, grafana's dashboard-linter
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m mypy
+	$(PYTHON) hack/dashboards.py --check
+	@# built from its Go module (cached); where it cannot be built, say why and go on,
+	@# unless MLBENCH_REQUIRE_DASHBOARD_LINTER=1
+	@if linter=$$(hack/build-dashboard-linter.sh); then \
+	  rc=0; for f in grafana/dashboards/*.json; do \
+	    echo "dashboard-linter lint --strict $$f"; "$$linter" lint --strict "$$f" || rc=1; done; exit $$rc; \
+	elif [ -n "$${MLBENCH_REQUIRE_DASHBOARD_LINTER:-}" ]; then exit 1; \
+	else echo "dashboard-linter: skipped, it could not be built here (reason above)" >&2; fi
+
+.PHONY: dashboards
+dashboards: $(PYTHON) ## regenerate manifests/monitoring/dashboards.yaml from grafana/dashboards
+	$(PYTHON) hack/dashboards.py
 
 .PHONY: fmt
 fmt: $(PYTHON) ## format and autofix

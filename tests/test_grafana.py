@@ -1,9 +1,18 @@
-"""The Grafana dashboards query metrics that the runner and operator really export."""
+"""The Grafana dashboards: what they query exists, and they work in kube-prometheus-stack.
+
+Static checks only (no Grafana, no Prometheus): the metrics are really exported, every
+panel uses the ``${datasource}`` variable, windows are ``$__rate_interval``, units fit
+the metric, runner queries are filtered by namespace and run, and the sidecar ConfigMaps
+(manifests/monitoring/dashboards.yaml) are fresh. tests/dashboard_queries.py expands the
+queries for tests that run them against a real Prometheus.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +22,27 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import mlbench_operator.metrics  # noqa: F401 - registers the operator's metrics on the default registry
 from mlbench_runner.metrics import RunnerMetrics
+from tests.dashboard_queries import DASHBOARDS, GRAFANA, expand, panel_queries, panels
 
-GRAFANA = Path(__file__).resolve().parents[1] / "grafana"
-DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
-METRIC = re.compile(r"\bmlbench_[a-z_]+\b")
+ROOT = GRAFANA.parent
+RUNNER = GRAFANA / "dashboards" / "mlbench-runner.json"
+OPERATOR = GRAFANA / "dashboards" / "mlbench-operator.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE_INTERVAL = "$__rate_interval"
 
-
+#: Metrics the dashboards may use without MLBench exporting them: cAdvisor (kubelet) and
+#: NVIDIA's DCGM exporter, as kube-prometheus-stack and the GPU operator scrape them.
+EXTERNAL_METRICS = {
+    "container_cpu_usage_seconds_total",
+    "container_memory_working_set_bytes",
+    "container_network_receive_bytes_total",
+    "container_network_transmit_bytes_total",
+    "DCGM_FI_DEV_GPU_UTIL",
+}
 #: Sample-name suffixes Prometheus exposes per metric type (labelled families have no
 #: samples until a label set is used, so names come from the families, not the samples).
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
 
 
 def _sample_names(registry: CollectorRegistry) -> set[str]:
@@ -37,29 +58,304 @@ def _exported() -> set[str]:
     return _sample_names(runner.registry) | _sample_names(REGISTRY)
 
 
-def _targets(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t for panel in dashboard["panels"] for t in panel.get("targets", [])]
+def _load(path: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+def _strip_strings(expr: str) -> str:
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not functions, labels or keywords)."""
+    e = _strip_strings(expr)
+    e = re.sub(r"\{[^}]*\}", "{}", e)  # label matchers
+    e = re.sub(r"\[[^\]]*\]", "[]", e)  # range windows
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)  # label lists
+    return {
+        m.group(1)
+        for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", e)
+        if not m.group(2) and m.group(1) not in PROMQL_KEYWORDS
+    }
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, label matchers) of each vector selector, matchers '' when bare."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: m.group(0).replace("{", "\0").replace("}", "\1"), expr)
+    found = []
+    for name in metric_names(expr):
+        for m in re.finditer(rf"(?<![\w:]){re.escape(name)}(?![\w:])(\s*\{{([^}}]*)\}})?", e):
+            found.append((name, (m.group(2) or "").replace("\0", "{").replace("\1", "}")))
+    return found
+
+
+def _targets(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(panel, t) for panel in panels(_load(path)) for t in panel.get("targets", [])]
+
+
+def _data_panels(path: Path) -> list[dict[str, Any]]:
+    return [p for p in panels(_load(path)) if p["type"] != "row"]
+
+
+by_dashboard = pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
 
 
 def test_there_is_a_runner_and_an_operator_dashboard() -> None:
     assert {p.stem for p in DASHBOARDS} >= {"mlbench-runner", "mlbench-operator"}
+    assert (_load(RUNNER)["uid"], _load(RUNNER)["title"]) == ("mlbench-runner", "MLBench runner")
+    assert (_load(OPERATOR)["uid"], _load(OPERATOR)["title"]) == ("mlbench-operator", "MLBench operator")
 
 
-@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('sum by (run, le) (rate(a_bucket{x="y{z}"}[$__rate_interval]))', {"a_bucket"}),
+        ("histogram_quantile(0.5, b) / on (pod) group_left (run) c_total or d", {"b", "c_total", "d"}),
+        ('max by (pod) (DCGM_FI_DEV_GPU_UTIL{pod=~"($run)-worker-[0-9]+"}) * 2', {"DCGM_FI_DEV_GPU_UTIL"}),
+    ],
+)
+def test_metric_names_are_found(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
+
+
+@by_dashboard
 def test_every_query_names_exported_metrics(path: Path) -> None:
     exported = _exported()
-    dashboard = json.loads(path.read_text())
-    names = {name for t in _targets(dashboard) for name in METRIC.findall(t["expr"])}
-    assert names, "a dashboard without mlbench queries"
-    assert names - exported == set(), f"{path.name} queries metrics nobody exports"
+    names = {name for _, expr in panel_queries(path) for name in metric_names(expr)}
+    assert any(n.startswith("mlbench_") for n in names), "a dashboard without mlbench queries"
+    assert names - exported - EXTERNAL_METRICS == set(), f"{path.name} queries metrics nobody exports"
 
 
-@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
-def test_dashboards_use_the_provisioned_datasource(path: Path) -> None:
-    provisioned = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text())
-    uid = provisioned["datasources"][0]["uid"]
-    dashboard = json.loads(path.read_text())
-    ids = [panel["id"] for panel in dashboard["panels"]]
+@by_dashboard
+def test_dashboard_basics(path: Path) -> None:
+    dashboard = _load(path)
+    assert dashboard["schemaVersion"] >= 39
+    assert dashboard["editable"] is False, "provisioned dashboards are read-only (dashboard-linter)"
+    ids = [panel["id"] for panel in panels(dashboard)]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
-    for target in _targets(dashboard):
-        assert target["datasource"]["uid"] == uid
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels(dashboard):
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24, f"{panel['title']}: wider than the grid"
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+    for panel in panels(dashboard):
+        if panel["type"] != "row":
+            assert panel["title"], f"panel {panel['id']} needs a title"
+            assert panel.get("description"), f"{panel['title']}: needs a description (dashboard-linter)"
+            assert panel.get("targets"), f"{panel['title']}: no targets"
+
+
+@by_dashboard
+def test_every_panel_and_target_uses_the_datasource_variable(path: Path) -> None:
+    dashboard = _load(path)
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
+    assert (variable["name"], variable["query"]) == ("datasource", "prometheus")
+    assert variable["current"]["value"] == "default", "Grafana's default data source unless chosen"
+    for panel in _data_panels(path):
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+    for panel, target in _targets(path):
+        assert target["datasource"] == DATASOURCE, f"{panel['title']} {target['refId']}"
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            assert variable["datasource"] == DATASOURCE, variable["name"]
+    assert "mlbench-prometheus" not in path.read_text(), "no datasource uid may be pinned"
+
+
+@by_dashboard
+def test_windows_are_the_rate_interval(path: Path) -> None:
+    for title, expr in panel_queries(path):
+        e = _strip_strings(expr)
+        windows = re.findall(r"\[([^\]]*)\]", e)
+        assert all(w == RATE_INTERVAL for w in windows), f"{title}: fixed window in {expr}"
+        for fn in re.finditer(r"\b(rate|irate|increase)\s*\(", e):
+            assert f"[{RATE_INTERVAL}]" in e[fn.end() :], f"{title}: {fn.group(1)} without a window"
+        # counters and histogram buckets only through rate/increase (dashboard-linter's counter rule)
+        for name, _ in selectors(expr):
+            if name.endswith(("_total", "_bucket")):
+                pattern = rf"\b(rate|irate|increase)\s*\(\s*{name}\s*(\{{[^}}]*\}})?\s*\[{re.escape(RATE_INTERVAL)}\]"
+                assert re.search(pattern, expr), f"{title}: {name} not under rate/increase"
+
+
+def _mapping_texts(panel: dict[str, Any]) -> dict[str, str]:
+    return {
+        value: option["text"]
+        for mapping in panel["fieldConfig"]["defaults"].get("mappings", [])
+        for value, option in mapping.get("options", {}).items()
+    }
+
+
+def _has_phase_mappings(panel: dict[str, Any]) -> bool:
+    texts = _mapping_texts(panel)
+    return sorted(texts.values()) == sorted(["Pending", "Starting", "Running", "Succeeded", "Failed"])
+
+
+#: (what the panel's queries contain, units allowed, extra check): the first row that
+#: matches a panel applies; a panel no row matches fails, so new panels need a rule.
+UNIT_RULES: list[tuple[str, set[str | None], Callable[[dict[str, Any]], bool]]] = [
+    ("mlbench_operator_run_status_phase", {None, "none"}, _has_phase_mappings),
+    ("mlbench_goal_reached", {None, "none"}, lambda p: _mapping_texts(p) == {"0": "No", "1": "Yes"}),
+    (r"histogram_quantile\(.*_seconds_bucket", {"s"}, lambda p: True),
+    ("container_cpu_usage_seconds_total", {"none"}, lambda p: "cores" in p["title"]),
+    ("mlbench_phase_seconds_total", {"percentunit", "none"}, lambda p: True),
+    (r"_bytes_total", {"Bps", "binBps"}, lambda p: True),
+    (r"_bytes\b", {"bytes"}, lambda p: True),
+    ("mlbench_samples", {"short"}, lambda p: "samples/s" in p["title"]),
+    ("mlbench_accuracy", {"percentunit"}, lambda p: p["fieldConfig"]["defaults"].get("max") == 1),
+    ("DCGM_FI_DEV_GPU_UTIL", {"percent"}, lambda p: p["fieldConfig"]["defaults"].get("max") == 100),
+    ("mlbench_operator_api_requests_total", {"reqps"}, lambda p: True),
+    ("mlbench_operator_reconcile", {"ops"}, lambda p: True),
+    (
+        "mlbench_(epoch|loss|learning_rate|steps_total|operator_runs|operator_gang_restarts_total)",
+        {"none", "short"},
+        lambda p: True,
+    ),
+]
+
+
+@by_dashboard
+def test_units_fit_the_metric(path: Path) -> None:
+    for panel in _data_panels(path):
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        rule = next((r for r in UNIT_RULES if re.search(r[0], exprs)), None)
+        assert rule is not None, f"{panel['title']}: no unit rule for {exprs}"
+        pattern, units, check = rule
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit in units, f"{panel['title']} ({pattern}): unit {unit!r}, want one of {units}"
+        assert check(panel), f"{panel['title']} ({pattern}): title, range or value mappings"
+
+
+def test_runner_queries_filter_on_namespace_and_run() -> None:
+    pod = r'pod=~"($run)-worker-[0-9]+"'
+    for title, expr in panel_queries(RUNNER):
+        found = selectors(expr)
+        assert found, f"{title}: no selector"
+        for name, matchers in found:
+            assert 'namespace=~"$namespace"' in matchers, f"{title}: {name} not filtered by namespace"
+            if name.startswith("mlbench_"):
+                assert 'run=~"$run"' in matchers, f"{title}: {name} not filtered by run"
+            else:
+                assert pod in matchers, f"{title}: {name} not filtered to the run's worker pods"
+            if name.startswith("container_") and not name.startswith("container_network"):
+                assert 'container="worker"' in matchers, f"{title}: {name} of other containers too"
+
+
+def test_operator_pod_panels_use_the_operator_namespace() -> None:
+    for title, expr in panel_queries(OPERATOR):
+        for name, matchers in selectors(expr):
+            if name in EXTERNAL_METRICS:
+                assert 'namespace="$operator_namespace"' in matchers, f"{title}: {name}"
+            if name == "mlbench_operator_run_status_phase":
+                assert 'namespace=~"$namespace"' in matchers
+                assert 'run=~"$run"' in matchers
+
+
+def _variables(path: Path) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in _load(path)["templating"]["list"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "query"),
+    [
+        (RUNNER, "namespace", "label_values(mlbench_run_info, namespace)"),
+        (RUNNER, "run", 'label_values(mlbench_run_info{namespace=~"$namespace"}, run)'),
+        (OPERATOR, "namespace", "label_values(mlbench_operator_run_status_phase, namespace)"),
+        (OPERATOR, "run", 'label_values(mlbench_operator_run_status_phase{namespace=~"$namespace"}, run)'),
+    ],
+)
+def test_query_variables(path: Path, name: str, query: str) -> None:
+    variable = _variables(path)[name]
+    assert (variable["type"], variable["query"]) == ("query", query)
+    assert variable["refresh"] == 2, "reload the values when the time range changes"
+    assert variable["multi"], "several values at once"
+    assert variable["includeAll"], "an All value"
+
+
+def test_variables_exist() -> None:
+    assert set(_variables(RUNNER)) == {"datasource", "namespace", "run"}
+    assert set(_variables(OPERATOR)) == {"datasource", "namespace", "run", "operator_namespace"}
+    operator_ns = _variables(OPERATOR)["operator_namespace"]
+    assert operator_ns["current"]["value"] == operator_ns["query"] == "mlbench-system"
+    for path in DASHBOARDS:
+        declared = set(_variables(path))
+        for title, expr in panel_queries(path):
+            used = {m.group(1) or m.group(2) for m in re.finditer(r"\$(\w+)|\$\{(\w+)", expr)}
+            assert used - {"__rate_interval"} <= declared, f"{title}: undeclared variables"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "run", "expected"),
+    [
+        ("ns", "r1", 'a{namespace=~"ns", run=~"r1", pod=~"(r1)-worker-[0-9]+", x="mlbench-system"}[1m]'),
+        (
+            ["ns"],
+            ["r1", "r.2"],
+            'a{namespace=~"ns", run=~"(r1|r\\\\.2)", pod=~"((r1|r\\\\.2))-worker-[0-9]+", x="mlbench-system"}[1m]',
+        ),
+    ],
+)
+def test_expand(namespace: str | list[str], run: str | list[str], expected: str) -> None:
+    expr = 'a{namespace=~"$namespace", run=~"${run}", pod=~"($run)-worker-[0-9]+", x="$operator_namespace"}'
+    assert expand(expr + "[$__rate_interval]", namespace, run) == expected
+    with pytest.raises(ValueError, match="unknown variable"):
+        expand("a{b=~'$nope'}", namespace, run)
+
+
+@by_dashboard
+def test_every_query_expands_fully(path: Path) -> None:
+    queries = panel_queries(path)
+    assert len(queries) >= 8
+    for title, expr in queries:
+        expanded = expand(expr, "default", "run-1")
+        assert "$" not in _strip_strings(expanded).replace('""', ""), f"{title}: {expanded}"
+        assert "[1m]" in expanded or not re.search(r"\b(rate|irate|increase)\s*\(", expanded), title
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("hack_dashboards", ROOT / "hack" / "dashboards.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dashboard_configmaps_are_fresh_and_labelled_for_the_sidecar() -> None:
+    generator = _generator()
+    path = ROOT / "manifests" / "monitoring" / "dashboards.yaml"
+    assert path.read_text() == generator.render(), "stale: run `make dashboards`"
+    assert generator.main(["--check"]) == 0
+    configmaps = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert {c["metadata"]["name"] for c in configmaps} == {f"mlbench-dashboard-{p.stem}" for p in DASHBOARDS}
+    for configmap in configmaps:
+        assert configmap["kind"] == "ConfigMap"
+        assert "namespace" not in configmap["metadata"], "kustomize sets the namespace"
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert configmap["metadata"]["annotations"]["grafana_folder"] == "MLBench"
+        ((key, text),) = configmap["data"].items()
+        assert text == (GRAFANA / "dashboards" / key).read_text()
+
+
+def test_stale_configmaps_are_detected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = _generator()
+    stale = tmp_path / "dashboards.yaml"
+    stale.write_text(generator.render().replace('"MLBench runner"', '"old title"'))
+    monkeypatch.setattr(generator, "OUTPUT", stale)
+    monkeypatch.setattr(generator, "ROOT", tmp_path)
+    assert generator.main(["--check"]) == 1
+    assert generator.main([]) == 0
+    assert generator.main(["--check"]) == 0
+
+
+def test_provisioned_datasource_url_is_a_plain_variable() -> None:
+    text = (GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text()
+    assert ":-" not in text, "Grafana expands $VAR and ${VAR} only, no shell defaults"
+    (datasource,) = yaml.safe_load(text)["datasources"]
+    assert datasource["type"] == "prometheus"
+    assert datasource["url"] == "${MLBENCH_PROMETHEUS_URL}"
+    provider = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "mlbench.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"]
+    assert provider["providers"][0]["folder"] == "MLBench"

@@ -106,9 +106,9 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(5, 30))
-        raw = resp.read()
+        payload = resp.read()
         m.API_REQUESTS.labels(method, resource or path.rsplit("/", 2)[-2], str(resp.status)).inc()
-        text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        text = payload.decode() if isinstance(payload, bytes) else str(payload or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, method, path, text)
         if raw:

@@ -172,6 +172,18 @@ class Trainer:
         self.comm: Communicator = make_communicator(self.world, cfg.backend.value, cfg.algorithm.value == "ddp")
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(self.device))
         torch.manual_seed(cfg.seed)
+        # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,
+        # instead of a target that is down until the data is decoded (MLBenchWorkerUnreachable).
+        self.metrics = RunnerMetrics(
+            cfg.run_name,
+            cfg.task_name,
+            cfg.backend.value,
+            world_size=self.world.size,
+            algorithm=cfg.algorithm.value,
+            rank=self.rank,
+        )
+        port = cfg.metrics_port + self.world.local_rank if cfg.metrics_port else 0
+        self.metrics.serve(port)
         task = cfg.task
         data = load_dataset(task.dataset)
         # One-time ingest (decoding the source into the .npy cache, or waiting for the rank
@@ -197,16 +209,6 @@ class Trainer:
         self.steps_per_epoch = partition.steps_per_epoch(self.kernel.n_train, self.batch, self.world.size)
         self.autocast = self.opts.precision == "bf16" and self.device.type == "cuda"
         self.timer = PhaseTimer(self.device)
-        self.metrics = RunnerMetrics(
-            cfg.run_name,
-            cfg.task_name,
-            cfg.backend.value,
-            world_size=self.world.size,
-            algorithm=cfg.algorithm.value,
-            rank=self.rank,
-        )
-        port = cfg.metrics_port + self.world.local_rank if cfg.metrics_port else 0
-        self.metrics.serve(port)
         self.summary = SummaryBuilder(cfg, self.world, self.device, self.precision_label())
         self.log.event(
             "hyperparameters",

@@ -332,6 +332,9 @@ def kubelet_args(bins: Path, paths: NodePaths, kubeconfig: Path) -> list[str]:
         f"--cert-dir={paths.root / 'kubelet-pki'}",
         f"--hostname-override={NODE_NAME}",
         f"--node-ip={BRIDGE_IP}",
+        # cAdvisor (the kubelet's /metrics/cadvisor) asks containerd which pod a cgroup belongs to; without
+        # our socket it labels nothing with namespace/pod/container and the dashboards' resource panels are empty
+        f"--containerd={paths.containerd_socket}",
         "--node-labels=" + ",".join(f"{k}={v}" for k, v in REAL_NODE_LABELS.items()),
         "--v=1",
     ]

@@ -10,7 +10,10 @@ test the plumbing, they are not results.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,8 +61,39 @@ def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str) -> N
     assert "[1,1]<stdout>" in log, log[-2000:]
 
 
+def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
+    """The full results outlive the pods: a ConfigMap owned by the run, and ``mlbench results
+    <namespace>/<run>`` (what a user types) downloads them and prints the table and the plots."""
+    st = e2e.wait_status(run, lambda s: "results" in s, 60, "status.results")
+    ref = st["results"]
+    assert ref.get("configMap") == f"{run}-results", ref
+    assert set(ref["files"]) == {"summary.json", "events.jsonl", "config.json"}
+    cm = e2e.get("configmap", ref["configMap"])
+    (owner,) = cm["metadata"]["ownerReferences"]
+    assert owner["uid"] == e2e.get("benchmarkrun", run)["metadata"]["uid"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlbench_api.cli", "results", f"{e2e.namespace}/{run}", "--plots", str(workdir)],
+        cwd=workdir,
+        env={"KUBECONFIG": str(e2e.cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert run in proc.stdout
+    assert (workdir / "accuracy-vs-time.svg").exists()
+    assert "JPEG copy of CIFAR-10" in (workdir / "accuracy-vs-time.svg").read_text()  # config.json came too
+    fetched = workdir / "mlbench-results" / e2e.namespace / run
+    summary = json.loads((fetched / "summary.json").read_text())
+    assert len(summary["history"]) == st["result"]["epochs"]  # the per-epoch history, not the compact result
+    events = [json.loads(line)["event"] for line in (fetched / "events.jsonl").read_text().splitlines()]
+    assert events[0] == "run_start"
+    assert "run_summary" in events
+
+
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str) -> None:
+def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str, tmp_path: Path) -> None:
     applied = time.monotonic()
     run = e2e.run(f"train-{backend}", e2e_task, backend=backend)
     seen: list[dict[str, str]] = []
@@ -70,6 +104,13 @@ def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str) -
     assert seen, "kubectl get br never showed an epoch while the run was Running"
     assert _condition(st, "DatasetReady").get("status") == "True"
     print(f"\n{backend}: {e2e.get_br(run)}")
+    _assert_results_kept(e2e, run, tmp_path)
+    if backend == "mpi":  # deleting the run deletes its results (owner reference, garbage collector)
+        e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=true", "--timeout=60s")
+        deadline = time.monotonic() + 60
+        while e2e.kubectl("get", "configmap", f"{run}-results", "-n", e2e.namespace, check=False).returncode == 0:
+            assert time.monotonic() < deadline, "the results ConfigMap outlived its run"
+            time.sleep(1)
 
 
 def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
@@ -105,6 +146,10 @@ def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None
     assert failed.get("reason") == "OOMKilled", json.dumps(st)[:2000]
     assert "worker" in failed["message"]
     assert "memory" in failed["message"].lower()
+    # a failed run keeps what there is: rank 0's events up to the failure (or says why there are none)
+    results = e2e.wait_status(run, lambda s: "results" in s, 60, "status.results")["results"]
+    print(f"\nOOM run results: {results}")
+    assert results.get("configMap") or results.get("message"), results
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,8 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     # the results are kept before the cleanup may delete the launcher (cleanPodPolicy All)
     assert kube.calls[1] == ("read_log", "r1-launcher", "launcher")
     assert kube.calls[2] == ("create", "ConfigMap", "r1-results")
-    assert kube.calls[3][0] == "patch" and kube.calls[3][1]["results"]["configMap"] == "r1-results"
+    assert kube.calls[3][0] == "patch"
+    assert kube.calls[3][1]["results"]["configMap"] == "r1-results"
     assert kube.calls[4] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
 
     # Retried in the same process before the watch echoed the final status: not re-planned.
@@ -199,7 +200,8 @@ def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatc
     assert "restarts" not in st  # kept (1), not reset
     # the launcher still runs: it is given a while to print its results, the workers go now
     assert kube.calls[1] == ("delete", ["r1-worker-0", "r1-worker-1"], None)
-    assert delay is not None and 0 < delay <= 31
+    assert delay is not None
+    assert 0 < delay <= 31
 
 
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
@@ -327,7 +329,9 @@ def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
         (404, False, True),  # log gone: recorded, cleanup goes on
     ],
 )
-def test_unreadable_launcher_log(monkeypatch: pytest.MonkeyPatch, status: int, kept: bool, launcher_deleted: bool) -> None:
+def test_unreadable_launcher_log(
+    monkeypatch: pytest.MonkeyPatch, status: int, kept: bool, launcher_deleted: bool
+) -> None:
     from mlbench_operator.kube import ApiError
 
     body, _ctx, pods = _finished("All")

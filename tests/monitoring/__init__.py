@@ -1,0 +1,1 @@
+"""Monitoring manifests (Prometheus Operator objects) and their alert rules."""
