@@ -21,6 +21,7 @@ import binascii
 import gzip
 import io
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,9 @@ BUDGET_BYTES = 900 * 1024
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: Key suffix of each file in the ConfigMap's ``binaryData``.
 GZ = ".gz"
+#: A file's key: a ConfigMap key (no path), gzip suffix.
+_FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.gz$")
+MAX_FILES = 8
 #: Events that say the least per byte; dropped first when the event log is over budget.
 CHATTY_EVENTS = ("train_progress",)
 
@@ -75,33 +79,32 @@ def _event_name(line: bytes) -> str | None:
     return data.get("event") if isinstance(data, dict) else None
 
 
-def _thin_events(data: bytes, keep_head: int, keep_tail: int) -> bytes:
-    """The event log without chatty events, and only its first and last lines if still long."""
-    lines = [ln for ln in data.splitlines() if _event_name(ln) not in CHATTY_EVENTS]
-    if len(lines) > keep_head + keep_tail:
-        marker = json.dumps({"event": "events_omitted", "count": len(lines) - keep_head - keep_tail}).encode()
-        lines = [*lines[:keep_head], marker, *(lines[-keep_tail:] if keep_tail else [])]
+def _head_and_tail(lines: list[bytes], keep: int) -> bytes:
+    """``keep`` of ``lines``: the first and the last half, with a line saying how many were left out."""
+    if keep < len(lines):
+        head, tail = keep - keep // 2, keep // 2
+        marker = json.dumps({"event": "events_omitted", "count": len(lines) - keep}).encode()
+        lines = [*lines[:head], marker, *(lines[-tail:] if tail else [])]
     return b"".join(ln + b"\n" for ln in lines)
 
 
 def fit(files: Mapping[str, bytes], budget: int = BUDGET_BYTES) -> Bundle:
-    """The bundle of ``files`` within ``budget`` compressed bytes, cutting only the event log.
+    """The bundle of ``files`` within ``budget`` compressed bytes, cutting only the event log:
+    its chatty events first, then (halving until it fits) its middle.
 
-    Raises :class:`BundleError` when even the summary and config alone do not fit.
+    Raises :class:`BundleError` when even the other files alone do not fit.
     """
-    bundle = Bundle({k: files[k] for k in FILES if k in files})
+    bundle = Bundle(dict(files))
     if bundle.compressed_size() <= budget:
         return bundle
-    events = bundle.files.get(EVENTS, b"")
-    keep = max(len(events.splitlines()), 2)
-    while True:
-        keep = keep // 2
-        thinned = _thin_events(events, keep_head=keep // 2, keep_tail=keep - keep // 2)
-        candidate = Bundle({**bundle.files, EVENTS: thinned}, truncated=(EVENTS,))
+    lines = bundle.files.get(EVENTS, b"").splitlines()
+    kept = [ln for ln in lines if _event_name(ln) not in CHATTY_EVENTS]
+    keep = len(kept)
+    while keep > 0:
+        candidate = Bundle({**bundle.files, EVENTS: _head_and_tail(kept, keep)}, truncated=(EVENTS,))
         if candidate.compressed_size() <= budget:
             return candidate
-        if keep <= 1:
-            break
+        keep //= 2
     rest = {k: v for k, v in bundle.files.items() if k != EVENTS}
     candidate = Bundle(rest, truncated=(EVENTS,))
     if candidate.compressed_size() <= budget:
@@ -132,19 +135,20 @@ def _gunzip(name: str, data: bytes) -> bytes:
 
 
 def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = ()) -> Bundle:
-    """A bundle from ``name.gz`` -> gzip bytes (a results line's or a ConfigMap's); validates the summary."""
+    """A bundle from ``name.gz`` -> gzip bytes (a results line's or a ConfigMap's).
+
+    Checks only what keeping the files needs (safe names, gzip, size), not their content: a
+    runner newer than the operator may add a summary field or a file, and its results are kept.
+    :attr:`Bundle.summary` parses the summary when a reader needs it.
+    """
+    if len(compressed) > MAX_FILES:
+        raise BundleError(f"{len(compressed)} files (at most {MAX_FILES})")
     files: dict[str, bytes] = {}
     for key, data in compressed.items():
-        name = key.removesuffix(GZ)
-        if name not in FILES or not key.endswith(GZ):
-            raise BundleError(f"unexpected file {key!r} (expected {', '.join(f + GZ for f in FILES)})")
-        files[name] = _gunzip(key, data)
-    bundle = Bundle(files, tuple(truncated))
-    try:
-        bundle.summary  # noqa: B018 - parse to validate
-    except ValueError as exc:
-        raise BundleError(f"{SUMMARY}: not a run summary: {exc}") from exc
-    return bundle
+        if not _FILE_KEY.match(key):
+            raise BundleError(f"unexpected file {key!r} (expected names like {', '.join(f + GZ for f in FILES)})")
+        files[key.removesuffix(GZ)] = _gunzip(key, data)
+    return Bundle(files, tuple(truncated))
 
 
 def parse_line(line: str) -> Bundle | None:

@@ -91,7 +91,7 @@ def _fetch(args: argparse.Namespace) -> int:
     dest = Path(args.output) if args.output else default_dir(*ref)
     try:
         paths = download(*ref, dest, kubeconfig=args.kubeconfig, context=args.context)
-    except ResultsUnavailable as exc:
+    except (ResultsUnavailable, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for path in paths:
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument("-o", "--output", help="directory to write (default mlbench-results/<namespace>/<run>)")
+    p.add_argument("-o", "--output", help="directory to write (default mlbench-results/<namespace>.<run>)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)

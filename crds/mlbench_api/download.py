@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from mlbench_api.common import GROUP, VERSION
 #: ``<namespace>/<run>``: a namespace is a DNS-1123 label, a run name a DNS-1035 label.
 REF = re.compile(r"^(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<run>[a-z]([-a-z0-9]*[a-z0-9])?)$")
 DEFAULT_ROOT = Path("mlbench-results")
+#: The operator records results within about a minute of the end (mlbench_operator.results.WAIT_SECONDS).
+COLLECT_GRACE = timedelta(minutes=3)
 
 
 class ResultsUnavailable(Exception):
@@ -31,7 +34,9 @@ def parse_ref(text: str) -> tuple[str, str] | None:
 
 
 def default_dir(namespace: str, run: str) -> Path:
-    return DEFAULT_ROOT / namespace / run
+    """``mlbench-results/<namespace>.<run>``: next to local runs' ``mlbench-results/<run>`` (run names
+    have no dots, so the two never collide, and ``mlbench results mlbench-results/*`` reads both)."""
+    return DEFAULT_ROOT / f"{namespace}.{run}"
 
 
 def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
@@ -48,7 +53,7 @@ def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
-def results_ref(run_obj: dict[str, Any]) -> str:
+def results_ref(run_obj: dict[str, Any], now: datetime | None = None) -> str:
     """The ConfigMap name in a run's ``status.results``; ResultsUnavailable saying why there is none."""
     meta = run_obj.get("metadata") or {}
     status = run_obj.get("status") or {}
@@ -61,6 +66,13 @@ def results_ref(run_obj: dict[str, Any]) -> str:
     phase = status.get("phase") or "Pending"
     if phase not in ("Succeeded", "Failed"):
         raise ResultsUnavailable(f"{name} is {phase}: results are kept once it has finished")
+    done = status.get("completionTime")
+    ended = datetime.fromisoformat(done.replace("Z", "+00:00")) if done else None
+    if ended is not None and (now or datetime.now(UTC)) - ended > COLLECT_GRACE:
+        raise ResultsUnavailable(
+            f"{name} finished at {done} and no results were kept (an operator older than kept results, "
+            "or its launcher pod was gone)"
+        )
     raise ResultsUnavailable(f"{name} finished but its results are not collected yet; try again shortly")
 
 

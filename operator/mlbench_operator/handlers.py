@@ -180,7 +180,8 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
     if not pods:
         return False
     uid = body.get("metadata", {}).get("uid", "")
-    pending = results.decide(status, results.launcher(pods, uid), _now()).action is not results.Action.NONE
+    launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
+    pending = launcher is not None and results.decide(status, launcher, _now()).action is not results.Action.NONE
     return pending or bool(reconcile.cleanup_pending(body, pods))
 
 
@@ -440,8 +441,10 @@ class RunReconciler:
         """
         decision = await self.keep_results(now, pods)
         todo = reconcile.cleanup_pending(self.view(), pods)
-        if decision.holds_launcher:  # its log is still to be read
-            todo = [p for p in todo if p != n.launcher_name(self.name)]
+        spared = {n.launcher_name(self.name)} if decision.holds_launcher else set()  # its log is still to be read
+        if decision.spares_worker0:  # a launcher still running may be reading rank 0's files there
+            spared.add(n.worker_name(self.name, 0))
+        todo = [p for p in todo if p not in spared]
         if not todo:
             return decision.retry_after
         self.log.info("cleanup", pods=len(todo))
@@ -455,7 +458,11 @@ class RunReconciler:
         return decision.retry_after
 
     async def keep_results(self, now: datetime, pods: list[PodView]) -> results.Decision:
-        """Copy the launcher's results line into the ``<run>-results`` ConfigMap (once; see .results)."""
+        """Copy the launcher's results line into the ``<run>-results`` ConfigMap (once; see .results).
+
+        Never raises for a problem with the log or the ConfigMap: those retry within the policy's
+        window and then give up, so the cleanup is never blocked by the results.
+        """
         uid = self.body["metadata"].get("uid", "")
         pod = results.launcher(pods, uid)
         decision = results.decide(self.status, pod, now)
@@ -464,17 +471,19 @@ class RunReconciler:
                 text = await self.kube.run(
                     self.kube.read_log, self.namespace, pod.name, n.LAUNCHER_CONTAINER, results.TAIL_LINES
                 )
-            except ApiError as err:
-                decision = results.after_read_error(self.status, pod, err.detail, err.status == 404, now)
-            else:
                 found, why = results.from_log(text)
                 if found is None:
                     decision = results.Decision(results.Action.GIVE_UP, why)
                 else:
                     decision = await self.store_results(found, uid, now)
+            except Exception as err:  # the API, the kubelet or the network: retried, then given up
+                gone = isinstance(err, ApiError) and err.status == 404
+                detail = err.detail if isinstance(err, ApiError) else f"{type(err).__name__}: {err}"
+                decision = results.after_read_error(self.status, pod, detail[:500], gone, now)
         if decision.action is results.Action.GIVE_UP:
             await self.patch({**self.status, "results": results.missing_status(decision.message, now)})
-            self.event("Warning", "ResultsNotKept", decision.message)
+            if pod is not None:  # a run that never launched has nothing to lose: no Event
+                self.event("Warning", "ResultsNotKept", decision.message)
             self.log.warning("results_not_kept", message=decision.message)
         return decision
 
@@ -482,16 +491,20 @@ class RunReconciler:
         task = (self.body["spec"].get("taskRef") or {}).get("name", "")
         obj = builders.results_config_map(self.name, self.namespace, uid, task, found)
         name = obj["metadata"]["name"]
+        if found.compressed_size() > bundle.BUDGET_BYTES:  # a launcher of another version: never sent as is
+            size = found.compressed_size()
+            return results.Decision(results.Action.GIVE_UP, f"the results are {size} bytes compressed, over the limit")
         try:
             created = await self.kube.run(self.kube.create, obj)
         except ApiError as err:
-            if err.status in (403, 422):  # quota, policy, too large: will not pass on a retry
+            if 400 <= err.status < 500 and err.status != 429:  # quota, policy, too large: a retry will not pass
                 return results.Decision(results.Action.GIVE_UP, f"cannot create ConfigMap {name}: {err.detail}")
             raise
         if not created:  # 409: ours from an interrupted pass, or someone else's
             existing = await self.kube.run(self.kube.get, "ConfigMap", self.namespace, name)
-            owner = reconcile.controller_uid(existing)
-            if existing is not None and owner != uid:
+            if existing is None:  # deleted in between (garbage collection): create it on the next pass
+                raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict", delay=1)
+            if reconcile.controller_uid(existing) != uid:
                 return results.Decision(results.Action.GIVE_UP, f"ConfigMap {name} exists and is not this run's")
         await self.patch({**self.status, "results": results.kept_status(self.name, found, now)})
         message = f"results kept in ConfigMap {name} ({found.compressed_size()} bytes compressed)"

@@ -21,9 +21,10 @@ from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
 
 #: How long after the run ended a launcher that is still running may take to print its results (a
-#: failed worker makes mpirun abort within seconds), and how long a log that cannot be read (kubelet
-#: restarting) is retried. The launcher is kept that long at most, even under cleanPodPolicy All.
-WAIT_SECONDS = 30.0
+#: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s), and how
+#: long a log that cannot be read (kubelet restarting) is retried. The launcher and worker 0 are kept
+#: that long at most, even under cleanPodPolicy All.
+WAIT_SECONDS = 60.0
 #: Log lines read from the end: the results line comes last, split by the runtime into 16 KiB parts.
 TAIL_LINES = 500
 TERMINAL = ("Succeeded", "Failed")
@@ -41,6 +42,8 @@ class Decision:
     action: Action
     message: str = ""
     retry_after: float | None = None
+    #: The launcher is still running and may be reading worker 0's files: spare that pod too.
+    spares_worker0: bool = False
 
     @property
     def holds_launcher(self) -> bool:
@@ -60,13 +63,17 @@ def _seconds_since(value: str | None, now: datetime) -> float:
 
 def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime) -> Decision:
     """What to do about a run's results in this pass."""
-    if status.get("results") or status.get("phase") not in TERMINAL or pod is None:
+    if status.get("results") or status.get("phase") not in TERMINAL:
         return Decision(Action.NONE)
+    if pod is None:
+        return Decision(Action.GIVE_UP, "no launcher ran (the run ended before it started): nothing to keep")
     if pod.finished:
         return Decision(Action.COLLECT)
+    if pod.phase == "Pending":
+        return Decision(Action.GIVE_UP, "the launcher never started: no results were kept")
     waited = _seconds_since(status.get("completionTime"), now)
     if waited < WAIT_SECONDS and not pod.terminating:
-        return Decision(Action.WAIT, retry_after=WAIT_SECONDS - waited + 0.1)
+        return Decision(Action.WAIT, retry_after=WAIT_SECONDS - waited + 0.1, spares_worker0=True)
     return Decision(
         Action.GIVE_UP, f"the launcher had not finished {waited:.0f}s after the run ended: no results were kept"
     )

@@ -19,7 +19,8 @@ from pathlib import Path
 from mlbench_api import bundle
 from mlbench_api.results import RunSummary
 
-SSH_TIMEOUT_SECONDS = 30
+#: Per file: the operator waits at most 60 s for a launcher that is still running (results.WAIT_SECONDS).
+SSH_TIMEOUT_SECONDS = 15
 
 
 def ssh_options(port: int, key: str | None) -> list[str]:
@@ -31,7 +32,7 @@ def ssh_options(port: int, key: str | None) -> list[str]:
 
 def read_remote(host: str, path: str, port: int, key: str | None, timeout: float = SSH_TIMEOUT_SECONDS) -> bytes | None:
     """``cat path`` on ``host`` over ssh; None when it fails (no such file, host gone)."""
-    cmd = ["ssh", *ssh_options(port, key), "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, "cat", path]
+    cmd = ["ssh", *ssh_options(port, key), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "cat", path]
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):

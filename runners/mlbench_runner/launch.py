@@ -290,16 +290,20 @@ def run_launch(args: argparse.Namespace) -> int:
         return 127
     if not found and Path(config.output_dir, "summary.json").exists():
         found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
-    files = gather(
-        config.output_dir,
-        env[CONFIG_ENV],
-        hosts[0][0] if hosts else None,
-        ssh_port=args.ssh_port,
-        ssh_key=args.ssh_key,
-        seen_events=events,
-        seen_summary=found[-1] if found else None,
-    )
-    line = results_line(files)
+    try:  # best effort: a problem here must not turn a finished run into a failed one
+        files = gather(
+            config.output_dir,
+            env[CONFIG_ENV],
+            hosts[0][0] if hosts else None,
+            ssh_port=args.ssh_port,
+            ssh_key=args.ssh_key,
+            seen_events=events,
+            seen_summary=found[-1] if found else None,
+        )
+        line = results_line(files)
+    except Exception as exc:
+        print(json.dumps({"event": "results_not_collected", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        line = None
     if line is not None:  # the last line of the log: the operator keeps it (mlbench_api.bundle)
         print(line, flush=True)
     if found and found[-1].status == "aborted" and code in (0, 3):

@@ -146,14 +146,14 @@ def write_plots(runs: list[tuple[Path, RunSummary]], dest: Path) -> list[Path]:
     return [acc, split]
 
 
-def resolve(arg: str, kubeconfig: str | None = None) -> Path:
+def resolve(arg: str, kubeconfig: str | None = None, context: str | None = None) -> Path:
     """A local path as it is; ``<namespace>/<run>`` (when no such path exists) downloaded from the cluster."""
     path = Path(arg)
     ref = None if path.exists() else parse_ref(arg)
     if ref is None:
         return path
     dest = default_dir(*ref)
-    download(*ref, dest, kubeconfig=kubeconfig)
+    download(*ref, dest, kubeconfig=kubeconfig, context=context)
     print(f"fetched {arg} into {dest}")
     return dest
 
@@ -164,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", help="run output directories, summary.json files or <namespace>/<run>")
     p.add_argument("--plots", help="where to write the SVG plots (default: the first run's directory)")
     p.add_argument("--kubeconfig", help="for <namespace>/<run>: default $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context", help="for <namespace>/<run>: the kubeconfig context")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     runs: list[tuple[Path, RunSummary]] = []
     for d in args.dirs:
         try:
-            path = resolve(d, args.kubeconfig)
+            path = resolve(d, args.kubeconfig, args.context)
             runs.append((path, load_summary(path)))
         except (OSError, ValueError, ResultsUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -450,8 +450,8 @@ class Trainer:
         ranks.mkdir(parents=True, exist_ok=True)
         self.record.stop_reason = self.record.stop_reason or ("error" if status == "aborted" else status)
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(self.record.__dict__))
-        if self.opts.linger_seconds and getattr(self, "metrics", None) is not None:
-            time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape
+        if self.opts.linger_seconds and status != "aborted" and getattr(self, "metrics", None) is not None:
+            time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape (a failing rank just exits)
         comm = getattr(self, "comm", None)
         if comm is not None:
             with contextlib.suppress(Exception):

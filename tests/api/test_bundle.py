@@ -6,13 +6,14 @@ import base64
 import gzip
 import json
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mlbench_api import bundle
-from mlbench_api.download import ResultsUnavailable, from_config_map, parse_ref, results_ref, write
+from mlbench_api.download import ResultsUnavailable, default_dir, from_config_map, parse_ref, results_ref, write
 from mlbench_api.results import EpochRecord
 from tests.operator import helpers as h
 
@@ -77,6 +78,32 @@ def test_a_long_log_keeps_its_head_and_tail() -> None:
     assert lines[-1]["i"] == 5999
 
 
+def test_chatty_events_alone_go_when_that_is_enough() -> None:
+    files = {bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: _events(1000, chatty_every=10)}  # 900 chatty
+    without = bundle.Bundle(
+        {
+            **files,
+            bundle.EVENTS: b"".join(
+                line + b"\n" for line in files[bundle.EVENTS].splitlines() if b"train_progress" not in line
+            ),
+        }
+    )
+    fitted = bundle.fit(files, budget=without.compressed_size())
+    assert fitted.files[bundle.EVENTS] == without.files[bundle.EVENTS]  # all 100 epoch_stop lines kept
+
+
+def test_a_newer_runner_s_results_are_kept_as_they_are() -> None:
+    """An extra summary field or file (a runner newer than the operator) is kept, not refused."""
+    summary = json.loads(_summary_bytes())
+    summary["newField"] = 1
+    files = {bundle.SUMMARY: json.dumps(summary).encode(), "profile.json": b"{}"}
+    found = bundle.parse_line(bundle.results_line(bundle.fit(files)))
+    assert found is not None
+    assert found.files == files
+    with pytest.raises(ValueError, match="newField"):
+        found.summary  # noqa: B018 - a reader of this operator's version says what it cannot read
+
+
 def test_summary_too_big_for_any_budget_is_an_error() -> None:
     with pytest.raises(bundle.BundleError, match="summary and config alone"):
         bundle.fit({bundle.SUMMARY: _summary_bytes(500)}, budget=100)
@@ -95,8 +122,8 @@ def _line(**overrides: Any) -> str:
         (_line(files=None), "no files"),
         (_line(files={"summary.json.gz": "@@@"}), "not base64"),
         (_line(files={"summary.json.gz": base64.b64encode(b"plain").decode()}), "not gzip"),
-        (_line(files={"secrets.txt.gz": base64.b64encode(gzip.compress(b"x")).decode()}), "unexpected file"),
-        (_line(files={"summary.json.gz": base64.b64encode(gzip.compress(b"{}")).decode()}), "not a run summary"),
+        (_line(files={"../summary.json.gz": base64.b64encode(gzip.compress(b"x")).decode()}), "unexpected file"),
+        (_line(files={"summary.json": base64.b64encode(gzip.compress(b"{}")).decode()}), "unexpected file"),
         ('{"event": "run_results", "schema": ', "not JSON"),
     ],
 )
@@ -146,6 +173,8 @@ def test_cluster_run_references(text: str, expected: tuple[str, str] | None) -> 
         ({"phase": "Running"}, "is Running: results are kept once it has finished"),
         ({}, "is Pending"),
         ({"phase": "Succeeded"}, "not collected yet"),
+        ({"phase": "Succeeded", "completionTime": "2026-11-23T11:59:00Z"}, "not collected yet"),
+        ({"phase": "Succeeded", "completionTime": "2026-11-23T11:00:00Z"}, "and no results were kept"),
     ],
 )
 def test_results_ref_says_why_there_is_nothing(status: dict[str, Any], expected: str) -> None:
@@ -154,7 +183,7 @@ def test_results_ref_says_why_there_is_nothing(status: dict[str, Any], expected:
         assert results_ref(obj) == expected
     else:
         with pytest.raises(ResultsUnavailable, match=expected):
-            results_ref(obj)
+            results_ref(obj, now=datetime(2026, 11, 23, 12, 0, tzinfo=UTC))
 
 
 def test_write_lays_out_a_run_directory(tmp_path: Path) -> None:
@@ -162,3 +191,8 @@ def test_write_lays_out_a_run_directory(tmp_path: Path) -> None:
     paths = write(bundle.Bundle(files), tmp_path / "ns" / "r1")
     assert sorted(p.name for p in paths) == ["config.json", "summary.json"]
     assert (tmp_path / "ns" / "r1" / "summary.json").read_bytes() == files[bundle.SUMMARY]
+
+
+def test_fetched_runs_sit_next_to_local_ones() -> None:
+    """``mlbench results mlbench-results/*`` reads both: a local run's directory is ``<run>`` (no dots)."""
+    assert default_dir("team-a", "r1") == Path("mlbench-results/team-a.r1")

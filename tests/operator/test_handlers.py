@@ -198,10 +198,10 @@ def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatc
     st = kube.calls[0][1]
     assert st["phase"] == "Failed"
     assert "restarts" not in st  # kept (1), not reset
-    # the launcher still runs: it is given a while to print its results, the workers go now
-    assert kube.calls[1] == ("delete", ["r1-worker-0", "r1-worker-1"], None)
+    # the launcher still runs: it (and worker 0, whose files it reads) get a while to print the results
+    assert kube.calls[1] == ("delete", ["r1-worker-1"], None)
     assert delay is not None
-    assert 0 < delay <= 31
+    assert 0 < delay <= 61
 
 
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
@@ -215,7 +215,7 @@ def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: 
     kube.create_error = ApiError(code, "POST", "/pods", '{"message": "pods \\"r1-worker-0\\" is forbidden: quota"}')
     rec = _reconciler(body, kube, monkeypatch)
     delay = asyncio.run(rec.step([]))
-    last = kube.patches()[-1]
+    last = next(p for p in reversed(kube.patches()) if "phase" in p or "conditions" in p)
     conds = {c["type"]: c for c in rec.status["conditions"]}
     assert "forbidden: quota" in rec.status["message"]
     assert any(e[1] in ("CreateFailed", "Failed") and "forbidden" in e[2] for e in rec.events)
@@ -326,6 +326,7 @@ def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
     ("status", "kept", "launcher_deleted"),
     [
         (500, False, False),  # kubelet unreachable: spared and retried
+        (0, False, False),  # not even an answer (a timeout): the same, and the cleanup is not blocked
         (404, False, True),  # log gone: recorded, cleanup goes on
     ],
 )
@@ -336,7 +337,8 @@ def test_unreadable_launcher_log(
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log_error = ApiError(status, "GET", "/log", '{"message": "boom"}')
+    boom = ApiError(status, "GET", "/log", '{"message": "boom"}')
+    kube.log_error = boom if status else TimeoutError("read timed out")
     rec = _reconciler(body, kube, monkeypatch)
     delay = asyncio.run(rec.step(pods))
     deletes = [c[1] for c in kube.calls if c[0] == "delete"]
@@ -348,6 +350,23 @@ def test_unreadable_launcher_log(
         assert "results" not in rec.status
         assert delay is not None
         assert delay <= 5.1
+
+
+def test_a_refused_results_config_map_is_recorded_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_operator.kube import ApiError
+
+    def refuse(obj: dict[str, Any]) -> bool:
+        raise ApiError(413, "POST", "/configmaps", '{"message": "too large"}')
+
+    body, _ctx, pods = _finished("All")
+    kube = FakeKube()
+    kube.log = results_line(h.summary())
+    kube.create = refuse  # type: ignore[method-assign]
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step(pods))
+    assert rec.status["results"]["message"] == "cannot create ConfigMap r1-results: too large"
+    deletes = [c[1] for c in kube.calls if c[0] == "delete"]
+    assert "r1-launcher" in deletes[0]
 
 
 def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,11 +31,12 @@ DONE = {"phase": "Succeeded", "completionTime": _ago(1)}
         ({"phase": "Running"}, launcher("Running"), r.Action.NONE),  # not finished: nothing yet
         ({**DONE, "results": {"configMap": "r1-results"}}, launcher(), r.Action.NONE),  # recorded once
         ({**DONE, "results": {"message": "gone"}}, launcher(), r.Action.NONE),  # a recorded failure is final too
-        (DONE, None, r.Action.NONE),  # rejected run: no launcher ever ran
+        (DONE, None, r.Action.GIVE_UP),  # rejected run: no launcher ever ran, said once
         (DONE, launcher("Succeeded"), r.Action.COLLECT),
         ({**DONE, "phase": "Failed"}, launcher("Failed"), r.Action.COLLECT),  # a crash still has events
         ({"phase": "Failed", "completionTime": _ago(5)}, launcher("Running"), r.Action.WAIT),  # mpirun aborting
-        ({"phase": "Failed", "completionTime": _ago(31)}, launcher("Running"), r.Action.GIVE_UP),
+        ({"phase": "Failed", "completionTime": _ago(61)}, launcher("Running"), r.Action.GIVE_UP),
+        ({"phase": "Failed", "completionTime": _ago(1)}, launcher("Pending"), r.Action.GIVE_UP),  # never started
         ({"phase": "Failed", "completionTime": _ago(5)}, launcher("Running", terminating=True), r.Action.GIVE_UP),
     ],
 )
@@ -46,15 +47,16 @@ def test_decide(status: dict[str, Any], pod: PodView | None, action: r.Action) -
     if action is r.Action.WAIT:
         assert decision.retry_after is not None
         assert 0 < decision.retry_after <= r.WAIT_SECONDS + 1
+    assert decision.spares_worker0 is (action is r.Action.WAIT)
     if action is r.Action.GIVE_UP:
-        assert "no results were kept" in decision.message
+        assert "no results were kept" in decision.message or "nothing to keep" in decision.message
 
 
 @pytest.mark.parametrize(
     ("finished_ago", "gone", "action", "message"),
     [
         (2, False, r.Action.WAIT, ""),  # a kubelet restarting: look again soon
-        (60, False, r.Action.GIVE_UP, "cannot read the launcher's log: boom"),
+        (90, False, r.Action.GIVE_UP, "cannot read the launcher's log: boom"),
         (2, True, r.Action.GIVE_UP, "the launcher's log is gone: boom"),
     ],
 )
