@@ -77,6 +77,17 @@ FreeForm = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
+#: Largest integer that every JSON reader (the API server's, kubectl's, JavaScript's float64) keeps exact;
+#: the API server refuses a larger integer in a status, so such a value must never reach a patch.
+MAX_SAFE_INT = 2**53 - 1
+#: An integer the API server can store and give back unchanged.
+SafeInt = Annotated[int, Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
+#: A float that JSON can carry: NaN and +-Infinity are not JSON, and the API server refuses them.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+#: Largest value of an int32 field such as a Job's ttlSecondsAfterFinished or a Pod's
+#: activeDeadlineSeconds (validated as 1..2^31-1 by the API server).
+MAX_INT32 = 2**31 - 1
+
 ShortString = Annotated[str, Field(max_length=253)]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from mlbench_api.common import ApiModel
+from mlbench_api.common import ApiModel, Finite, SafeInt
+from mlbench_api.errors import InvalidObject, format_errors
 
 TERMINATION_MESSAGE_LIMIT = 4096
 SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
@@ -24,33 +25,33 @@ StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged
 class PhaseTotals(ApiModel):
     """Seconds per training phase, summed over steps on rank 0 (see the runner docs)."""
 
-    data: float = 0.0
-    forward: float = 0.0
-    backward: float = 0.0
-    communication: float = 0.0
-    optimizer: float = 0.0
-    evaluation: float = 0.0
+    data: Finite = 0.0
+    forward: Finite = 0.0
+    backward: Finite = 0.0
+    communication: Finite = 0.0
+    optimizer: Finite = 0.0
+    evaluation: Finite = 0.0
 
 
 class Environment(ApiModel):
     torch: str | None = None
     cuda: str | None = None
     devices: Annotated[list[str], Field(max_length=64)] = Field(default_factory=list)
-    world_size: int
+    world_size: SafeInt
     backend: str
     algorithm: str | None = None
-    seed: int | None = None
+    seed: SafeInt | None = None
     hostname: str | None = None
     precision: str | None = Field(default=None, description="fp32, fp64 or bf16-autocast.")
     channels_last: bool | None = None
 
 
 class EpochRecord(ApiModel):
-    epoch: int
-    accuracy: float | None = None
-    loss: float | None = None
-    wall_seconds: float
-    lr: float | None = None
+    epoch: SafeInt
+    accuracy: Finite | None = None
+    loss: Finite | None = None
+    wall_seconds: Finite
+    lr: Finite | None = None
 
 
 class RunSummary(ApiModel):
@@ -62,19 +63,19 @@ class RunSummary(ApiModel):
     status: Literal["success", "goal-not-reached", "aborted"]
     stop_reason: StopReason | None = Field(default=None, description="Why training stopped.")
     goal_reached: bool
-    goal_target: float | None = None
-    time_to_goal_seconds: float | None = Field(default=None, description="Wall clock from run start to the goal.")
-    best_accuracy: float | None = None
-    final_accuracy: float | None = None
-    epochs: float
-    steps: int
-    samples: int
-    wall_clock_seconds: float = Field(description="Run start (before data is touched) to run stop.")
-    train_seconds: float = Field(description="Sum of per-step times (data+forward+backward+comm+optimizer).")
-    compute_seconds: float
-    communication_seconds: float
-    comm_compute_ratio: float | None = None
-    samples_per_second: float
+    goal_target: Finite | None = None
+    time_to_goal_seconds: Finite | None = Field(default=None, description="Wall clock from run start to the goal.")
+    best_accuracy: Finite | None = None
+    final_accuracy: Finite | None = None
+    epochs: Finite
+    steps: SafeInt
+    samples: SafeInt
+    wall_clock_seconds: Finite = Field(description="Run start (before data is touched) to run stop.")
+    train_seconds: Finite = Field(description="Sum of per-step times (data+forward+backward+comm+optimizer).")
+    compute_seconds: Finite
+    communication_seconds: Finite
+    comm_compute_ratio: Finite | None = None
+    samples_per_second: Finite
     phases: PhaseTotals
     environment: Environment
     history: list[EpochRecord] = Field(default_factory=list)
@@ -91,9 +92,16 @@ class RunSummary(ApiModel):
 
     @classmethod
     def from_termination_message(cls, text: str) -> RunSummary:
-        """Parse a launcher's termination message; raises ValueError when malformed."""
+        """Parse a launcher's termination message; raises ValueError when malformed.
+
+        A value the API server could not store in ``status.result`` (NaN, Infinity or an overflow
+        to it such as ``1e400``, an integer beyond 2^53) is malformed too: the error names the field.
+        """
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or an integer with more digits than Python converts
             raise ValueError(f"termination message is not JSON: {exc}") from exc
-        return cls.model_validate(data)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidObject("termination message", format_errors(exc)) from exc

@@ -15,11 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlbench_api.common import (
     API_VERSION,
+    MAX_INT32,
+    MAX_SAFE_INT,
     ApiModel,
     Condition,
+    Finite,
     Name,
     ObjectMeta,
     Quantity,
+    SafeInt,
     cel,
 )
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
@@ -114,10 +118,16 @@ class CleanPodPolicy(StrEnum):
 
 
 class RunPolicy(ApiModel):
-    active_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = Field(
+        default=None,
+        description="Seconds from the run's start until it fails with DeadlineExceeded (1 to 2^31-1, as for a Pod).",
+    )
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
-    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] | None = None
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = Field(
+        default=None,
+        description="Seconds a finished run is kept before it is deleted (0 to 2^31-1, as for a Job).",
+    )
 
 
 #: Fields of the spec that may change after creation; everything else is immutable.
@@ -203,10 +213,10 @@ class WorkerCounts(ApiModel):
 class Progress(ApiModel):
     """Live view scraped from rank 0; best effort."""
 
-    epoch: Annotated[float, Field(ge=0)] | None = None
-    step: Annotated[int, Field(ge=0)] | None = None
-    last_accuracy: Annotated[float, Field(ge=0, le=1)] | None = None
-    samples_per_second: Annotated[float, Field(ge=0)] | None = None
+    epoch: Annotated[Finite, Field(ge=0)] | None = None
+    step: Annotated[int, Field(ge=0, le=MAX_SAFE_INT)] | None = None
+    last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    samples_per_second: Annotated[Finite, Field(ge=0)] | None = None
     updated_at: datetime | None = None
 
 
@@ -214,15 +224,15 @@ class RunResult(ApiModel):
     """The final figures, copied from the launcher's termination message."""
 
     goal_reached: bool
-    time_to_goal_seconds: float | None = None
-    best_accuracy: float | None = None
-    final_accuracy: float | None = None
-    epochs: float | None = None
-    wall_clock_seconds: float | None = None
-    compute_seconds: float | None = None
-    communication_seconds: float | None = None
-    samples_per_second: float | None = None
-    world_size: int | None = None
+    time_to_goal_seconds: Finite | None = None
+    best_accuracy: Finite | None = None
+    final_accuracy: Finite | None = None
+    epochs: Finite | None = None
+    wall_clock_seconds: Finite | None = None
+    compute_seconds: Finite | None = None
+    communication_seconds: Finite | None = None
+    samples_per_second: Finite | None = None
+    world_size: SafeInt | None = None
 
 
 class ResultsRef(ApiModel):

@@ -134,6 +134,28 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
         kube.close()
 
 
+#: A liveness probe whose no-op call on the API thread pool does not return in this time fails.
+PROBE_SECONDS = 10.0
+
+
+@kopf.on.probe(id="api_pool")
+async def api_pool_alive(memo: kopf.Memo, **_: Any) -> bool:
+    """Liveness: the event loop answers (this runs on it) and the API pool still runs tasks.
+
+    A pool whose threads are all stuck (a hung API call on every thread) would leave every run
+    waiting while kopf's own endpoint stays green; failing the probe makes Kubernetes restart us,
+    and the state lives in the resources, so a restart resumes every run.
+    """
+    kube = memo.get("kube")
+    if not isinstance(kube, Kube):
+        return True
+    try:
+        return await asyncio.wait_for(kube.run(bool, 1), PROBE_SECONDS)
+    except TimeoutError:
+        # permanent: kopf answers the probe with HTTP 500 at once instead of retrying the handler
+        raise kopf.PermanentError(f"the API thread pool ran no task in {PROBE_SECONDS:.0f}s: stuck") from None
+
+
 def _version() -> str:
     from mlbench_operator import __version__
 
@@ -291,7 +313,7 @@ class RunReconciler:
         await self.patch(plan.status)  # restarts are recorded before the old world is torn down
         if plan.force_delete:
             self.log.warning("force_delete_pods", pods=plan.force_delete)
-            await self.kube.run(self.kube.delete_pods_named, self.namespace, plan.force_delete, 0)
+            await self.kube.delete_pods_named(self.namespace, plan.force_delete, 0)
         self.retry_in = RESYNC_SECONDS
         stale_age = time.monotonic() - self.stale_deleted_at
         if plan.delete_stale and stale_age <= DELETE_GRACE_SECONDS:
@@ -317,7 +339,7 @@ class RunReconciler:
         if plan.create_launcher and self.may_create(n.launcher_name(self.name)):
             todo.append(builders.launcher_pod(ctx, attempt))
         if todo:
-            outcomes = await self.kube.run(self.kube.create_many, todo)
+            outcomes = await self.kube.create_many(todo)
             errors = [r for r in outcomes if isinstance(r, BaseException)]
             refused: list[tuple[str, int, str]] = []
             for obj, res in zip(todo, outcomes, strict=True):
@@ -374,7 +396,7 @@ class RunReconciler:
         collection has not finished) is reported as NameConflict and nothing proceeds (False)."""
         private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
-        outcomes = await self.kube.run(self.kube.create_many, objs)
+        outcomes = await self.kube.create_many(objs)
         errors = [r for r in outcomes if isinstance(r, BaseException)]
         if errors:
             raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)
@@ -449,7 +471,7 @@ class RunReconciler:
             return decision.retry_after
         self.log.info("cleanup", pods=len(todo))
         # All or nothing: an error raises, and the next pass (or a restarted operator) deletes what is left.
-        await self.kube.run(self.kube.delete_pods_named, self.namespace, todo)
+        await self.kube.delete_pods_named(self.namespace, todo)
         deleted = set(todo)
         after = [dataclasses.replace(p, terminating=True) if p.name in deleted else p for p in pods]
         # In the same pass (kopf may stop this daemon once the index shows the pods Terminating):
@@ -590,8 +612,7 @@ async def scrape_rank0(namespace: str, name: str, run_pods: Mapping[Any, Any]) -
     rank0 = next((p for p in run_pods.get((namespace, name), []) if p.rank == 0 and p.ip), None)
     if rank0 is None or rank0.ip is None:
         return None
-    text = await progress.fetch(rank0.ip, PROGRESS_PORT)
-    return progress.parse(text, _now()) if text else None
+    return await progress.scrape(rank0.ip, PROGRESS_PORT, _now())
 
 
 #: How often rank 0's metrics are copied into ``status.progress`` (``kubectl get br``'s EPOCH, ACCURACY).

@@ -108,7 +108,8 @@ class Kube:
         resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(5, 30))
         payload = resp.read()
         m.API_REQUESTS.labels(method, resource or path.rsplit("/", 2)[-2], str(resp.status)).inc()
-        text = payload.decode() if isinstance(payload, bytes) else str(payload or "")
+        # a log tail may start inside a multi-byte character: never fail on decoding
+        text = payload.decode(errors="replace") if isinstance(payload, bytes) else str(payload or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, method, path, text)
         if raw:
@@ -139,14 +140,14 @@ class Kube:
             raise
         return True
 
-    def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool]:
-        """Create objects in parallel on the pool; per-object outcome (True/False or the error)."""
-        futures = [self.pool.submit(self.create, o) for o in objs]
-        out: list[BaseException | bool] = []
-        for fut in futures:
-            err = fut.exception()
-            out.append(err if err is not None else fut.result())
-        return out
+    async def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool]:
+        """Create objects in parallel on the pool; per-object outcome (True/False or the error).
+
+        A coroutine, not a blocking call run on the pool: a pool thread that waited for other pool
+        tasks would deadlock once every thread waits (16 runs fanning out at once).
+        """
+        results = await asyncio.gather(*(self.run(self.create, o) for o in objs), return_exceptions=True)
+        return [r if isinstance(r, BaseException) else bool(r) for r in results]
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """An object of a kind in ``_PLURALS`` (e.g. Service, Job); None when it does not exist."""
@@ -168,10 +169,12 @@ class Kube:
             if err.status != 404:
                 raise
 
-    def delete_pods_named(self, namespace: str, names: Iterable[str], grace_seconds: int | None = None) -> None:
-        """Delete pods in parallel on the pool; raises the first error after all were tried."""
-        futures = [self.pool.submit(self.delete_pod, namespace, name, grace_seconds) for name in names]
-        errors = [err for fut in futures if (err := fut.exception()) is not None]
+    async def delete_pods_named(self, namespace: str, names: Iterable[str], grace_seconds: int | None = None) -> None:
+        """Delete pods in parallel on the pool; raises the first error after all were tried (see create_many)."""
+        results = await asyncio.gather(
+            *(self.run(self.delete_pod, namespace, name, grace_seconds) for name in names), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
 

@@ -1,19 +1,31 @@
 """Best-effort live progress: scrape rank 0's Prometheus endpoint into ``status.progress``.
 
 An unreachable endpoint is normal (starting up, network policy, a fake kwok pod) and never an
-error; the status simply keeps its last progress.
+error; the status simply keeps its last progress. The endpoint is served by the user's image, so
+the page is untrusted: at most :data:`MAX_RESPONSE_BYTES` are read within one timeout, the page is
+parsed off the event loop by a parser that never raises, and every number is clamped to the bounds
+of ``status.progress`` (``mlbench_api.run.Progress``) so that the status patch is always accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 from datetime import datetime
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from mlbench_api.common import MAX_SAFE_INT
+from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
+
+log = logs.get_logger()
+
+#: At most this many bytes of rank 0's answer (status line, headers and page) are read; a runner's
+#: page is a few KiB, and whatever follows the cap is ignored.
+MAX_RESPONSE_BYTES = 256 * 1024
+#: Seconds for the whole exchange: connect, request and the answer.
+FETCH_TIMEOUT = 2.0
 
 #: runner metric -> status.progress field (see runners/mlbench_runner/metrics.py)
 FIELDS = {
@@ -22,56 +34,114 @@ FIELDS = {
     "mlbench_accuracy": "lastAccuracy",
     "mlbench_samples_per_second": "samplesPerSecond",
 }
+#: status.progress field -> (minimum, maximum): the schema's bounds (``Progress`` in mlbench_api.run).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "epoch": (0.0, math.inf),
+    "step": (0.0, float(MAX_SAFE_INT)),
+    "lastAccuracy": (0.0, 1.0),
+    "samplesPerSecond": (0.0, math.inf),
+}
+#: A sample line of the text exposition format: name, optional {labels} (values may hold '}'), value,
+#: optional timestamp. Each character has one way to match, so a hostile line cannot make it backtrack.
+_SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*$',
+)
+#: Longest line looked at; longer ones (never a runner's) are skipped unparsed.
+_MAX_LINE = 4096
+
+
+def _number(token: str) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _clamp(key: str, value: float) -> float | int | None:
+    """The value as ``status.progress`` can hold it; None for NaN and +-Infinity (not storable)."""
+    if not math.isfinite(value):
+        return None
+    low, high = BOUNDS[key]
+    value = min(max(value, low), high)
+    return int(value) if key == "step" else round(value, 6)
 
 
 def parse(text: str, now: datetime) -> dict[str, Any] | None:
-    """``status.progress`` from a metrics page; None when it carries none of the fields."""
+    """``status.progress`` from a metrics page; None when it carries none of the fields.
+
+    Never raises: lines that do not parse, other metrics and values that cannot be stored (NaN,
+    Infinity, ``1e400``) are skipped; the first usable sample of each metric counts.
+    """
     out: dict[str, Any] = {}
-    for family in text_string_to_metric_families(text):
-        key = FIELDS.get(family.name)
-        if key is None:
+    for line in text.splitlines():
+        if len(out) == len(FIELDS):
+            break
+        if not line or line[0] == "#" or len(line) > _MAX_LINE:
             continue
-        for sample in family.samples:
-            if sample.name in (family.name, f"{family.name}_total") and math.isfinite(sample.value):
-                value = max(sample.value, 0.0)
-                out[key] = int(value) if key == "step" else round(value, 6)
-                break
-    if "lastAccuracy" in out:
-        out["lastAccuracy"] = min(out["lastAccuracy"], 1.0)
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, token = match.groups()
+        key = FIELDS.get(name.removesuffix("_total"))
+        if key is None or key in out:
+            continue
+        number = _number(token)
+        value = _clamp(key, number) if number is not None else None
+        if value is not None:
+            out[key] = value
     if not out:
         return None
     out["updatedAt"] = timestamp(now)
     return out
 
 
-async def fetch(host: str, port: int, timeout: float = 2.0) -> str | None:
-    """GET http://host:port/metrics with a hard timeout; None on any failure."""
+async def fetch(host: str, port: int, timeout: float = FETCH_TIMEOUT) -> str | None:
+    """GET http://host:port/metrics within ``timeout`` seconds in all; None on any failure.
+
+    At most :data:`MAX_RESPONSE_BYTES` are read; a page cut there loses its last, partial line.
+    """
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(f"GET /metrics HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n".encode())
+                await writer.drain()
+                raw = await _read_at_most(reader, MAX_RESPONSE_BYTES)
+            finally:
+                writer.close()
     except (OSError, TimeoutError):
         return None
-    try:
-        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(_read_all(reader, limit=4 * 1024 * 1024), timeout)
-    except (OSError, TimeoutError):
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep or not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
         return None
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
-        return None
+    if len(raw) >= MAX_RESPONSE_BYTES:
+        body = body[: body.rfind(b"\n") + 1]  # cut at the cap: drop the partial last line
     return body.decode(errors="replace")
 
 
-async def _read_all(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """The whole HTTP/1.0 answer (the server closes the connection), at most ``limit`` bytes."""
+async def _read_at_most(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """The HTTP/1.0 answer (the server closes the connection), cut at ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
     while size < limit:
-        chunk = await reader.read(65536)
+        chunk = await reader.read(min(65536, limit - size))
         if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+async def scrape(host: str, port: int, now: datetime) -> dict[str, Any] | None:
+    """``status.progress`` from rank 0's metrics endpoint, or None; never raises (but lets a cancellation through).
+
+    The page is parsed in a worker thread so that a large or pathological page never stalls the event loop.
+    """
+    try:
+        text = await fetch(host, port)
+        if not text:
+            return None
+        return await asyncio.to_thread(parse, text, now)
+    except Exception as err:  # best effort by design: no scrape problem may reach the handler
+        log.debug("progress_scrape_failed", host=host, port=port, error=repr(err)[:200])
+        return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mlbench_api.common import ObjectMeta
+from mlbench_api.common import MAX_INT32, ObjectMeta
 from mlbench_api.config import OverrideNotAllowed, effective_config
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
@@ -466,7 +466,7 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
     start = c.parse_time(st.old.get("startTime"))
     deadline = policy.active_deadline_seconds
     if deadline is not None and start is not None:
-        left = (start + timedelta(seconds=deadline) - now).total_seconds()
+        left = (start + _seconds(deadline) - now).total_seconds()
         if left <= 0:
             st.fail("DeadlineExceeded", f"the run exceeded runPolicy.activeDeadlineSeconds={deadline}")
             return finish()
@@ -592,7 +592,7 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
     old = c.get(st.old.get("conditions"), c.DATASET_READY) or {}
     deadline = ((body.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
     start = c.parse_time(st.old.get("startTime"))
-    left = (start + timedelta(seconds=deadline) - now).total_seconds() if deadline and start else None
+    left = (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
     if left is not None and left <= 0 and state.action not in (FetchAction.READY, FetchAction.FAIL):
         message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {state.message}"
         st.fail("DeadlineExceeded", message)
@@ -628,7 +628,13 @@ def ttl_expired(status: Mapping[str, Any], ttl: int | None, now: datetime) -> fl
     done = c.parse_time(status.get("completionTime"))
     if ttl is None or done is None:
         return None
-    return (done + timedelta(seconds=ttl) - now).total_seconds()
+    return (done + _seconds(ttl) - now).total_seconds()
+
+
+def _seconds(value: float) -> timedelta:
+    """A duration from a spec field, bounded like the CRD (int32): a run stored before the bound
+    existed (e.g. 1e14) must not raise OverflowError on every pass."""
+    return timedelta(seconds=min(float(value), float(MAX_INT32)))
 
 
 def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]], now: datetime) -> Plan:

@@ -12,6 +12,7 @@ The only panel allowed to stay empty is the GPU one (there is no DCGM exporter a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,13 @@ def _panels() -> list[tuple[str, str, str]]:
 
 
 def test_every_dashboard_panel_has_data_for_a_real_run(e2e: E2E, e2e_task: str, prometheus: Prometheus) -> None:
+    # the operator and the kubelet are scraped before the run exists: a counter that moves before
+    # its first scrape (workers Ready within seconds) has no increase for rate() to see
+    deadline = time.monotonic() + 90
+    for job in ("mlbench-operator-metrics", "kubelet"):
+        while not prometheus.query(f'up{{job="{job}"}} == 1'):
+            assert time.monotonic() < deadline, f"Prometheus never scraped job {job}"
+            time.sleep(1)
     run = e2e.run("scraped", e2e_task)
     panels = _panels()
     answered: dict[tuple[str, str, str], int] = {}

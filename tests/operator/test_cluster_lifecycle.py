@@ -11,7 +11,7 @@ import pytest
 from mlbench_operator import conditions as c
 from tests.cluster.plugin import wait_for
 from tests.operator import helpers as h
-from tests.operator.conftest import OperatorProcess, Runs
+from tests.operator.conftest import SESSION, SESSION_LABEL, OperatorProcess, Runs
 
 pytestmark = pytest.mark.cluster
 
@@ -330,3 +330,27 @@ def test_runs_outside_the_selector_are_left_alone(runs: Runs) -> None:
     assert runs.status("foreign") == {}
     assert runs.pods("foreign") == {}
     assert not runs.run("foreign")["metadata"].get("finalizers")
+
+
+def test_many_runs_created_and_resumed_together(runs: Runs, operator: OperatorProcess) -> None:
+    """24 runs applied at once, then the operator killed and restarted so that every daemon resumes
+    together: each fan-out (pod creates, deletes) waits on the API pool without holding a thread of
+    it, so 24 concurrent fan-outs on a 16-thread pool cannot deadlock (issue 10)."""
+    names = [f"crowd-{i}" for i in range(24)]
+    docs = []
+    for name in names:
+        body = h.run(name, workers=3, resources={"cpu": "10m", "memory": "16Mi"})
+        body["metadata"] = {**body["metadata"], "namespace": runs.ns, "labels": {SESSION_LABEL: SESSION}}
+        docs.append(body)
+    runs.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    wait_for(lambda: len(runs.pods(names[-1])) >= 1, timeout=60, interval=0.1, what="the last run started")
+    operator.stop(kill=True)
+    operator.start()
+    for name in names:
+        runs.wait_phase(name, "Running", timeout=180)
+    counts = {name: len(runs.pods(name)) for name in names}
+    assert counts == dict.fromkeys(names, 4), counts  # 3 workers + launcher each, none duplicated
+    for name in names:
+        runs.finish_launcher(name, 0, h.summary(name, world_size=3).termination_message())
+    for name in names:
+        runs.wait_phase(name, "Succeeded", timeout=120)

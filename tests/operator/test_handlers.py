@@ -84,7 +84,7 @@ class FakeKube:
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.calls.append(("patch", status))
 
-    def delete_pods_named(self, namespace: str, names: list[str], grace: int | None = None) -> None:
+    async def delete_pods_named(self, namespace: str, names: list[str], grace: int | None = None) -> None:
         self.calls.append(("delete", sorted(names), grace))
         if self.fail_deletes:
             self.fail_deletes -= 1
@@ -95,7 +95,10 @@ class FakeKube:
     def delete_pods(self, namespace: str, selector: str) -> None:
         self.calls.append(("deletecollection", selector))
 
-    def create_many(self, objs: list[dict[str, Any]]) -> list[Any]:
+    async def create_many(self, objs: list[dict[str, Any]]) -> list[Any]:
+        return self.create_many_now(objs)
+
+    def create_many_now(self, objs: list[dict[str, Any]]) -> list[Any]:
         out: list[Any] = []
         for obj in objs:
             self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
@@ -106,7 +109,7 @@ class FakeKube:
         return out
 
     def create(self, obj: dict[str, Any]) -> bool:
-        return bool(self.create_many([obj])[0])
+        return bool(self.create_many_now([obj])[0])
 
     def read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
         self.calls.append(("read_log", pod, container))

@@ -1,0 +1,121 @@
+"""The operator's API transport without a cluster: fan-outs on the pool, raw and JSON answers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import client as k8s
+
+from mlbench_operator.kube import Kube
+
+
+def test_concurrent_fan_outs_do_not_deadlock_the_pool() -> None:
+    """20 runs fanning out at once on a 2-thread pool: a fan-out that blocked a pool thread while
+    waiting for its own pool tasks would wait forever (issue 10)."""
+    kube = Kube(k8s.Configuration(), concurrency=2)
+    created: list[Any] = []
+
+    def slow_create(obj: dict[str, Any]) -> bool:
+        time.sleep(0.01)
+        created.append(obj)
+        return True
+
+    def slow_delete(namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        time.sleep(0.01)
+
+    kube.create = slow_create  # type: ignore[method-assign]
+    kube.delete_pod = slow_delete  # type: ignore[method-assign]
+
+    async def crowd() -> list[Any]:
+        creates = [kube.create_many([{"n": i} for i in range(3)]) for _ in range(20)]
+        deletes = [kube.delete_pods_named("ns", ["a", "b", "c"]) for _ in range(20)]
+        return await asyncio.wait_for(asyncio.gather(*creates, *deletes), timeout=30)
+
+    try:
+        results = asyncio.run(crowd())
+    finally:
+        kube.close()
+    assert results[:20] == [[True, True, True]] * 20
+    assert len(created) == 60
+
+
+def test_a_failed_create_is_reported_per_object() -> None:
+    kube = Kube(k8s.Configuration(), concurrency=2)
+
+    def create(obj: dict[str, Any]) -> bool:
+        if obj["n"] == 1:
+            raise RuntimeError("refused")
+        return obj["n"] == 0
+
+    kube.create = create  # type: ignore[method-assign]
+    try:
+        out = asyncio.run(kube.create_many([{"n": 0}, {"n": 1}, {"n": 2}]))
+    finally:
+        kube.close()
+    assert out[0] is True
+    assert isinstance(out[1], RuntimeError)
+    assert out[2] is False
+
+
+class _Api(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.startswith("/api/v1/namespaces/ns/pods/p/log"):
+            body, kind = b"line 1\nline \xc3\xa9 2\n", "text/plain"
+        else:
+            body, kind = b'{"kind": "BenchmarkTask", "spec": {}}', "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[Kube]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cfg = k8s.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    kube = Kube(cfg)
+    yield kube
+    kube.close()
+    server.shutdown()
+    server.server_close()
+
+
+def test_log_reads_are_text_and_other_answers_json(api: Kube) -> None:
+    assert api.read_log("ns", "p", "launcher", 10) == "line 1\nline é 2\n"
+    assert api.get_task("t") == {"kind": "BenchmarkTask", "spec": {}}
+
+
+def test_liveness_fails_when_the_api_pool_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_operator import handlers
+
+    monkeypatch.setattr(handlers, "PROBE_SECONDS", 0.5)
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    release = threading.Event()
+
+    async def probe_while(blocked: bool) -> Any:
+        if blocked:
+            kube.pool.submit(release.wait)  # the only thread hangs, as on a stuck API call
+        probe: Any = handlers.api_pool_alive  # kopf's decorator types it as an activity
+        return await probe(memo={"kube": kube})
+
+    try:
+        assert asyncio.run(probe_while(blocked=False)) is True
+        with pytest.raises(kopf.PermanentError, match="stuck"):
+            asyncio.run(probe_while(blocked=True))
+    finally:
+        release.set()
+        kube.close()
