@@ -32,7 +32,7 @@ from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
-from mlbench_operator.settings import DatasetSettings, metrics_linger_seconds
+from mlbench_operator.settings import DatasetSettings, metrics_linger_seconds, results_wait_seconds
 
 PLURAL = "benchmarkruns"
 RESYNC_SECONDS = float(os.environ.get("MLBENCH_RESYNC_SECONDS", "300"))
@@ -203,7 +203,8 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
         return False
     uid = body.get("metadata", {}).get("uid", "")
     launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
-    pending = launcher is not None and results.decide(status, launcher, _now()).action is not results.Action.NONE
+    wait = results_wait_seconds(os.environ)
+    pending = launcher is not None and results.decide(status, launcher, _now(), wait).action is not results.Action.NONE
     return pending or bool(reconcile.cleanup_pending(body, pods))
 
 
@@ -236,6 +237,7 @@ class RunReconciler:
         self.create_backoff_until = 0.0  # monotonic; no pod creates before (pod events don't shorten it)
         self.datasets = dataset_settings()
         self.linger = metrics_linger_seconds(os.environ)
+        self.results_wait = results_wait_seconds(os.environ)
         self.pvc_ensured = False
 
     def view(self) -> dict[str, Any]:
@@ -487,7 +489,7 @@ class RunReconciler:
         """
         uid = self.body["metadata"].get("uid", "")
         pod = results.launcher(pods, uid)
-        decision = results.decide(self.status, pod, now)
+        decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
             try:
                 text = await self.kube.run(
@@ -501,7 +503,7 @@ class RunReconciler:
             except Exception as err:  # the API, the kubelet or the network: retried, then given up
                 gone = isinstance(err, ApiError) and err.status == 404
                 detail = err.detail if isinstance(err, ApiError) else f"{type(err).__name__}: {err}"
-                decision = results.after_read_error(self.status, pod, detail[:500], gone, now)
+                decision = results.after_read_error(self.status, pod, detail[:500], gone, now, wait=self.results_wait)
         if decision.action is results.Action.GIVE_UP:
             await self.patch({**self.status, "results": results.missing_status(decision.message, now)})
             if pod is not None:  # a run that never launched has nothing to lose: no Event

@@ -43,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MLBENCH_METRICS_PORT"] = str(args.metrics_port)
     os.environ["MLBENCH_RUN_SELECTOR"] = args.selector
     from mlbench_operator import handlers, logs
-    from mlbench_operator.settings import DatasetSettings, SettingsError, metrics_linger_seconds
+    from mlbench_operator.settings import DatasetSettings, SettingsError, metrics_linger_seconds, results_wait_seconds
 
     try:  # a bad MLBENCH_DATASET_* stops the operator here, named, not at the first run's PVC
         DatasetSettings.from_env(os.environ)
         metrics_linger_seconds(os.environ)
+        results_wait_seconds(os.environ)
     except SettingsError as err:
         print(f"mlbench-operator: {err}", file=sys.stderr)
         return 2

@@ -61,8 +61,8 @@ def _seconds_since(value: str | None, now: datetime) -> float:
     return 0.0 if when is None else max((now - when).total_seconds(), 0.0)
 
 
-def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime) -> Decision:
-    """What to do about a run's results in this pass."""
+def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime, wait: float = WAIT_SECONDS) -> Decision:
+    """What to do about a run's results in this pass (``wait``: :data:`WAIT_SECONDS`, a setting)."""
     if status.get("results") or status.get("phase") not in TERMINAL:
         return Decision(Action.NONE)
     if pod is None:
@@ -72,20 +72,22 @@ def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime) -> Dec
     if pod.phase == "Pending":
         return Decision(Action.GIVE_UP, "the launcher never started: no results were kept")
     waited = _seconds_since(status.get("completionTime"), now)
-    if waited < WAIT_SECONDS and not pod.terminating:
-        return Decision(Action.WAIT, retry_after=WAIT_SECONDS - waited + 0.1, spares_worker0=True)
+    if waited < wait and not pod.terminating:
+        return Decision(Action.WAIT, retry_after=wait - waited + 0.1, spares_worker0=True)
     return Decision(
         Action.GIVE_UP, f"the launcher had not finished {waited:.0f}s after the run ended: no results were kept"
     )
 
 
-def after_read_error(status: Mapping[str, Any], pod: PodView, error: str, gone: bool, now: datetime) -> Decision:
+def after_read_error(
+    status: Mapping[str, Any], pod: PodView, error: str, gone: bool, now: datetime, *, wait: float = WAIT_SECONDS
+) -> Decision:
     """The launcher's log could not be read: retry for a while (a kubelet restarting), unless it is gone."""
     if gone:
         return Decision(Action.GIVE_UP, f"the launcher's log is gone: {error}")
     waited = _seconds_since(pod.finished_at or status.get("completionTime"), now)
-    if waited < WAIT_SECONDS:
-        return Decision(Action.WAIT, retry_after=min(5.0, WAIT_SECONDS - waited + 0.1))
+    if waited < wait:
+        return Decision(Action.WAIT, retry_after=min(5.0, wait - waited + 0.1))
     return Decision(Action.GIVE_UP, f"cannot read the launcher's log: {error}")
 
 

@@ -71,6 +71,14 @@ def metrics_linger_seconds(env: Mapping[str, str]) -> int:
     return _positive(env, "MLBENCH_METRICS_LINGER_SECONDS", n.METRICS_LINGER_SECONDS, minimum=0)
 
 
+def results_wait_seconds(env: Mapping[str, str]) -> float:
+    """``MLBENCH_RESULTS_WAIT_SECONDS``: how long a finished run's launcher log is waited for and retried
+    (mlbench_operator.results.WAIT_SECONDS by default; the kwok tests, whose nodes serve no logs, use 1)."""
+    from mlbench_operator.results import WAIT_SECONDS
+
+    return float(_positive(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(WAIT_SECONDS), minimum=0))
+
+
 def _positive(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
     raw = env.get(key, "").strip()
     if not raw:

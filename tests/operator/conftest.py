@@ -65,6 +65,9 @@ class OperatorProcess:
         env["MLBENCH_RUN_SELECTOR"] = f"{SESSION_LABEL}={SESSION}"
         env["MLBENCH_DATASET_STORAGE_CLASS"] = TEST_STORAGE_CLASS
         env["MLBENCH_DATASET_BACKOFF_LIMIT"] = str(TEST_BACKOFF_LIMIT)  # each retry costs the Job's 10 s+ backoff
+        # kwok nodes serve no container logs: a finished run's results are given up at once (the
+        # results path itself is tested on the real node, tests/e2e, and in test_handlers/test_results)
+        env["MLBENCH_RESULTS_WAIT_SECONDS"] = "1"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         log.write(f"\n==== start {self.starts} {time.strftime('%T')}\n".encode())
         self.proc = subprocess.Popen(
