@@ -216,6 +216,14 @@ def _waits_for_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     )
 
 
+class _Refused(Exception):
+    """The API server refused some of a run's objects: (what, HTTP status, its message) each."""
+
+    def __init__(self, failures: list[tuple[str, int, str]]) -> None:
+        super().__init__(failures)
+        self.failures = failures
+
+
 class RunReconciler:
     """The state of one run's daemon: only caches; truth is re-read from the run and the pods."""
 
@@ -296,8 +304,12 @@ class RunReconciler:
                 self.event("Warning", "InvalidConfig", message)
                 return await self.finished(now, pods)
 
-        if not self.ensured and not await self.ensure_objects(ctx, now):
-            return min(30.0, RESYNC_SECONDS)  # a name conflict is shown; look again later
+        if not self.ensured:
+            try:
+                if not await self.ensure_objects(ctx, now):
+                    return min(30.0, RESYNC_SECONDS)  # a name conflict is shown; look again later
+            except _Refused as err:  # quota, policy, an invalid object: a condition, not a silent retry
+                return await self.creation_refused(err.failures, now, pods)
         if ctx.task.dataset.source is not None and not c.is_true(self.status.get("conditions"), c.DATASET_READY):
             waiting = await self.ensure_dataset(ctx, now, pods)
             if waiting is not None:
@@ -348,7 +360,7 @@ class RunReconciler:
                 if isinstance(res, BaseException):
                     self.recent.pop(obj["metadata"]["name"], None)
                     if isinstance(res, ApiError) and res.status in (403, 422):
-                        refused.append((obj["metadata"]["name"], res.status, res.detail))
+                        refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
             if refused:
                 return await self.creation_refused(refused, now, pods)
             if errors:
@@ -399,6 +411,13 @@ class RunReconciler:
         private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
         outcomes = await self.kube.create_many(objs)
+        refused = [
+            (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
+            for obj, res in zip(objs, outcomes, strict=True)
+            if isinstance(res, ApiError) and res.status in (403, 422)
+        ]
+        if refused:
+            raise _Refused(refused)
         errors = [r for r in outcomes if isinstance(r, BaseException)]
         if errors:
             raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)

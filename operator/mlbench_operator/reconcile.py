@@ -638,7 +638,8 @@ def _seconds(value: float) -> timedelta:
 
 
 def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]], now: datetime) -> Plan:
-    """The API server refused pod creations: ``failures`` = (pod, HTTP status, its message).
+    """The API server refused creations: ``failures`` = (what, HTTP status, its message), what being
+    ``pod <name>`` or ``<Kind> <name>`` (the run's Service, ConfigMap or Secret).
 
     422 (the object is invalid: it will never be accepted) fails the run; anything else (403 from a
     ResourceQuota, PodSecurity or a webhook: may pass later) is shown as CreateFailed on WorkersReady
@@ -648,7 +649,7 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     st = _Status(body, now)
     out = Plan(status=st.new)
     name, code, detail = next((f for f in failures if f[1] == 422), failures[0])
-    text = f"creating pod {name} was refused (HTTP {code}): {detail}"
+    text = f"creating {name} was refused (HTTP {code}): {detail}"
     if len(failures) > 1:
         text += f" (and {len(failures) - 1} more)"
     if code == 422:

@@ -354,3 +354,39 @@ def test_many_runs_created_and_resumed_together(runs: Runs, operator: OperatorPr
         runs.finish_launcher(name, 0, h.summary(name, world_size=3).termination_message())
     for name in names:
         runs.wait_phase(name, "Succeeded", timeout=120)
+
+
+def test_a_quota_on_the_run_s_secret_is_shown_then_overcome(runs: Runs) -> None:
+    """A ResourceQuota refuses the run's SSH Secret (403): the run says so in WorkersReady instead of
+    retrying silently, and proceeds on its own once the quota is lifted (issue 10)."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-secrets"},
+        "spec": {"hard": {"secrets": "0"}},
+    }
+    runs.kubectl("apply", "-f", "-", input=json.dumps(quota))
+    try:
+        wait_for(
+            lambda: (runs.get("resourcequota", "no-secrets") or {}).get("status", {}).get("hard"),
+            timeout=30,
+            what="the quota is enforced",
+        )
+        runs.apply(h.run("quota", workers=1))
+        status = runs.wait_status(
+            "quota",
+            lambda s: (
+                any(
+                    cnd.get("reason") == "CreateFailed" and "Secret quota-ssh" in cnd.get("message", "")
+                    for cnd in s.get("conditions") or []
+                )
+                and s
+            ),
+            timeout=30,
+            what="CreateFailed naming the Secret",
+        )
+        assert "exceeded quota" in status["message"]
+        assert runs.pods("quota") == {}
+    finally:
+        runs.kubectl("delete", "resourcequota", "no-secrets", "--wait=true")
+    runs.wait_phase("quota", "Running", timeout=90)

@@ -74,6 +74,7 @@ class FakeKube:
         self.calls: list[tuple[Any, ...]] = []
         self.fail_deletes = 0  # the next N pod deletions fail with HTTP 500
         self.create_error: Any = None  # raised for every pod create
+        self.object_errors: dict[str, Any] = {}  # kind -> error for the run's Service/ConfigMap/Secret
         self.existing: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object: 409 on create
         self.log = ""  # the launcher's log
         self.log_error: Any = None  # raised by read_log
@@ -104,6 +105,8 @@ class FakeKube:
             self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
             if obj["kind"] == "Pod" and self.create_error is not None:
                 out.append(self.create_error)
+            elif obj["kind"] in self.object_errors:
+                out.append(self.object_errors[obj["kind"]])
             else:
                 out.append((obj["kind"], obj["metadata"]["name"]) not in self.existing)
         return out
@@ -353,6 +356,33 @@ def test_unreadable_launcher_log(
         assert "results" not in rec.status
         assert delay is not None
         assert delay <= 5.1
+
+
+@pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
+def test_refused_run_objects_are_a_condition_not_a_silent_retry(
+    monkeypatch: pytest.MonkeyPatch, code: int, terminal: bool
+) -> None:
+    """Issue 10: a quota (403) or an invalid object (422) on the Secret is shown with its cause."""
+    from mlbench_operator.kube import ApiError
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    kube.object_errors["Secret"] = ApiError(code, "POST", "/secrets", '{"message": "exceeded quota: secrets=0"}')
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    delay = asyncio.run(rec.step([]))
+    text = f"creating Secret r1-ssh was refused (HTTP {code}): exceeded quota: secrets=0"
+    assert rec.status["message"] == text
+    assert not [c for c in kube.calls if c[0] == "create" and c[1] == "Pod"]  # nothing runs without its Secret
+    if terminal:
+        assert rec.status["phase"] == "Failed"
+        assert {c["type"]: c for c in rec.status["conditions"]}["Failed"]["reason"] == "CreateFailed"
+    else:
+        wr = {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]
+        assert (wr["reason"], wr["message"]) == ("CreateFailed", text)
+        assert delay is not None
+        assert delay > 0
+        assert ("Warning", "CreateFailed", text) in rec.events
 
 
 def test_a_refused_results_config_map_is_recorded_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -438,7 +438,7 @@ def test_workers_ready_is_false_on_failure() -> None:
 def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None:
     body, ctx = admitted(h.run())
     quota = "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10"
-    plan = reconcile.creation_failed(body, [("r1-worker-1", 403, quota)], T0)
+    plan = reconcile.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0)
     assert not plan.terminal
     wr = cond(plan.status, "WorkersReady")
     assert (wr["status"], wr["reason"]) == ("False", "CreateFailed")
@@ -450,9 +450,11 @@ def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None
     _, nxt = step(body, ctx, [workers(ctx)[0]])
     assert nxt.create_workers == [1]
     assert cond(nxt.status, "WorkersReady")["reason"] == "CreateFailed"
-    assert reconcile.creation_failed(body, [("r1-worker-1", 403, quota)], T0).events == []
+    assert reconcile.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0).events == []
 
-    invalid = reconcile.creation_failed(body, [("r1-worker-0", 422, "spec.containers[0].image: Required value")], T0)
+    invalid = reconcile.creation_failed(
+        body, [("pod r1-worker-0", 422, "spec.containers[0].image: Required value")], T0
+    )
     assert invalid.terminal
     assert cond(invalid.status, "Failed")["reason"] == "CreateFailed"
     assert "Required value" in invalid.status["message"]
