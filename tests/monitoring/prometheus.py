@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.cluster.cluster import free_port
 
 
 class Prometheus:
@@ -34,12 +35,6 @@ class Prometheus:
         return list(self.get("/api/v1/query", query=expr)["result"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def running(config: dict[str, Any], workdir: Path, timeout: float = 60) -> Iterator[Prometheus]:
     """Prometheus on ``config`` (data and log in ``workdir``), ready to answer; skips without the binary."""
@@ -47,7 +42,7 @@ def running(config: dict[str, Any], workdir: Path, timeout: float = 60) -> Itera
     if binary is None:
         pytest.skip("prometheus is not installed (Debian: prometheus; make system-deps)")
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log_path = workdir / "prometheus.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
