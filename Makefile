@@ -20,6 +20,7 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v lua5.4 >/dev/null || missing="$$missing lua5.4"; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  command -v containerd >/dev/null || missing="$$missing containerd"; \
 	  command -v runc >/dev/null || missing="$$missing runc"; \
@@ -52,11 +53,12 @@ crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
 	$(VENV)/bin/mlbench crds
 
 .PHONY: lint
-lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps fresh, grafana's dashboard-linter
+lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps and namespaced RBAC fresh, grafana's dashboard-linter
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m mypy
 	$(PYTHON) hack/dashboards.py --check
+	$(PYTHON) hack/namespaced-rbac.py --check
 	@# built from its Go module (cached); where it cannot be built, say why and go on,
 	@# unless MLBENCH_REQUIRE_DASHBOARD_LINTER=1
 	@if linter=$$(hack/build-dashboard-linter.sh); then \
@@ -68,6 +70,10 @@ lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps fresh, grafana's dashboard-l
 .PHONY: dashboards
 dashboards: $(PYTHON) ## regenerate manifests/monitoring/dashboards.yaml from grafana/dashboards
 	$(PYTHON) hack/dashboards.py
+
+.PHONY: namespaced-rbac
+namespaced-rbac: $(PYTHON) ## regenerate manifests/namespaced (Roles per watched namespace) from the operator's ClusterRole
+	$(PYTHON) hack/namespaced-rbac.py
 
 .PHONY: fmt
 fmt: $(PYTHON) ## format and autofix

@@ -9,7 +9,13 @@ control plane (tests/cluster) and reports
 * ``operator_requests``: API requests the operator's reconciler made for this run, by verb/resource
   (from its own ``mlbench_operator_api_requests_total``; kopf's watch streams are not counted),
 * ``gang_restart_s`` / ``restart_requests``: worker 0 then fails (kwok exit code 1); time until the
-  whole world was deleted, recreated and is Running again, and the requests that took.
+  whole world was deleted, recreated and is Running again, and the requests that took,
+* ``floor_s`` / ``ratio``: right before each run, the same number of bare pods of the workers' shape
+  created straight to the API server by a plain 32-thread client (the cluster's floor), and
+  ``pods_running_s / floor_s`` (issue 10's target: at most 1.2),
+
+then ``--many`` runs x workers (default 20 x 50) applied together: all Running, and the operator's
+API requests per run.
 
 Usage::
 
@@ -41,6 +47,7 @@ for sub in ("crds", "operator", "runners", ""):
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from mlbench_operator import builders, reconcile  # noqa: E402
 from mlbench_operator.kube import Kube, load_configuration  # noqa: E402
 from tests.operator import helpers as h  # noqa: E402
 
@@ -91,6 +98,68 @@ class Bench:
     def run_status(self, ns: str, run: str) -> dict[str, Any]:
         obj = self.kube.request("GET", f"/apis/mlbench.io/v1alpha1/namespaces/{ns}/benchmarkruns/{run}")
         return dict(obj.get("status") or {})
+
+    def floor(self, workers: int, timeout: float, threads: int = 32) -> float:
+        """The cluster's own floor: ``workers`` bare pods of the same shape as a run's workers, created
+        straight to the API server by a plain ``threads``-thread client; seconds until all are Running."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        ns = f"floor-{uuid.uuid4().hex[:6]}"
+        self.kubectl("create", "namespace", ns)
+        body = h.run("floor", ns, workers=workers, resources={"cpu": "10m", "memory": "16Mi"})
+        admitted = reconcile.admit(body, h.task())
+        assert not isinstance(admitted, reconcile.Rejection), admitted
+        ctx = admitted[0]
+        pods = []
+        for rank in range(workers):
+            pod = builders.worker_pod(ctx, rank, 0)
+            pod["metadata"].pop("ownerReferences", None)  # no run behind them
+            # not the operator's labels: its pod watch must not see (or slow) the floor
+            pod["metadata"]["labels"] = {"mlbench.io/run": "floor", "mlbench.io/role": "worker"}
+            pods.append(pod)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(self.kube.create, pods))
+        while self.running_workers(ns, "floor") < workers:
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"floor: {workers} bare pods not Running after {timeout}s")
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        self.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s")
+        return took
+
+    def many(self, runs: int, workers: int, port: int, timeout: float) -> dict[str, Any]:
+        """``runs`` runs of ``workers`` applied together: seconds until every worker of all is Running, and the
+        operator's API requests per run (which must stay O(workers))."""
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        self.kubectl("create", "namespace", ns)
+        before = operator_requests(port)
+        bodies = []
+        for i in range(runs):
+            body = h.run(f"many{i}", ns, workers=workers, resources={"cpu": "10m", "memory": "16Mi"})
+            body["metadata"]["labels"] = {"mlbench.io/benchmark": "operator-scale"}
+            bodies.append(body)
+        t0 = time.monotonic()
+        self.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(b) for b in bodies))
+        while True:
+            pods = self.kube.request(
+                "GET",
+                f"/api/v1/namespaces/{ns}/pods",
+                query=[("labelSelector", "mlbench.io/role=worker")],
+                resource="bench",
+            )
+            running = sum(1 for p in pods["items"] if (p.get("status") or {}).get("phase") == "Running")
+            if running == runs * workers:
+                break
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{runs}x{workers}: {running} Running after {timeout}s")
+            time.sleep(0.3)
+        took = time.monotonic() - t0
+        time.sleep(2.0)
+        after = operator_requests(port)
+        total = int(sum(after.values()) - sum(before.values()))
+        self.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s")
+        return {"runs": runs, "workers": workers, "all_running_s": round(took, 2), "requests_per_run": total / runs}
 
     def one(self, workers: int, port: int, timeout: float, restart: bool) -> dict[str, Any]:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
@@ -148,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-restart", action="store_true", help="skip the gang-restart measurement")
+    parser.add_argument("--many", type=int, nargs=2, default=[20, 50], metavar=("RUNS", "WORKERS"))
     args = parser.parse_args(argv)
 
     from tests.cluster.cluster import LocalCluster, kubectl_path
@@ -185,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"--metrics-port={port}",
                     "--liveness=",
                     "--selector=mlbench.io/benchmark=operator-scale",  # leave other runs on the cluster alone
+                    "--no-leader-elect",  # the only replica
                 ],
                 env=env,
                 stdout=out,
@@ -201,19 +272,28 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.3)
         results = []
         for n in args.workers:
+            floor = bench.floor(n, args.timeout)  # side by side: the floor right before the run
             res = bench.one(n, port, args.timeout, not args.no_restart)
+            res["floor_s"] = round(floor, 2)
+            res["ratio"] = round(res["pods_running_s"] / floor, 2)
             results.append(res)
             print(json.dumps(res), flush=True)
+        many = bench.many(args.many[0], args.many[1], port, args.timeout)
+        print(json.dumps(many), flush=True)
         print(
-            f"\n{'workers':>8} {'pods Running':>13} {'status ready':>13} {'launcher':>9} {'op requests':>12}"
-            f" {'gang restart':>13} {'restart reqs':>13}"
+            f"\n{'workers':>8} {'floor':>7} {'pods Running':>13} {'ratio':>6} {'status ready':>13} {'launcher':>9}"
+            f" {'op requests':>12} {'gang restart':>13} {'restart reqs':>13}"
         )
         for r in results:
             print(
-                f"{r['workers']:>8} {r['pods_running_s']:>12.1f}s {r['status_ready_s']:>12.1f}s "
-                f"{r['launcher_running_s']:>8.1f}s {r['operator_requests']:>12}"
+                f"{r['workers']:>8} {r['floor_s']:>6.1f}s {r['pods_running_s']:>12.1f}s {r['ratio']:>6.2f}"
+                f" {r['status_ready_s']:>12.1f}s {r['launcher_running_s']:>8.1f}s {r['operator_requests']:>12}"
                 f" {r.get('gang_restart_s', float('nan')):>12.1f}s {r.get('restart_requests', 0):>13}"
             )
+        print(
+            f"\n{many['runs']} runs x {many['workers']} workers applied together: all Running in "
+            f"{many['all_running_s']:.1f}s, {many['requests_per_run']:.0f} operator API requests per run"
+        )
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
     finally:

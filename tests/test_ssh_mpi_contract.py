@@ -7,7 +7,11 @@ each worker's own command (``WORKER_SCRIPT``: sshd) and then the launcher's own 
 (``mlbench-runner launch``: mpirun). Each worker "pod" gets its own loopback address
 (127.0.0.2, 127.0.0.3); OpenMPI sees two remote nodes and starts its ``orted`` daemons through
 ssh with the run's key, which is what the string asserts in ``tests/operator`` and
-``tests/runner/test_mpirun.py`` cannot show. Everything that differs from a cluster is in plain
+``tests/runner/test_mpirun.py`` cannot show. The run's SSH hardening is checked against the same
+real sshd: every worker presents the run's host key and the launcher accepts no other (an impostor
+worker with a different host key is refused before it sees anything), the run's client key is
+``restrict``-ed (no forwarding, no pty), and the non-root Secret modes (root-owned 0440 + fsGroup)
+satisfy sshd and ssh. Everything that differs from a cluster is in plain
 sight: :func:`localize` (mount paths), :func:`sshd_on_loopback` (port, listen address),
 :func:`hostfile_on_loopback` (DNS names), ``metricsPort: 0`` in ``config.json`` (the "pods" share
 one network namespace) and the few launcher variables that :func:`launcher_env` documents. The
@@ -17,6 +21,7 @@ wait-for-workers init container (DNS) is not run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -26,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,7 +44,8 @@ from mlbench_api.results import RunSummary
 from mlbench_operator import builders, reconcile
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
-from mlbench_operator.sshkeys import generate_keypair
+from mlbench_operator.sshkeys import RunKeys, generate_keypair
+from mlbench_runner.collect import read_remote, ssh_options
 from mlbench_runner.launch import DEFAULT_TERMINATION_LOG
 from tests.runner.helpers import logreg_task
 
@@ -97,6 +104,15 @@ def sshd_on_loopback(script: str, addr: str, port: int) -> str:
     return script.replace(token, f" -p {port} -o ListenAddress={addr} ")
 
 
+def without_supervisor(script: str) -> str:
+    """Run sshd itself instead of ``mlbench-runner worker -- sshd``: for a UID that cannot reach this
+    machine's interpreter (e.g. a venv on a pyenv python under /root). The supervisor only watches
+    for OOM kills; sshd, its options and the mounted files are unchanged."""
+    token = "exec mlbench-runner worker -- /usr/sbin/sshd "
+    assert script.count(token) == 1, f"the worker script no longer runs {token!r}:\n{script}"
+    return script.replace(token, "exec /usr/sbin/sshd ")
+
+
 def hostfile_on_loopback(hostfile: str, ctx: RunContext, addrs: Iterable[str]) -> str:
     """Replace the workers' DNS names (``<run>-worker-<i>.<run>.<ns>.svc``) by their loopback addresses."""
     addrs = list(addrs)
@@ -111,8 +127,12 @@ def hostfile_on_loopback(hostfile: str, ctx: RunContext, addrs: Iterable[str]) -
 
 
 # -- playing kubelet ------------------------------------------------------------------------------------------
-def project(volume: Obj, objects: Mapping[str, Obj], dest: Path) -> None:
-    """Write a configMap/secret volume into ``dest`` as kubelet would (keys as files, ``defaultMode``)."""
+def project(volume: Obj, objects: Mapping[str, Obj], dest: Path, fs_group: int | None = None) -> None:
+    """Write a configMap/secret volume into ``dest`` as kubelet would (keys as files, ``defaultMode``).
+
+    Files are the caller's (kubelet: root's); with the pod's ``fsGroup`` their group is that group
+    and, the volume being read-only, group-readable (kubelet's ``SetVolumeOwnership``).
+    """
     dest.mkdir(parents=True, exist_ok=True)
     if "configMap" in volume:
         files, mode = objects[volume["configMap"]["name"]]["data"], volume["configMap"].get("defaultMode", 0o644)
@@ -123,6 +143,9 @@ def project(volume: Obj, objects: Mapping[str, Obj], dest: Path) -> None:
         return
     for key, text in files.items():
         (dest / key).write_text(text)
+        if fs_group is not None:
+            os.chown(dest / key, -1, fs_group)
+            mode |= 0o440
         (dest / key).chmod(mode)
 
 
@@ -188,48 +211,137 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @dataclass
-class Cluster:
-    """One run's ConfigMap and Secret projected under ``paths``, with both workers' sshd running."""
-
-    ctx: RunContext
-    paths: dict[str, Path]
-    port: int
-    public_key: str
-    sshd_logs: list[Path]
+class Worker:
+    rank: int
+    addr: str
+    proc: subprocess.Popen[bytes]
+    log: Path
 
     def accepted(self) -> list[str]:
-        return [line for log in self.sshd_logs for line in log.read_text().splitlines() if "Accepted" in line]
+        return [line for line in self.log.read_text().splitlines() if "Accepted" in line]
 
 
-def run_context() -> RunContext:
-    """The run as the operator admits it: a tiny open-division logistic regression, 2 workers, root containers."""
-    task = {
+@dataclass
+class Cluster:
+    """One run's ConfigMap and Secret projected under ``paths``, with its workers' sshd running.
+
+    ``paths`` are the launcher's mounts; every worker "pod" has its own copy of the Secret volume
+    (and its own ``/tmp``) under ``root/<pod>``, the ConfigMap and the output directory are shared.
+    """
+
+    ctx: RunContext
+    keys: RunKeys
+    root: Path
+    paths: dict[str, Path]
+    objects: dict[str, Obj]
+    port: int
+    as_user: int | None = None
+    workers: list[Worker] = dataclasses.field(default_factory=list)
+
+    @property
+    def public_key(self) -> str:
+        return self.keys.client_public
+
+    @property
+    def sshd_logs(self) -> list[Path]:
+        return [w.log for w in self.workers]
+
+    def accepted(self) -> list[str]:
+        return [line for w in self.workers for line in w.accepted()]
+
+    def start_worker(self, rank: int, objects: Mapping[str, Obj] | None = None, tag: str = "") -> Worker:
+        """Play kubelet for worker ``rank``: project its volumes, run its command (``WORKER_SCRIPT``)."""
+        addr = WORKER_ADDRS[rank]
+        pod = builders.worker_pod(self.ctx, rank, attempt=0)
+        name = pod["metadata"]["name"] + tag
+        (container,) = pod["spec"]["containers"]
+        assert {m["mountPath"] for m in container["volumeMounts"]} == {*self.paths, "/dev/shm"}
+        # the container's own Secret volume and /tmp; the ConfigMap and the output directory are shared
+        pod_paths = {**self.paths, n.SSH_DIR: self.root / name / "etc-mlbench-ssh", "/tmp": self.root / name / "tmp"}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        fs_group = pod["spec"]["securityContext"].get("fsGroup")
+        for mount in container["volumeMounts"]:
+            if mount["mountPath"] in pod_paths:
+                project(volumes[mount["name"]], objects or self.objects, pod_paths[mount["mountPath"]], fs_group)
+        pod_paths["/tmp"].mkdir(parents=True)
+        if self.as_user is not None:
+            os.chown(pod_paths["/tmp"], self.as_user, self.as_user)
+        shell, flag, script = container["command"]
+        assert (shell, flag, script) == ("/bin/sh", "-c", builders.WORKER_SCRIPT)
+        script = sshd_on_loopback(localize(script, pod_paths, [n.SSH_DIR, "/tmp"]), addr, self.port)
+        if self.as_user is not None:
+            script = without_supervisor(script)
+        env = {**container_env(container, pod, pod_paths), "PATH": IMAGE_PATH}
+        log_path = self.root / f"{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [shell, flag, script],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **user_args(self.as_user),
+            )
+        worker = Worker(rank, addr, proc, log_path)
+        self.workers.append(worker)
+        wait_ready(proc, addr, self.port, log_path)
+        return worker
+
+    def stop_worker(self, worker: Worker) -> None:
+        stop(worker.proc)
+        self.workers.remove(worker)
+
+    def launcher_env(self, ssh_dir: Path | None = None) -> dict[str, str]:
+        pod = builders.launcher_pod(self.ctx, attempt=0)
+        (container,) = pod["spec"]["containers"]
+        return launcher_env(self, container, pod, {**self.paths, n.SSH_DIR: ssh_dir or self.paths[n.SSH_DIR]})
+
+    def client_options(self) -> list[str]:
+        """The ssh options ``mlbench-runner launch`` derives from the launcher's environment."""
+        env = self.launcher_env()
+        return ssh_options(
+            int(env[n.ENV_SSH_PORT]), env[n.ENV_SSH_KEY], env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS]
+        )
+
+
+def user_args(uid: int | None) -> dict[str, Any]:
+    """Popen's arguments that run a child as ``uid`` (its own group only: runAsUser/runAsGroup/fsGroup)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": [uid]}
+
+
+def run_context(run_as_user: int | None = None) -> RunContext:
+    """The run as the operator admits it: a tiny open-division logistic regression, 2 workers.
+
+    run_as_user=None (MLBENCH_RUNNER_UID=image): containers run as the image's user, here whoever
+    runs this test (root on CI), with the Secret at 0400. The default non-root UID 1000 (0440 +
+    fsGroup) is exercised by :func:`test_non_root_pods_accept_the_secret_modes`.
+    """
+    task: dict[str, Any] = {
         "apiVersion": "mlbench.io/v1alpha1",
         "kind": "BenchmarkTask",
         "metadata": {"name": "ssh-logreg"},
         "spec": logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0),
     }
+    # The project's runner image, which the operator's default admission policy allows (never pulled here).
+    task["spec"]["runner"]["image"] = "docker.io/mlbench/mlbench-runner:test"
     body = {
         "apiVersion": "mlbench.io/v1alpha1",
         "kind": "BenchmarkRun",
         "metadata": {"name": RUN, "namespace": NAMESPACE, "uid": "uid-ssh", "generation": 1},
         "spec": {"taskRef": {"name": "ssh-logreg"}, "workers": WORKERS},
     }
-    # run_as_user=None (MLBENCH_RUNNER_UID=image): containers run as the image's user, here whoever runs
-    # this test (root on CI), with the Secret at 0400. The default non-root UID 1000 is not exercised.
-    admitted = reconcile.admit(body, task, run_as_user=None)
+    admitted = reconcile.admit(body, task, run_as_user=run_as_user)
     assert not isinstance(admitted, reconcile.Rejection), admitted
     return admitted[0]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    ctx = run_context()
-    private, public = generate_keypair(f"mlbench-{ctx.namespace}-{ctx.name}")  # as handlers.py does
+@contextlib.contextmanager
+def started(ctx: RunContext, root: Path, ranks: Iterable[int] = range(WORKERS)) -> Iterator[Cluster]:
+    """The run's objects projected under ``root``, worker ``ranks`` started; everything stopped after."""
+    keys = generate_keypair(f"mlbench-{ctx.namespace}-{ctx.name}")  # as handlers.py does
     config_map = builders.config_map(ctx)
     data = config_map["data"]
     data[n.HOSTFILE] = hostfile_on_loopback(data[n.HOSTFILE], ctx, WORKER_ADDRS)
-    root = tmp_path / "fs"
     paths = {
         n.CONFIG_DIR: root / "etc-mlbench",
         n.SSH_DIR: root / "etc-mlbench-ssh",
@@ -243,41 +355,29 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     assert config["metricsPort"] == n.METRICS_PORT
     config["metricsPort"] = 0
     data[n.CONFIG_FILE] = json.dumps(config, indent=2)
-    secret = builders.ssh_secret(ctx, private, public)
+    secret = builders.ssh_secret(ctx, keys)
     objects = {o["metadata"]["name"]: o for o in (config_map, secret)}
+    # The launcher's Secret volume (its ConfigMap volume is the one the workers share).
+    launcher = builders.launcher_pod(ctx, attempt=0)
+    (volume,) = [v for v in launcher["spec"]["volumes"] if "secret" in v]
+    project(volume, objects, paths[n.SSH_DIR], launcher["spec"]["securityContext"].get("fsGroup"))
 
-    port = free_port(WORKER_ADDRS)
+    cluster = Cluster(ctx, keys, root, paths, objects, free_port(WORKER_ADDRS), as_user=ctx.run_as_user)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd's privilege-separation directory
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
     try:
-        for rank, addr in enumerate(WORKER_ADDRS):
-            pod = builders.worker_pod(ctx, rank, attempt=0)
-            (container,) = pod["spec"]["containers"]
-            assert {m["mountPath"] for m in container["volumeMounts"]} == {*paths, "/dev/shm"}
-            volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-            for mount in container["volumeMounts"]:
-                if mount["mountPath"] in paths:
-                    project(volumes[mount["name"]], objects, paths[mount["mountPath"]])
-            pod_paths = {**paths, "/tmp": root / pod["metadata"]["name"] / "tmp"}  # the container's own /tmp
-            pod_paths["/tmp"].mkdir(parents=True)
-            shell, flag, script = container["command"]
-            assert (shell, flag, script) == ("/bin/sh", "-c", builders.WORKER_SCRIPT)
-            script = sshd_on_loopback(localize(script, pod_paths, [n.SSH_DIR, "/tmp"]), addr, port)
-            env = {**container_env(container, pod, pod_paths), "PATH": IMAGE_PATH}
-            logs.append(root / f"{pod['metadata']['name']}.log")
-            with open(logs[-1], "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [shell, flag, script], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
-            wait_ready(procs[-1], addr, port, logs[-1])
-        yield Cluster(ctx, paths, port, public, logs)
+        for rank in ranks:
+            cluster.start_worker(rank)
+        yield cluster
     finally:
-        for proc in procs:
-            stop(proc)
+        for worker in cluster.workers:
+            stop(worker.proc)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with started(run_context(), tmp_path / "fs") as cluster:
+        yield cluster
 
 
 def wait_ready(proc: subprocess.Popen[bytes], addr: str, port: int, log: Path, timeout: float = 15) -> None:
@@ -317,7 +417,7 @@ def launch(cluster: Cluster, ssh_dir: Path, termination_log: Path) -> subprocess
     assert {m["mountPath"] for m in container["volumeMounts"]} == set(cluster.paths)
     paths = {**cluster.paths, n.SSH_DIR: ssh_dir}
     env = launcher_env(cluster, container, pod, paths)
-    for var in (n.ENV_CONFIG, n.ENV_HOSTFILE, n.ENV_SSH_KEY):
+    for var in (n.ENV_CONFIG, n.ENV_HOSTFILE, n.ENV_SSH_KEY, n.ENV_SSH_KNOWN_HOSTS):
         assert Path(env[var]).is_file(), f"{var}={env[var]} is not projected"
     cmd = [*container["command"], *container.get("args", []), "--termination-log", str(termination_log)]
     proc = subprocess.Popen(
@@ -343,6 +443,19 @@ def fingerprint(public_key: str, tmp: Path) -> str:
     return out.split()[1]
 
 
+def ssh(options: list[str], addr: str, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    cmd = ["ssh", *options, addr, *command]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+
+
+def launch_command(stdout: str) -> list[str]:
+    """The mpirun command line from the launcher's ``launch`` event."""
+    for line in stdout.splitlines():
+        if line.startswith('{"event": "launch"'):
+            return list(json.loads(line)["command"])
+    raise AssertionError(f"no launch event in:\n{stdout[-2000:]}")
+
+
 def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Path) -> None:
     run_key = fingerprint(cluster.public_key, tmp_path)
 
@@ -356,6 +469,13 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     assert summary.steps == 2 * 200 // (5 * WORKERS)
     # Through mpirun's forwarded output (rank 0's tagged stdout), not the shared summary.json.
     assert any(line.startswith("[1,0]<stdout>:") and '"run_summary"' in line for line in proc.stdout.splitlines())
+    # ... with the run's host key checked: the builder's environment turned strict checking on.
+    cmd = launch_command(proc.stdout)
+    rsh = cmd[cmd.index("plm_rsh_args") + 1]
+    known_hosts = cluster.paths[n.SSH_DIR] / n.SSH_KNOWN_HOSTS
+    assert f"-o UserKnownHostsFile={known_hosts}" in rsh
+    assert "-o StrictHostKeyChecking=yes" in rsh
+    assert f"-o HostKeyAlias={n.ssh_host_key_alias(RUN, NAMESPACE)}" in rsh
     for addr, worker_log in zip(WORKER_ADDRS, cluster.sshd_logs, strict=True):  # loopback only, never *:port
         listening = [line for line in worker_log.read_text().splitlines() if line.startswith("Server listening")]
         assert listening == [f"Server listening on {addr} port {cluster.port}."], listening
@@ -365,10 +485,14 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
         assert f"Accepted publickey for {USER} " in line, (worker_log, line)
         assert run_key in line, (worker_log, line)
 
-    # Another key pair in the launcher's Secret mount: sshd refuses it and the launcher reports it.
+    # Another client key pair in the launcher's Secret mount (the run's host key, so the launcher
+    # trusts the workers): sshd refuses the key and the launcher reports it.
     wrong_dir = tmp_path / "wrong-ssh"
-    private, public = generate_keypair("mlbench-wrong")
-    wrong_secret = builders.ssh_secret(cluster.ctx, private, public)
+    other = generate_keypair("mlbench-wrong")
+    wrong_keys = dataclasses.replace(
+        cluster.keys, client_private=other.client_private, client_public=other.client_public
+    )
+    wrong_secret = builders.ssh_secret(cluster.ctx, wrong_keys)
     launcher_volume = next(v for v in builders.launcher_pod(cluster.ctx, attempt=0)["spec"]["volumes"] if "secret" in v)
     project(launcher_volume, {wrong_secret["metadata"]["name"]: wrong_secret}, wrong_dir)
     wrong_log = tmp_path / "termination-log-wrong"
@@ -383,4 +507,134 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     assert len(wrong_log.read_bytes()) <= 4096
     assert "Permission denied (publickey)" in proc.stdout, proc.stdout[-4000:]  # the launcher's log: ssh said why
     assert cluster.accepted() == accepted, "sshd accepted a key that is not the run's"
-    assert fingerprint(public, tmp_path) not in "".join(log.read_text() for log in cluster.sshd_logs)
+    assert fingerprint(other.client_public, tmp_path) not in "".join(log.read_text() for log in cluster.sshd_logs)
+
+
+def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    """Whoever answers on a worker's name or address without the run's host key gets nothing.
+
+    The impostor here has everything but the run's host private key (it even authorises the run's
+    client key), so without host key checking it would receive the training command: the lax
+    options (no known_hosts, as every run used before) show that; the run's options refuse it
+    before authentication, for mpirun and for reading rank 0's files alike.
+    """
+    other = generate_keypair("mlbench-impostor")
+    impostor_keys = dataclasses.replace(cluster.keys, host_private=other.host_private, host_public=other.host_public)
+    objects = {**cluster.objects, n.ssh_secret_name(RUN): builders.ssh_secret(cluster.ctx, impostor_keys)}
+    cluster.stop_worker(cluster.workers[1])
+    impostor = cluster.start_worker(1, objects, tag="-impostor")
+    key = str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY)
+
+    lax = ssh(ssh_options(cluster.port, key), impostor.addr, "echo", "impostor-ran-it")
+    assert lax.stdout == "impostor-ran-it\n", lax.stderr  # the threat is real: it would have run the command
+    assert len(impostor.accepted()) == 1
+
+    strict = ssh(cluster.client_options(), impostor.addr, "echo", "impostor-ran-it")
+    assert strict.returncode == 255
+    assert strict.stdout == ""
+    assert "Host key verification failed" in strict.stderr, strict.stderr
+    assert len(impostor.accepted()) == 1, "the client authenticated to a server without the run's host key"
+    # The genuine worker 0 passes the same check.
+    worker0 = cluster.workers[0]
+    assert ssh(cluster.client_options(), worker0.addr, "echo", "genuine").stdout == "genuine\n"
+
+    # Reading rank 0's files (collect.py) uses the same options.
+    env = cluster.launcher_env()
+    known_hosts, alias, config = env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS], env[n.ENV_CONFIG]
+    genuine = read_remote(worker0.addr, config, cluster.port, key, known_hosts=known_hosts, host_key_alias=alias)
+    assert genuine == Path(config).read_bytes()
+    assert read_remote(impostor.addr, config, cluster.port, key, known_hosts=known_hosts, host_key_alias=alias) is None
+
+    # The launcher: mpirun fails, the termination log names the cause, the impostor let nobody in.
+    log = tmp_path / "termination-log"
+    proc = launch(cluster, cluster.paths[n.SSH_DIR], log)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    error = json.loads(log.read_text())
+    assert "Host key verification failed" in error["error"].split("; last output:")[0], error
+    assert len(impostor.accepted()) == 1, impostor.log.read_text()
+    assert "[1,1]<stdout>" not in proc.stdout  # no rank ever ran on the impostor
+
+
+def test_the_run_key_runs_commands_only(cluster: Cluster) -> None:
+    """``restrict`` on the authorised key: a command (what mpirun's rsh launch and collect.py run,
+    without a pty) works; port forwarding either way and a pty are refused."""
+    options, worker = cluster.client_options(), cluster.workers[0]
+    assert ssh(options, worker.addr, "echo", "ok").stdout == "ok\n"
+
+    forward = f"127.0.0.1:{free_port(['127.0.0.1'])}:127.0.0.1:1"
+    remote = ssh([*options, "-o", "ExitOnForwardFailure=yes", "-R", forward], worker.addr, "echo", "forwarded")
+    assert remote.returncode == 255
+    assert "remote port forwarding failed" in remote.stderr, remote.stderr
+    assert "forwarded" not in remote.stdout
+
+    # A local forward to the worker's own sshd: an open channel would carry sshd's banner.
+    local = free_port(["127.0.0.1"])
+    tunnel = subprocess.Popen(
+        ["ssh", *options, "-N", "-L", f"127.0.0.1:{local}:{worker.addr}:{cluster.port}", worker.addr],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", local), timeout=1)
+                break
+            except OSError:
+                assert tunnel.poll() is None, "ssh -L exited"
+                assert time.monotonic() < deadline, "ssh -L never listened"
+                time.sleep(0.1)
+        with conn:
+            conn.settimeout(10)
+            assert conn.recv(100) == b""
+    finally:
+        stop(tunnel)
+    assert "refused local port forward" in worker.log.read_text()
+
+    pty = ssh([*options, "-tt"], worker.addr, "tty")
+    assert "PTY allocation request failed" in pty.stderr, pty.stderr
+    assert "/dev/pts" not in pty.stdout
+
+
+def has_login(uid: int) -> bool:
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return os.path.basename(entry.pw_shell) not in ("nologin", "false")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays kubelet (root-owned files, fsGroup), switches to the runner's UID")
+@pytest.mark.skipif(not has_login(n.RUNNER_UID), reason=f"no passwd entry with a shell for UID {n.RUNNER_UID}")
+def test_non_root_pods_accept_the_secret_modes() -> None:
+    """The default pods (UID 1000, fsGroup 1000): the Secret's files are root's, 0440, group 1000.
+
+    (sshd runs without its ``mlbench-runner worker`` supervisor here: :func:`without_supervisor`.)
+
+    sshd refuses a group-readable host key, and ssh a group-readable client key, only when they own
+    the file: the worker's sshd starts as 1000 with the mounted host key, and ssh as 1000 with the
+    mounted client key and known_hosts gets in.
+    """
+    ctx = run_context(run_as_user=n.RUNNER_UID)
+    root = Path(tempfile.mkdtemp(prefix="mlbench-ssh-uid-"))  # pytest's tmp_path is 0700: not for UID 1000
+    try:
+        root.chmod(0o755)
+        with started(ctx, root, ranks=[0]) as cluster:
+            ssh_dir = cluster.paths[n.SSH_DIR]
+            for key in (n.SSH_PRIVATE_KEY, n.SSH_HOST_KEY, n.SSH_AUTHORIZED_KEYS, n.SSH_KNOWN_HOSTS):
+                st = (ssh_dir / key).stat()
+                assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, n.RUNNER_UID, 0o440), key
+            (worker,) = cluster.workers
+            got = subprocess.run(
+                ["ssh", *cluster.client_options(), worker.addr, "id", "-u"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                **user_args(n.RUNNER_UID),
+            )
+            assert got.stdout == f"{n.RUNNER_UID}\n", got.stderr + worker.log.read_text()
+            assert "Accepted publickey for" in worker.log.read_text()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -37,13 +37,19 @@ def cel(rule: str, message: str, field_path: str | None = None, reason: str | No
 
 
 class ApiModel(BaseModel):
-    """Base for every API object: camelCase on the wire, unknown fields rejected."""
+    """Base for every API object: camelCase on the wire, unknown fields rejected.
+
+    A string literal right under a field is that field's description (pydantic's
+    ``use_attribute_docstrings``): it lands in the generated CRD, so ``kubectl explain``
+    shows it. ``Field(description=...)`` also works and wins when both are given.
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         validate_assignment=True,
+        use_attribute_docstrings=True,
     )
 
     def to_api(self) -> dict[str, Any]:
@@ -96,11 +102,17 @@ class Condition(ApiModel):
     """A status condition shaped exactly like ``metav1.Condition``."""
 
     type: Annotated[str, Field(min_length=1, max_length=316)]
+    """Which aspect of the run this condition is about, e.g. WorkersReady, Running, GoalReached, Failed."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds: True, False or Unknown."""
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    """Why it is in this status, as one CamelCase word for programs (e.g. OOMKilled, Unschedulable)."""
     message: Annotated[str, Field(max_length=32768)] = ""
+    """Why it is in this status, for humans; may be empty."""
     last_transition_time: datetime
+    """When status last changed (RFC 3339); a new reason or message with the same status does not move it."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The run's metadata.generation the operator had seen when it set this condition."""
 
 
 class ObjectMeta(ApiModel):

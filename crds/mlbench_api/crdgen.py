@@ -118,11 +118,26 @@ class CrdSpec:
         return f"{GROUP}_{self.plural}.yaml"
 
 
+#: The standard texts of apiVersion and kind (as in controller-gen's CRDs).
+API_VERSION_DESCRIPTION = (
+    "APIVersion defines the versioned schema of this representation of an object. Servers should convert "
+    "recognized schemas to the latest internal value, and may reject unrecognized values. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"
+)
+KIND_DESCRIPTION = (
+    "Kind is a string value representing the REST resource this object represents. Servers may infer this from "
+    "the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
+)
+
+
 def crd(spec: CrdSpec) -> dict[str, Any]:
     """The CustomResourceDefinition object for one kind."""
     properties: Schema = {
-        "apiVersion": {"type": "string"},
-        "kind": {"type": "string"},
+        "apiVersion": {"type": "string", "description": API_VERSION_DESCRIPTION},
+        "kind": {"type": "string", "description": KIND_DESCRIPTION},
+        # The API server refuses anything but name/generateName constraints under metadata (a description
+        # included) and publishes ObjectMeta's own description there.
         "metadata": {"type": "object"},
         "spec": openapi_schema(spec.spec_model),
     }

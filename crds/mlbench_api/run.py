@@ -55,32 +55,47 @@ class GoalSelection(StrEnum):
 
 
 class TaskRef(ApiModel):
+    """The BenchmarkTask a run executes."""
+
     name: Name
+    """Name of the (cluster-scoped) BenchmarkTask; its spec is copied into status.taskSnapshot at admission."""
 
 
 class Resources(ApiModel):
     """Per-worker resources; requests equal limits (a benchmark wants guaranteed QoS)."""
 
     cpu: Quantity | None = None
+    """CPU request and limit of each worker pod, in cores (e.g. 4 or 500m). Unset: none."""
     memory: Quantity | None = None
+    """Memory request and limit of each worker pod (e.g. 8Gi); a rank exceeding it fails the run as OOMKilled."""
     gpu: Annotated[int, Field(ge=0, le=16)] = 0
+    """nvidia.com/gpu per worker pod (default 0); backend nccl needs at least 1, and slotsPerWorker at most this."""
 
 
 class RunOverrides(ApiModel):
     """Hyperparameters a run replaces; names match ``BenchmarkTask.spec.overridable``."""
 
     optimizer: Optimizer | None = None
+    """Replaces training.optimizer."""
     batch_size_per_worker: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Replaces training.batchSizePerWorker (samples per step per rank)."""
     learning_rate: Annotated[float, Field(gt=0, le=10)] | None = Field(
         default=None, description="Replaces the per-sample rate (multistep), alpha (inverse-sqrt) or the value."
     )
     momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    """Replaces training.momentum."""
     nesterov: bool | None = None
+    """Replaces training.nesterov."""
     weight_decay: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Replaces training.weightDecay."""
     l2_regularization: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Replaces training.l2Regularization."""
     max_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Replaces training.maxEpochs (must stay above the warm-up and every milestone)."""
     model: ModelSpec | None = None
+    """Replaces the whole model (e.g. another ResNet depth or version)."""
     train_subset: Annotated[int, Field(ge=1)] | None = None
+    """Replaces dataset.trainSubset: train on the first N samples only."""
     dataset: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Replaces dataset.path.")
     dataset_source: DatasetSource | None = Field(
         default=None,
@@ -89,6 +104,7 @@ class RunOverrides(ApiModel):
         ),
     )
     time_budget_seconds: Annotated[int, Field(ge=1, le=30 * 24 * 3600)] | None = None
+    """Replaces goal.timeBudgetSeconds (used in the accuracy-after-time mode)."""
 
     def names(self) -> list[str]:
         """The overridden hyperparameters, by wire name."""
@@ -96,17 +112,29 @@ class RunOverrides(ApiModel):
 
 
 class Toleration(ApiModel):
+    """A core/v1 Toleration, copied to every pod of the run."""
+
     key: Annotated[str, Field(max_length=316)] | None = None
+    """Taint key to tolerate; empty with operator Exists tolerates every taint."""
     operator: Literal["Exists", "Equal"] | None = None
+    """Exists (any value) or Equal (the value below); Kubernetes' default is Equal."""
     value: Annotated[str, Field(max_length=63)] | None = None
+    """Taint value to match with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate; unset tolerates all effects."""
     toleration_seconds: int | None = None
+    """With effect NoExecute: seconds the pod stays bound after the taint appears; unset: forever."""
 
 
 class Scheduling(ApiModel):
+    """Where the run's pods may go: applied to the workers, the launcher and the dataset fetch Job's pods."""
+
     node_selector: Annotated[dict[str, str], Field(max_length=32)] | None = None
+    """Node labels every pod requires (the pods' nodeSelector)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
+    """Taints the pods tolerate."""
     priority_class_name: Annotated[str, Field(max_length=253)] | None = None
+    """PriorityClass of the pods (it must exist)."""
 
 
 class CleanPodPolicy(StrEnum):
@@ -118,17 +146,31 @@ class CleanPodPolicy(StrEnum):
 
 
 class RunPolicy(ApiModel):
+    """Restarts, deadline and cleanup; the one part of the spec that may change after creation."""
+
     active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = Field(
         default=None,
-        description="Seconds from the run's start until it fails with DeadlineExceeded (1 to 2^31-1, as for a Pod).",
+        description="Seconds from status.startTime (admission; a dataset fetch counts) until the run fails with "
+        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline.",
     )
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
+    """Gang restarts allowed, 0 to 100 (default 3): any failed pod restarts every pod; the next failure after this
+    many fails the run."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    """Pods deleted when the run ends: Running (default: unfinished pods; finished ones kept for logs), All, or None."""
     ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = Field(
         default=None,
-        description="Seconds a finished run is kept before it is deleted (0 to 2^31-1, as for a Job).",
+        description="Seconds after status.completionTime until the run and everything it owns is deleted "
+        "(0 to 2^31-1, as for a Job). Unset: kept until deleted.",
     )
+    progress_deadline_seconds: Annotated[int, Field(ge=10, le=MAX_INT32)] | None = None
+    """Seconds the training step counter (status.progress.step) may stand still while Running before the run is
+    marked Stalled=True with reason NoProgress and a Warning Event (default 600). The run is not stopped: use
+    activeDeadlineSeconds for that. Only once a step was seen (rank 0's metrics reachable)."""
 
+
+#: The runner's DDP wraps torch.distributed (gloo or nccl); backend mpi goes through mpi4py, which DDP cannot use.
+DDP_NEEDS_TORCH_BACKEND = "ddp needs backend gloo or nccl (torch.distributed), not mpi"
 
 #: Fields of the spec that may change after creation; everything else is immutable.
 MUTABLE_SPEC_FIELDS = ("runPolicy",)
@@ -141,6 +183,11 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "self.backend != 'nccl' || (has(self.resources) && self.resources.gpu >= 1)",
             "nccl needs resources.gpu >= 1",
             ".backend",
+        ),
+        cel(
+            "self.algorithm != 'ddp' || self.backend != 'mpi'",
+            DDP_NEEDS_TORCH_BACKEND,
+            ".algorithm",
         ),
         cel(
             "!has(self.resources) || self.resources.gpu == 0 || self.slotsPerWorker <= self.resources.gpu",
@@ -167,31 +214,51 @@ def _immutability_rule(cls: type[BaseModel]) -> str:
 
 
 class BenchmarkRunSpec(ApiModel):
-    """What to run and how."""
+    """Which task to run and how: workers, resources, backend, algorithm, overrides. Immutable except runPolicy."""
 
     model_config = ConfigDict(json_schema_extra=_spec_rules)
 
     task_ref: TaskRef
+    """The BenchmarkTask to run."""
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 1
+    """Worker pods (1 to 1024, default 1); the world size is workers x slotsPerWorker processes."""
     slots_per_worker: Annotated[int, Field(ge=1, le=64)] = Field(
-        default=1, description="Processes per worker pod (one per GPU with nccl)."
+        default=1,
+        description="Processes (ranks) per worker pod, default 1; with GPUs at most resources.gpu "
+        "(one per GPU with nccl).",
     )
     resources: Resources | None = None
+    """Per-worker resources (requests = limits). Unset: none."""
     backend: Backend = Backend.GLOO
+    """Collectives: gloo (default, torch.distributed on CPU), nccl (GPUs, needs resources.gpu >= 1) or mpi (OpenMPI
+    through mpi4py, CPU; not with algorithm ddp)."""
     algorithm: Algorithm = Algorithm.ALLREDUCE_SGD
+    """allreduce-sgd (default: the reference, all-reduce of the flat gradient after backward) or ddp (torch
+    DistributedDataParallel, the baseline; needs backend gloo or nccl)."""
     bucketing: Bucketing = Bucketing.BY_MODEL
+    """allreduce-sgd only: by-model (default, one all-reduce of the whole gradient) or by-layer (one per parameter
+    tensor)."""
     overrides: RunOverrides | None = None
+    """Hyperparameters replaced for this run; in the closed division only those the task lists in overridable, else
+    the run fails OverrideNotAllowed."""
     goal: GoalSelection = GoalSelection.FULL
+    """Which target of the task counts: full (goal.target, default) or light (goal.lightTarget)."""
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 42
+    """Seed of the model initialisation, the data shuffling and the augmentation (default 42)."""
     image: Annotated[str, Field(max_length=512)] | None = None
+    """Container image of the run's pods instead of the task's runner.image (e.g. your registry's copy)."""
     scheduling: Scheduling | None = None
+    """nodeSelector, tolerations and priorityClassName for every pod of the run."""
     run_policy: RunPolicy | None = None
+    """Restarts, deadline, cleanup and TTL; the only field that may change after creation."""
 
     @model_validator(mode="after")
     def _rules(self) -> BenchmarkRunSpec:
         gpus = self.resources.gpu if self.resources else 0
         if self.backend is Backend.NCCL and gpus < 1:
             raise ValueError("backend: nccl needs resources.gpu >= 1")
+        if self.algorithm is Algorithm.DDP and self.backend is Backend.MPI:
+            raise ValueError(f"algorithm: {DDP_NEEDS_TORCH_BACKEND}")
         if gpus and self.slots_per_worker > gpus:
             raise ValueError("slotsPerWorker: more slots than GPUs per worker")
         return self
@@ -206,33 +273,59 @@ class Phase(StrEnum):
 
 
 class WorkerCounts(ApiModel):
+    """How many worker pods exist and are Ready."""
+
     ready: Annotated[int, Field(ge=0)] = 0
+    """Worker pods of the current attempt that are Ready (sshd answering)."""
     total: Annotated[int, Field(ge=0)] = 0
+    """Worker pods the run wants (spec.workers)."""
 
 
 class Progress(ApiModel):
     """Live view scraped from rank 0; best effort."""
 
     epoch: Annotated[Finite, Field(ge=0)] | None = None
+    """Epochs done so far, fractional (2.5 = half way through the third)."""
     step: Annotated[int, Field(ge=0, le=MAX_SAFE_INT)] | None = None
+    """Optimizer steps done so far."""
     last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    """Accuracy (fraction) of the latest evaluation."""
     samples_per_second: Annotated[Finite, Field(ge=0)] | None = None
+    """Global training throughput so far: samples of all ranks per second of step time."""
     updated_at: datetime | None = None
+    """When the operator last read these figures (RFC 3339)."""
+    step_changed_at: datetime | None = None
+    """When the step counter was last seen to move (RFC 3339); what runPolicy.progressDeadlineSeconds measures."""
 
 
 class RunResult(ApiModel):
     """The final figures, copied from the launcher's termination message."""
 
     goal_reached: bool
+    """Whether the selected target (spec.goal) was reached."""
     time_to_goal_seconds: Finite | None = None
+    """Seconds from the run's start (before data loading) to the end of the evaluation that first met the target."""
     best_accuracy: Finite | None = None
+    """Best accuracy (fraction) of any evaluation."""
     final_accuracy: Finite | None = None
+    """Accuracy (fraction) of the last evaluation."""
     epochs: Finite | None = None
+    """Epochs trained, fractional (steps / steps per epoch)."""
     wall_clock_seconds: Finite | None = None
+    """Seconds from the run's start to its stop, evaluation and set-up included (one-time data decoding excluded)."""
     compute_seconds: Finite | None = None
+    """Seconds of forward + backward + optimizer on rank 0 (with ddp, backward includes its overlapped all-reduce)."""
     communication_seconds: Finite | None = None
+    """Seconds rank 0 spent in the gradient all-reduce, waiting for the slowest rank included (0 with ddp)."""
     samples_per_second: Finite | None = None
+    """Global training throughput: samples of all ranks / summed step time."""
     world_size: SafeInt | None = None
+    """Processes that trained (workers x slotsPerWorker)."""
+    image: Annotated[str, Field(max_length=512)] | None = None
+    """The runner image the run asked for (spec.image or the task's runner.image)."""
+    image_ids: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=8)] | None = None
+    """The image digests the ranks' containers actually ran (the kubelet's imageID of every worker, deduplicated):
+    what a tag pointed to at run time. More than one means the tag moved during the run."""
 
 
 class ResultsRef(ApiModel):
@@ -243,32 +336,51 @@ class ResultsRef(ApiModel):
 
     config_map: str | None = Field(default=None, description="ConfigMap holding the gzip files (binaryData).")
     files: Annotated[list[str], Field(max_length=8)] | None = None
+    """Keys of the ConfigMap's binaryData, e.g. summary.json.gz, events.jsonl.gz, config.json.gz."""
     compressed_bytes: Annotated[int, Field(ge=0)] | None = None
+    """Total size of the kept files, gzip-compressed, in bytes."""
     truncated: Annotated[list[str], Field(max_length=8)] | None = Field(
         default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only)."
     )
     collected_at: datetime | None = None
+    """When the operator wrote the ConfigMap (RFC 3339)."""
     message: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Why no results were kept (e.g. the launcher never ran mpirun)."
     )
 
 
 class BenchmarkRunStatus(ApiModel):
+    """What the operator observed; written only by the operator (the status subresource)."""
+
     phase: Phase | None = None
+    """Pending (admitted; dataset, workers being created or scheduled), Starting (waiting for Ready and the
+    launcher), Running (launcher running), then Succeeded or Failed. A gang restart goes back to Pending."""
     conditions: Annotated[list[Condition], Field(max_length=16)] | None = Field(
         default=None,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """DatasetReady, WorkersReady, Running, GoalReached, Succeeded, Failed and Restarted, one of each type; the
+    reason of Failed is the cause (e.g. OOMKilled, TaskNotFound)."""
     observed_generation: int | None = None
+    """The metadata.generation of the spec this status reflects."""
     start_time: datetime | None = None
+    """When the operator admitted the run (RFC 3339); runPolicy.activeDeadlineSeconds counts from here."""
     completion_time: datetime | None = None
+    """When the run succeeded or failed (RFC 3339); runPolicy.ttlSecondsAfterFinished counts from here."""
     workers: WorkerCounts | None = None
+    """Worker pods ready and wanted."""
     restarts: Annotated[int, Field(ge=0)] | None = None
+    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts."""
     progress: Progress | None = None
+    """Live figures from rank 0's metrics, refreshed about every 30 s while Running; best effort."""
     result: RunResult | None = None
+    """The final figures, from the launcher's termination message; set when the launcher has finished."""
     results: ResultsRef | None = None
+    """Where the full results are kept (ConfigMap <run>-results), or why they are not."""
     message: Annotated[str, Field(max_length=32768)] | None = None
+    """One line for humans: what the run is doing or why it failed."""
     task_snapshot: BenchmarkTaskSpec | None = None
+    """The task's spec as copied at admission; the run (gang restarts included) uses it, not later task edits."""
 
 
 class BenchmarkRun(ApiModel):

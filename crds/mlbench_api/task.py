@@ -44,8 +44,11 @@ class ModelSpec(ApiModel):
     )
 
     name: ModelName
+    """The architecture: resnet (CIFAR-style ResNet, task 1a) or logistic-regression (task 2a)."""
     version: Literal["m1", "m2"] | None = None
+    """ResNet variant: m1 = original (He et al. 2015), m2 = pre-activation (He et al. 2016). Required for resnet."""
     depth: Literal[20, 32, 44, 56] | None = None
+    """ResNet depth in layers (20, 32, 44 or 56). Required for resnet; ignored by logistic-regression."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
@@ -67,9 +70,13 @@ class SyntheticData(ApiModel):
     """Shape of a generated stand-in dataset (e.g. epsilon's 2000 dense features)."""
 
     train_samples: Annotated[int, Field(ge=1, le=10_000_000)]
+    """Number of generated training samples."""
     test_samples: Annotated[int, Field(ge=1, le=10_000_000)]
+    """Number of generated test samples."""
     features: Annotated[int, Field(ge=1, le=100_000)] = 2000
+    """Dense features per sample (default 2000, epsilon's dimension)."""
     seed: Annotated[int, Field(ge=0)] = 0
+    """Seed of the generator: the same seed gives the same data on every rank and every run."""
 
 
 #: Where a sourced dataset lives: the namespace's dataset volume is mounted here (see docs/datasets.md).
@@ -93,7 +100,8 @@ class DatasetSource(ApiModel):
         description="http or https URL of the file (a .tar/.tar.gz archive when unpack is true)."
     )
     sha256: Annotated[str, Field(pattern=_SHA256)] = Field(
-        description="SHA-256 of the downloaded file, 64 lowercase hex digits."
+        description="SHA-256 of the downloaded file, 64 lowercase hex digits; other bytes fail the run "
+        "ChecksumMismatch."
     )
     unpack: bool = Field(
         default=False, description="Extract the .tar/.tar.gz archive into dataset.path instead of storing the file."
@@ -131,22 +139,30 @@ class DatasetSpec(ApiModel):
     )
 
     name: Annotated[str, Field(min_length=1, max_length=63)]
+    """Short name of the dataset (e.g. cifar10); names the fetch Job mlbench-dataset-<name>-<key> of a sourced one."""
     format: DatasetFormat
+    """How the files are laid out: cifar10-python, image-folder, image-tarball, libsvm, npz, or synthetic (generated, no
+    files)."""
     path: Annotated[str, Field(max_length=4096)] | None = None
+    """Where the workers read the data (a file or folder; the volume is mounted at /data). Required unless format is
+    synthetic; with source, must lie under /data/."""
     volume: FreeForm | None = Field(
-        default=None, description="A core/v1 VolumeSource mounted at /data on every worker."
+        default=None,
+        description="A core/v1 VolumeSource (e.g. nfs, persistentVolumeClaim) mounted read-only at /data on every "
+        "worker; exclusive with source.",
     )
     source: DatasetSource | None = Field(
         default=None,
         description="Download into the namespace's dataset volume before the workers start (exclusive with volume).",
     )
     train_subset: Annotated[int, Field(ge=1)] | None = Field(
-        default=None, description="Use only the first N training samples (open division / smoke runs)."
+        default=None, description="Train on the first N training samples only (smoke runs; changes the benchmark)."
     )
     test_subset: Annotated[int, Field(ge=1)] | None = Field(
-        default=None, description="Evaluate on the first N test samples only (open division / smoke runs)."
+        default=None, description="Evaluate on the first N test samples only (smoke runs; changes the benchmark)."
     )
     synthetic: SyntheticData | None = None
+    """Shape of the generated data; required when format is synthetic."""
 
     @model_validator(mode="after")
     def _rules(self) -> DatasetSpec:
@@ -179,7 +195,9 @@ class AlphaForWorkers(ApiModel):
     """Row of the 2a alpha table: applies from ``minWorkers`` workers up."""
 
     min_workers: Annotated[int, Field(ge=1, le=1024)]
+    """Smallest world size (total processes) this row applies to."""
     alpha: Annotated[float, Field(gt=0)]
+    """The alpha of alpha/sqrt(t) for that world size and up to the next row."""
 
 
 class LearningRate(ApiModel):
@@ -214,21 +232,34 @@ class LearningRate(ApiModel):
     )
 
     schedule: Schedule
+    """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers) or constant (needs value)."""
     per_sample: Annotated[float, Field(gt=0, le=10)] | None = Field(
-        default=None, description="eta: the rate per sample; one worker uses eta * batch."
+        default=None,
+        description="multistep: eta, the learning rate per sample; a rank steps with eta * batchSizePerWorker "
+        "(before linear scaling).",
     )
-    value: Annotated[float, Field(gt=0)] | None = Field(default=None, description="The constant schedule's rate.")
+    value: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="constant: the learning rate of every step."
+    )
     linear_scaling: bool = Field(
-        default=True, description="Scale eta*b up to eta*b*k (k = world size) over the warm-up epochs."
+        default=True,
+        description="multistep: scale eta*b up to eta*b*k (k = world size) over the warm-up epochs (default true).",
     )
     warmup_epochs: Annotated[int, Field(ge=0, le=1000)] = 0
+    """multistep: epochs of linear warm-up from eta*b to the peak rate (default 0: start at the peak). Less than
+    maxEpochs."""
     milestones: Annotated[list[Annotated[int, Field(ge=1, le=100_000)]], Field(max_length=16)] = Field(
         default_factory=list
     )
+    """multistep: epochs after which the rate is multiplied by decayFactor; strictly increasing, each less than
+    maxEpochs."""
     decay_factor: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """multistep: factor applied at every milestone (default 0.1)."""
     alpha_by_workers: Annotated[list[AlphaForWorkers], Field(max_length=32)] = Field(default_factory=list)
+    """inverse-sqrt: alpha per world size; the row with the largest minWorkers not above the world size applies."""
     decay_unit: Literal["step", "epoch"] = Field(
-        default="step", description="What t counts in alpha/sqrt(t): optimizer steps (from 1) or epochs."
+        default="step",
+        description="inverse-sqrt: what t counts in alpha/sqrt(t): step (default, optimizer steps from 1) or epoch.",
     )
 
     @model_validator(mode="after")
@@ -276,15 +307,22 @@ class Training(ApiModel):
     )
 
     optimizer: Optimizer = Optimizer.SGD
+    """sgd (default) or adam."""
     batch_size_per_worker: Annotated[int, Field(ge=1, le=65536)]
+    """Samples per optimizer step on each process (rank); the global batch is this times the world size."""
     learning_rate: LearningRate
+    """The learning-rate schedule."""
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """SGD momentum, 0 (default, none) up to but excluding 1."""
     nesterov: bool = False
+    """Use Nesterov momentum (sgd; needs momentum > 0)."""
     weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """The optimizer's weight_decay (torch's: decay*w added to the gradient), default 0."""
     l2_regularization: Annotated[float, Field(ge=0, le=1)] = Field(
         default=0.0, description="lambda/2 * ||w||^2 added to the loss (2a); distinct from weightDecay."
     )
     max_epochs: Annotated[int, Field(ge=1, le=100_000)]
+    """Training stops after this many epochs (passes over the training data) if the goal was not met earlier."""
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
@@ -324,11 +362,21 @@ class Goal(ApiModel):
     )
 
     metric: Literal["test-top1-accuracy", "test-accuracy"] = "test-top1-accuracy"
+    """Fraction of correct predictions on the whole test split, evaluated after every epoch: test-top1-accuracy
+    (default; multi-class) or test-accuracy (binary, task 2a)."""
     comparator: Literal[">="] = ">="
+    """How the metric is compared with the target; only >= (the goal is met at metric >= target)."""
     target: Annotated[float, Field(gt=0, le=1)]
+    """The accuracy to reach, as a fraction in (0, 1] (0.8 = 80 %); used by runs with goal full."""
     light_target: Annotated[float, Field(gt=0, le=1)] | None = None
+    """A lower target for quick runs (fraction, at most target); used by runs with goal light. Unset: light runs use
+    target."""
     mode: GoalMode = GoalMode.TIME_TO_ACCURACY
+    """time-to-accuracy (default): stop at the target and report the time; accuracy-after-time: train for
+    timeBudgetSeconds and report the accuracy."""
     time_budget_seconds: Annotated[int, Field(ge=1, le=30 * 24 * 3600)] | None = None
+    """accuracy-after-time (required there): seconds of training (at most 30 days); when spent, training stops after one
+    last evaluation."""
 
     @model_validator(mode="after")
     def _rules(self) -> Goal:
@@ -343,9 +391,12 @@ class RunnerSpec(ApiModel):
     """The container that implements the task on every rank."""
 
     image: Annotated[str, Field(min_length=1, max_length=512)]
+    """Container image of every pod of a run (workers, launcher, dataset fetch) unless the run sets spec.image."""
     command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
         default_factory=lambda: ["mlbench-runner", "train"]
     )
+    """The training entrypoint, recorded with the task (default mlbench-runner train); the operator starts the image's
+    mlbench-runner entrypoints and does not read it."""
 
 
 class Overridable(StrEnum):
@@ -367,15 +418,23 @@ class Overridable(StrEnum):
 
 
 class BenchmarkTaskSpec(ApiModel):
-    """A benchmark task: the unit of comparison."""
+    """A benchmark task, the unit of comparison: model, data, training recipe and goal. Runs copy it at admission."""
 
     division: Division
+    """closed: the reference hyperparameters, runs may override only what overridable lists; open: runs may override
+    anything."""
     description: Annotated[str, Field(max_length=8192)] = ""
+    """Free text for humans: what the task is and where it differs from the reference; not interpreted."""
     model: ModelSpec
+    """The model to train."""
     dataset: DatasetSpec
+    """The data: where it lives or how it is fetched or generated."""
     training: Training
+    """The optimisation recipe, per worker process."""
     goal: Goal
+    """When the run counts as done and what it reports."""
     runner: RunnerSpec
+    """The container that trains every rank."""
     overridable: Annotated[list[Overridable], Field(max_length=16)] = Field(
         default_factory=list,
         description="Hyperparameters a closed-division run may override; open-division runs may override any.",

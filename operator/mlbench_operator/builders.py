@@ -18,6 +18,7 @@ from mlbench_api.run import BenchmarkRunSpec
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
 from mlbench_operator.settings import DatasetSettings
+from mlbench_operator.sshkeys import RunKeys
 
 Obj = dict[str, Any]
 
@@ -113,11 +114,12 @@ def service(ctx: RunContext) -> Obj:
 
 
 def config_map(ctx: RunContext) -> Obj:
-    """The hostfile and the effective RunConfig every rank reads."""
+    """The hostfile and the effective RunConfig every rank reads; immutable: a run's world never changes."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(ctx, n.config_map_name(ctx.name)),
+        "immutable": True,
         "data": {n.HOSTFILE: hostfile(ctx), n.CONFIG_FILE: ctx.config.dump()},
     }
 
@@ -126,11 +128,13 @@ def results_config_map(run: str, namespace: str, uid: str, task: str, results: b
     """The run's kept results: gzip files in ``binaryData`` (1 MiB at most: see mlbench_api.bundle).
 
     Built from the run's identity alone (not a :class:`RunContext`): results are collected after the
-    run finished, also when its configuration can no longer be rebuilt.
+    run finished, also when its configuration can no longer be rebuilt. Created once, never updated:
+    immutable.
     """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
+        "immutable": True,
         "metadata": {
             "name": n.results_config_map_name(run),
             "namespace": namespace,
@@ -142,17 +146,30 @@ def results_config_map(run: str, namespace: str, uid: str, task: str, results: b
     }
 
 
-def ssh_secret(ctx: RunContext, private_key: str, public_key: str) -> Obj:
-    """The run's own key pair; workers authorise exactly this key."""
+def authorized_keys(keys: RunKeys) -> str:
+    """The run's client key, ``restrict``-ed: a shell command only (no forwarding, no pty, no ~/.ssh/rc)."""
+    return f"restrict {keys.client_public.strip()}\n"
+
+
+def known_hosts(ctx: RunContext, keys: RunKeys) -> str:
+    """The run's host key under its alias (plain name: with HostKeyAlias ssh does not add ``:2222``)."""
+    return f"{n.ssh_host_key_alias(ctx.name, ctx.namespace)} {keys.host_public.strip()}\n"
+
+
+def ssh_secret(ctx: RunContext, keys: RunKeys) -> Obj:
+    """The run's own keys: workers authorise exactly its client key and present its host key; the
+    client accepts exactly that host key. Immutable (kubelet stops watching it; nobody swaps a key)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "type": "Opaque",
+        "type": "kubernetes.io/ssh-auth",
+        "immutable": True,
         "metadata": _metadata(ctx, n.ssh_secret_name(ctx.name)),
         "stringData": {
-            n.SSH_PRIVATE_KEY: private_key,
-            n.SSH_PUBLIC_KEY: public_key,
-            n.SSH_AUTHORIZED_KEYS: public_key,
+            n.SSH_PRIVATE_KEY: keys.client_private,
+            n.SSH_AUTHORIZED_KEYS: authorized_keys(keys),
+            n.SSH_HOST_KEY: keys.host_private,
+            n.SSH_KNOWN_HOSTS: known_hosts(ctx, keys),
         },
     }
 
@@ -171,17 +188,27 @@ def worker_resources(ctx: RunContext) -> Obj:
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else {}
 
 
-#: The worker's entrypoint: a non-root sshd on :2222 that accepts exactly the run's key. The runner
-#: image provides /usr/sbin/sshd and ssh-keygen; ``mpirun`` (launcher) starts the ranks through it.
-#: ``mlbench-runner worker`` supervises sshd so that a rank OOM-killed inside the container fails the
-#: pod as OOMKilled with the limit named (see mlbench_runner.worker).
+#: sshd's timeouts on workers: an unauthenticated connection is dropped after LOGIN_GRACE; a session
+#: whose client (the launcher) stops answering after CLIENT_ALIVE_INTERVAL * CLIENT_ALIVE_COUNT_MAX.
+SSHD_LOGIN_GRACE_SECONDS = 30
+SSHD_CLIENT_ALIVE_INTERVAL = 15
+SSHD_CLIENT_ALIVE_COUNT_MAX = 4
+
+#: The worker's entrypoint: a non-root sshd on :2222 that presents the run's host key (from the
+#: Secret) and accepts exactly the run's client key (``restrict``-ed in authorized_keys). The runner
+#: image provides /usr/sbin/sshd; ``mpirun`` (launcher) starts the ranks through it. sshd refuses a
+#: group-readable host key only when it owns the file: the Secret's files are root's (0440 + fsGroup
+#: for a non-root user, 0400 for root, see _volumes). ``mlbench-runner worker`` supervises sshd so
+#: that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named (see
+#: mlbench_runner.worker).
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
-[ -f "$d/host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$d/host_ed25519_key"
-exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_ed25519_key" \\
+exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h {n.SSH_DIR}/{n.SSH_HOST_KEY} \\
   -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
-  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no
+  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no \\
+  -o LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS} -o ClientAliveInterval={SSHD_CLIENT_ALIVE_INTERVAL} \\
+  -o ClientAliveCountMax={SSHD_CLIENT_ALIVE_COUNT_MAX}
 """
 
 
@@ -209,6 +236,9 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
         {"name": n.ENV_SSH_DIR, "value": n.SSH_DIR},
         {"name": n.ENV_SSH_PORT, "value": str(n.SSH_PORT)},
         {"name": n.ENV_SSH_KEY, "value": f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}"},
+        # strict host key checking: the run's host key, whatever name or address reaches a worker
+        {"name": n.ENV_SSH_KNOWN_HOSTS, "value": f"{n.SSH_DIR}/{n.SSH_KNOWN_HOSTS}"},
+        {"name": n.ENV_SSH_HOST_KEY_ALIAS, "value": n.ssh_host_key_alias(ctx.name, ctx.namespace)},
         {"name": "MLBENCH_RUN", "value": ctx.name},
         {"name": "MLBENCH_METRICS_LINGER_SECONDS", "value": str(ctx.metrics_linger_seconds)},
         {"name": "MLBENCH_ROLE", "value": role},
@@ -219,8 +249,9 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
 def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
     volumes: list[Obj] = [
         {"name": "config", "configMap": {"name": n.config_map_name(ctx.name)}},
-        # ssh refuses a private key readable by others only if the key is owned by the caller: root-owned
-        # 0440 + fsGroup works for a non-root user; a root container needs 0400.
+        # ssh (the client key) and sshd (the host key) refuse a private key readable by others only if the
+        # key is owned by the caller: root-owned 0440 + fsGroup works for a non-root user; a root
+        # container needs 0400.
         {
             "name": "ssh",
             "secret": {

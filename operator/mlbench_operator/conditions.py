@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -17,7 +18,14 @@ RUNNING = "Running"
 GOAL_REACHED = "GoalReached"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-TYPES = (DATASET_READY, WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED)
+RESTARTED = "Restarted"  #: True after a gang restart, with the cause
+# kstatus (sigs.k8s.io/cli-utils) conditions, which Flux, Argo CD and ``kubectl wait`` read generically.
+READY = "Ready"  #: True once the run Succeeded; False with the phase (or the failure) as the reason
+RECONCILING = "Reconciling"  #: True while the run is Pending, Starting or Running
+STALLED = "Stalled"  #: True when the run Failed, or Running with a step counter that stopped moving
+TYPES = (DATASET_READY, WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED, RESTARTED, READY, RECONCILING, STALLED)
+#: Stalled's reason while Running when the step counter has not moved for progressDeadlineSeconds.
+NO_PROGRESS = "NoProgress"
 
 
 class DatasetReason(StrEnum):
@@ -33,6 +41,16 @@ class DatasetReason(StrEnum):
 
 #: WorkersReady's reason while the dataset is fetched (no worker exists yet).
 WAITING_FOR_DATASET = "WaitingForDataset"
+
+
+#: C0/C1 control characters except tab and newline: terminal escapes from a pod's output must not
+#: reach ``kubectl describe`` (a tenant's log line could rewrite another user's terminal).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """Text copied from pods (termination messages, logs) made safe for status, conditions and Events."""
+    return _CONTROL.sub("", text)
 
 
 def timestamp(now: datetime) -> str:
@@ -71,7 +89,7 @@ def set_condition(
         "type": type_,
         "status": status,
         "reason": reason,
-        "message": message[:32768],
+        "message": clean(message)[:32768],
         "lastTransitionTime": (
             old["lastTransitionTime"]
             if old is not None and old.get("status") == status and old.get("lastTransitionTime")

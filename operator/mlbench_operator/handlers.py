@@ -8,8 +8,9 @@
   events coalesce into one pass, so 1000 workers do not mean 1000 status writes.
 * ``scrape_progress`` (timer) copies rank 0's metrics into ``status.progress`` while Running.
 
-Single active replica: the Deployment runs one pod with the Recreate strategy and kopf runs
-standalone (no peering). kopf's own bookkeeping lives under ``mlbench.io`` annotations/finalizer.
+One active replica: the Deployment runs two pods, and only the holder of the ``mlbench-operator``
+Lease runs kopf (:mod:`.leader`, started by :mod:`.main`); kopf itself runs standalone (no
+peering). kopf's own bookkeeping lives under ``mlbench.io`` annotations/finalizer.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import kopf
 
 from mlbench_api import bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_operator import builders, datasets, logs, progress, reconcile, results, sshkeys
+from mlbench_operator import builders, datasets, logs, netpol, progress, reconcile, results, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
+from mlbench_operator.policy import AdmissionPolicy
 from mlbench_operator.settings import DatasetSettings, metrics_linger_seconds, results_wait_seconds
 
 PLURAL = "benchmarkruns"
@@ -90,6 +92,11 @@ class Wakeups:
             self.wake(key)
 
 
+#: A failed launcher's log tail kept in an Event at a gang restart: lines read, and the wait for them.
+LAUNCHER_LOG_LINES = 30
+LAUNCHER_LOG_SECONDS = 5.0
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -97,7 +104,7 @@ def _now() -> datetime:
 # -- operator lifecycle ------------------------------------------------------------------------------
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Settings for a single-replica operator whose traces on objects are all under mlbench.io."""
+    """Settings for the one active replica (the Lease holder), whose traces on objects are all under mlbench.io."""
     logs.configure()
     settings.peering.standalone = True
     settings.scanning.disabled = True  # no CRD/namespace watching: less RBAC; CRDs exist before we start
@@ -183,12 +190,24 @@ async def fetch_job_event(namespace: str | None, memo: kopf.Memo, **_: Any) -> N
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def run_event(
-    *, type: str, namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, **_: Any
+    *,
+    type: str,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     key = (namespace or "", name)
     task = (spec.get("taskRef") or {}).get("name", "")
     m.track_phase(key, status.get("phase"), deleted=type == "DELETED", task=task)
     memo.wakeups.wake(key)
+    if type != "DELETED":
+        stale = reconcile.generation_patch(body)
+        if stale is not None:  # a finished run's runPolicy was edited: its daemon has stopped
+            await memo.kube.run(memo.kube.patch_run_status, namespace or "", name, stale)
 
 
 # -- the reconciler ----------------------------------------------------------------------------------------
@@ -260,13 +279,29 @@ class RunReconciler:
             self.status = dict(live_status or {})
 
     def event(self, type_: str, reason: str, message: str) -> None:
-        kopf.event(self.body, type=type_, reason=reason, message=message[:1024])
+        kopf.event(self.body, type=type_, reason=reason, message=c.clean(message)[:1024])
 
     async def patch(self, new: dict[str, Any]) -> None:
-        changes = reconcile.status_patch(self.status, new)
+        """Write the status (as :func:`reconcile.finalize` completes it). A 422 (a value the API server
+        cannot store) ends the run as Failed/InvalidResult with a minimal status instead of retrying
+        the same refused write forever; the pass then stops, and the next one cleans up."""
+        now = _now()
+        changes = reconcile.status_patch(self.status, reconcile.finalize(new, now))
         if not changes:
             return
-        await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, changes)
+        try:
+            await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, changes)
+        except ApiError as err:
+            if err.status != 422:
+                raise
+            fallback = reconcile.status_patch(self.status, reconcile.unstorable_status(self.status, err.detail, now))
+            await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, fallback)
+            self.status = {**self.status, **fallback}
+            self.event("Warning", "InvalidResult", self.status["message"])
+            self.log.warning("status_refused", detail=err.detail[:500], keys=sorted(changes))
+            raise kopf.TemporaryError(
+                "the status was refused (422); the run failed with InvalidResult", delay=0.1
+            ) from err
         self.status = {**self.status, **changes}
 
     async def step(self, pods: list[PodView]) -> float | None:
@@ -277,12 +312,17 @@ class RunReconciler:
             return RESYNC_SECONDS  # kopf stops us; owner references clean up the rest
         if self.status.get("phase") in reconcile.TERMINAL:
             return await self.finished(now, pods)
+        live = (self.body.get("status") or {}).get("progress")
+        if live is not None:  # written by the scrape timer, not by us: the planner's NoProgress reads it
+            self.status["progress"] = live
 
         snapshot = self.status.get("taskSnapshot")
         if not snapshot:
             task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
             task = await self.kube.run(self.kube.get_task, task_name)
-            admission = reconcile.admit(self.view(), task, runner_uid(), self.datasets.volume_name)
+            admission = reconcile.admit(
+                self.view(), task, runner_uid(), self.datasets.volume_name, AdmissionPolicy.from_env(os.environ)
+            )
             if isinstance(admission, reconcile.Rejection):
                 await self.patch(reconcile.rejected_status(self.view(), admission, now))
                 self.event("Warning", admission.reason, admission.message)
@@ -325,6 +365,8 @@ class RunReconciler:
             return await self.finished(now, pods)
 
         await self.patch(plan.status)  # restarts are recorded before the old world is torn down
+        if plan.keep_log_of:
+            await self.keep_launcher_log(plan.keep_log_of, int(plan.status.get("restarts", 0)))
         if plan.force_delete:
             self.log.warning("force_delete_pods", pods=plan.force_delete)
             await self.kube.delete_pods_named(self.namespace, plan.force_delete, 0)
@@ -333,9 +375,7 @@ class RunReconciler:
         if plan.delete_stale and stale_age <= DELETE_GRACE_SECONDS:
             self.retry_in = min(self.retry_in, DELETE_GRACE_SECONDS - stale_age + 0.1)
         if plan.delete_stale and stale_age > DELETE_GRACE_SECONDS:
-            attempt = plan.status.get("restarts", 0)
-            selector = f"{n.run_selector(self.name)},{n.LABEL_ATTEMPT}!={attempt}"
-            await self.kube.run(self.kube.delete_pods, self.namespace, selector)
+            await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
             self.stale_deleted_at = time.monotonic()
             self.recent.clear()
             m.RESTARTS.inc()
@@ -373,6 +413,22 @@ class RunReconciler:
         self.emit(plan)
         return min(plan.requeue_after or RESYNC_SECONDS, self.retry_in, RESYNC_SECONDS)
 
+    async def keep_launcher_log(self, pod: str, restart: int) -> None:
+        """The failed attempt's launcher log tail as a Warning Event (best effort: a node that serves no
+        logs, e.g. kwok's, or a timeout only costs the Event)."""
+        try:
+            text = await asyncio.wait_for(
+                self.kube.run(self.kube.read_log, self.namespace, pod, n.LAUNCHER_CONTAINER, LAUNCHER_LOG_LINES),
+                LAUNCHER_LOG_SECONDS,
+            )
+        except Exception as err:
+            self.log.info("launcher_log_not_kept", pod=pod, error=f"{type(err).__name__}: {err}"[:300])
+            return
+        head = f"attempt {restart - 1} launcher log, last lines:\n"
+        tail = results.log_tail(text, 1024 - len(head))
+        if tail:
+            self.event("Warning", "LauncherLog", head + tail)
+
     def may_create(self, name: str) -> bool:
         """Skip pods created moments ago that the watch has not delivered yet (no 409 storms)."""
         now = time.monotonic()
@@ -405,11 +461,16 @@ class RunReconciler:
         return delay
 
     async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
-        """Service, ConfigMap and the SSH Secret. 409 is fine only when the existing object is this
+        """Service, ConfigMap, the SSH Secret and the NetworkPolicy. 409 is fine only when the existing object is this
         run's (a retry); one of another owner (e.g. a deleted run of the same name whose garbage
         collection has not finished) is reported as NameConflict and nothing proceeds (False)."""
-        private, public = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
-        objs = [builders.service(ctx), builders.config_map(ctx), builders.ssh_secret(ctx, private, public)]
+        keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
+        objs = [
+            builders.service(ctx),
+            builders.config_map(ctx),
+            builders.ssh_secret(ctx, keys),
+            netpol.network_policy(ctx, netpol.scraper_namespaces(os.environ)),
+        ]
         outcomes = await self.kube.create_many(objs)
         refused = [
             (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
@@ -643,8 +704,10 @@ PROGRESS_SECONDS = float(os.environ.get("MLBENCH_PROGRESS_SECONDS", "30"))
 @kopf.timer(
     GROUP, VERSION, PLURAL, interval=PROGRESS_SECONDS, initial_delay=min(15.0, PROGRESS_SECONDS), when=_is_running
 )
-async def scrape_progress(*, namespace: str | None, name: str, patch: kopf.Patch, **kwargs: Any) -> None:
+async def scrape_progress(
+    *, namespace: str | None, name: str, status: kopf.Status, patch: kopf.Patch, **kwargs: Any
+) -> None:
     """Live progress while Running; an unreachable endpoint just means no update."""
     value = await scrape_rank0(namespace or "", name, kwargs["run_pods"])
     if value is not None:
-        patch.status["progress"] = value
+        patch.status["progress"] = progress.advance(status.get("progress"), value, _now())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -32,14 +32,17 @@ _PLURALS = {
     "Secret": "secrets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Job": "jobs",
+    "NetworkPolicy": "networkpolicies",
 }
+#: API group/version of the kinds outside core/v1.
+_GROUPS = {"Job": "/apis/batch/v1", "NetworkPolicy": "/apis/networking.k8s.io/v1"}
 
 
 def _collection(obj_or_kind: dict[str, Any] | str, namespace: str) -> tuple[str, str]:
-    """(collection path, plural) of a kind in a namespace: core/v1, or batch/v1 for Jobs."""
+    """(collection path, plural) of a kind in a namespace: core/v1, or the kind's group (:data:`_GROUPS`)."""
     kind = obj_or_kind if isinstance(obj_or_kind, str) else obj_or_kind["kind"]
     plural = _PLURALS[kind]
-    prefix = "/apis/batch/v1" if kind == "Job" else "/api/v1"
+    prefix = _GROUPS.get(kind, "/api/v1")
     return f"{prefix}/namespaces/{namespace}/{plural}", plural
 
 
@@ -160,32 +163,39 @@ class Kube:
                 return None
             raise
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        """Delete one pod (404 is fine); ``grace_seconds=0`` force-deletes a pod whose node is gone."""
-        body = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None) -> None:
+        """Delete one pod (404 is fine); ``grace_seconds=0`` force-deletes a pod whose node is gone.
+
+        With ``uid``, only that very pod: a 409 means the name now belongs to another pod (e.g. the next
+        attempt's worker of the same name), which is left alone.
+        """
+        body: dict[str, Any] = {}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body, resource="pods")
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body or None, resource="pods")
         except ApiError as err:
-            if err.status != 404:
+            if err.status != 404 and not (uid and err.status == 409):
                 raise
 
-    async def delete_pods_named(self, namespace: str, names: Iterable[str], grace_seconds: int | None = None) -> None:
-        """Delete pods in parallel on the pool; raises the first error after all were tried (see create_many)."""
+    async def delete_pods_named(
+        self,
+        namespace: str,
+        names: Iterable[str],
+        grace_seconds: int | None = None,
+        uids: Mapping[str, str] | None = None,
+    ) -> None:
+        """Delete pods in parallel on the pool (``uids``: name -> the pod's UID, a precondition); raises the
+        first error after all were tried (see create_many)."""
         results = await asyncio.gather(
-            *(self.run(self.delete_pod, namespace, name, grace_seconds) for name in names), return_exceptions=True
+            *(self.run(self.delete_pod, namespace, name, grace_seconds, (uids or {}).get(name)) for name in names),
+            return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-
-    def delete_pods(self, namespace: str, selector: str) -> None:
-        """Delete every pod matching ``selector`` in one request (a gang restart)."""
-        self.request(
-            "DELETE",
-            f"/api/v1/namespaces/{namespace}/pods",
-            query=[("labelSelector", selector)],
-            resource="pods",
-        )
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""

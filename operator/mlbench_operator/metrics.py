@@ -27,6 +27,10 @@ RUN_PHASE = Gauge(
     ["namespace", "run", "task", "phase"],
 )
 RESTARTS = Counter("mlbench_operator_gang_restarts_total", "Gang restarts of a run's world after a failure.")
+LEADER = Gauge(
+    "mlbench_operator_leader",
+    "1 while this replica holds the leader-election Lease and reconciles, 0 while it stands by.",
+)
 
 _phases: dict[tuple[str, str], str] = {}
 _tasks: dict[tuple[str, str], str] = {}

@@ -56,11 +56,18 @@ ENV_HOSTFILE = "MLBENCH_HOSTFILE"
 ENV_SSH_DIR = "MLBENCH_SSH_DIR"
 ENV_SSH_PORT = "MLBENCH_SSH_PORT"
 ENV_SSH_KEY = "MLBENCH_SSH_KEY"
+ENV_SSH_KNOWN_HOSTS = "MLBENCH_SSH_KNOWN_HOSTS"
+ENV_SSH_HOST_KEY_ALIAS = "MLBENCH_SSH_HOST_KEY_ALIAS"
 
-# Keys of the per-run SSH Secret.
-SSH_PRIVATE_KEY = "id_ed25519"
-SSH_PUBLIC_KEY = "id_ed25519.pub"
+# Keys of the per-run SSH Secret (type kubernetes.io/ssh-auth, which requires ``ssh-privatekey``).
+#: The client's private key (launcher; workers too, for mpirun's tree spawn).
+SSH_PRIVATE_KEY = "ssh-privatekey"
+#: ``restrict <client public key>``: the only key every worker's sshd lets in.
 SSH_AUTHORIZED_KEYS = "authorized_keys"
+#: The run's host key: every worker's sshd presents it (``-h``).
+SSH_HOST_KEY = "ssh_host_ed25519_key"
+#: ``<host key alias> <host public key>``: the only host key the client accepts.
+SSH_KNOWN_HOSTS = "known_hosts"
 
 #: The user the runner image runs as (non-root; sshd listens on an unprivileged port).
 RUNNER_UID = 1000
@@ -92,6 +99,16 @@ def results_config_map_name(run: str) -> str:
 
 def ssh_secret_name(run: str) -> str:
     return f"{run}-ssh"
+
+
+def ssh_host_key_alias(run: str, namespace: str) -> str:
+    """The name every worker's host key is checked under (ssh ``HostKeyAlias``; never resolved).
+
+    All workers of a run present the run's one host key, so one known_hosts line covers them
+    whatever name or address mpirun uses; with an alias ssh looks up the plain name, not
+    ``[name]:2222``. Namespaces hold no dots, so the name is unambiguous.
+    """
+    return f"mlbench-workers.{run}.{namespace}"
 
 
 def worker_name(run: str, rank: int) -> str:

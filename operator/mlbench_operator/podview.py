@@ -7,6 +7,7 @@ and decides from them; the raw pod dicts are never stored.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,8 @@ class PodView:
     owner_uid: str | None = None  #: UID of the controller owner (the run that created the pod)
     deletion_timestamp: str | None = None  #: when the kubelet should have removed a terminating pod
     finished_at: str | None = None  #: when the container that decided exit_code terminated
+    uid: str | None = None  #: the pod's own UID (deletes are conditional on it: names repeat across attempts)
+    image_id: str | None = None  #: the digest the main container runs (the kubelet's imageID): what a tag meant
 
     @property
     def finished(self) -> bool:
@@ -110,6 +113,8 @@ class PodView:
             owner_uid=next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
             deletion_timestamp=meta.get("deletionTimestamp"),
             finished_at=finished_at,
+            uid=meta.get("uid"),
+            image_id=next((cs.get("imageID") for cs in main if cs.get("imageID")), None),
         )
 
     def failure(self) -> tuple[str, str]:
@@ -125,13 +130,30 @@ class PodView:
         if self.reason == "DeadlineExceeded":
             return "DeadlineExceeded", f"{what} (pod {self.name}) exceeded its active deadline"
         base = "LauncherFailed" if self.role == n.ROLE_LAUNCHER else "WorkerFailed"
+        if self.role == n.ROLE_LAUNCHER and self.exit_code == INPUT_ERROR_EXIT_CODE:
+            base = INVALID_INPUT
         detail = f"exit code {self.exit_code}" if self.exit_code is not None else f"phase {self.phase}"
         if self.term_reason and self.term_reason not in ("Error", "Completed"):
             detail += f" ({self.term_reason})"
-        text = _error_text(self.term_message or self.message or "")
+        text = explain_signals(_error_text(self.term_message or self.message or ""))
         if text:
             detail += f": {_tail(text, 1024)}"
         return base, f"{what} (pod {self.name}) failed with {detail}"
+
+
+#: ``mlbench-runner`` (launch and every rank) exits 2 when it refuses its input (a config, a hostfile);
+#: mpirun passes a rank's code on. A restart would fail the same way, so the run fails at once.
+INPUT_ERROR_EXIT_CODE = 2
+INVALID_INPUT = "InvalidInput"
+
+#: Open MPI's words for a rank the kernel killed; in a container that is nearly always the OOM killer
+#: (a rank outgrowing the limit inside a worker whose sshd survives, or the launcher itself).
+_SIGKILL = re.compile(r"(exited on|killed by) signal 9\b( \(Killed\))?")
+
+
+def explain_signals(text: str) -> str:
+    """ "exited on signal 9 (Killed)" reads as what it nearly always means to a benchmark user."""
+    return _SIGKILL.sub("was killed (signal 9, likely out of memory)", text)
 
 
 def _error_text(text: str) -> str:

@@ -145,3 +145,17 @@ async def scrape(host: str, port: int, now: datetime) -> dict[str, Any] | None:
     except Exception as err:  # best effort by design: no scrape problem may reach the handler
         log.debug("progress_scrape_failed", host=host, port=port, error=repr(err)[:200])
         return None
+
+
+def advance(old: dict[str, Any] | None, new: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The scraped progress with ``stepChangedAt``: when the step counter last moved.
+
+    Kept across scrapes while the counter stands still, so the reconciler can tell a run that is
+    slow from one that is stuck (Stalled/NoProgress after ``runPolicy.progressDeadlineSeconds``).
+    """
+    out = dict(new)
+    if "step" not in out:
+        return out
+    same = old is not None and old.get("step") == out["step"] and old.get("stepChangedAt")
+    out["stepChangedAt"] = old["stepChangedAt"] if same and old is not None else timestamp(now)
+    return out

@@ -29,10 +29,12 @@ from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.datasets import FetchAction, FetchState
-from mlbench_operator.podview import PodView
+from mlbench_operator.podview import INVALID_INPUT, PodView
+from mlbench_operator.policy import AdmissionPolicy, violations
+
+DEFAULT_POLICY = AdmissionPolicy()
 
 TERMINAL = ("Succeeded", "Failed")
-RESTARTED = "Restarted"
 #: A pod still Terminating this long after its deletionTimestamp (the end of its grace period) is on
 #: a lost node: the kubelet will never confirm, so it is force-deleted (its name is needed again).
 FORCE_DELETE_AFTER_SECONDS = 60.0
@@ -55,10 +57,16 @@ class Plan:
     status: dict[str, Any]
     create_workers: list[int] = field(default_factory=list)
     create_launcher: bool = False
-    delete_stale: bool = False  #: delete every pod not of the current attempt (gang restart)
+    #: pods of earlier attempts to delete (gang restart): name -> UID. Only this run's own pods, and each
+    #: delete is conditional on the UID, so neither a foreign pod with our labels nor the next attempt's
+    #: pod of the same name is ever touched (a label-selector deletecollection would do both).
+    delete_stale: dict[str, str] = field(default_factory=dict)
     cleanup: list[str] = field(default_factory=list)  #: pods to delete as the run finishes
     force_delete: list[str] = field(default_factory=list)  #: pods stuck Terminating (lost node): grace 0
     events: list[tuple[str, str, str]] = field(default_factory=list)  #: (type, reason, message)
+    #: a failed launcher about to be deleted by a gang restart: its log's tail goes into an Event first,
+    #: so each attempt's mpirun output outlives the pod (the launcher's name repeats across attempts)
+    keep_log_of: str | None = None
     requeue_after: float | None = None  #: wake up by then even without pod events (deadline)
 
     @property
@@ -109,8 +117,10 @@ def admit(
     task: Mapping[str, Any] | None,
     run_as_user: int | None = n.RUNNER_UID,
     dataset_claim: str = n.DATASET_VOLUME,
+    policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> tuple[RunContext, dict[str, Any]] | Rejection:
-    """Resolve the run against its task (``None``: not found); the snapshot is the task's validated spec."""
+    """Resolve the run against its task (``None``: not found) and the admin's :mod:`.policy`; the snapshot
+    is the task's validated spec."""
     task_name = ((body.get("spec") or {}).get("taskRef") or {}).get("name", "")
     try:
         validate_run(body)
@@ -128,6 +138,11 @@ def admit(
         return Rejection("OverrideNotAllowed", str(err))
     except ValueError as err:
         return Rejection("InvalidConfig", f"the effective configuration is invalid: {_short(err)}")
+    spec = body.get("spec") or {}
+    image_field = "spec.image" if ctx.spec.image else f"BenchmarkTask {task_name!r} runner.image"
+    broken = violations(ctx.image, image_field, spec.get("scheduling"), ctx.task.dataset.volume, policy)
+    if broken:
+        return Rejection("PolicyViolation", "; ".join(broken))
     return ctx, snapshot
 
 
@@ -198,8 +213,13 @@ def admitted_status(
     return st.new
 
 
-def _summary_result(summary: RunSummary) -> dict[str, Any]:
+def _summary_result(summary: RunSummary, image: str | None = None, workers: Iterable[PodView] = ()) -> dict[str, Any]:
+    """``status.result``: the summary's figures, and exactly what ran (the image asked for and the digests
+    the workers' containers resolved it to, so a result stays attributable after a tag moves)."""
+    ids = sorted({p.image_id for p in workers if p.image_id})
     return RunResult(
+        image=image,
+        image_ids=ids[:8] or None,
         goal_reached=summary.goal_reached,
         time_to_goal_seconds=summary.time_to_goal_seconds,
         best_accuracy=summary.best_accuracy,
@@ -331,6 +351,12 @@ def _find_failure(
     for rank in sorted(workers):
         if workers[rank].phase == "Failed":
             return workers[rank].failure()
+    # A worker gone with its node (deleted, evicted by the node controller) takes mpirun down with
+    # "ORTE has lost communication": the lost worker is the cause, not the launcher's echo of it.
+    lost = [r for r in range(total) if r not in workers or workers[r].terminating]
+    if launcher is not None and lost and launcher.phase != "Succeeded":
+        pod_name = n.worker_name(run, lost[0])
+        return "WorkerLost", f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
     if launcher is not None and launcher.phase == "Failed":
         return launcher.failure()
     if was_running and (launcher is None or launcher.terminating):
@@ -339,35 +365,64 @@ def _find_failure(
         pod = workers[rank]
         if pod.phase == "Succeeded" and (launcher is None or not launcher.finished):
             return "WorkerExited", f"worker {rank} (pod {pod.name}) exited before the launcher finished"
-    if launcher is not None and not launcher.finished:
-        lost = [r for r in range(total) if r not in workers or workers[r].terminating]
-        if lost:
-            pod_name = n.worker_name(run, lost[0])
-            return "WorkerLost", f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
     return None
+
+
+#: Failures a gang restart would only repeat: the run fails at once instead of burning maxRestarts.
+PERMANENT_FAILURES = frozenset({INVALID_INPUT})
 
 
 #: How long a failed launcher's workers get to report their own cause before the launcher is blamed.
 ROOT_CAUSE_GRACE_SECONDS = 10.0
 
 
-def _root_cause_wait(launcher: PodView | None, workers: Mapping[int, PodView], now: datetime) -> float | None:
+def _root_cause_wait(
+    launcher: PodView | None, workers: Mapping[int, PodView], total: int, now: datetime
+) -> float | None:
     """Seconds to hold a launcher failure while a still-running worker may report the real cause.
 
     The launcher and a worker whose rank died fail within a second or two of each other, in
     either order; without this the reported reason would depend on which status arrived first.
-    None: decide now (no launcher failure, a worker already failed, none is running, or the
-    grace is over).
+    None: decide now (no launcher failure, a worker already failed or is lost, none is running,
+    or the grace is over).
     """
     if launcher is None or launcher.phase != "Failed" or launcher.finished_at is None:
         return None
-    if any(w.phase == "Failed" for w in workers.values()) or not any(w.phase == "Running" for w in workers.values()):
+    if any(w.phase == "Failed" or w.terminating for w in workers.values()) or len(workers) < total:
+        return None  # a worker already tells the cause (failed, or lost)
+    if not any(w.phase == "Running" for w in workers.values()):
         return None
     finished = c.parse_time(launcher.finished_at)
     if finished is None:
         return None
     left = ROOT_CAUSE_GRACE_SECONDS - (now - finished).total_seconds()
     return left if left > 0 else None
+
+
+#: ``runPolicy.progressDeadlineSeconds`` when unset: ten minutes without a step is no slow epoch.
+PROGRESS_DEADLINE_SECONDS = 600
+
+
+def _no_progress(
+    progress: Mapping[str, Any] | None, policy: RunPolicy, now: datetime
+) -> tuple[bool, str, float | None]:
+    """(stalled, why, seconds until it would be): the step counter rank 0 reports has not moved for
+    the progress deadline. Only once a step was seen (an image that serves no metrics is never Stalled)."""
+    since = c.parse_time((progress or {}).get("stepChangedAt"))
+    if since is None:
+        return False, "", None
+    deadline = policy.progress_deadline_seconds or PROGRESS_DEADLINE_SECONDS
+    idle = (now - since).total_seconds()
+    if idle < deadline:
+        return False, "", deadline - idle
+    step = (progress or {}).get("step")
+    why = f"the step counter has stayed at {step} for {idle:.0f} s (runPolicy.progressDeadlineSeconds={deadline})"
+    return True, why, None
+
+
+def _deletable(pods: Iterable[PodView]) -> dict[str, str]:
+    """name -> UID of the pods not yet terminating (a pod without a UID, in tests only, maps to "")."""
+    return {p.name: p.uid or "" for p in sorted(pods, key=lambda p: p.name) if not p.terminating}
 
 
 def _stuck_terminating(pod: PodView, now: datetime) -> bool:
@@ -417,7 +472,7 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
             if not text:
                 raise ValueError("the launcher exited 0 but wrote no termination message")
             summary = parse_summary(text)
-            result = _summary_result(summary)
+            result = _summary_result(summary, ctx.image, workers.values())
             _check_finite(result)
         except ValueError as err:
             st.fail("InvalidResult", f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
@@ -446,7 +501,7 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         aborted: RunSummary | None
         try:
             aborted = parse_summary(launcher.term_message)
-            aborted_result = _summary_result(aborted)
+            aborted_result = _summary_result(aborted, ctx.image, workers.values())
             _check_finite(aborted_result)
         except ValueError:
             aborted = None
@@ -474,13 +529,16 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
 
     # 3. A failed rank fails the world: restart the whole gang or give up.
     was_running = c.is_true(st.old.get("conditions"), c.RUNNING)
-    hold = _root_cause_wait(launcher, workers, now)
+    hold = _root_cause_wait(launcher, workers, total, now)
     if hold is not None:
         out.requeue_after = min(hold, out.requeue_after) if out.requeue_after is not None else hold
         return out
     failure = _find_failure(ctx.name, workers, launcher, total, was_running) if not stale else None
     if failure is not None:
         reason, message = failure
+        if reason in PERMANENT_FAILURES:
+            st.fail(reason, f"{message} (not restarted: the runner refused its input, a restart would repeat it)")
+            return finish()
         if restarts >= policy.max_restarts:
             st.fail(reason, f"{message} (gave up after {restarts} of maxRestarts={policy.max_restarts} restarts)")
             return finish()
@@ -489,14 +547,16 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
         st.new.update(restarts=restarts, phase="Pending", message=text, workers={"ready": 0, "total": total})
         st.cond(c.WORKERS_READY, "False", "Restarting", text)
         st.cond(c.RUNNING, "False", "Restarting", text)
-        st.cond(RESTARTED, "True", reason, text)
-        out.delete_stale = True
+        st.cond(c.RESTARTED, "True", reason, text)
+        out.delete_stale = _deletable(pods)
         out.events.append(("Warning", "Restarting", text))
+        if launcher is not None and launcher.phase == "Failed":
+            out.keep_log_of = launcher.name
         return out
 
     # 4. Make progress: clear the previous world, create workers, then the launcher.
     if stale:
-        out.delete_stale = any(not p.terminating for p in stale)
+        out.delete_stale = _deletable(stale)
         st.new["phase"] = "Pending"
         msg = f"waiting for {len(stale)} pods of the previous attempt to terminate"
         st.cond(c.WORKERS_READY, "False", "Restarting", msg)
@@ -571,6 +631,14 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
     wr = c.get(st.new["conditions"], c.WORKERS_READY) or {}
     run = c.get(st.new["conditions"], c.RUNNING) or {}
     st.new["message"] = f"{wr.get('message', '')}; {run.get('message', '')}"
+    if st.new["phase"] == "Running":
+        stalled, why, wait = _no_progress(st.old.get("progress"), policy, now)
+        was = c.get(st.old.get("conditions"), c.STALLED) or {}
+        st.cond(c.STALLED, "True" if stalled else "False", c.NO_PROGRESS if stalled else "Running", why)
+        if stalled and (was.get("status"), was.get("reason")) != ("True", c.NO_PROGRESS):
+            out.events.append(("Warning", c.NO_PROGRESS, why))
+        if wait is not None:
+            out.requeue_after = min(wait, out.requeue_after) if out.requeue_after is not None else wait
     if st.new["phase"] != old_phase:
         out.events.append(("Normal", st.new["phase"], st.new["message"]))
     if (
@@ -616,6 +684,82 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
         kind = "Warning" if state.action is FetchAction.FAIL else "Normal"
         out.events.append((kind, state.reason.value, state.message))
     return out
+
+
+def finalize(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The status as it is written: text from pods cleaned, and the kstatus conditions derived.
+
+    ``Ready``, ``Reconciling`` and ``Stalled`` are a projection of the phase and the ``Failed``
+    condition, computed here at write time, so that no policy can forget them and generic tools
+    (Flux, Argo CD, ``kubectl wait --for=condition=Ready``) read every run the same way. The one
+    input of its own is a ``Stalled``/``NoProgress`` set by :func:`plan` while Running.
+    """
+    new = dict(status)
+    if isinstance(new.get("message"), str):
+        new["message"] = c.clean(new["message"])[:32768]
+    phase = new.get("phase")
+    if not phase:
+        return new
+    conds = list(new.get("conditions") or [])
+    message = new.get("message") or ""
+    failed = c.get(conds, c.FAILED) or {}
+    stalled = c.get(conds, c.STALLED) or {}
+    if phase == "Succeeded":
+        ready = ("True", "Succeeded", message)
+    elif phase == "Failed":
+        ready = ("False", failed.get("reason") or "Failed", failed.get("message") or message)
+    else:
+        ready = ("False", phase, message)
+    reconciling = ("False", phase, "the run finished") if phase in TERMINAL else ("True", phase, message)
+    if phase == "Failed":
+        stuck = ("True", ready[1], ready[2])
+    elif phase == "Running" and (stalled.get("status"), stalled.get("reason")) == ("True", c.NO_PROGRESS):
+        stuck = ("True", c.NO_PROGRESS, stalled.get("message") or "")
+    else:
+        stuck = ("False", phase, "")
+    gen = new.get("observedGeneration")
+    for type_, (value, reason, text) in ((c.READY, ready), (c.RECONCILING, reconciling), (c.STALLED, stuck)):
+        conds = c.set_condition(conds, type_, value, reason, text, now=now, generation=gen)
+    new["conditions"] = conds
+    return new
+
+
+#: A status the API server refused (422) is replaced by this much, which it always accepts.
+UNSTORABLE_MESSAGE_LIMIT = 1024
+
+
+def unstorable_status(old: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
+    """The run fails with InvalidResult when the API server refused (422) a status write.
+
+    Built from scratch rather than from the refused status: only fixed reasons, a short cleaned
+    message and the stored fields, so this write cannot be refused for the same cause and the
+    run cannot be retried forever while its workers hold their GPUs.
+    """
+    message = c.clean(f"the operator could not store the run's status (HTTP 422): {detail}")
+    message = message[: UNSTORABLE_MESSAGE_LIMIT - 3] + "..." if len(message) > UNSTORABLE_MESSAGE_LIMIT else message
+    gen = old.get("observedGeneration")
+    gen = gen if isinstance(gen, int) and 0 <= gen <= 2**53 else None
+    conds: list[c.Condition] = []
+    for type_, value in ((c.SUCCEEDED, "False"), (c.FAILED, "True")):
+        conds = c.set_condition(conds, type_, value, "InvalidResult", message, now=now, generation=gen)
+    out: dict[str, Any] = {
+        "phase": "Failed",
+        "message": message,
+        "conditions": conds,
+        "completionTime": old.get("completionTime") or c.timestamp(now),
+    }
+    return finalize(out, now)
+
+
+def generation_patch(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"observedGeneration": g}`` for a finished run whose spec (runPolicy: ttl, cleanup) was edited
+    after its daemon stopped, so that kstatus readers do not wait forever; None when current or unfinished
+    (an unfinished run's daemon writes it with its next status)."""
+    status = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    if status.get("phase") not in TERMINAL or generation is None or status.get("observedGeneration") == generation:
+        return None
+    return {"observedGeneration": generation}
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from mlbench_api import bundle
+from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
@@ -118,3 +119,14 @@ def kept_status(run: str, found: bundle.Bundle, now: datetime) -> dict[str, Any]
 def missing_status(message: str, now: datetime) -> dict[str, Any]:
     """``status.results`` when nothing could be kept: said once, never retried."""
     return {"message": message[:4096], "collectedAt": timestamp(now)}
+
+
+def log_tail(text: str, limit: int) -> str:
+    """The end of a launcher's log for an Event: without the ``run_results`` line (kilobytes of base64)
+    and control characters, at most ``limit`` characters, whole lines where they fit."""
+    lines = [line for line in text.splitlines() if f'"{bundle.EVENT}"' not in line[:40]]
+    out = c.clean("\n".join(lines)).strip()
+    if len(out) <= limit:
+        return out
+    cut = out[-limit:]
+    return cut[cut.find("\n") + 1 :] if "\n" in cut[:-1] else cut

@@ -21,18 +21,58 @@ from mlbench_api.results import RunSummary
 
 #: Per file: the operator waits at most 60 s for a launcher that is still running (results.WAIT_SECONDS).
 SSH_TIMEOUT_SECONDS = 15
+#: mpirun's ssh: a worker that does not answer the TCP handshake and key exchange in time fails the
+#: launch (named: "Connection timed out") instead of hanging it; an established session whose
+#: worker stops answering (its node is gone, no RST) ends after SERVER_ALIVE_INTERVAL * COUNT_MAX.
+CONNECT_TIMEOUT_SECONDS = 10
+SERVER_ALIVE_INTERVAL = 15
+SERVER_ALIVE_COUNT_MAX = 4
 
 
-def ssh_options(port: int, key: str | None) -> list[str]:
-    """The ssh options of ``mpirun``'s ``plm_rsh_args`` (workers' host keys are per pod: not checked)."""
-    opts = ["-p", str(port), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    opts += ["-o", "LogLevel=ERROR"]
-    return [*opts, "-i", key] if key else opts
+def ssh_options(
+    port: int,
+    key: str | None,
+    known_hosts: str | None = None,
+    host_key_alias: str | None = None,
+    *,
+    connect_timeout: int = CONNECT_TIMEOUT_SECONDS,
+) -> list[str]:
+    """The ssh options of ``mpirun``'s ``plm_rsh_args`` (and of reading rank 0's files).
+
+    With ``known_hosts`` (the operator always gives one: the run's host key, under
+    ``host_key_alias``): strict host key checking against that file only; a worker presenting any
+    other key fails with "Host key verification failed". Without one (local runs, hand-made
+    hostfiles) the runner cannot know what to expect, and host keys are not checked, as before:
+    ssh's defaults would instead prompt (no tty: fail) or write ``~/.ssh/known_hosts``.
+    ssh takes the first value of an option, so callers cannot override these by appending.
+    """
+    opts = ["-p", str(port)]
+    if known_hosts:
+        opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
+        opts += ["-o", "GlobalKnownHostsFile=/dev/null", "-o", "CheckHostIP=no"]
+        if host_key_alias:
+            opts += ["-o", f"HostKeyAlias={host_key_alias}"]
+    else:
+        opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    opts += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}"]
+    opts += ["-o", f"ServerAliveInterval={SERVER_ALIVE_INTERVAL}"]
+    opts += ["-o", f"ServerAliveCountMax={SERVER_ALIVE_COUNT_MAX}", "-o", "LogLevel=ERROR"]
+    return [*opts, "-o", "IdentitiesOnly=yes", "-i", key] if key else opts
 
 
-def read_remote(host: str, path: str, port: int, key: str | None, timeout: float = SSH_TIMEOUT_SECONDS) -> bytes | None:
-    """``cat path`` on ``host`` over ssh; None when it fails (no such file, host gone)."""
-    cmd = ["ssh", *ssh_options(port, key), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "cat", path]
+def read_remote(
+    host: str,
+    path: str,
+    port: int,
+    key: str | None,
+    timeout: float = SSH_TIMEOUT_SECONDS,
+    *,
+    known_hosts: str | None = None,
+    host_key_alias: str | None = None,
+) -> bytes | None:
+    """``cat path`` on ``host`` over ssh; None when it fails (no such file, host gone, wrong host key)."""
+    opts = ssh_options(port, key, known_hosts, host_key_alias, connect_timeout=5)
+    cmd = ["ssh", *opts, host, "cat", path]
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -63,6 +103,8 @@ def gather(
     ssh_key: str | None,
     seen_events: Sequence[str],
     seen_summary: RunSummary | None,
+    ssh_known_hosts: str | None = None,
+    ssh_host_key_alias: str | None = None,
 ) -> dict[str, bytes]:
     """summary.json, events.jsonl and config.json, each from the best source there is."""
     files: dict[str, bytes] = {}
@@ -70,7 +112,14 @@ def gather(
         local = Path(output_dir, name)
         data = local.read_bytes() if local.is_file() else None
         if data is None and host is not None:
-            data = read_remote(host, f"{output_dir}/{name}", ssh_port, ssh_key)
+            data = read_remote(
+                host,
+                f"{output_dir}/{name}",
+                ssh_port,
+                ssh_key,
+                known_hosts=ssh_known_hosts,
+                host_key_alias=ssh_host_key_alias,
+            )
         if data:
             files[name] = data
     if bundle.SUMMARY not in files and seen_summary is not None:

@@ -89,6 +89,8 @@ def mpirun_command(
     config_path: str,
     ssh_port: int = 2222,
     ssh_key: str | None = None,
+    ssh_known_hosts: str | None = None,
+    ssh_host_key_alias: str | None = None,
     oversubscribe: bool = False,
     mpirun: str = "mpirun",
     python: str = sys.executable,
@@ -97,7 +99,7 @@ def mpirun_command(
 ) -> list[str]:
     """The full mpirun command line (the operator's launcher runs exactly this)."""
     env = dict(os.environ if env is None else env)
-    rsh = shlex.join(ssh_options(ssh_port, ssh_key))
+    rsh = shlex.join(ssh_options(ssh_port, ssh_key, ssh_known_hosts, ssh_host_key_alias))
     cmd = [
         mpirun,
         "--hostfile",
@@ -239,6 +241,11 @@ def run_launch(args: argparse.Namespace) -> int:
         write_termination(args.termination_log, error_message(str(exc), 2))
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.ssh_known_hosts and not Path(args.ssh_known_hosts).is_file():  # ssh would refuse every worker
+        msg = f"ssh known_hosts file {args.ssh_known_hosts} does not exist"
+        write_termination(args.termination_log, error_message(msg, 2))
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
     slots = sum(s for _, s in hosts)
     if slots < config.world_size and not args.oversubscribe:
         msg = f"hostfile {args.hostfile} has {slots} slots for worldSize {config.world_size}"
@@ -256,6 +263,8 @@ def run_launch(args: argparse.Namespace) -> int:
         config_path=env[CONFIG_ENV],
         ssh_port=args.ssh_port,
         ssh_key=args.ssh_key,
+        ssh_known_hosts=args.ssh_known_hosts,
+        ssh_host_key_alias=args.ssh_host_key_alias,
         oversubscribe=args.oversubscribe,
         mpirun=args.mpirun,
         env=env,
@@ -299,6 +308,8 @@ def run_launch(args: argparse.Namespace) -> int:
             ssh_key=args.ssh_key,
             seen_events=events,
             seen_summary=found[-1] if found else None,
+            ssh_known_hosts=args.ssh_known_hosts,
+            ssh_host_key_alias=args.ssh_host_key_alias,
         )
         line = results_line(files)
     except Exception as exc:
@@ -332,6 +343,16 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--termination-log", default=os.environ.get("MLBENCH_TERMINATION_LOG", DEFAULT_TERMINATION_LOG))
     parser.add_argument("--ssh-port", type=int, default=int(os.environ.get("MLBENCH_SSH_PORT", "2222")))
     parser.add_argument("--ssh-key", default=os.environ.get("MLBENCH_SSH_KEY"))
+    parser.add_argument(
+        "--ssh-known-hosts",
+        default=os.environ.get("MLBENCH_SSH_KNOWN_HOSTS"),
+        help="known_hosts with the workers' host key: strict host key checking (without it: not checked)",
+    )
+    parser.add_argument(
+        "--ssh-host-key-alias",
+        default=os.environ.get("MLBENCH_SSH_HOST_KEY_ALIAS"),
+        help="check every worker's host key under this name in --ssh-known-hosts (ssh HostKeyAlias)",
+    )
     parser.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "29500")))
     parser.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     parser.add_argument("--mpi-args", default=os.environ.get("MLBENCH_MPI_ARGS"), help="extra mpirun arguments")

@@ -104,6 +104,9 @@ def test_cel_rules_are_present() -> None:
     assert "size(self.metadata.name) <= 51" in root_rules
     spec_rules = {r["message"]: r for r in runs["properties"]["spec"]["x-kubernetes-validations"]}
     assert spec_rules["nccl needs resources.gpu >= 1"]["fieldPath"] == ".backend"
+    ddp = spec_rules["ddp needs backend gloo or nccl (torch.distributed), not mpi"]
+    assert ddp["rule"] == "self.algorithm != 'ddp' || self.backend != 'mpi'"
+    assert ddp["fieldPath"] == ".algorithm"
     immutable = spec_rules["spec is immutable except runPolicy"]["rule"]
     assert "self.taskRef == oldSelf.taskRef" in immutable
     assert "self.workers == oldSelf.workers" in immutable

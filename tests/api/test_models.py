@@ -12,7 +12,14 @@ from mlbench_api.common import Condition
 from mlbench_api.config import RunConfig
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
-from mlbench_api.run import BenchmarkRunStatus, RunOverrides
+from mlbench_api.run import (
+    DDP_NEEDS_TORCH_BACKEND,
+    Algorithm,
+    Backend,
+    BenchmarkRunSpec,
+    BenchmarkRunStatus,
+    RunOverrides,
+)
 from mlbench_api.task import Overridable
 
 
@@ -57,3 +64,28 @@ def test_summary_names_missing_fields() -> None:
 
 def test_override_names_use_wire_names() -> None:
     assert RunOverrides(max_epochs=3, batch_size_per_worker=8).names() == ["batchSizePerWorker", "maxEpochs"]
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_ddp_is_refused_with_backend_mpi_only(algorithm: Algorithm, backend: Backend) -> None:
+    data = {"taskRef": {"name": "t"}, "algorithm": algorithm.value, "backend": backend.value, "resources": {"gpu": 1}}
+    if algorithm is Algorithm.DDP and backend is Backend.MPI:
+        assert _problems(BenchmarkRunSpec, data) == [f"algorithm: {DDP_NEEDS_TORCH_BACKEND}"]
+    else:
+        assert BenchmarkRunSpec.model_validate(data).algorithm is algorithm
+
+
+def test_ddp_with_mpi_names_the_field_in_a_whole_run() -> None:
+    from mlbench_api.catalog import parse_run
+    from mlbench_api.errors import InvalidObject
+
+    doc = {
+        "apiVersion": "mlbench.io/v1alpha1",
+        "kind": "BenchmarkRun",
+        "metadata": {"name": "r"},
+        "spec": {"taskRef": {"name": "t"}, "algorithm": "ddp", "backend": "mpi"},
+    }
+    with pytest.raises(InvalidObject) as info:
+        parse_run(doc)
+    assert info.value.problems == ["spec.algorithm: ddp needs backend gloo or nccl (torch.distributed), not mpi"]

@@ -14,6 +14,7 @@ they are current) and every check runs a throwaway container without network.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -23,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from mlbench_operator import builders, reconcile, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator.builders import WORKER_SCRIPT
+from mlbench_runner.collect import ssh_options
+from tests.operator import helpers as h
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
@@ -156,19 +160,28 @@ def test_runner_catalog_and_writable_cache(images: Images) -> None:
 
 
 def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) -> None:
-    """The worker entrypoint the operator runs (non-root sshd on 2222) lets the run's key in,
-    and a command over ssh finds mlbench-runner: what mpirun does on every rank."""
-    key = tmp_path / n.SSH_PRIVATE_KEY
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    shutil.copy(key.with_suffix(".pub"), tmp_path / n.SSH_AUTHORIZED_KEYS)
+    """The worker entrypoint the operator runs (non-root sshd on 2222, the run's host key) lets the
+    run's key in with the launcher's strict options, and a command over ssh finds mlbench-runner:
+    what mpirun does on every rank."""
+    result = reconcile.admit(h.run(), h.task())
+    assert not isinstance(result, reconcile.Rejection), result
+    ctx = result[0]
+    secret = builders.ssh_secret(ctx, sshkeys.generate_keypair("images-test"))
+    for name, text in secret["stringData"].items():  # the Secret volume's files
+        (tmp_path / name).write_text(text)
     tmp_path.chmod(0o755)  # pytest makes it 0700: UID 1000 could not reach the key
     for f in tmp_path.iterdir():
         f.chmod(0o444)  # any UID in the container may read them (the Secret is 0440 + fsGroup)
+    options = ssh_options(
+        n.SSH_PORT,
+        f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}",
+        f"{n.SSH_DIR}/{n.SSH_KNOWN_HOSTS}",
+        n.ssh_host_key_alias(ctx.name, ctx.namespace),
+    )
     script = (
         f"({WORKER_SCRIPT}) >/tmp/sshd.log 2>&1 &\n"
         "for i in $(seq 50); do [ -f /tmp/mlbench-sshd/sshd.pid ] && break; sleep 0.2; done\n"
-        f"ssh -p {n.SSH_PORT} -i {n.SSH_DIR}/{n.SSH_PRIVATE_KEY} -o StrictHostKeyChecking=no -o BatchMode=yes "
-        "-o UserKnownHostsFile=/dev/null localhost 'id -u; command -v mlbench-runner' || { cat /tmp/sshd.log; exit 1; }"
+        f"ssh {shlex.join(options)} localhost 'id -u; command -v mlbench-runner' || {{ cat /tmp/sshd.log; exit 1; }}"
     )
     out = images.check(RUNNER, script, user="1000:1000", volumes=[f"{tmp_path}:{n.SSH_DIR}:ro"])
     assert out.split()[-2:] == ["1000", "/usr/local/bin/mlbench-runner"], out

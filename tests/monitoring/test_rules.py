@@ -22,6 +22,7 @@ CASES = Path(__file__).with_name("rules_test.yaml")
 DOCS = REPO / "docs" / "monitoring.md"
 ALERTS = {
     "MLBenchOperatorDown",
+    "MLBenchOperatorNoLeader",
     "MLBenchReconcileErrors",
     "MLBenchGangRestarts",
     "MLBenchRunStalled",

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ def free_port() -> int:
 class OperatorProcess:
     """``mlbench-operator`` in a subprocess; ``kill()`` is SIGKILL, as a crashed pod would be."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, extra_args: Sequence[str] = ()) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.extra_args = list(extra_args)  # e.g. --namespace=<ns> (the namespaced install)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -68,10 +69,17 @@ class OperatorProcess:
         # kwok nodes serve no container logs: a finished run's results are given up at once (the
         # results path itself is tested on the real node, tests/e2e, and in test_handlers/test_results)
         env["MLBENCH_RESULTS_WAIT_SECONDS"] = "1"
+        # Leader election: a Lease of this session's own (sessions share the cluster), in mlbench-system
+        # (leader-election.yaml), and an identity kept across restarts, like a pod's name: a restarted
+        # (SIGKILLed) operator retakes its Lease at once instead of waiting for it to expire.
+        env.setdefault("MLBENCH_LEADER_ELECTION_ID", f"mlbench-operator-{SESSION}")
+        env.setdefault("MLBENCH_LEADER_ELECTION_NAMESPACE", "mlbench-system")
+        env["POD_NAME"] = f"test-operator-{SESSION}-{self.port}"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         log.write(f"\n==== start {self.starts} {time.strftime('%T')}\n".encode())
+        args = [f"--metrics-port={self.port}", "--liveness=", *self.extra_args]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlbench_operator.main", f"--metrics-port={self.port}", "--liveness="],
+            [sys.executable, "-m", "mlbench_operator.main", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -119,13 +127,15 @@ class OperatorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _operator_kubeconfig(cluster: KubeCluster, out: Path) -> Path:
-    """A kubeconfig for the mlbench-operator ServiceAccount (least-privilege RBAC under test)."""
-    for f in ("namespace.yaml", "rbac.yaml"):
-        cluster.kubectl("apply", "-f", str(RBAC / f), check=True)
-    token = cluster.kubectl(
-        "-n", "mlbench-system", "create", "token", "mlbench-operator", "--duration=3h", check=True
-    ).stdout.strip()
+def _operator_kubeconfig(cluster: KubeCluster, out: Path, service_account: tuple[str, str] | None = None) -> Path:
+    """A kubeconfig for the mlbench-operator ServiceAccount (least-privilege RBAC under test), or for
+    ``service_account`` (namespace, name), whose RBAC the caller sets up."""
+    if service_account is None:
+        for f in ("namespace.yaml", "rbac.yaml", "leader-election.yaml"):
+            cluster.kubectl("apply", "-f", str(RBAC / f), check=True)
+        service_account = ("mlbench-system", "mlbench-operator")
+    sa_namespace, sa_name = service_account
+    token = cluster.kubectl("-n", sa_namespace, "create", "token", sa_name, "--duration=3h", check=True).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     ctx_name = admin["current-context"]
     ctx = next(c for c in admin["contexts"] if c["name"] == ctx_name)["context"]
@@ -175,6 +185,8 @@ def operator(
                 break
             time.sleep(0.5)
         proc.stop()
+        lease = f"mlbench-operator-{SESSION}"  # the session's Lease (OperatorProcess.start), released by the stop
+        kube_cluster.kubectl("-n", "mlbench-system", "delete", "lease", lease, "--ignore-not-found")
 
 
 # -- helpers the tests share ---------------------------------------------------------------------------------

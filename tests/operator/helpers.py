@@ -6,8 +6,11 @@ import copy
 from typing import Any
 
 from mlbench_api.results import Environment, PhaseTotals, RunSummary
+from mlbench_operator.policy import DEFAULT_VOLUME_TYPES, AdmissionPolicy
 
 TASK_NAME = "optest-task"
+#: For tests of builders with other images or volumes than the default policy admits.
+PERMISSIVE = AdmissionPolicy(images=("*",), volume_types=(*DEFAULT_VOLUME_TYPES, "hostPath"))
 
 TASK: dict[str, Any] = {
     "apiVersion": "mlbench.io/v1alpha1",

@@ -8,17 +8,21 @@ import shutil
 
 import pytest
 
+from mlbench_api import bundle
 from mlbench_operator import builders, reconcile
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
-from mlbench_operator.sshkeys import generate_keypair
+from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from tests.operator import helpers as h
+
+#: Stand-ins for a run's keys where no ssh-keygen is needed.
+FAKE_KEYS = RunKeys("CLIENT-PRIVATE", "ssh-ed25519 CLIENT c\n", "HOST-PRIVATE", "ssh-ed25519 HOST h\n")
 
 
 def ctx_for(**kwargs: object) -> RunContext:
     task = h.task()
     task["spec"]["dataset"]["volume"] = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}
-    result = reconcile.admit(h.run(**kwargs), task)  # type: ignore[arg-type]
+    result = reconcile.admit(h.run(**kwargs), task, policy=h.PERMISSIVE)  # type: ignore[arg-type]
     assert not isinstance(result, reconcile.Rejection), result
     return result[0]
 
@@ -37,7 +41,7 @@ def test_every_object_is_owned_and_labelled() -> None:
     objs = [
         builders.service(ctx),
         builders.config_map(ctx),
-        builders.ssh_secret(ctx, "PRIVATE", "PUBLIC"),
+        builders.ssh_secret(ctx, FAKE_KEYS),
         builders.worker_pod(ctx, 0, 0),
         builders.launcher_pod(ctx, 0),
     ]
@@ -77,6 +81,14 @@ def test_config_map_carries_effective_config() -> None:
     assert config["seed"] == 7
     assert config["goalTarget"] == 0.7
     assert data["hostfile"].count("\n") == 4
+
+
+def test_run_config_maps_are_immutable() -> None:
+    """Nothing rewrites a run's hostfile/config or its kept results: immutable (kubelet stops watching)."""
+    ctx = ctx_for(name="bench")
+    assert builders.config_map(ctx)["immutable"] is True
+    kept = builders.results_config_map("bench", "team-a", "uid-bench", "t", bundle.fit({bundle.SUMMARY: b"{}"}))
+    assert kept["immutable"] is True
 
 
 def test_worker_pod_shape() -> None:
@@ -175,14 +187,69 @@ def test_launcher_pod_shape() -> None:
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
 def test_ssh_keys_are_fresh_per_run() -> None:
-    priv1, pub1 = generate_keypair("a")
-    priv2, pub2 = generate_keypair("b")
-    assert priv1.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert pub1.startswith("ssh-ed25519 ")
-    assert priv1 != priv2
-    assert pub1 != pub2
-    secret = builders.ssh_secret(ctx_for(), priv1, pub1)
-    assert secret["stringData"] == {"id_ed25519": priv1, "id_ed25519.pub": pub1, "authorized_keys": pub1}
+    one, two = generate_keypair("mlbench-a"), generate_keypair("mlbench-b")
+    for keys in (one, two):
+        for private in (keys.client_private, keys.host_private):
+            assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert keys.client_public.startswith("ssh-ed25519 ")
+        assert keys.host_public.startswith("ssh-ed25519 ")
+        assert keys.client_public.split()[1] != keys.host_public.split()[1]  # two pairs, not one
+        assert "PRIVATE" not in repr(keys)
+    assert one.client_public.split()[2] == "mlbench-a"
+    assert one.host_public.split()[2] == "mlbench-a-host"
+    assert len({one.client_private, one.host_private, two.client_private, two.host_private}) == 4
+    assert len({one.client_public, one.host_public, two.client_public, two.host_public}) == 4
+
+
+def test_ssh_secret() -> None:
+    """kubernetes.io/ssh-auth (its required key ssh-privatekey), immutable; authorized_keys is
+    ``restrict``-ed; known_hosts names the run's host key under the run's alias, plain (no :2222)."""
+    ctx = ctx_for(name="bench", namespace="team-a")
+    secret = builders.ssh_secret(ctx, FAKE_KEYS)
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert secret["immutable"] is True
+    assert secret["metadata"]["name"] == "bench-ssh"
+    assert secret["stringData"] == {
+        "ssh-privatekey": "CLIENT-PRIVATE",
+        "authorized_keys": "restrict ssh-ed25519 CLIENT c\n",
+        "ssh_host_ed25519_key": "HOST-PRIVATE",
+        "known_hosts": "mlbench-workers.bench.team-a ssh-ed25519 HOST h\n",
+    }
+    assert n.ssh_host_key_alias("bench", "team-a") == "mlbench-workers.bench.team-a"
+
+
+def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
+    """No host key generated in the pod: sshd presents the Secret's (mounted) key."""
+    script = builders.worker_pod(ctx_for(), 0, 0)["spec"]["containers"][0]["command"][-1]
+    assert script == builders.WORKER_SCRIPT
+    assert "ssh-keygen" not in script
+    assert " -h /etc/mlbench-ssh/ssh_host_ed25519_key " in script
+    assert "-o AuthorizedKeysFile=/etc/mlbench-ssh/authorized_keys" in script
+    for option in ("LoginGraceTime=30", "ClientAliveInterval=15", "ClientAliveCountMax=4", "PasswordAuthentication=no"):
+        assert f"-o {option}" in script
+
+
+@pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o400)])
+def test_ssh_secret_volume_mode(run_as_user: int | None, mode: int) -> None:
+    """sshd and ssh refuse a group-readable private key only if they own it: the Secret's files are
+    root's, 0440 + fsGroup for a non-root user; a root container gets 0400."""
+    ctx = dataclasses.replace(ctx_for(), run_as_user=run_as_user)
+    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+        (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
+        assert volume["secret"] == {"secretName": f"{ctx.name}-ssh", "defaultMode": mode}
+        if run_as_user is not None:
+            assert pod["spec"]["securityContext"]["fsGroup"] == run_as_user
+
+
+def test_ssh_environment_points_at_the_secret() -> None:
+    """The launcher (and mpirun's tree spawn on workers) checks host keys against the run's known_hosts."""
+    ctx = ctx_for(name="bench", namespace="team-a")
+    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MLBENCH_SSH_KEY"] == "/etc/mlbench-ssh/ssh-privatekey"
+        assert env["MLBENCH_SSH_KNOWN_HOSTS"] == "/etc/mlbench-ssh/known_hosts"
+        assert env["MLBENCH_SSH_HOST_KEY_ALIAS"] == "mlbench-workers.bench.team-a"
+        assert env["MLBENCH_SSH_PORT"] == "2222"
 
 
 def test_image_user_mode_drops_non_root_settings() -> None:

@@ -49,10 +49,16 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     assert json.loads(cm["data"]["config.json"])["worldSize"] == workers
     secret = runs.get("secret", f"{name}-ssh")
     assert secret is not None
-    assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys"}
+    assert set(secret["data"]) == {"ssh-privatekey", "authorized_keys", "ssh_host_ed25519_key", "known_hosts"}
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert secret["immutable"] is True
+    assert cm["immutable"] is True
+    policy = runs.get("networkpolicy", name)  # accepted by the real API server (enforced by a CNI, not here)
+    assert policy is not None
+    assert policy["spec"]["podSelector"]["matchLabels"]["mlbench.io/run"] == name
     pods = runs.pods(name)
     assert set(pods) == {f"{name}-worker-{i}" for i in range(workers)} | {f"{name}-launcher"}
-    for obj in [svc, cm, secret, *pods.values()]:
+    for obj in [svc, cm, secret, policy, *pods.values()]:
         assert owned_by(obj, run), obj["metadata"]["name"]
         assert obj["metadata"]["labels"]["mlbench.io/task"] == h.TASK_NAME
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mlbench-operator"
@@ -68,6 +74,11 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     assert status["workers"] == {"ready": workers, "total": workers}
     assert cond(status, "WorkersReady")["status"] == "True"
     assert cond(status, "Running")["status"] == "True"
+    # kstatus, as Flux / Argo CD / kubectl wait read it
+    assert (cond(status, "Ready")["status"], cond(status, "Ready")["reason"]) == ("False", "Running")
+    assert cond(status, "Reconciling")["status"] == "True"
+    assert cond(status, "Stalled")["status"] == "False"
+    assert status["observedGeneration"] == run["metadata"]["generation"]
     assert status["taskSnapshot"]["model"]["depth"] == 20
 
     # Finish: a valid RunSummary in the launcher's termination message.
@@ -86,6 +97,12 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     assert cond(status, "WorkersReady")["status"] == "False"
     # finished and no TTL: nothing left to do, so the run no longer blocks its own deletion
     wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
+    assert runs.kubectl("wait", "--for=condition=Ready", f"benchmarkrun/{name}", "--timeout=5s").returncode == 0
+    assert cond(runs.run(name)["status"], "Reconciling")["status"] == "False"
+    # a finished run's runPolicy edited (its daemon has stopped): observedGeneration still catches up
+    runs.kubectl("patch", "benchmarkrun", name, "--type=merge", "-p", '{"spec":{"runPolicy":{"maxRestarts":5}}}')
+    generation = runs.run(name)["metadata"]["generation"]
+    runs.wait_status(name, lambda s: s.get("observedGeneration") == generation, timeout=10, what="observedGeneration")
 
     # kubectl get shows the truth
     table = runs.kubectl("get", "benchmarkruns", name).stdout

@@ -78,23 +78,29 @@ class FakeKube:
         self.existing: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object: 409 on create
         self.log = ""  # the launcher's log
         self.log_error: Any = None  # raised by read_log
+        self.refuse_status: Any = None  # predicate on a status patch: True -> HTTP 422
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.calls.append(("patch", status))
+        if self.refuse_status is not None and self.refuse_status(status):
+            from mlbench_operator.kube import ApiError
 
-    async def delete_pods_named(self, namespace: str, names: list[str], grace: int | None = None) -> None:
+            raise ApiError(422, "PATCH", "/status", '{"message": "status.result.worldSize: Invalid value"}')
+
+    async def delete_pods_named(
+        self, namespace: str, names: Any, grace: int | None = None, uids: dict[str, str] | None = None
+    ) -> None:
         self.calls.append(("delete", sorted(names), grace))
+        if uids is not None:
+            self.calls.append(("delete_uids", dict(uids)))
         if self.fail_deletes:
             self.fail_deletes -= 1
             from mlbench_operator.kube import ApiError
 
             raise ApiError(500, "DELETE", "/pods", '{"message": "etcd timeout"}')
-
-    def delete_pods(self, namespace: str, selector: str) -> None:
-        self.calls.append(("deletecollection", selector))
 
     async def create_many(self, objs: list[dict[str, Any]]) -> list[Any]:
         return self.create_many_now(objs)
@@ -416,3 +422,59 @@ def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
     rec2 = _reconciler({**body, "status": rec.status}, again, monkeypatch)
     asyncio.run(rec2.step(pods))
     assert not [c for c in again.calls if c[0] == "read_log"]
+
+
+def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 422 on the final status (a value the server cannot store) is not retried forever: a minimal
+    Failed/InvalidResult status is written instead, and the next pass cleans up as for any failure."""
+    import kopf
+
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, _ = _running("All")
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    kube = FakeKube()
+    kube.refuse_status = lambda st: "result" in st
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError, match="InvalidResult"):
+        asyncio.run(rec.step([*workers(ctx), done]))
+    refused, fallback = kube.patches()
+    assert refused["phase"] == "Succeeded"
+    assert fallback["phase"] == "Failed"
+    assert "result" not in fallback
+    assert {c["type"]: c for c in fallback["conditions"]}["Failed"]["reason"] == "InvalidResult"
+    assert "worldSize" in fallback["message"]
+    assert rec.status["phase"] == "Failed"
+    assert [e[1] for e in rec.events] == ["InvalidResult"]
+    rec.recover(body["status"])  # the loop's error path keeps our Failed status
+    kube.calls.clear()
+    asyncio.run(rec.step([*workers(ctx), done]))  # the next pass: cleanup, no new result write
+    assert ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None) in kube.calls
+    assert all("result" not in p for p in kube.patches())
+
+
+def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, _ = _running("Running")
+    failed = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"mpirun exited with 1","exitCode":1}')
+    kube = FakeKube()
+    kube.log = "rank 1: loss nan\nORTE has lost communication with a remote daemon\n"
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step([*workers(ctx), failed]))
+    read = kube.calls.index(("read_log", "r1-launcher", "launcher"))
+    delete = next(i for i, call in enumerate(kube.calls) if call[0] == "delete")
+    assert read < delete  # read before the pod goes
+    logged = [e for e in rec.events if e[1] == "LauncherLog"]
+    assert len(logged) == 1
+    assert logged[0][2].startswith("attempt 0 launcher log")
+    assert "ORTE has lost communication" in logged[0][2]
+    # a node that serves no logs (kwok) costs only the Event
+    kube2 = FakeKube()
+    kube2.log_error = RuntimeError("no logs here")
+    rec2 = _reconciler(body, kube2, monkeypatch)
+    asyncio.run(rec2.step([*workers(ctx), failed]))
+    assert not [e for e in rec2.events if e[1] == "LauncherLog"]
+    assert any(call[0] == "delete" for call in kube2.calls)

@@ -27,7 +27,7 @@ def test_concurrent_fan_outs_do_not_deadlock_the_pool() -> None:
         created.append(obj)
         return True
 
-    def slow_delete(namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def slow_delete(namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None) -> None:
         time.sleep(0.01)
 
     kube.create = slow_create  # type: ignore[method-assign]

@@ -251,3 +251,16 @@ def test_scrape_never_raises(monkeypatch: pytest.MonkeyPatch, where: str) -> Non
     monkeypatch.setattr(progress, where, boom)
     with serve(ok(b"mlbench_epoch 1\n")) as port:
         assert scrape(port) is None
+
+
+def test_step_changed_at_stays_while_the_counter_stands_still() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    first = progress.advance(None, {"step": 10, "updatedAt": "x"}, t0)
+    assert first["stepChangedAt"] == "2026-01-01T00:00:00Z"
+    same = progress.advance(first, {"step": 10}, t0 + timedelta(seconds=30))
+    assert same["stepChangedAt"] == "2026-01-01T00:00:00Z"
+    moved = progress.advance(same, {"step": 11}, t0 + timedelta(seconds=60))
+    assert moved["stepChangedAt"] == "2026-01-01T00:01:00Z"
+    assert "stepChangedAt" not in progress.advance(moved, {"epoch": 1.0}, t0)  # no step scraped: unknown

@@ -561,3 +561,194 @@ def test_worker_cause_wins_over_the_launcher(
         assert "r1-worker-1" in plan.status["message"]
     if worker1 == "oom-message":
         assert "256 MiB" in plan.status["message"]
+
+
+def test_lost_worker_wins_over_the_launcher_that_lost_it() -> None:
+    """A worker gone with its node takes mpirun down ("ORTE has lost communication"): the worker is named."""
+    body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 0}))
+    w0, w1 = workers(ctx)
+    w1 = dataclasses.replace(w1, terminating=True, deletion_timestamp="2026-01-01T12:00:00Z")
+    _, plan = step(body, ctx, [w0, w1, _failed_launcher(ctx, T0)])
+    assert cond(plan.status, "Failed")["reason"] == "WorkerLost"
+    assert "r1-worker-1" in plan.status["message"]
+    _, plan = step(body, ctx, [w0, _failed_launcher(ctx, T0)])  # already gone from the API
+    assert cond(plan.status, "Failed")["reason"] == "WorkerLost"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("mpirun noticed that process rank 1 with PID 0 on node w-1 exited on signal 9 (Killed).", True),
+        ("mpirun was killed by signal 9", True),
+        ("exited on signal 11 (Segmentation fault)", False),
+        ("exited on signal 90", False),
+    ],
+)
+def test_signal_9_reads_as_likely_out_of_memory(text: str, expected: bool) -> None:
+    body, ctx = admitted(h.run(workers=1, runPolicy={"maxRestarts": 0}))
+    launcher = terminated(builders.launcher_pod(ctx, 0), 137, json.dumps({"error": text, "exitCode": 137}))
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert ("killed (signal 9, likely out of memory)" in plan.status["message"]) is expected, plan.status["message"]
+
+
+def test_input_error_fails_at_once_without_restarts() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 3}))
+    refused = '{"error":"mpirun exited with 2; cause: error: training.batchSize: must be >= 1","exitCode":2}'
+    launcher = terminated(builders.launcher_pod(ctx, 0), 2, refused)
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Failed"
+    assert plan.status["restarts"] == 0
+    assert cond(plan.status, "Failed")["reason"] == "InvalidInput"
+    assert "training.batchSize" in plan.status["message"]
+    # any other exit code is a crash worth a restart
+    launcher = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["restarts"] == 1
+
+
+def test_gang_restart_deletes_only_own_pods_by_uid() -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
+    mine = [dataclasses.replace(w, uid=f"uid-{w.rank}", owner_uid=ctx.uid) for w in workers(ctx)]
+    foreign = dataclasses.replace(mine[0], name="r1-launcher", role="launcher", rank=None, uid="x", owner_uid="other")
+    oom = dataclasses.replace(mine[1], phase="Failed", exit_code=137, term_reason="OOMKilled")
+    body = {**body, "metadata": {**body["metadata"], "uid": ctx.uid}}
+    _, plan = step(body, ctx, [mine[0], oom, foreign])
+    assert plan.delete_stale == {"r1-worker-0": "uid-0", "r1-worker-1": "uid-1"}
+
+
+# -- kstatus, text from pods, refused writes ----------------------------------------------------------------------
+def _with(phase: str, **conds: tuple[str, str]) -> dict[str, Any]:
+    conditions: list[c.Condition] = []
+    for type_, (status, reason) in conds.items():
+        conditions = c.set_condition(conditions, type_, status, reason, f"{reason} text", now=T0)
+    return {"phase": phase, "message": f"{phase} message", "conditions": conditions, "observedGeneration": 3}
+
+
+@pytest.mark.parametrize(
+    ("status", "ready", "reconciling", "stalled"),
+    [
+        (_with("Pending"), ("False", "Pending"), ("True", "Pending"), ("False", "Pending")),
+        (_with("Running"), ("False", "Running"), ("True", "Running"), ("False", "Running")),
+        (
+            _with("Running", Stalled=("True", "NoProgress")),
+            ("False", "Running"),
+            ("True", "Running"),
+            ("True", "NoProgress"),
+        ),
+        (_with("Succeeded"), ("True", "Succeeded"), ("False", "Succeeded"), ("False", "Succeeded")),
+        (
+            _with("Failed", Failed=("True", "DeadlineExceeded")),
+            ("False", "DeadlineExceeded"),
+            ("False", "Failed"),
+            ("True", "DeadlineExceeded"),
+        ),
+        # a NoProgress left over from Running does not outlive it
+        (
+            _with("Succeeded", Stalled=("True", "NoProgress")),
+            ("True", "Succeeded"),
+            ("False", "Succeeded"),
+            ("False", "Succeeded"),
+        ),
+    ],
+)
+def test_kstatus_conditions_follow_the_phase(
+    status: dict[str, Any], ready: tuple[str, str], reconciling: tuple[str, str], stalled: tuple[str, str]
+) -> None:
+    out = reconcile.finalize(status, T0)
+    for type_, want in (("Ready", ready), ("Reconciling", reconciling), ("Stalled", stalled)):
+        got = cond(out, type_)
+        assert (got["status"], got["reason"]) == want, (type_, got)
+        assert got["observedGeneration"] == 3
+    if status["phase"] == "Failed":
+        assert cond(out, "Ready")["message"] == "DeadlineExceeded text"
+
+
+def test_every_planned_status_is_finalized_with_kstatus() -> None:
+    body, ctx = admitted(h.run())
+    out = reconcile.finalize(reconcile.plan(body, ctx, workers(ctx), T0).status, T0)
+    assert {x["type"] for x in out["conditions"]} >= {"Ready", "Reconciling", "Stalled"}
+    assert len(out["conditions"]) <= 16  # the CRD's maxItems
+
+
+def test_control_characters_from_pods_are_stripped() -> None:
+    text = "boom\x1b[2J\x1b]0;pwned\x07 done\r\n\tnext\x00\x9b"
+    assert c.clean(text) == "boom[2J]0;pwned done\n\tnext"
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
+    launcher = terminated(builders.launcher_pod(ctx, 0), 1, json.dumps({"error": text, "exitCode": 1}))
+    out = reconcile.finalize(step(body, ctx, [*workers(ctx), launcher])[1].status, T0)
+    assert "\x1b" not in out["message"]
+    assert "\x1b" not in cond(out, "Failed")["message"]
+
+
+def test_a_refused_status_write_becomes_a_minimal_invalid_result() -> None:
+    old = {"phase": "Running", "observedGeneration": 2, "conditions": [{"type": "x"}] * 16, "restarts": 0}
+    out = reconcile.unstorable_status(old, "status.result.worldSize: \x1b[31m" + "x" * 5000, T0)
+    assert out["phase"] == "Failed"
+    assert cond(out, "Failed")["reason"] == "InvalidResult"
+    assert cond(out, "Stalled")["status"] == "True"
+    assert len(out["message"]) <= reconcile.UNSTORABLE_MESSAGE_LIMIT
+    assert "\x1b" not in out["message"]
+    assert len(out["conditions"]) == 5  # rebuilt from scratch, not from the refused list
+    assert "result" not in out
+    assert "progress" not in out
+
+
+def test_generation_patch_only_for_finished_runs_behind() -> None:
+    def body(phase: str, observed: int) -> dict[str, Any]:
+        return {"metadata": {"generation": 4}, "status": {"phase": phase, "observedGeneration": observed}}
+
+    assert reconcile.generation_patch(body("Succeeded", 3)) == {"observedGeneration": 4}
+    assert reconcile.generation_patch(body("Failed", 4)) is None
+    assert reconcile.generation_patch(body("Running", 3)) is None  # its daemon writes it
+
+
+def _running_body(**spec: Any) -> tuple[dict[str, Any], builders.RunContext, list[PodView]]:
+    body, ctx = admitted(h.run(**spec))
+    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    body, plan = step(body, ctx, pods)
+    assert plan.status["phase"] == "Running"
+    return body, ctx, pods
+
+
+@pytest.mark.parametrize(
+    ("idle", "deadline", "stalled", "requeue"),
+    [
+        (None, None, False, None),  # no step seen yet (an image without metrics): never Stalled
+        (30, None, False, 570.0),  # default 600 s: wake up when it would be
+        (599, None, False, 1.0),
+        (600, None, True, None),
+        (120, 60, True, None),  # runPolicy.progressDeadlineSeconds
+    ],
+)
+def test_no_progress_marks_a_running_run_stalled(
+    idle: int | None, deadline: int | None, stalled: bool, requeue: float | None
+) -> None:
+    policy = {"progressDeadlineSeconds": deadline} if deadline else {}
+    body, ctx, pods = _running_body(runPolicy=policy)
+    if idle is not None:
+        since = T0 - timedelta(seconds=idle)
+        body["status"]["progress"] = {"step": 42, "stepChangedAt": c.timestamp(since)}
+    _, plan = step(body, ctx, pods)
+    got = cond(reconcile.finalize(plan.status, T0), "Stalled")
+    assert (got["status"] == "True") is stalled
+    if stalled:
+        assert got["reason"] == "NoProgress"
+        assert "stayed at 42" in got["message"]
+        assert ("Warning", "NoProgress") in [e[:2] for e in plan.events]
+        # said once: the next pass with the same state plans no second Event
+        body2 = {**body, "status": reconcile.finalize(plan.status, T0)}
+        _, again = step(body2, ctx, pods)
+        assert ("Warning", "NoProgress") not in [e[:2] for e in again.events]
+    else:
+        assert plan.requeue_after == (pytest.approx(requeue) if requeue is not None else plan.requeue_after)
+
+
+def test_result_records_the_image_and_the_digests_that_ran() -> None:
+    body, ctx, pods = _running_body()
+    digest = "docker.io/mlbench/mlbench-runner@sha256:" + "b" * 64
+    ran = [dataclasses.replace(p, image_id=digest) for p in pods if p.role == "worker"]
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    _, plan = step(body, ctx, [*ran, done])
+    assert plan.status["result"]["image"] == "mlbench/mlbench-runner:test"
+    assert plan.status["result"]["imageIds"] == [digest]

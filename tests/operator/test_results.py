@@ -91,3 +91,18 @@ def test_status_records_size_and_truncation() -> None:
         "truncated": ["events.jsonl"],
     }
     assert r.missing_status("x" * 5000, NOW)["message"] == "x" * 4096
+
+
+def test_log_tail_for_an_event_drops_the_results_line_and_escapes() -> None:
+    from mlbench_operator.results import log_tail
+
+    lines = [f"line {i}" for i in range(100)]
+    line = bundle.results_line(bundle.Bundle({bundle.SUMMARY: b"{}" * 3000}))
+    text = "\n".join([*lines, "boom \x1b[31mred\x1b[0m", line])
+    out = log_tail(text, 200)
+    assert out.endswith("boom [31mred[0m")
+    assert "run_results" not in out
+    assert "\x1b" not in out
+    assert len(out) <= 200
+    assert out.startswith("line ")
+    assert log_tail("short", 200) == "short"

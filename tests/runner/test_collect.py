@@ -50,3 +50,38 @@ def test_rank0_event_lines() -> None:
     assert collect.rank0_event("plain text") is None
     assert collect.rank0_event('{"no": "event", "rank": 0}') is None
     assert collect.results_line({}) is None
+
+
+def test_ssh_options_check_the_run_host_key() -> None:
+    """With known_hosts (what the operator configures): strict checking against that file only, under
+    the run's alias; timeouts; only the run's key. ssh takes an option's first value: none repeats."""
+    opts = collect.ssh_options(2222, "/k/ssh-privatekey", "/k/known_hosts", "mlbench-workers.r.ns")
+    pairs = [opts[i + 1] for i, o in enumerate(opts) if o == "-o"]
+    assert opts[:2] == ["-p", "2222"]
+    assert opts[-2:] == ["-i", "/k/ssh-privatekey"]
+    assert {
+        "StrictHostKeyChecking=yes",
+        "UserKnownHostsFile=/k/known_hosts",
+        "GlobalKnownHostsFile=/dev/null",
+        "HostKeyAlias=mlbench-workers.r.ns",
+        "CheckHostIP=no",
+        "BatchMode=yes",
+        "ConnectTimeout=10",
+        "ServerAliveInterval=15",
+        "ServerAliveCountMax=4",
+        "IdentitiesOnly=yes",
+    } <= set(pairs)
+    assert len({p.split("=")[0] for p in pairs}) == len(pairs)
+    assert "StrictHostKeyChecking=no" not in pairs
+    assert "ConnectTimeout=5" in collect.ssh_options(2222, None, "/k/known_hosts", None, connect_timeout=5)
+
+
+def test_ssh_options_without_known_hosts_do_not_check() -> None:
+    """Local runs and hand-made hostfiles: nothing to check against, and nothing written to ~/.ssh."""
+    opts = collect.ssh_options(2222, None)
+    pairs = [opts[i + 1] for i, o in enumerate(opts) if o == "-o"]
+    assert "StrictHostKeyChecking=no" in pairs
+    assert "UserKnownHostsFile=/dev/null" in pairs
+    assert not any(p.startswith("HostKeyAlias=") for p in pairs)
+    assert "-i" not in opts
+    assert "HostKeyAlias=a" not in collect.ssh_options(2222, None, None, "a")  # an alias alone checks nothing

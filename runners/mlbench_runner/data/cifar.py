@@ -1,6 +1,8 @@
 """CIFAR-10 from the python pickles, an image folder, or a JPEG tarball of that folder.
 
-Folders and tarballs are decoded once with pillow and cached as ``.npy`` files keyed by
+The pickles are read with a restricted unpickler (:func:`load_cifar_batch`): the dataset volume is
+shared by a namespace's runs, so a planted batch must not become code execution in another
+tenant's ranks. Folders and tarballs are decoded once with pillow and cached as ``.npy`` files keyed by
 the source's size and mtime, under a file lock so concurrent ranks decode only once.
 Images in a folder are ordered round-robin over classes (the i-th file of every class
 in turn), so a ``trainSubset`` prefix is class-balanced.
@@ -15,6 +17,7 @@ import tarfile
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import structlog
@@ -35,6 +38,86 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return mean, std
 
 
+class UnsafePickleError(pickle.UnpicklingError):
+    """A CIFAR-10 batch named a global outside :data:`_ALLOWED` (it was neither imported nor called)."""
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """``numpy.core.multiarray._reconstruct`` as ``ndarray.__reduce__`` uses it: an empty array, filled by BUILD."""
+    if subtype is not np.ndarray or shape != (0,):
+        raise pickle.UnpicklingError(f"_reconstruct({subtype!r}, {shape!r}): only an empty numpy.ndarray")
+    return np.ndarray((0,), dtype=np.dtype(dtype))
+
+
+def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """``numpy._core.numeric._frombuffer``, which protocol-5 pickles of arrays call (a copy, made writable)."""
+    return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape, order=order).copy()
+
+
+def _latin1(text: Any, encoding: Any) -> bytes:
+    """``_codecs.encode(str, 'latin1')``: how Python 3 pickles ``bytes`` at protocols 2 and 3, and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode(..., {encoding!r}): only latin1 text")
+    return text.encode("latin-1")
+
+
+#: Every global a CIFAR-10 batch may name, with what it resolves to (never an import): the original
+#: batches are Python 2 pickles (protocol 2: numpy.core.multiarray._reconstruct, numpy.ndarray,
+#: numpy.dtype); copies re-pickled by Python 3 / numpy 2 name numpy._core, call _frombuffer (protocol 5)
+#: or _codecs.encode (bytes at protocols 2-3). Dicts, lists, ints and byte strings need no global.
+_ALLOWED: dict[tuple[str, str], object] = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("_codecs", "encode"): _latin1,
+}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Resolves only :data:`_ALLOWED`; any other global (``os.system``, ``builtins.eval``, ...) is refused."""
+
+    def __init__(self, fh: BinaryIO, path: Path) -> None:
+        super().__init__(fh, encoding="bytes")
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise UnsafePickleError(
+                f"dataset.path: {self.path} refers to the global {module}.{name}, which a CIFAR-10 batch never "
+                "needs; refused (the file was not loaded: replace it with the original batch)"
+            ) from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(f"dataset.path: {self.path} uses a persistent id, which a CIFAR-10 batch never needs")
+
+
+def load_cifar_batch(file: Path) -> dict[bytes, Any]:
+    """One pickled batch (``data_batch_<i>``, ``test_batch``) through the restricted unpickler, checked.
+
+    Raises :class:`UnsafePickleError` naming the file and the refused global, ``ValueError`` for a
+    pickle that loads but is not a batch (``{b"data": uint8 array, b"labels": ints}``).
+    """
+    with file.open("rb") as fh:
+        try:
+            batch = _CifarUnpickler(fh, file).load()
+        except UnsafePickleError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as err:
+            raise ValueError(f"dataset.path: {file} is not a readable CIFAR-10 batch: {err}") from err
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        keys = [repr(k) for k in list(batch)[:8]] if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(f"dataset.path: {file} is not a CIFAR-10 batch (expected b'data' and b'labels', got {keys})")
+    data = batch[b"data"]
+    if not isinstance(data, np.ndarray) or data.dtype.kind not in "ui":
+        raise ValueError(f"dataset.path: {file}: b'data' must be an integer numpy array, got {type(data).__name__}")
+    return batch
+
+
 def load_cifar_python(path: Path) -> TensorDataset:
     """The standard ``cifar-10-batches-py`` directory (data_batch_1..5, test_batch)."""
     if path.is_file() and path.name.endswith(".tar.gz"):
@@ -44,8 +127,7 @@ def load_cifar_python(path: Path) -> TensorDataset:
         file = path / name
         if not file.exists():
             raise FileNotFoundError(f"dataset.path: {path} has no {name} (not a cifar-10-batches-py folder)")
-        with file.open("rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
+        batch = load_cifar_batch(file)
         x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         return x, np.asarray(batch[b"labels"], dtype=np.int64)
 

@@ -1,0 +1,72 @@
+"""One NetworkPolicy per run: its pods talk to each other, and to nobody else but the scrapers.
+
+A rank's TCPStore (torch rendezvous), gloo's sockets and the workers' sshd all accept whoever
+connects, and whoever reaches a TCPStore can make the ranks run code. So every pod of a run
+accepts traffic only from pods of the same run (any port: ssh, rendezvous and gloo/NCCL use
+ports chosen at run time), and the metrics ports also from the namespaces that scrape them (the
+monitoring stack, and the operator's own namespace for ``status.progress``). Egress stays open:
+DNS and the peers are all a rank needs, and a deny-all egress would break clusters whose DNS is
+not where a policy expects it.
+
+Enforcement is the CNI's (Calico, Cilium, ...): on one without NetworkPolicy support the object is
+inert, which is why it is safe to always create it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlbench_operator import builders
+from mlbench_operator import naming as n
+from mlbench_operator.settings import SettingsError
+
+#: The label every namespace carries with its own name (Kubernetes 1.22+).
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+#: Namespaces allowed to scrape metrics by default: kube-prometheus-stack's usual home.
+DEFAULT_METRICS_NAMESPACES = ("monitoring",)
+#: Where the operator runs when the downward API does not say (manifests/operator/namespace.yaml).
+DEFAULT_OPERATOR_NAMESPACE = "mlbench-system"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def scraper_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``MLBENCH_METRICS_NAMESPACES`` (comma-separated; default ``monitoring``) plus the operator's own
+    namespace (``POD_NAMESPACE``); raises :class:`SettingsError` naming the variable."""
+    raw = env.get("MLBENCH_METRICS_NAMESPACES")
+    names = [x.strip() for x in raw.split(",") if x.strip()] if raw is not None else list(DEFAULT_METRICS_NAMESPACES)
+    for name in names:
+        if not _DNS_LABEL.match(name):
+            raise SettingsError(f"MLBENCH_METRICS_NAMESPACES: {name!r} is not a namespace name")
+    own = env.get("POD_NAMESPACE", "").strip() or DEFAULT_OPERATOR_NAMESPACE
+    return tuple(sorted({*names, own}))
+
+
+def metrics_ports(ctx: builders.RunContext) -> list[dict[str, Any]]:
+    """Every rank's metrics port: ``9400 .. 9400 + slotsPerWorker - 1`` (a range needs Kubernetes 1.25+)."""
+    slots = min(ctx.spec.slots_per_worker, ctx.config.world_size)
+    port: dict[str, Any] = {"protocol": "TCP", "port": n.METRICS_PORT}
+    if slots > 1:
+        port["endPort"] = n.METRICS_PORT + slots - 1
+    return [port]
+
+
+def network_policy(ctx: builders.RunContext, scrapers: Sequence[str]) -> dict[str, Any]:
+    """The run's NetworkPolicy (owned by the run, named like it)."""
+    own = {n.LABEL_RUN: ctx.name, n.LABEL_MANAGED_BY: n.MANAGER}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    if scrapers:
+        selector = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+        ingress.append({"from": [{"namespaceSelector": selector}], "ports": metrics_ports(ctx)})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": ctx.name,
+            "namespace": ctx.namespace,
+            "labels": builders.labels(ctx),
+            "ownerReferences": [builders.owner_reference(ctx)],
+        },
+        "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }

@@ -1,0 +1,432 @@
+"""Leader election, without a cluster: the decision table, the settings, and the loops on a fake Lease."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from mlbench_operator import leader as le
+from mlbench_operator.settings import SettingsError
+
+T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+S = le.LeaderSettings(identity="me", lease_duration=15, renew_deadline=10, retry_period=2)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def record(holder: str, renewed: datetime = T0, duration: int = 15, transitions: int = 3) -> le.LeaseRecord:
+    return le.LeaseRecord(
+        holder=holder,
+        lease_duration_seconds=duration,
+        acquire_time=le.micro_time(T0 - timedelta(hours=1)),
+        renew_time=le.micro_time(renewed),
+        transitions=transitions,
+        resource_version="42",
+    )
+
+
+def seen(rec: le.LeaseRecord, since: float) -> le.Observed:
+    return le.Observed(rec, at(since))
+
+
+# -- the decision table -------------------------------------------------------------------------------
+NOW = 100.0
+CASES: list[tuple[str, le.Observed | None, le.Action, str]] = [
+    ("free: no Lease yet", None, le.Action.ACQUIRE, "no-lease"),
+    ("held by me", seen(record("me"), NOW - 1), le.Action.RENEW, "held-by-me"),
+    ("held by me, unrenewed past its duration", seen(record("me"), NOW - 60), le.Action.RENEW, "held-by-me"),
+    ("held by other, fresh", seen(record("other"), NOW - 5), le.Action.STANDBY, "held-by-other"),
+    ("held by other, just short of expiry", seen(record("other"), NOW - 14.999), le.Action.STANDBY, "held-by-other"),
+    ("held by other, expired (exactly)", seen(record("other"), NOW - 15), le.Action.ACQUIRE, "expired"),
+    ("held by other, expired", seen(record("other"), NOW - 16), le.Action.ACQUIRE, "expired"),
+    (
+        "held by other with a longer lease",
+        seen(record("other", duration=60), NOW - 30),
+        le.Action.STANDBY,
+        "held-by-other",
+    ),
+    ("released (no holder)", seen(record(""), NOW), le.Action.ACQUIRE, "released"),
+    ("released, as client-go writes it (1 s)", seen(record("", duration=1), NOW), le.Action.ACQUIRE, "released"),
+    # clock skew: the holder's renewTime is never compared with our clock, only our own observations are
+    (
+        "skew: holder's clock 1 h ahead, unchanged for 16 s",
+        seen(record("other", renewed=at(NOW + 3600)), NOW - 16),
+        le.Action.ACQUIRE,
+        "expired",
+    ),
+    (
+        "skew: holder's clock 1 h behind, just renewed",
+        seen(record("other", renewed=at(NOW - 3600)), NOW - 1),
+        le.Action.STANDBY,
+        "held-by-other",
+    ),
+]
+
+
+@pytest.mark.parametrize(("observed", "action", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_decide(observed: le.Observed | None, action: le.Action, reason: str) -> None:
+    now = at(NOW)
+    d = le.decide(observed, "me", now, S)
+    assert (d.action, d.reason) == (action, reason)
+    stamp = le.micro_time(now)
+    if action is le.Action.STANDBY:
+        assert d.spec is None
+        assert d.holder == "other"
+        return
+    assert d.spec is not None
+    assert d.spec["holderIdentity"] == "me"
+    assert d.spec["leaseDurationSeconds"] == 15  # ours, whatever the previous holder wrote
+    assert d.spec["renewTime"] == stamp
+    if observed is None:
+        assert d.create
+        assert d.spec == {**d.spec, "acquireTime": stamp, "leaseTransitions": 0}
+        return
+    assert not d.create
+    assert d.resource_version == "42"  # optimistic concurrency: the write is at the version read
+    if action is le.Action.RENEW:  # acquireTime and transitions kept
+        assert d.spec["acquireTime"] == observed.record.acquire_time
+        assert d.spec["leaseTransitions"] == 3
+    else:  # a new term
+        assert d.spec["acquireTime"] == stamp
+        assert d.spec["leaseTransitions"] == 4
+        assert d.holder == observed.record.holder
+
+
+def test_micro_time() -> None:
+    assert le.micro_time(datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC)) == "2025-01-02T03:04:05.000006Z"
+    plus_two = datetime(2025, 1, 2, 5, 4, 5, tzinfo=UTC).astimezone(timezone(timedelta(hours=2)))
+    assert le.micro_time(plus_two) == "2025-01-02T05:04:05.000000Z"
+
+
+def test_observe_moves_only_on_a_change() -> None:
+    first = le.observe(None, record("other"), at(0))
+    assert first.since == at(0)
+    same = le.observe(first, replace(record("other"), resource_version="43"), at(10))
+    assert same.since == at(0)  # unchanged record: still counting from the first sight
+    assert same.record.resource_version == "43"
+    renewed = le.observe(same, record("other", renewed=at(12)), at(12))
+    assert renewed.since == at(12)
+    assert le.expiry(renewed, S) == at(27)
+    assert le.expiry(le.Observed(replace(record("x"), lease_duration_seconds=0), at(0)), S) == at(15)
+
+
+def test_record_from_lease() -> None:
+    lease = {
+        "metadata": {"name": "l", "resourceVersion": "7"},
+        "spec": {"holderIdentity": "a", "leaseDurationSeconds": 4, "renewTime": "t", "leaseTransitions": 2},
+    }
+    assert le.LeaseRecord.from_lease(lease) == le.LeaseRecord("a", 4, None, "t", 2, "7")
+    assert le.LeaseRecord.from_lease({"metadata": {}}) == le.LeaseRecord()  # a Lease with no spec: free
+
+
+def test_release_spec() -> None:
+    mine = seen(record("me"), 0)
+    assert le.release_spec(mine, "me", at(5)) == {
+        "holderIdentity": "",
+        "leaseDurationSeconds": 1,
+        "acquireTime": le.micro_time(at(5)),
+        "renewTime": le.micro_time(at(5)),
+        "leaseTransitions": 3,
+    }
+    assert le.release_spec(seen(record("other"), 0), "me", at(5)) is None
+    assert le.release_spec(None, "me", at(5)) is None
+
+
+# -- settings -----------------------------------------------------------------------------------------
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(le.socket, "gethostname", lambda: "host")
+    s = le.LeaderSettings.from_env({})
+    assert s == le.LeaderSettings(
+        enabled=True,
+        name="mlbench-operator",
+        namespace="mlbench-system",
+        identity=f"host_{le.os.getpid()}",
+        lease_duration=15,
+        renew_deadline=10.0,
+        retry_period=2.0,
+    )
+
+
+def test_settings_from_env() -> None:
+    env = {
+        "MLBENCH_LEADER_ELECT": "false",
+        "MLBENCH_LEADER_ELECTION_ID": "op-abc",
+        "POD_NAMESPACE": "ops",
+        "POD_NAME": "mlbench-operator-7d9-x2",
+        "MLBENCH_LEADER_ELECTION_LEASE_DURATION_SECONDS": "4",
+        "MLBENCH_LEADER_ELECTION_RENEW_DEADLINE_SECONDS": "3",
+        "MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS": "0.5",
+    }
+    s = le.LeaderSettings.from_env(env)
+    assert s == le.LeaderSettings(False, "op-abc", "ops", "mlbench-operator-7d9-x2", 4, 3.0, 0.5)
+    # the explicit namespace wins over the pod's; the --[no-]leader-elect flag wins over the environment
+    s = le.LeaderSettings.from_env({**env, "MLBENCH_LEADER_ELECTION_NAMESPACE": "elsewhere"}, enabled=True)
+    assert (s.enabled, s.namespace) == (True, "elsewhere")
+    assert not le.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": " OFF "}).enabled
+    assert le.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": "yes"}).enabled
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MLBENCH_LEADER_ELECT": "maybe"}, "MLBENCH_LEADER_ELECT="),
+        ({"MLBENCH_LEADER_ELECTION_ID": "Not_A_Name"}, "MLBENCH_LEADER_ELECTION_ID="),
+        ({"MLBENCH_LEADER_ELECTION_NAMESPACE": "a.b"}, "MLBENCH_LEADER_ELECTION_NAMESPACE="),
+        ({"POD_NAMESPACE": "-x"}, "POD_NAMESPACE="),
+        ({"MLBENCH_LEADER_ELECTION_LEASE_DURATION_SECONDS": "1.5"}, "LEASE_DURATION_SECONDS='1.5' is not a whole"),
+        ({"MLBENCH_LEADER_ELECTION_LEASE_DURATION_SECONDS": "0"}, "LEASE_DURATION_SECONDS='0' must be greater than 0"),
+        ({"MLBENCH_LEADER_ELECTION_RENEW_DEADLINE_SECONDS": "soon"}, "RENEW_DEADLINE_SECONDS='soon' is not a number"),
+        ({"MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS": "-1"}, "RETRY_PERIOD_SECONDS='-1' must be greater"),
+        ({"MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS": "nan"}, "RETRY_PERIOD_SECONDS='nan' must be greater"),
+        (
+            {"MLBENCH_LEADER_ELECTION_LEASE_DURATION_SECONDS": "10"},
+            "LEASE_DURATION_SECONDS=10 must be greater than MLBENCH_LEADER_ELECTION_RENEW_DEADLINE_SECONDS=10",
+        ),
+        (
+            {"MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS": "9"},
+            "RENEW_DEADLINE_SECONDS=10 must be greater than 1.2 x MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS=9",
+        ),
+    ],
+)
+def test_settings_errors_name_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=None) as err:
+        le.LeaderSettings.from_env(env)
+    assert named in str(err.value)
+
+
+def test_bad_setting_stops_the_operator_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlbench_operator import main
+
+    monkeypatch.setenv("MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS", "zero")
+    monkeypatch.setenv("MLBENCH_METRICS_PORT", "0")  # main() sets these two: monkeypatch restores them
+    monkeypatch.setenv("MLBENCH_RUN_SELECTOR", "")
+    assert main.main(["--metrics-port=0", "--liveness="]) == 2
+    assert "MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS='zero'" in capsys.readouterr().err
+
+
+def test_leader_elect_flag() -> None:
+    from mlbench_operator import main
+
+    assert main.parse_args([]).leader_elect is None  # from the environment (default on)
+    assert main.parse_args(["--no-leader-elect"]).leader_elect is False
+    assert main.parse_args(["--leader-elect"]).leader_elect is True
+
+
+# -- the loops on a fake Lease ------------------------------------------------------------------------
+class FakeLeases:
+    """One Lease with the API server's optimistic concurrency (create: 409 when it exists; update: 409
+    when the resourceVersion is stale)."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.lock = threading.Lock()
+        self.down = False
+        self.barrier: threading.Barrier | None = None
+        self.writes = 0
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("the API server is down")
+
+    def get(self) -> dict[str, Any] | None:
+        self._check()
+        with self.lock:
+            snapshot = copy.deepcopy(self.lease)
+        if self.barrier is not None:
+            self.barrier.wait(5)  # both replicas read before either writes
+        return snapshot
+
+    def _store(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        self.writes += 1
+        self.lease = {"metadata": {"name": "l", "resourceVersion": str(self.version)}, "spec": dict(spec)}
+        return copy.deepcopy(self.lease)
+
+    def create(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        self._check()
+        with self.lock:
+            return None if self.lease is not None else self._store(spec)
+
+    def update(self, spec: dict[str, Any], resource_version: str) -> dict[str, Any] | None:
+        self._check()
+        with self.lock:
+            if self.lease is None or self.lease["metadata"]["resourceVersion"] != resource_version:
+                return None
+            return self._store(spec)
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def holder(self) -> str | None:
+        return None if self.lease is None else self.lease["spec"]["holderIdentity"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> datetime:
+        return at(self.t)
+
+
+def elector(leases: FakeLeases, identity: str, clock: Clock, **durations: float) -> le.Elector:
+    settings = replace(S, identity=identity, **durations)  # type: ignore[arg-type]
+    return le.Elector(leases, settings, clock=clock, jitter=lambda: 0.0)
+
+
+def gauge() -> float | None:
+    return REGISTRY.get_sample_value("mlbench_operator_leader")
+
+
+def test_one_of_two_acquires_then_the_standby_waits_for_expiry() -> None:
+    leases, clock = FakeLeases(), Clock()
+    a, b = elector(leases, "a", clock), elector(leases, "b", clock)
+
+    async def scenario() -> None:
+        assert (await a.try_acquire_or_renew()).action is le.Action.ACQUIRE
+        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        clock.t = 10
+        assert (await a.try_acquire_or_renew()).action is le.Action.RENEW  # a renews: b counts afresh
+        clock.t = 20
+        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        clock.t = 24.9  # a stopped renewing at 10; b saw that record at 20 and waits a full lease from then
+        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        clock.t = 35
+        d = await b.try_acquire_or_renew()
+        assert (d.action, d.reason, d.holder) == (le.Action.ACQUIRE, "expired", "a")
+        assert leases.holder == "b"
+        assert leases.lease is not None
+        assert leases.lease["spec"]["leaseTransitions"] == 1
+        # a comes back: the Lease is b's now
+        assert (await a.try_acquire_or_renew()).action is le.Action.STANDBY
+
+    asyncio.run(scenario())
+
+
+def test_simultaneous_writes_one_wins_the_other_gets_a_conflict() -> None:
+    for start in ("create", "update"):
+        leases, clock = FakeLeases(), Clock()
+        if start == "update":  # a released Lease both may take
+            leases._store({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 5})
+        a, b = elector(leases, "a", clock), elector(leases, "b", clock)
+        leases.barrier = threading.Barrier(2)
+
+        async def both(a: le.Elector = a, b: le.Elector = b) -> list[le.Decision]:
+            return list(await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew()))
+
+        decisions = asyncio.run(both())
+        assert sorted(d.action for d in decisions) == [le.Action.ACQUIRE, le.Action.STANDBY], start
+        assert [d.reason for d in decisions if d.action is le.Action.STANDBY] == ["conflict"]
+        winner = next(e for e, d in zip((a, b), decisions, strict=True) if d.action is le.Action.ACQUIRE)
+        assert leases.holder == winner.identity
+        assert leases.writes == (1 if start == "create" else 2)
+
+
+def test_acquire_renew_release_and_the_gauge() -> None:
+    leases = FakeLeases()
+    fast = {"lease_duration": 2, "renew_deadline": 0.5, "retry_period": 0.05}
+    a = le.Elector(leases, replace(S, identity="a", **fast))  # type: ignore[arg-type]
+    b = le.Elector(leases, replace(S, identity="b", **fast))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        assert await a.acquire(stop)
+        assert gauge() == 1
+        b_task = asyncio.create_task(b.acquire(asyncio.Event()))
+        renew = asyncio.create_task(a.renew(stop, lambda: None))
+        await asyncio.sleep(0.3)
+        assert not b_task.done()  # a renews: b stands by
+        assert leases.lease is not None
+        assert leases.writes >= 2  # acquired, renewed
+        stop.set()
+        await renew
+        assert not a.lost
+        assert await a.release()
+        assert leases.holder == ""
+        assert await asyncio.wait_for(b_task, 1)  # released: b takes over at once, not after 2 s
+        assert leases.holder == "b"
+        assert not await a.release()  # not leading: nothing to release
+
+    asyncio.run(scenario())
+
+
+def test_renewals_failing_past_the_deadline_lose_the_lease() -> None:
+    leases = FakeLeases()
+    a = le.Elector(leases, replace(S, identity="a", lease_duration=2, renew_deadline=0.3, retry_period=0.05))
+    lost: list[bool] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        assert await a.acquire(stop)
+        leases.down = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(a.renew(stop, lambda: lost.append(True)), 2)
+        assert 0.25 <= loop.time() - started < 2.0
+        assert stop.is_set()  # kopf is told to stop
+
+    asyncio.run(scenario())
+    assert a.lost
+    assert lost == [True]
+    assert gauge() == 0
+
+
+def test_a_lease_taken_by_another_is_lost_at_once() -> None:
+    leases = FakeLeases()
+    a = le.Elector(leases, replace(S, identity="a", lease_duration=20, renew_deadline=10, retry_period=0.05))
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        assert await a.acquire(stop)
+        assert leases.lease is not None
+        leases._store({**leases.lease["spec"], "holderIdentity": "intruder"})
+        await asyncio.wait_for(a.renew(stop, lambda: None), 1)  # well before the 10 s renew deadline
+
+    asyncio.run(scenario())
+    assert a.lost
+    assert leases.holder == "intruder"
+
+
+@pytest.mark.parametrize("outcome", ["stopped", "lost", "standby"])
+def test_run_elected(outcome: str) -> None:
+    leases = FakeLeases()
+    if outcome == "standby":
+        leases._store({"holderIdentity": "other", "leaseDurationSeconds": 30, "leaseTransitions": 0})
+    settings = replace(S, identity="me", lease_duration=3, renew_deadline=0.3, retry_period=0.05)
+    ran: list[str] = []
+
+    async def operator(stop: asyncio.Event) -> None:
+        ran.append("kopf")
+        if outcome == "lost":
+            leases.down = True
+            await asyncio.wait_for(stop.wait(), 2)  # the renew loop stops kopf
+            leases.down = False
+        else:
+            await asyncio.sleep(0.2)  # kopf returns, as after a SIGTERM
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+        if outcome == "standby":  # SIGTERM while standing by
+            asyncio.get_running_loop().call_later(0.3, stop.set)
+        return await le.run_elected(operator, settings, client=leases, stop=stop)
+
+    code = asyncio.run(scenario())
+    if outcome == "stopped":
+        assert (code, ran, leases.holder) == (0, ["kopf"], "")  # released
+    elif outcome == "lost":
+        assert (code, ran, leases.holder) == (1, ["kopf"], "me")  # not released: it was not ours to trust
+    else:
+        assert (code, ran, leases.holder) == (0, [], "other")

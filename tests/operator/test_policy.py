@@ -1,0 +1,137 @@
+"""The admin's admission policy: what a run may ask of the cluster (no cluster needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from mlbench_operator import policy as p
+from mlbench_operator import reconcile
+from mlbench_operator.settings import SettingsError
+from tests.operator import helpers as h
+
+DEFAULT = p.AdmissionPolicy()
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("ref", "normal"),
+    [
+        ("mlbench/mlbench-runner:0.1.0", "docker.io/mlbench/mlbench-runner:0.1.0"),
+        ("docker.io/mlbench/mlbench-runner:0.1.0", "docker.io/mlbench/mlbench-runner:0.1.0"),
+        ("index.docker.io/mlbench/x:1", "docker.io/mlbench/x:1"),
+        ("busybox:1.36", "docker.io/library/busybox:1.36"),
+        ("registry.example.com:5000/team/runner@sha256:ab", "registry.example.com:5000/team/runner@sha256:ab"),
+        ("localhost/runner:dev", "localhost/runner:dev"),
+    ],
+)
+def test_image_references_are_compared_registry_qualified(ref: str, normal: str) -> None:
+    assert p.normalize_image(ref) == normal
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed"),
+    [
+        ("mlbench/mlbench-runner:0.1.0", True),
+        ("docker.io/mlbench/mlbench-runner@sha256:" + "a" * 64, True),
+        ("mlbench/mlbench-runner-evil:1", False),  # a prefix is not the repository
+        ("evil.example.com/mlbench/mlbench-runner:0.1.0", False),
+        ("busybox", False),
+    ],
+)
+def test_default_images_are_the_projects_runner_only(image: str, allowed: bool) -> None:
+    assert (p.check_image(image, "spec.image", DEFAULT) == []) is allowed
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "policy", "needle"),
+    [
+        ({"priorityClassName": "system-node-critical"}, DEFAULT, "priorityClassName: 'system-node-critical'"),
+        ({"priorityClassName": "batch-low"}, DEFAULT, None),
+        ({"priorityClassName": "batch-high"}, p.AdmissionPolicy(priority_classes=("batch-low",)), "batch-high"),
+        ({"priorityClassName": "system-cluster-critical"}, p.AdmissionPolicy(priority_classes=("system-*",)), None),
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, DEFAULT, "nodeSelector"),
+        ({"nodeSelector": {"gpu": "h100"}}, DEFAULT, None),
+        ({"tolerations": [{"operator": "Exists"}]}, DEFAULT, "tolerations[0]: tolerates every taint"),
+        ({"tolerations": [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]}, DEFAULT, "master"),
+        ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}, DEFAULT, None),
+        ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(allow_control_plane=True), None),
+    ],
+)
+def test_scheduling_policy(scheduling: dict[str, Any], policy: p.AdmissionPolicy, needle: str | None) -> None:
+    found = p.violations("mlbench/mlbench-runner:1", "spec.image", scheduling, None, policy)
+    if needle is None:
+        assert found == []
+    else:
+        assert len(found) == 1, found
+        assert needle in found[0], found
+
+
+@pytest.mark.parametrize(
+    ("volume", "allowed"),
+    [
+        ({"persistentVolumeClaim": {"claimName": "data"}}, True),
+        ({"nfs": {"server": "nfs", "path": "/x"}}, True),
+        ({"hostPath": {"path": "/"}}, False),
+        ({"name": "data", "hostPath": {"path": "/"}}, False),
+        ({"iscsi": {}}, False),
+    ],
+)
+def test_dataset_volume_types(volume: dict[str, Any], allowed: bool) -> None:
+    assert (p.check_volume(volume, DEFAULT) == []) is allowed
+
+
+def test_settings_from_env() -> None:
+    pol = p.AdmissionPolicy.from_env(
+        {
+            "MLBENCH_ALLOWED_IMAGES": "registry.local/runner:*, mlbench/mlbench-runner:*",
+            "MLBENCH_ALLOWED_PRIORITY_CLASSES": "bench-*",
+            "MLBENCH_ALLOWED_VOLUME_TYPES": "persistentVolumeClaim,hostPath",
+            "MLBENCH_ALLOW_CONTROL_PLANE": "true",
+        }
+    )
+    assert pol.images == ("registry.local/runner:*", "docker.io/mlbench/mlbench-runner:*")
+    assert pol.priority_classes == ("bench-*",)
+    assert pol.volume_types == ("persistentVolumeClaim", "hostPath")
+    assert pol.allow_control_plane
+    assert p.AdmissionPolicy.from_env({}) == DEFAULT
+    assert (
+        p.check_image("anything/at:all", "spec.image", p.AdmissionPolicy.from_env({"MLBENCH_ALLOWED_IMAGES": "*"}))
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"MLBENCH_ALLOW_CONTROL_PLANE": "yes"}, "MLBENCH_ALLOW_CONTROL_PLANE"),
+        ({"MLBENCH_ALLOWED_IMAGES": "a,,b"}, "MLBENCH_ALLOWED_IMAGES"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        p.AdmissionPolicy.from_env(env)
+
+
+def test_admission_refuses_with_every_field_named_and_creates_nothing() -> None:
+    run = h.run(
+        image="evil.example.com/miner:1",
+        scheduling={"priorityClassName": "system-node-critical", "tolerations": [{"operator": "Exists"}]},
+    )
+    result = reconcile.admit(run, h.task())
+    assert isinstance(result, reconcile.Rejection)
+    assert result.reason == "PolicyViolation"
+    for needle in ("spec.image", "priorityClassName", "tolerations[0]"):
+        assert needle in result.message
+    status = reconcile.rejected_status(run, result, T0)
+    assert status["phase"] == "Failed"
+
+
+def test_task_image_is_checked_and_named() -> None:
+    task = h.task()
+    task["spec"]["runner"]["image"] = "docker.io/library/python:3.11"
+    result = reconcile.admit(h.run(), task)
+    assert isinstance(result, reconcile.Rejection)
+    assert f"BenchmarkTask '{h.TASK_NAME}' runner.image" in result.message
