@@ -107,7 +107,7 @@ def check_placement(scheduling: Mapping[str, Any] | None, policy: AdmissionPolic
     if policy.allow_control_plane or not scheduling:
         return []
     out = []
-    for key in (scheduling.get("nodeSelector") or {}):
+    for key in scheduling.get("nodeSelector") or {}:
         if key in CONTROL_PLANE_KEYS:
             out.append(f"spec.scheduling.nodeSelector: {key!r} selects control-plane nodes")
     for i, tol in enumerate(scheduling.get("tolerations") or []):
