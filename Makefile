@@ -44,9 +44,10 @@ $(PYTHON):
 	@$(MAKE) --no-print-directory install
 
 .PHONY: lock
-lock: ## re-pin constraints.txt from the current environment
+lock: ## re-pin constraints.txt from the current environment (the optional packages of constraints-plots.txt excluded)
 	{ echo "# Exact versions of every Python package (regenerate with \`make lock\`)."; \
-	  $(PYTHON) -m pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)=='; } > constraints.txt
+	  $(PYTHON) -m pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)==' \
+	    | grep -viE "^($$(grep -oE '^[A-Za-z0-9_.-]+' constraints-plots.txt | paste -sd'|'))=="; } > constraints.txt
 
 .PHONY: crds
 crds: $(PYTHON) ## regenerate crds/bases from the pydantic models

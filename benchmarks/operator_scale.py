@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,13 +48,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from mlbench_operator import builders, reconcile  # noqa: E402
 from mlbench_operator.kube import Kube, load_configuration  # noqa: E402
+from tests.cluster.cluster import free_port  # noqa: E402
 from tests.operator import helpers as h  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def operator_requests(port: int) -> dict[str, float]:

@@ -51,4 +51,20 @@ if [ "$(cat .venv/.shared 2>/dev/null)" != "$venv" ]; then
   echo "$venv" > .venv/.shared
 fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . >&2
+
+# Optional packages of this checkout's .venv only, outside the shared environment and its key: the
+# "plots" extra (matplotlib; without it `mlbench results` draws its own SVG) and the test-only
+# mlperf-logging, pinned in constraints-plots.txt; numpy, pillow etc. come from the shared
+# environment (-c constraints.txt keeps pip from installing other versions of them here). Done once
+# per pin set (.venv/.optional); MLBENCH_OPTIONAL=0 skips it; a failure (no registry) only warns.
+mapfile -t plots < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["plots"]))')
+optional_key=$( (printf '%s\n' "${plots[@]}"; cat constraints-plots.txt) | sha256sum | cut -c1-12)
+if [ "${MLBENCH_OPTIONAL:-1}" != 0 ] && [ "$(cat .venv/.optional 2>/dev/null)" != "$optional_key" ]; then
+  if .venv/bin/python -m pip install -q --no-warn-conflicts -c constraints.txt -c constraints-plots.txt "${plots[@]}" >&2 \
+    && .venv/bin/python -m pip install -q --no-deps -c constraints-plots.txt mlperf-logging >&2; then
+    echo "$optional_key" > .venv/.optional
+  else
+    echo "warning: the optional packages of constraints-plots.txt are not installed; plots use the built-in SVG" >&2
+  fi
+fi
 echo "$venv"

@@ -9,6 +9,7 @@ from mlbench_api.common import API_VERSION, GROUP, VERSION
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, BenchmarkRunStatus
+from mlbench_api.sweep import BenchmarkSweep, BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 
 __all__ = [
@@ -18,6 +19,9 @@ __all__ = [
     "BenchmarkRun",
     "BenchmarkRunSpec",
     "BenchmarkRunStatus",
+    "BenchmarkSweep",
+    "BenchmarkSweepSpec",
+    "BenchmarkSweepStatus",
     "BenchmarkTask",
     "BenchmarkTaskSpec",
     "RunConfig",

@@ -8,15 +8,36 @@ operator image never needs torch.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
-from mlbench_api.catalog import get_task, load_catalog, load_documents, parse_run, parse_task
-from mlbench_api.config import effective_config
+from mlbench_api.catalog import (
+    Document,
+    catalog_dir,
+    get_task,
+    load_catalog,
+    load_documents,
+    null_fields,
+    parse_run,
+    parse_task,
+    read_documents,
+    strict_validate,
+)
+from mlbench_api.common import GROUP
+from mlbench_api.config import OverrideNotAllowed, effective_config
 from mlbench_api.crdgen import stale, write_all
-from mlbench_api.errors import InvalidObject
+from mlbench_api.errors import InvalidObject, format_errors
+from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
+from mlbench_api.sweep import BenchmarkSweep
+from mlbench_api.task import BenchmarkTask
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
@@ -51,32 +72,216 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace) -> int:
+#: The operator's reasons (mlbench_operator.conditions.Reason) for what only its admission refuses.
+TASK_NOT_FOUND = "TaskNotFound"
+INVALID_TASK = "InvalidTask"
+OVERRIDE_NOT_ALLOWED = "OverrideNotAllowed"
+INVALID_CONFIG = "InvalidConfig"
+
+_FIELD = re.compile(r"^([A-Za-z][\w./-]*): ")
+#: pydantic's message for a field the model does not know (extra="forbid")
+_UNKNOWN = "Extra inputs are not permitted"
+#: The kinds ``mlbench validate`` checks, and how.
+_PARSERS: dict[str, Callable[[dict[str, Any], str], BenchmarkRun | BenchmarkTask | BenchmarkSweep]] = {
+    "BenchmarkRun": parse_run,
+    "BenchmarkTask": parse_task,
+    "BenchmarkSweep": lambda doc, source: strict_validate(BenchmarkSweep, doc, source),
+}
+
+
+@dataclass
+class _Checked:
+    """One non-empty document and the verdict on it."""
+
+    doc: Document
+    #: the parsed object; None when it failed, or when it is not an MLBench object (``skipped``)
+    obj: BenchmarkRun | BenchmarkTask | BenchmarkSweep | None = None
+    problems: list[str] = field(default_factory=list)
+    #: why the document was not checked (another API group's object, e.g. a ConfigMap next to the runs)
+    skipped: str = ""
+    #: said after "valid" (which task a run resolved to)
+    detail: str = ""
+    #: ``field: message`` lines about what the API server accepts but is likely a mistake
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _File:
+    """One file given to ``mlbench validate``: its documents and what stopped its reading."""
+
+    name: str
+    checked: list[_Checked] = field(default_factory=list)
+    #: a syntax error (with everything before it still checked) or an unreadable or empty file
+    error: list[str] = field(default_factory=list)
+    multi: bool = False
+
+
+def _check_document(doc: Document) -> _Checked:
+    """What the API server says about one document."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return _Checked(doc, problems=[doc.not_a_mapping()])
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    missing = [f"{key}: Field required" for key, value in (("apiVersion", api_version), ("kind", kind)) if not value]
+    if missing:
+        return _Checked(doc, problems=missing)
+    if isinstance(api_version, str) and api_version.split("/")[0] != GROUP:
+        return _Checked(doc, skipped=f"{api_version} {kind} is not an MLBench object: not checked")
+    parse = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if parse is None:
+        return _Checked(doc, problems=[f"kind: expected {' or '.join(_PARSERS)}, got {kind!r}"])
+    warnings = [
+        f"{path}: null: kubectl apply drops it, but server-side apply (--server-side, Flux) refuses it unless "
+        "the field has a default"
+        for path in null_fields(data.get("spec"), "spec")
+    ]
+    problems: list[str] = []
+    if kind == "BenchmarkRun" and "status" in data:
+        # The API server drops a status sent to the main resource (only the operator writes it, through the
+        # status subresource), but its strict decoding still refuses unknown fields in it.
+        data = {key: value for key, value in data.items() if key != "status"}
+        problems = [p for p in _problems(BenchmarkRunStatus, doc.data["status"], "status") if _UNKNOWN in p]
+    try:
+        obj = parse(data, doc.source)
+    except InvalidObject as exc:
+        return _Checked(doc, problems=exc.problems + problems, warnings=warnings)
+    return _Checked(doc, obj=None if problems else obj, problems=problems, warnings=warnings)
+
+
+def _problems(model: type[BaseModel], value: object, prefix: str) -> list[str]:
+    try:
+        strict_validate(model, value)
+    except InvalidObject as exc:
+        return [f"{prefix}.{problem}" if _FIELD.match(problem) else f"{prefix}: {problem}" for problem in exc.problems]
+    return []
+
+
+def _read(name: str) -> _File:
+    documents, error = read_documents(Path(name))
+    out = _File(name, multi=len(documents) > 1 or (error is not None and bool(documents)))
+    out.checked = [_check_document(doc) for doc in documents if not doc.empty]
+    if error is not None:
+        out.error = [f"{error.source}: {problem}" for problem in error.problems]
+    elif not out.checked:
+        out.error = [f"{name}: no objects in the file (kubectl apply refuses it too)"]
+    return out
+
+
+def admission_problems(run: BenchmarkRun, tasks: Mapping[str, BenchmarkTask | None], where: str) -> list[str]:
+    """What the operator's admission would refuse in a schema-valid run (the API server accepts it).
+
+    Mirrors ``mlbench_operator.reconcile.admit``: the task must exist (``tasks``: those of the
+    files given, then the catalog's; None for one that failed validation) and be valid, and the
+    effective configuration (closed-division overrides, the overridden task's own rules) must
+    form. Not checked: the cluster admin's admission policy (allowed images, volumes,
+    scheduling), which only the operator's settings know.
+    """
+    name = run.spec.task_ref.name
+    if name not in tasks:
+        known = ", ".join(sorted(tasks)) or "none"
+        return [
+            f"spec.taskRef.name: no BenchmarkTask {name!r} in {where} (known: {known}); "
+            f"the operator would fail the run {TASK_NOT_FOUND}"
+        ]
+    task = tasks[name]
+    if task is None:
+        return [f"spec.taskRef.name: BenchmarkTask {name!r} is invalid (see above); the run would fail {INVALID_TASK}"]
+    try:
+        effective_config(run, name, task.spec)
+    except OverrideNotAllowed as exc:
+        return [f"{exc}; the operator would fail the run {OVERRIDE_NOT_ALLOWED}"]
+    except ValueError as exc:
+        text = "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc)
+        return [f"{text}; the operator would fail the run {INVALID_CONFIG}"]
+    return []
+
+
+def _tasks_in(files: list[_File]) -> dict[str, BenchmarkTask | None]:
+    """The tasks the files define, by name; None for one that failed validation."""
+    tasks: dict[str, BenchmarkTask | None] = {}
+    for checked in (c for f in files for c in f.checked):
+        if isinstance(checked.obj, BenchmarkTask):
+            tasks[checked.obj.metadata.name] = checked.obj
+        elif checked.doc.kind == "BenchmarkTask" and not checked.skipped and isinstance(checked.doc.name, str):
+            tasks[checked.doc.name] = None
+    return tasks
+
+
+def _admit(files: list[_File]) -> None:
+    """Add the admission problems of every schema-valid run: its task is one of the files' (as applying
+    them would create it) or the catalog's."""
+    runs = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun)]
+    if not runs:
+        return
+    local = _tasks_in(files)
+    try:
+        directory = catalog_dir()
+        catalog, where = load_catalog(directory), f"the files given or the catalog ({directory})"
+    except FileNotFoundError:
+        catalog, where = {}, "the files given (no catalog found; set $MLBENCH_CATALOG)"
+    tasks: dict[str, BenchmarkTask | None] = {**catalog, **local}
+    for checked in runs:
+        assert isinstance(checked.obj, BenchmarkRun)
+        checked.problems = admission_problems(checked.obj, tasks, where)
+        if not checked.problems:
+            origin = "the files given" if checked.obj.spec.task_ref.name in local else "the catalog"
+            checked.detail = f" (task {checked.obj.spec.task_ref.name} from {origin})"
+
+
+def _which(doc: Document, multi: bool) -> str:
+    """``document 2 (BenchmarkRun r)`` in a file of several documents, else ``BenchmarkRun r``."""
+    label = doc.label() if doc.kind else ""
+    if not multi:
+        return label
+    return f"document {doc.index} ({label})" if label else f"document {doc.index}"
+
+
+def _print(file: _File) -> int:
+    """Print the verdicts on one file's documents, in file order; the number that failed."""
     failed = 0
-    for name in args.files:
-        for doc in load_documents(Path(name)):
-            kind = doc.get("kind")
-            try:
-                if kind == "BenchmarkRun":
-                    parse_run(doc, name)
-                elif kind == "BenchmarkTask":
-                    parse_task(doc, name)
-                else:
-                    raise InvalidObject(name, [f"kind: expected BenchmarkRun or BenchmarkTask, got {kind!r}"])
-                print(f"{name}: {kind} {doc.get('metadata', {}).get('name')} is valid")
-            except InvalidObject as exc:
-                failed += 1
-                for problem in exc.problems:
-                    print(f"{name}: {problem}", file=sys.stderr)
+    for checked in file.checked:
+        doc = checked.doc
+        which = _which(doc, file.multi)
+        prefix = f"{which}: " if which else ""
+        for warning in doc.warnings():
+            print(warning, file=sys.stderr)
+        for warning in checked.warnings:
+            match = _FIELD.match(warning)
+            print(f"{doc.where(match.group(1) if match else '')}: warning: {prefix}{warning}", file=sys.stderr)
+        if checked.problems:
+            failed += 1
+            for problem in checked.problems:
+                match = _FIELD.match(problem)
+                print(f"{doc.where(match.group(1) if match else '')}: {prefix}{problem}", file=sys.stderr)
+        elif checked.obj is None:
+            print(f"{doc.where()}: {prefix}skipped: {checked.skipped}")
+        else:
+            print(f"{doc.where()}: {which}: valid{checked.detail}")
+    for line in file.error:
+        failed += 1
+        print(line, file=sys.stderr)
+    return failed
+
+
+def _validate(args: argparse.Namespace) -> int:
+    files = [_read(name) for name in args.files]
+    if not args.schema_only:
+        _admit(files)
+    failed = sum(_print(file) for file in files)
     return 1 if failed else 0
 
 
 def _config(args: argparse.Namespace) -> int:
-    docs = [d for d in load_documents(Path(args.run)) if d.get("kind") == "BenchmarkRun"]
-    if not docs:
+    documents = load_documents(Path(args.run))
+    runs = [d for d in documents if d.get("kind") == "BenchmarkRun"]
+    if not runs:
         raise InvalidObject(args.run, ["kind: no BenchmarkRun in the file"])
-    run = parse_run(docs[0], args.run)
-    task = get_task(run.spec.task_ref.name)
+    run = parse_run(runs[0], args.run)
+    # A task defined in the same file is the one the run means; otherwise the catalog's.
+    local = [parse_task(d, args.run) for d in documents if d.get("kind") == "BenchmarkTask"]
+    task = next((t for t in local if t.metadata.name == run.spec.task_ref.name), None)
+    if task is None:
+        task = get_task(run.spec.task_ref.name)
     print(effective_config(run, task.metadata.name, task.spec).dump())
     return 0
 
@@ -110,8 +315,17 @@ def _runner(entry: str, argv: list[str]) -> int:
     return int(module.main(argv))
 
 
+def version() -> str:
+    """The installed package's version (``pip install`` / ``make install``)."""
+    try:
+        return metadata.version("mlbench")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlbench", description="Kubernetes-native distributed ML benchmarks.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("crds", help="generate the CRD YAML from the API models")
@@ -123,8 +337,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_catalog)
 
-    p = sub.add_parser("validate", help="validate BenchmarkRun/BenchmarkTask YAML without a cluster")
-    p.add_argument("files", nargs="+")
+    p = sub.add_parser(
+        "validate",
+        help="check BenchmarkRun/BenchmarkTask YAML as the API server and the operator's admission would",
+        description="Check BenchmarkRun/BenchmarkTask YAML without a cluster: what the API server refuses "
+        "(strict types, schema and CEL rules) and what the operator's admission refuses (unknown task, a "
+        "closed-division override the task does not allow, an invalid effective configuration). Runs find their "
+        "task among the files given first, then in the catalog ($MLBENCH_CATALOG).",
+    )
+    p.add_argument("files", nargs="+", help="YAML or JSON files, one or more documents each")
+    p.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="only what the API server checks (kubectl apply --dry-run=server): no task lookup, no admission",
+    )
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("config", help="print the effective run configuration of a BenchmarkRun")
@@ -142,13 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "results", help="tables and plots from result directories or cluster runs (<namespace>/<run>)", add_help=False
     )
+    sub.add_parser(
+        "sweep", help="expand a BenchmarkSweep: print its runs as YAML, or run them here (--local)", add_help=False
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("run", "results"):
-        return _runner({"run": "local", "results": "report"}[argv[0]], argv[1:])
+    if argv and argv[0] in ("run", "results", "sweep"):
+        return _runner({"run": "local", "results": "report", "sweep": "sweep"}[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

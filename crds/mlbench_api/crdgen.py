@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from mlbench_api.common import GROUP, VERSION, cel
 from mlbench_api.run import MAX_RUN_NAME, BenchmarkRunSpec, BenchmarkRunStatus
+from mlbench_api.sweep import BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTaskSpec
 
 Schema = dict[str, Any]
@@ -243,6 +244,36 @@ KINDS: list[CrdSpec] = [
             _col("Time-To-Goal", ".status.result.timeToGoalSeconds", "number", description="Seconds"),
             _col("Restarts", ".status.restarts", "integer", priority=1),
             _col("Ready", ".status.workers.ready", "integer", priority=1),
+            AGE,
+        ],
+    ),
+    CrdSpec(
+        kind="BenchmarkSweep",
+        plural="benchmarksweeps",
+        short_names=["bsw"],
+        scope="Namespaced",
+        spec_model=BenchmarkSweepSpec,
+        status_model=BenchmarkSweepStatus,
+        description="BenchmarkSweep is a study: a run template and a matrix, expanded into BenchmarkRuns.",
+        root_rules=[
+            cel(
+                f"size(self.metadata.name) <= {MAX_RUN_NAME}",
+                f"metadata.name must be at most {MAX_RUN_NAME} characters as it starts the names of its runs",
+                reason="FieldValueInvalid",
+            ),
+            cel(
+                "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "metadata.name must be a DNS-1035 label (start with a letter) as it starts the names of its runs",
+                reason="FieldValueInvalid",
+            ),
+        ],
+        printer_columns=[
+            _col("Total", ".status.total", "integer", description="Runs the matrix expands to"),
+            _col("Pending", ".status.pending", "integer", priority=1, description="Runs not created yet"),
+            _col("Running", ".status.running", "integer", description="Runs created and not finished"),
+            _col("Succeeded", ".status.succeeded", "integer"),
+            _col("Failed", ".status.failed", "integer"),
+            _col("Ready", ".status.conditions[?(@.type=='Ready')].status", priority=1),
             AGE,
         ],
     ),

@@ -7,11 +7,13 @@ test: names, owner references, labels, resources, the exact hostfile.
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from mlbench_api import bundle
-from mlbench_api.common import API_VERSION
+from mlbench_api.common import API_VERSION, MAX_INT32
 from mlbench_api.config import RunConfig
 from mlbench_api.datasets import PERMANENT_EXITS
 from mlbench_api.run import BenchmarkRunSpec
@@ -312,14 +314,31 @@ def _scheduling(ctx: RunContext) -> Obj:
     return out
 
 
-def _pod_spec_common(ctx: RunContext) -> Obj:
-    return {
+def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
+    spec: Obj = {
         "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(ctx),
         **_scheduling(ctx),
     }
+    if deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = deadline_seconds
+    return spec
+
+
+def pod_deadline(start: datetime | None, active_deadline_seconds: int | None, now: datetime) -> int | None:
+    """``activeDeadlineSeconds`` for a pod created ``now``: what is left of the run's deadline.
+
+    The operator fails the run itself when ``runPolicy.activeDeadlineSeconds`` passes; the same bound
+    on every pod makes the kubelet enforce it while the operator is down (no GPU held past the
+    deadline). A pod's deadline counts from its own start, slightly after ``now``, so the operator's
+    verdict (DeadlineExceeded on the run) normally comes first. At least 1 s (the API's minimum).
+    """
+    if start is None or active_deadline_seconds is None:
+        return None
+    left = active_deadline_seconds - (now - start).total_seconds()
+    return max(1, min(math.ceil(left), MAX_INT32))
 
 
 def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
@@ -337,8 +356,9 @@ def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
     ]
 
 
-def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
-    """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics from 9400."""
+def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int | None = None) -> Obj:
+    """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics from 9400
+    (``deadline_seconds``: :func:`pod_deadline`)."""
     volumes, mounts = _volumes(ctx, with_data=True)
     container: Obj = {
         "name": n.WORKER_CONTAINER,
@@ -363,7 +383,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
         "kind": "Pod",
         "metadata": _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt),
         "spec": {
-            **_pod_spec_common(ctx),
+            **_pod_spec_common(ctx, deadline_seconds),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
             "containers": [container],
@@ -372,8 +392,9 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int) -> Obj:
     }
 
 
-def launcher_pod(ctx: RunContext, attempt: int) -> Obj:
-    """The launcher runs ``mpirun`` over the hostfile; its termination message is the run's result."""
+def launcher_pod(ctx: RunContext, attempt: int, deadline_seconds: int | None = None) -> Obj:
+    """The launcher runs ``mpirun`` over the hostfile; its termination message is the run's result
+    (``deadline_seconds``: :func:`pod_deadline`)."""
     volumes, mounts = _volumes(ctx, with_data=False)
     container: Obj = {
         "name": n.LAUNCHER_CONTAINER,
@@ -400,7 +421,7 @@ def launcher_pod(ctx: RunContext, attempt: int) -> Obj:
         "kind": "Pod",
         "metadata": _metadata(ctx, n.launcher_name(ctx.name), role=n.ROLE_LAUNCHER, attempt=attempt),
         "spec": {
-            **_pod_spec_common(ctx),
+            **_pod_spec_common(ctx, deadline_seconds),
             "initContainers": [wait],
             "containers": [container],
             "volumes": volumes,

@@ -111,21 +111,7 @@ def fetch_state(
         return FetchState(FetchAction.READY, DatasetReason.FETCHED, f"fetched into volume {volume} by Job {job_name}")
     failed = _condition(job, "Failed")
     if failed is not None:
-        failed_at = c.parse_time(failed.get("lastTransitionTime"))
-        failure = last_failure(pods)
-        if admitted_at is not None and failed_at is not None and failed_at < admitted_at:
-            why = f"{failure.reason.value}: {failure.message}" if failure else failed.get("reason", "failed")
-            return FetchState(
-                FetchAction.REPLACE,
-                fetching,
-                f"the fetch Job {job_name} failed before this run started ({why}); replacing it",
-            )
-        if failure is not None:
-            return FetchState(FetchAction.FAIL, DatasetReason(failure.reason.value), failure.message)
-        detail = _unclassified(pods) or failed.get("message") or ""
-        reason = failed.get("reason") or "Failed"
-        text = f"fetch Job {job_name} failed ({reason})" + (f": {detail}" if detail else "")
-        return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
+        return _failed_job(job_name, failed, pods, admitted_at)
     status = job.get("status") or {}
     attempts = int(status.get("failed") or 0)
     message = f"fetch Job {job_name} is running"
@@ -134,6 +120,28 @@ def fetch_state(
         message += f" (retry {attempts}"
         message += f"; last attempt: {previous.reason.value}: {previous.message})" if previous else ")"
     return FetchState(FetchAction.WAIT, fetching, message + _pending_detail(pods))
+
+
+def _failed_job(
+    job_name: str, failed: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], admitted_at: datetime | None
+) -> FetchState:
+    """A Job whose ``Failed`` condition is True: this run's failure, or history to replace when it
+    failed before the run was admitted."""
+    failed_at = c.parse_time(failed.get("lastTransitionTime"))
+    failure = last_failure(pods)
+    if admitted_at is not None and failed_at is not None and failed_at < admitted_at:
+        why = f"{failure.reason.value}: {failure.message}" if failure else failed.get("reason", "failed")
+        return FetchState(
+            FetchAction.REPLACE,
+            DatasetReason.FETCHING,
+            f"the fetch Job {job_name} failed before this run started ({why}); replacing it",
+        )
+    if failure is not None:
+        return FetchState(FetchAction.FAIL, DatasetReason(failure.reason.value), failure.message)
+    detail = _unclassified(pods) or failed.get("message") or ""
+    reason = failed.get("reason") or "Failed"
+    text = f"fetch Job {job_name} failed ({reason})" + (f": {detail}" if detail else "")
+    return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
 
 
 def refused(code: int, detail: str, volume: str, job_name: str) -> FetchState:

@@ -8,6 +8,11 @@
   events coalesce into one pass, so 1000 workers do not mean 1000 status writes.
 * ``scrape_progress`` (timer) copies rank 0's metrics into ``status.progress`` while Running.
 
+Configuration: an :class:`~.settings.OperatorConfig` in the operator memo (``memo.config``), put
+there by :mod:`.main`, or parsed from the environment by :func:`configure` when kopf runs this module
+without it (``kopf run -m mlbench_operator.handlers``). Pacing (how soon a run's daemon may create or
+delete again) is :class:`~.pacing.Pacing`, fed ``time.monotonic()`` here.
+
 One active replica: the Deployment runs two pods, and only the holder of the ``mlbench-operator``
 Lease runs kopf (:mod:`.leader`, started by :mod:`.main`); kopf itself runs standalone (no
 peering). kopf's own bookkeeping lives under ``mlbench.io`` annotations/finalizer.
@@ -31,33 +36,26 @@ from mlbench_operator import builders, datasets, logs, netpol, progress, reconci
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
+from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodView
-from mlbench_operator.policy import AdmissionPolicy
-from mlbench_operator.settings import DatasetSettings, metrics_linger_seconds, results_wait_seconds
+from mlbench_operator.settings import OperatorConfig, SettingsError
 
 PLURAL = "benchmarkruns"
-RESYNC_SECONDS = float(os.environ.get("MLBENCH_RESYNC_SECONDS", "300"))
-#: Coalescing window: after a wake-up, wait this long for more events before reconciling.
-DEBOUNCE_SECONDS = float(os.environ.get("MLBENCH_DEBOUNCE_SECONDS", "0.3"))
-#: Don't re-create a pod we created this recently but the watch has not shown yet.
-CREATE_GRACE_SECONDS = 30.0
-DELETE_GRACE_SECONDS = 10.0
 #: While a dataset is fetched: look again this often even without a Job event.
 DATASET_POLL_SECONDS = 10.0
 #: Rank 0's metrics port on worker 0 (RunConfig.metricsPort + local rank 0).
 PROGRESS_PORT = n.METRICS_PORT
+#: What handlers given no configured memo use (unit tests calling them directly); under kopf,
+#: :func:`configure` has always put a config in the memo before any resource handler runs.
+DEFAULT_CONFIG = OperatorConfig()
 
 
-def dataset_settings() -> DatasetSettings:
-    """``MLBENCH_DATASET_*`` (validated at start-up by ``mlbench-operator``; see settings.py)."""
-    return DatasetSettings.from_env(os.environ)
-
-
-def runner_uid() -> int | None:
-    """``MLBENCH_RUNNER_UID``: the non-root UID runner containers run as (default 1000); "image" keeps the image's."""
-    value = os.environ.get("MLBENCH_RUNNER_UID", str(n.RUNNER_UID)).strip()
-    return None if value in ("", "image") else int(value)
+def config_of(memo: object) -> OperatorConfig:
+    """The operator's configuration, typed, from kopf's memo (``memo.config``; every resource's memo is
+    a shallow copy of the operator's, so it is there too)."""
+    config = getattr(memo, "config", None)
+    return config if isinstance(config, OperatorConfig) else DEFAULT_CONFIG
 
 
 log = logs.get_logger()
@@ -106,6 +104,12 @@ def _now() -> datetime:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Settings for the one active replica (the Lease holder), whose traces on objects are all under mlbench.io."""
     logs.configure()
+    if not isinstance(memo.get("config"), OperatorConfig):  # ``kopf run -m mlbench_operator.handlers``: no main.py
+        try:
+            memo.config = OperatorConfig.from_env(os.environ)
+        except SettingsError as err:  # permanent: kopf stops the operator with the variable named
+            raise kopf.PermanentError(str(err)) from None
+    config: OperatorConfig = memo.config
     settings.peering.standalone = True
     settings.scanning.disabled = True  # no CRD/namespace watching: less RBAC; CRDs exist before we start
     settings.persistence.finalizer = f"{GROUP}/operator"
@@ -117,15 +121,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.label_selectors["v1", "pods"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_RUN}"
     settings.watching.label_selectors["batch", "jobs"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_DATASET}"
     # Optional: serve only runs matching a label selector (e.g. one test session on a shared cluster).
-    run_selector = os.environ.get("MLBENCH_RUN_SELECTOR", "").strip()
+    run_selector = config.run_selector
     if run_selector:
         settings.watching.label_selectors[GROUP, PLURAL] = run_selector
     settings.posting.level = 100  # only the explicit kopf.event/info/warning calls become Events
     settings.watching.server_timeout = 300
-    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     memo.kube = memo.get("kube") or Kube()
     memo.wakeups = Wakeups()
-    port = int(os.environ.get("MLBENCH_METRICS_PORT", "8080"))
+    port = config.metrics_port
     if port and not memo.get("metrics_started"):
         from prometheus_client import start_http_server
 
@@ -222,7 +226,7 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
         return False
     uid = body.get("metadata", {}).get("uid", "")
     launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
-    wait = results_wait_seconds(os.environ)
+    wait = config_of(kwargs.get("memo")).results_wait_seconds
     pending = launcher is not None and results.decide(status, launcher, _now(), wait).action is not results.Action.NONE
     return pending or bool(reconcile.cleanup_pending(body, pods))
 
@@ -233,6 +237,13 @@ def _waits_for_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
         status.get("phase") in reconcile.TERMINAL
         and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stop:
+    """A pass that ends before the plan: what :meth:`RunReconciler.step` returns (the next wake-up, or None)."""
+
+    delay: float | None
 
 
 class _Refused(Exception):
@@ -246,7 +257,8 @@ class _Refused(Exception):
 class RunReconciler:
     """The state of one run's daemon: only caches; truth is re-read from the run and the pods."""
 
-    def __init__(self, body: kopf.Body, kube: Kube, logger: Any) -> None:
+    def __init__(self, body: kopf.Body, kube: Kube, logger: Any, config: OperatorConfig | None = None) -> None:
+        self.config = config if config is not None else DEFAULT_CONFIG
         self.body = body
         self.kube = kube
         self.name: str = body["metadata"]["name"]
@@ -257,14 +269,10 @@ class RunReconciler:
         self.log = log.bind(run=self.name, namespace=self.namespace)
         self.kopf_logger = logger
         self.ensured = False
-        self.recent: dict[str, float] = {}  # pod name -> monotonic time we asked to create/delete it
-        self.stale_deleted_at = 0.0
-        self.retry_in = RESYNC_SECONDS  # sooner when a wanted create was deferred (see may_create)
-        self.create_failures = 0  # consecutive refused creates (403): backoff
-        self.create_backoff_until = 0.0  # monotonic; no pod creates before (pod events don't shorten it)
-        self.datasets = dataset_settings()
-        self.linger = metrics_linger_seconds(os.environ)
-        self.results_wait = results_wait_seconds(os.environ)
+        self.pacing = pc.Pacing(resync_seconds=self.config.resync_seconds)  # fed time.monotonic()
+        self.datasets = self.config.datasets
+        self.linger = self.config.metrics_linger_seconds
+        self.results_wait = self.config.results_wait_seconds
         self.pvc_ensured = False
 
     def view(self) -> dict[str, Any]:
@@ -297,7 +305,7 @@ class RunReconciler:
             fallback = reconcile.status_patch(self.status, reconcile.unstorable_status(self.status, err.detail, now))
             await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, fallback)
             self.status = {**self.status, **fallback}
-            self.event("Warning", "InvalidResult", self.status["message"])
+            self.event("Warning", c.Reason.INVALID_RESULT, self.status["message"])
             self.log.warning("status_refused", detail=err.detail[:500], keys=sorted(changes))
             raise kopf.TemporaryError(
                 "the status was refused (422); the run failed with InvalidResult", delay=0.1
@@ -305,113 +313,142 @@ class RunReconciler:
         self.status = {**self.status, **changes}
 
     async def step(self, pods: list[PodView]) -> float | None:
-        """One pass. Returns seconds until the next unprompted pass, or None when the daemon is done."""
+        """One pass. Returns seconds until the next unprompted pass, or None when the daemon is done.
+
+        The pass is a pipeline that may stop early at each stage: the run's context (admission, or
+        rebuilt from the snapshot), the run's objects and dataset, then the plan and its execution.
+        """
         m.RECONCILES.inc()
         now = _now()
         if self.body["metadata"].get("deletionTimestamp"):
-            return RESYNC_SECONDS  # kopf stops us; owner references clean up the rest
+            return self.config.resync_seconds  # kopf stops us; owner references clean up the rest
         if self.status.get("phase") in reconcile.TERMINAL:
             return await self.finished(now, pods)
         live = (self.body.get("status") or {}).get("progress")
         if live is not None:  # written by the scrape timer, not by us: the planner's NoProgress reads it
             self.status["progress"] = live
+        ctx = await self.run_context(now, pods)
+        if isinstance(ctx, _Stop):
+            return ctx.delay
+        ready = await self.prepare(ctx, now, pods)
+        if ready is not None:
+            return ready.delay
+        return await self.execute(reconcile.plan(self.view(), ctx, pods, now), ctx, now, pods)
 
+    async def run_context(self, now: datetime, pods: list[PodView]) -> builders.RunContext | _Stop:
+        """Admit the run (first pass: resolve its task, snapshot it, check the policy) or rebuild its
+        context from the snapshot; a run that cannot start or be rebuilt ends here, Failed."""
         snapshot = self.status.get("taskSnapshot")
-        if not snapshot:
-            task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
-            task = await self.kube.run(self.kube.get_task, task_name)
-            admission = reconcile.admit(
-                self.view(), task, runner_uid(), self.datasets.volume_name, AdmissionPolicy.from_env(os.environ)
-            )
-            if isinstance(admission, reconcile.Rejection):
-                await self.patch(reconcile.rejected_status(self.view(), admission, now))
-                self.event("Warning", admission.reason, admission.message)
-                self.log.warning("run_rejected", reason=admission.reason, message=admission.message)
-                return await self.finished(now, pods)
-            ctx, snapshot = admission
-            ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
-            await self.patch(reconcile.admitted_status(self.view(), ctx, snapshot, now))
-            self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
-            self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
-        else:
+        if snapshot:
             try:
-                ctx = reconcile.context(self.view(), snapshot, runner_uid(), self.datasets.volume_name)
-                ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
+                ctx = reconcile.context(self.view(), snapshot, self.config.runner_uid, self.datasets.volume_name)
             except ValueError as err:
                 # Final status first, then the cleanup by the raw spec.runPolicy.cleanPodPolicy (in finished).
                 message = f"cannot rebuild the configuration: {err}"
-                await self.patch(reconcile.failed_status(self.view(), "InvalidConfig", message, now))
-                self.event("Warning", "InvalidConfig", message)
-                return await self.finished(now, pods)
+                await self.patch(reconcile.failed_status(self.view(), c.Reason.INVALID_CONFIG, message, now))
+                self.event("Warning", c.Reason.INVALID_CONFIG, message)
+                return _Stop(await self.finished(now, pods))
+            return dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
+        task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
+        task = await self.kube.run(self.kube.get_task, task_name)
+        admission = reconcile.admit(
+            self.view(), task, self.config.runner_uid, self.datasets.volume_name, self.config.policy
+        )
+        if isinstance(admission, reconcile.Rejection):
+            await self.patch(reconcile.rejected_status(self.view(), admission, now))
+            self.event("Warning", admission.reason, admission.message)
+            self.log.warning("run_rejected", reason=admission.reason, message=admission.message)
+            return _Stop(await self.finished(now, pods))
+        ctx, snapshot = admission
+        ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
+        await self.patch(reconcile.admitted_status(self.view(), ctx, snapshot, now))
+        self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
+        self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
+        return ctx
 
+    async def prepare(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+        """The run's Service, ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
         if not self.ensured:
             try:
                 if not await self.ensure_objects(ctx, now):
-                    return min(30.0, RESYNC_SECONDS)  # a name conflict is shown; look again later
+                    return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
             except _Refused as err:  # quota, policy, an invalid object: a condition, not a silent retry
-                return await self.creation_refused(err.failures, now, pods)
+                return _Stop(await self.creation_refused(err.failures, now, pods))
         if ctx.task.dataset.source is not None and not c.is_true(self.status.get("conditions"), c.DATASET_READY):
             waiting = await self.ensure_dataset(ctx, now, pods)
             if waiting is not None:
-                return waiting if waiting >= 0 else await self.finished(now, pods)
-        plan = reconcile.plan(self.view(), ctx, pods, now)
+                return _Stop(waiting if waiting >= 0 else await self.finished(now, pods))
+        return None
+
+    async def execute(
+        self, plan: reconcile.Plan, ctx: builders.RunContext, now: datetime, pods: list[PodView]
+    ) -> float | None:
+        """Carry out a plan: the status first (a result, a restart), then deletes, then creates."""
         was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
+        await self.patch(plan.status)  # results and restarts are recorded before the world is changed
         if plan.terminal:
-            # The result first: once it is written, nothing can turn the run back into a running one.
-            # The cleanup follows (finished), re-driven from the cluster's state until done.
-            await self.patch(plan.status)
+            # Once the result is written, nothing can turn the run back into a running one. The cleanup
+            # follows (finished), re-driven from the cluster's state until done.
             self.emit(plan)
             self.log.info("run_finished", phase=plan.status.get("phase"), message=plan.status.get("message"))
             return await self.finished(now, pods)
-
-        await self.patch(plan.status)  # restarts are recorded before the old world is torn down
         if plan.keep_log_of:
             await self.keep_launcher_log(plan.keep_log_of, int(plan.status.get("restarts", 0)))
         if plan.force_delete:
             self.log.warning("force_delete_pods", pods=plan.force_delete)
             await self.kube.delete_pods_named(self.namespace, plan.force_delete, 0)
-        self.retry_in = RESYNC_SECONDS
-        stale_age = time.monotonic() - self.stale_deleted_at
-        if plan.delete_stale and stale_age <= DELETE_GRACE_SECONDS:
-            self.retry_in = min(self.retry_in, DELETE_GRACE_SECONDS - stale_age + 0.1)
-        if plan.delete_stale and stale_age > DELETE_GRACE_SECONDS:
+        pacing = self.pacing
+        pacing.begin_pass()
+        if plan.delete_stale and pacing.may_delete_stale(time.monotonic()):
             await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
-            self.stale_deleted_at = time.monotonic()
-            self.recent.clear()
+            pacing.stale_deleted(time.monotonic())
             m.RESTARTS.inc()
-        attempt = int(plan.status.get("restarts", 0))
-        backoff = self.create_backoff_until - time.monotonic()
-        if backoff > 0 and (plan.create_workers or plan.create_launcher):
-            self.retry_in = min(self.retry_in, backoff + 0.1)
+        if (plan.create_workers or plan.create_launcher) and pacing.creates_paused(time.monotonic()):
             self.emit(plan)
-            return min(plan.requeue_after or RESYNC_SECONDS, self.retry_in, RESYNC_SECONDS)
-        todo = [
-            builders.worker_pod(ctx, rank, attempt)
-            for rank in plan.create_workers
-            if self.may_create(n.worker_name(self.name, rank))
-        ]
-        if plan.create_launcher and self.may_create(n.launcher_name(self.name)):
-            todo.append(builders.launcher_pod(ctx, attempt))
-        if todo:
-            outcomes = await self.kube.create_many(todo)
-            errors = [r for r in outcomes if isinstance(r, BaseException)]
-            refused: list[tuple[str, int, str]] = []
-            for obj, res in zip(todo, outcomes, strict=True):
-                if isinstance(res, BaseException):
-                    self.recent.pop(obj["metadata"]["name"], None)
-                    if isinstance(res, ApiError) and res.status in (403, 422):
-                        refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
-            if refused:
-                return await self.creation_refused(refused, now, pods)
-            if errors:
-                raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=5)
-            self.create_failures = 0
+            return pacing.wake_in(plan.requeue_after)
+        refused = await self.create_pods(plan, ctx, now)
+        if refused:
+            return await self.creation_refused(refused, now, pods)
+        attempt = int(plan.status.get("restarts", 0))
         if not was_ready and c.is_true(plan.status.get("conditions"), c.WORKERS_READY) and attempt == 0:
             created = c.parse_time(self.body["metadata"].get("creationTimestamp"))
             if created is not None:
                 m.WORKERS_READY_SECONDS.observe(max((now - created).total_seconds(), 0.0))
         self.emit(plan)
-        return min(plan.requeue_after or RESYNC_SECONDS, self.retry_in, RESYNC_SECONDS)
+        return pacing.wake_in(plan.requeue_after)
+
+    async def create_pods(
+        self, plan: reconcile.Plan, ctx: builders.RunContext, now: datetime
+    ) -> list[tuple[str, int, str]]:
+        """The plan's workers and launcher, in parallel; returns the refused ones (403/422), raises on other errors."""
+        pacing = self.pacing
+        attempt = int(plan.status.get("restarts", 0))
+        # the kubelet enforces what is left of runPolicy.activeDeadlineSeconds, also while we are down
+        run_deadline = ctx.spec.run_policy.active_deadline_seconds if ctx.spec.run_policy else None
+        deadline = builders.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
+        todo = [
+            builders.worker_pod(ctx, rank, attempt, deadline)
+            for rank in plan.create_workers
+            if pacing.may_create(n.worker_name(self.name, rank), time.monotonic())
+        ]
+        if plan.create_launcher and pacing.may_create(n.launcher_name(self.name), time.monotonic()):
+            todo.append(builders.launcher_pod(ctx, attempt, deadline))
+        if not todo:
+            return []
+        outcomes = await self.kube.create_many(todo)
+        errors = [r for r in outcomes if isinstance(r, BaseException)]
+        refused: list[tuple[str, int, str]] = []
+        for obj, res in zip(todo, outcomes, strict=True):
+            if isinstance(res, BaseException):
+                pacing.create_failed(obj["metadata"]["name"])
+                if isinstance(res, ApiError) and res.status in (403, 422):
+                    refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
+        if refused:
+            return refused
+        if errors:
+            raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=5)
+        pacing.creates_succeeded()
+        return []
 
     async def keep_launcher_log(self, pod: str, restart: int) -> None:
         """The failed attempt's launcher log tail as a Warning Event (best effort: a node that serves no
@@ -429,16 +466,6 @@ class RunReconciler:
         if tail:
             self.event("Warning", "LauncherLog", head + tail)
 
-    def may_create(self, name: str) -> bool:
-        """Skip pods created moments ago that the watch has not delivered yet (no 409 storms)."""
-        now = time.monotonic()
-        age = now - self.recent.get(name, -1e9)
-        if age < CREATE_GRACE_SECONDS:
-            self.retry_in = min(self.retry_in, CREATE_GRACE_SECONDS - age + 0.1)
-            return False
-        self.recent[name] = now
-        return True
-
     def emit(self, plan: reconcile.Plan) -> None:
         for type_, reason, message in plan.events:
             self.event(type_, reason, message)
@@ -454,9 +481,7 @@ class RunReconciler:
         if plan.terminal:
             self.log.warning("run_failed_create_refused", message=plan.status.get("message"))
             return await self.finished(now, pods)
-        self.create_failures += 1
-        delay = min(5.0 * 2 ** (self.create_failures - 1), 120.0)
-        self.create_backoff_until = time.monotonic() + delay
+        delay = self.pacing.creates_refused(time.monotonic())
         self.log.warning("pod_create_refused", message=plan.status.get("message"), retry_in=delay)
         return delay
 
@@ -469,7 +494,7 @@ class RunReconciler:
             builders.service(ctx),
             builders.config_map(ctx),
             builders.ssh_secret(ctx, keys),
-            netpol.network_policy(ctx, netpol.scraper_namespaces(os.environ)),
+            netpol.network_policy(ctx, self.config.scraper_namespaces),
         ]
         outcomes = await self.kube.create_many(objs)
         refused = [
@@ -632,7 +657,8 @@ async def reconcile_run(
     run_pods: kopf.Index[tuple[str, str], PodView] = kwargs["run_pods"]
     key = (namespace or "", name)
     wake = memo.wakeups.register(key)
-    rec = RunReconciler(body, memo.kube, logger)
+    config = config_of(memo)
+    rec = RunReconciler(body, memo.kube, logger, config)
     failures = 0
     try:
         while True:
@@ -659,7 +685,7 @@ async def reconcile_run(
                 stopping.cancel()
             if stopped:
                 return
-            await asyncio.sleep(DEBOUNCE_SECONDS)
+            await asyncio.sleep(config.debounce_seconds)
     finally:
         memo.wakeups.unregister(key, wake)
 
@@ -671,11 +697,12 @@ async def expire_run(
     """ttlSecondsAfterFinished: delete the finished run when it expires. A daemon of its own, spawned
     whenever the filter starts to match, so a TTL added (or changed) after the run finished counts."""
     kube: Kube = memo.kube
+    resync = config_of(memo).resync_seconds
     while not stopped:
         ttl = (body.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
         left = reconcile.ttl_expired(body.get("status") or {}, ttl, _now())
         if left is None:  # not finished / no TTL any more: kopf stops us on the next event
-            await stopped.wait(RESYNC_SECONDS)
+            await stopped.wait(resync)
             continue
         if left <= 0:
             log.info("run_ttl_expired", run=name, namespace=namespace, ttl=ttl)
@@ -698,6 +725,8 @@ async def scrape_rank0(namespace: str, name: str, run_pods: Mapping[Any, Any]) -
 
 
 #: How often rank 0's metrics are copied into ``status.progress`` (``kubectl get br``'s EPOCH, ACCURACY).
+#: Read from the environment at import, not from ``memo.config``: ``@kopf.timer(interval=...)`` below
+#: takes it when the module is imported, before main.py (or kopf) has any memo to give.
 PROGRESS_SECONDS = float(os.environ.get("MLBENCH_PROGRESS_SECONDS", "30"))
 
 
@@ -711,3 +740,6 @@ async def scrape_progress(
     value = await scrape_rank0(namespace or "", name, kwargs["run_pods"])
     if value is not None:
         patch.status["progress"] = progress.advance(status.get("progress"), value, _now())
+
+
+from mlbench_operator import sweep_handlers  # noqa: E402,F401  (registers the sweep handlers)

@@ -248,3 +248,50 @@ class Kube:
         except ApiError as err:
             if err.status != 404:
                 raise
+
+    # -- BenchmarkSweeps and their runs ----------------------------------------------------------
+    def list_runs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """BenchmarkRuns of a namespace matching a label selector (a sweep's runs)."""
+        answer = self.request(
+            "GET",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns",
+            query=[("labelSelector", selector)],
+            resource="benchmarkruns",
+        )
+        return list((answer or {}).get("items") or [])
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One BenchmarkRun, or None when it does not exist."""
+        try:
+            run: dict[str, Any] = self.request(
+                "GET",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{quote(name)}",
+                resource="benchmarkruns",
+            )
+            return run
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create_run(self, obj: dict[str, Any]) -> bool:
+        """Create a BenchmarkRun; False if one of that name exists (409)."""
+        namespace = obj["metadata"]["namespace"]
+        try:
+            self.request(
+                "POST", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns", obj, resource="benchmarkruns"
+            )
+        except ApiError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.request(
+            "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarksweeps/{quote(name)}/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+            resource="benchmarksweeps/status",
+        )

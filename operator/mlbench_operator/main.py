@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 
@@ -22,13 +23,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("MLBENCH_METRICS_PORT", "8080")),
+        default=None,
         help="Prometheus metrics port (0 disables; default 8080 or $MLBENCH_METRICS_PORT)",
     )
     parser.add_argument(
         "--selector",
-        default=os.environ.get("MLBENCH_RUN_SELECTOR", ""),
-        help="serve only BenchmarkRuns matching this label selector (default: all; $MLBENCH_RUN_SELECTOR)",
+        default=None,
+        help="serve only BenchmarkRuns and BenchmarkSweeps matching this label selector "
+        "(default: all; $MLBENCH_RUN_SELECTOR)",
     )
     parser.add_argument(
         "--liveness",
@@ -48,32 +50,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["MLBENCH_METRICS_PORT"] = str(args.metrics_port)
-    os.environ["MLBENCH_RUN_SELECTOR"] = args.selector
     from mlbench_operator import handlers, leader, logs
     from mlbench_operator import metrics as m
-    from mlbench_operator.netpol import scraper_namespaces
-    from mlbench_operator.policy import AdmissionPolicy
-    from mlbench_operator.settings import DatasetSettings, SettingsError, metrics_linger_seconds, results_wait_seconds
+    from mlbench_operator.settings import OperatorConfig, SettingsError
 
-    try:  # a bad MLBENCH_DATASET_* stops the operator here, named, not at the first run's PVC
-        DatasetSettings.from_env(os.environ)
-        metrics_linger_seconds(os.environ)
-        results_wait_seconds(os.environ)
-        AdmissionPolicy.from_env(os.environ)
-        scraper_namespaces(os.environ)
+    try:  # a bad MLBENCH_* stops the operator here, named, not at the first run's PVC
+        config = OperatorConfig.from_env(os.environ)
         election = leader.LeaderSettings.from_env(os.environ, enabled=args.leader_elect)
     except SettingsError as err:
         print(f"mlbench-operator: {err}", file=sys.stderr)
         return 2
+    # The flags win over their environment variables.
+    if args.metrics_port is not None:
+        config = dataclasses.replace(config, metrics_port=args.metrics_port)
+    if args.selector is not None:
+        config = dataclasses.replace(config, run_selector=args.selector.strip())
     logs.configure()
     del handlers  # imported for its kopf registrations
     # Metrics from the start, also while standing by (handlers.configure sees memo.metrics_started).
-    if args.metrics_port:
+    if config.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port)
-    memo = kopf.Memo(metrics_started=bool(args.metrics_port))
+        start_http_server(config.metrics_port)
+    # The handlers read their configuration from here (memo.config), not from os.environ; kopf gives
+    # every resource's memo a shallow copy of this one.
+    memo = kopf.Memo(metrics_started=bool(config.metrics_port), config=config)
 
     async def run_operator(stop_flag: asyncio.Event | None = None) -> None:
         """kopf.operator(), spelled out: with a stop flag, SIGTERM raises the flag instead of going to

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-PHASES = ("Pending", "Starting", "Running", "Succeeded", "Failed")
+from mlbench_api.run import Phase
+
+PHASES = tuple(p.value for p in Phase)  #: the run phases, in lifecycle order
 
 RUNS = Gauge("mlbench_operator_runs", "BenchmarkRuns known to the operator, by phase.", ["phase"])
 RECONCILES = Counter("mlbench_operator_reconciles_total", "Reconcile passes over a BenchmarkRun.")

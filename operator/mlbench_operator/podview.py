@@ -10,9 +10,32 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from mlbench_operator import naming as n
+from mlbench_operator.conditions import Reason
+
+
+class PodPhase(StrEnum):
+    """A pod's ``status.phase`` as the kubelet reports it (not the run's :class:`mlbench_api.run.Phase`)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+#: Pod phases a pod never leaves (its containers will not run again: restartPolicy Never).
+POD_FINISHED = (PodPhase.SUCCEEDED, PodPhase.FAILED)
+
+
+def controller_uid(obj: Mapping[str, Any] | None) -> str | None:
+    """UID of the object's controller owner (``ownerReferences[].controller``); None when it has none."""
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
+
 
 #: Container waiting reasons that will not fix themselves; shown to the user as the cause.
 STUCK_WAITING = frozenset(
@@ -31,7 +54,7 @@ class PodView:
     role: str
     rank: int | None
     attempt: int
-    phase: str = "Pending"
+    phase: str = PodPhase.PENDING
     ready: bool = False
     scheduled: bool = False
     unschedulable: str | None = None  #: the scheduler's message while PodScheduled=False/Unschedulable
@@ -51,7 +74,7 @@ class PodView:
 
     @property
     def finished(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
+        return self.phase in POD_FINISHED
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> PodView | None:
@@ -98,7 +121,7 @@ class PodView:
             role=role,
             rank=rank,
             attempt=attempt,
-            phase=status.get("phase") or "Pending",
+            phase=status.get("phase") or PodPhase.PENDING,
             ready=(conds.get("Ready") or {}).get("status") == "True",
             scheduled=sched.get("status") == "True" or bool((pod.get("spec") or {}).get("nodeName")),
             unschedulable=unschedulable,
@@ -110,28 +133,29 @@ class PodView:
             term_message=term_message,
             waiting=waiting,
             ip=status.get("podIP"),
-            owner_uid=next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
+            owner_uid=controller_uid(pod),
             deletion_timestamp=meta.get("deletionTimestamp"),
             finished_at=finished_at,
             uid=meta.get("uid"),
             image_id=next((cs.get("imageID") for cs in main if cs.get("imageID")), None),
         )
 
-    def failure(self) -> tuple[str, str]:
+    def failure(self) -> tuple[Reason, str]:
         """``(reason, message)`` naming the real cause of this pod's failure."""
         what = "launcher" if self.role == n.ROLE_LAUNCHER else f"worker {self.rank}"
+        # the kubelet's words (pod and container reasons) on the left, the run's Reason on the right
         if self.reason == "Evicted":
-            return "Evicted", f"{what} (pod {self.name}) was evicted: {self.message or 'no message'}"
+            return Reason.EVICTED, f"{what} (pod {self.name}) was evicted: {self.message or 'no message'}"
         if self.term_reason == "OOMKilled" or (self.term_message or "").startswith(OOM_PREFIX):
             # the worker's own words (mlbench-runner worker) say which limit a rank outgrew
             detail = (self.term_message or "").removeprefix(OOM_PREFIX).strip()
             text = f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code})"
-            return "OOMKilled", f"{text}: {_tail(detail, 1024)}" if detail else text
+            return Reason.OOM_KILLED, f"{text}: {_tail(detail, 1024)}" if detail else text
         if self.reason == "DeadlineExceeded":
-            return "DeadlineExceeded", f"{what} (pod {self.name}) exceeded its active deadline"
-        base = "LauncherFailed" if self.role == n.ROLE_LAUNCHER else "WorkerFailed"
+            return Reason.DEADLINE_EXCEEDED, f"{what} (pod {self.name}) exceeded its active deadline"
+        base = Reason.LAUNCHER_FAILED if self.role == n.ROLE_LAUNCHER else Reason.WORKER_FAILED
         if self.role == n.ROLE_LAUNCHER and self.exit_code == INPUT_ERROR_EXIT_CODE:
-            base = INVALID_INPUT
+            base = Reason.INVALID_INPUT
         detail = f"exit code {self.exit_code}" if self.exit_code is not None else f"phase {self.phase}"
         if self.term_reason and self.term_reason not in ("Error", "Completed"):
             detail += f" ({self.term_reason})"
@@ -144,7 +168,6 @@ class PodView:
 #: ``mlbench-runner`` (launch and every rank) exits 2 when it refuses its input (a config, a hostfile);
 #: mpirun passes a rank's code on. A restart would fail the same way, so the run fails at once.
 INPUT_ERROR_EXIT_CODE = 2
-INVALID_INPUT = "InvalidInput"
 
 #: Open MPI's words for a rank the kernel killed; in a container that is nearly always the OOM killer
 #: (a rank outgrowing the limit inside a worker whose sshd survives, or the launcher itself).

@@ -5,6 +5,27 @@ then maps the run's status and the observed pods to the next status and the acti
 move the world towards it. The kopf glue in :mod:`.handlers` only executes the plan, so a
 restarted operator that sees the same cluster makes the same decisions (state lives in the
 resource and the pods, never in memory).
+
+:func:`plan` sorts the pods once into a :class:`PlanInput` (the run's own pods of the current
+attempt, of earlier attempts, and foreign pods that merely hold names) and asks the policies of
+:data:`POLICIES` in order; the first that returns a :class:`Plan` decides the pass:
+
+1. :func:`launcher_succeeded`: the launcher exited 0; its result makes the run Succeeded (or
+   InvalidResult when unusable).
+2. :func:`launcher_aborted`: the launcher failed with an "aborted" summary; Failed, no restart.
+3. :func:`deadline_exceeded`: ``activeDeadlineSeconds`` has passed; Failed.
+4. :func:`root_cause_hold`: the launcher failed while the workers still run; wait briefly for a
+   worker to report the real cause.
+5. :func:`gang_failure`: a failed or lost rank; restart the whole gang, or give up (a permanent
+   failure, ``maxRestarts`` spent).
+6. :func:`stale_attempt`: pods of an earlier attempt remain; delete them, wait.
+7. :func:`make_progress`: always decides; create workers, then the launcher, and report
+   WorkersReady, Running, the phase and Stalled (NoProgress).
+
+The order is the precedence: a result beats the deadline (the run did finish), the deadline
+beats a failure (no restart past it), and a worker's cause beats the launcher's echo of it.
+Whatever decides, every pass also force-deletes pods stuck Terminating on a lost node and wakes
+up by the earliest wait (:func:`_upkeep`).
 """
 
 from __future__ import annotations
@@ -12,9 +33,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,18 +45,21 @@ from mlbench_api.common import MAX_INT32, ObjectMeta
 from mlbench_api.config import OverrideNotAllowed, effective_config
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
-from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, RunPolicy, RunResult
+from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, Phase, RunPolicy, RunResult
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.conditions import Reason
 from mlbench_operator.datasets import FetchAction, FetchState
-from mlbench_operator.podview import INVALID_INPUT, PodView
+from mlbench_operator.podview import PodPhase, PodView
+from mlbench_operator.podview import controller_uid as controller_uid  # noqa: PLC0414 (re-export for handlers)
 from mlbench_operator.policy import AdmissionPolicy, violations
 
 DEFAULT_POLICY = AdmissionPolicy()
 
-TERMINAL = ("Succeeded", "Failed")
+#: The phases a run never leaves (the one place they are stated; handlers reads them from here).
+TERMINAL: tuple[Phase, ...] = (Phase.SUCCEEDED, Phase.FAILED)
 #: A pod still Terminating this long after its deletionTimestamp (the end of its grace period) is on
 #: a lost node: the kubelet will never confirm, so it is force-deleted (its name is needed again).
 FORCE_DELETE_AFTER_SECONDS = 60.0
@@ -46,7 +71,7 @@ CLEANED_UP = "pods cleaned up per cleanPodPolicy"
 class Rejection:
     """Why a run cannot start; it ends Failed with this reason, having created nothing."""
 
-    reason: str
+    reason: str  #: a :class:`Reason`
     message: str
 
 
@@ -125,25 +150,41 @@ def admit(
     try:
         validate_run(body)
     except ValueError as err:
-        return Rejection("InvalidSpec", f"spec is invalid: {_short(err)}")
-    if task is None:
-        return Rejection("TaskNotFound", f"BenchmarkTask {task_name!r} does not exist")
-    try:
-        snapshot = BenchmarkTaskSpec.model_validate(task.get("spec") or {}).to_api()
-    except ValueError as err:
-        return Rejection("InvalidTask", f"BenchmarkTask {task_name!r} is invalid: {_short(err)}")
-    try:
-        ctx = context(body, snapshot, run_as_user, dataset_claim)
-    except OverrideNotAllowed as err:
-        return Rejection("OverrideNotAllowed", str(err))
-    except ValueError as err:
-        return Rejection("InvalidConfig", f"the effective configuration is invalid: {_short(err)}")
+        return Rejection(Reason.INVALID_SPEC, f"spec is invalid: {_short(err)}")
+    snapshot = _snapshot(task, task_name)
+    if isinstance(snapshot, Rejection):
+        return snapshot
+    ctx = _admitted_context(body, snapshot, run_as_user, dataset_claim)
+    if isinstance(ctx, Rejection):
+        return ctx
     spec = body.get("spec") or {}
     image_field = "spec.image" if ctx.spec.image else f"BenchmarkTask {task_name!r} runner.image"
     broken = violations(ctx.image, image_field, spec.get("scheduling"), ctx.task.dataset.volume, policy)
     if broken:
-        return Rejection("PolicyViolation", "; ".join(broken))
+        return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken))
     return ctx, snapshot
+
+
+def _snapshot(task: Mapping[str, Any] | None, task_name: str) -> dict[str, Any] | Rejection:
+    """The task's validated spec, as the run keeps it for good; a Rejection when missing or invalid."""
+    if task is None:
+        return Rejection(Reason.TASK_NOT_FOUND, f"BenchmarkTask {task_name!r} does not exist")
+    try:
+        return BenchmarkTaskSpec.model_validate(task.get("spec") or {}).to_api()
+    except ValueError as err:
+        return Rejection(Reason.INVALID_TASK, f"BenchmarkTask {task_name!r} is invalid: {_short(err)}")
+
+
+def _admitted_context(
+    body: Mapping[str, Any], snapshot: Mapping[str, Any], run_as_user: int | None, dataset_claim: str
+) -> RunContext | Rejection:
+    """:func:`context` at admission: a refused override or an invalid effective configuration rejects the run."""
+    try:
+        return context(body, snapshot, run_as_user, dataset_claim)
+    except OverrideNotAllowed as err:
+        return Rejection(Reason.OVERRIDE_NOT_ALLOWED, str(err))
+    except ValueError as err:
+        return Rejection(Reason.INVALID_CONFIG, f"the effective configuration is invalid: {_short(err)}")
 
 
 class _Status:
@@ -162,18 +203,22 @@ class _Status:
             self.new["conditions"], type_, status, reason, message, now=self.now, generation=self.generation
         )
 
+    def message_of(self, type_: str) -> str:
+        """The message of a condition of the next status, as stored."""
+        return str((c.get(self.new["conditions"], type_) or {}).get("message", ""))
+
     def in_progress(self) -> None:
-        self.cond(c.GOAL_REACHED, "Unknown", "NoResultYet", "the run has not finished")
-        self.cond(c.SUCCEEDED, "False", "InProgress", "")
-        self.cond(c.FAILED, "False", "InProgress", "")
+        self.cond(c.GOAL_REACHED, "Unknown", Reason.NO_RESULT_YET, "the run has not finished")
+        self.cond(c.SUCCEEDED, "False", Reason.IN_PROGRESS, "")
+        self.cond(c.FAILED, "False", Reason.IN_PROGRESS, "")
 
     def fail(self, reason: str, message: str) -> None:
-        self.new["phase"] = "Failed"
+        self.new["phase"] = Phase.FAILED
         self.new["message"] = message
         self.new.setdefault("completionTime", c.timestamp(self.now))
-        self.cond(c.WORKERS_READY, "False", "RunFailed", "the run failed")
-        self.cond(c.RUNNING, "False", "RunFailed", "the run failed")
-        self.cond(c.GOAL_REACHED, "False", "RunFailed", "the run failed before it reported a result")
+        self.cond(c.WORKERS_READY, "False", Reason.RUN_FAILED, "the run failed")
+        self.cond(c.RUNNING, "False", Reason.RUN_FAILED, "the run failed")
+        self.cond(c.GOAL_REACHED, "False", Reason.RUN_FAILED, "the run failed before it reported a result")
         self.cond(c.SUCCEEDED, "False", reason, message)
         self.cond(c.FAILED, "True", reason, message)
 
@@ -200,15 +245,15 @@ def admitted_status(
     """Status right after admission: the task snapshot is fixed from here on."""
     st = _Status(body, now)
     st.new.update(
-        phase="Pending",
+        phase=Phase.PENDING,
         taskSnapshot=snapshot,
         startTime=c.timestamp(now),
         restarts=0,
         workers={"ready": 0, "total": ctx.spec.workers},
         message=f"creating {ctx.spec.workers} workers",
     )
-    st.cond(c.WORKERS_READY, "False", "Creating", f"0/{ctx.spec.workers} workers ready")
-    st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+    st.cond(c.WORKERS_READY, "False", Reason.CREATING, f"0/{ctx.spec.workers} workers ready")
+    st.cond(c.RUNNING, "False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
     st.in_progress()
     return st.new
 
@@ -310,7 +355,7 @@ def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: dat
     msg = wr.get("message") or "the run finished"
     if CLEANED_UP not in msg:
         msg = f"{msg}; {CLEANED_UP} {clean_pod_policy(body.get('spec')).value}"
-    st.cond(c.WORKERS_READY, "False", wr.get("reason") or "RunFinished", msg)
+    st.cond(c.WORKERS_READY, "False", wr.get("reason") or Reason.RUN_FINISHED, msg)
     return st.new
 
 
@@ -342,34 +387,34 @@ def parse_summary(text: str) -> RunSummary:
 
 def _find_failure(
     run: str, workers: Mapping[int, PodView], launcher: PodView | None, total: int, was_running: bool
-) -> tuple[str, str] | None:
+) -> tuple[Reason, str] | None:
     """The first real failure of the current world, as (reason, message).
 
     A failed worker is the root cause and wins over the launcher, whose mpirun fails only as
     its echo (a rank OOM-killed or a worker container killed takes the launcher down too).
     """
     for rank in sorted(workers):
-        if workers[rank].phase == "Failed":
+        if workers[rank].phase == PodPhase.FAILED:
             return workers[rank].failure()
     # A worker gone with its node (deleted, evicted by the node controller) takes mpirun down with
     # "ORTE has lost communication": the lost worker is the cause, not the launcher's echo of it.
     lost = [r for r in range(total) if r not in workers or workers[r].terminating]
-    if launcher is not None and lost and launcher.phase != "Succeeded":
+    if launcher is not None and lost and launcher.phase != PodPhase.SUCCEEDED:
         pod_name = n.worker_name(run, lost[0])
-        return "WorkerLost", f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
-    if launcher is not None and launcher.phase == "Failed":
+        return Reason.WORKER_LOST, f"worker {lost[0]} (pod {pod_name}) disappeared while the launcher was running"
+    if launcher is not None and launcher.phase == PodPhase.FAILED:
         return launcher.failure()
     if was_running and (launcher is None or launcher.terminating):
-        return "LauncherLost", f"launcher (pod {n.launcher_name(run)}) disappeared while it was running"
+        return Reason.LAUNCHER_LOST, f"launcher (pod {n.launcher_name(run)}) disappeared while it was running"
     for rank in sorted(workers):
         pod = workers[rank]
-        if pod.phase == "Succeeded" and (launcher is None or not launcher.finished):
-            return "WorkerExited", f"worker {rank} (pod {pod.name}) exited before the launcher finished"
+        if pod.phase == PodPhase.SUCCEEDED and (launcher is None or not launcher.finished):
+            return Reason.WORKER_EXITED, f"worker {rank} (pod {pod.name}) exited before the launcher finished"
     return None
 
 
 #: Failures a gang restart would only repeat: the run fails at once instead of burning maxRestarts.
-PERMANENT_FAILURES = frozenset({INVALID_INPUT})
+PERMANENT_FAILURES = frozenset({Reason.INVALID_INPUT})
 
 
 #: How long a failed launcher's workers get to report their own cause before the launcher is blamed.
@@ -386,11 +431,11 @@ def _root_cause_wait(
     None: decide now (no launcher failure, a worker already failed or is lost, none is running,
     or the grace is over).
     """
-    if launcher is None or launcher.phase != "Failed" or launcher.finished_at is None:
+    if launcher is None or launcher.phase != PodPhase.FAILED or launcher.finished_at is None:
         return None
-    if any(w.phase == "Failed" or w.terminating for w in workers.values()) or len(workers) < total:
+    if any(w.phase == PodPhase.FAILED or w.terminating for w in workers.values()) or len(workers) < total:
         return None  # a worker already tells the cause (failed, or lost)
-    if not any(w.phase == "Running" for w in workers.values()):
+    if not any(w.phase == PodPhase.RUNNING for w in workers.values()):
         return None
     finished = c.parse_time(launcher.finished_at)
     if finished is None:
@@ -436,217 +481,365 @@ def _until_stuck(pod: PodView, now: datetime) -> float | None:
     return None if end is None else max((end - now).total_seconds() + FORCE_DELETE_AFTER_SECONDS + 1, 1.0)
 
 
-def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> Plan:
-    """Next status and actions for an admitted, unfinished run."""
-    st = _Status(body, now)
-    pods, foreign = _own(pods, ctx.uid)
-    policy = ctx.spec.run_policy or RunPolicy()
-    total = ctx.spec.workers
-    restarts = int(st.old.get("restarts") or 0)
-    st.new["restarts"] = restarts
-    current = [p for p in pods if p.attempt == restarts]
-    stale = [p for p in pods if p.attempt != restarts]
-    workers = {p.rank: p for p in current if p.role == n.ROLE_WORKER and p.rank is not None and p.rank < total}
-    launcher = next((p for p in current if p.role == n.ROLE_LAUNCHER), None)
-    ready = sum(1 for p in workers.values() if p.ready and not p.terminating)
-    st.new["workers"] = {"ready": ready, "total": total}
-    out = Plan(status=st.new)
-    old_phase = st.old.get("phase")
-    out.force_delete = sorted(p.name for p in pods if _stuck_terminating(p, now))
-    # pods on a lost node send no more events: look again when they would count as stuck
-    waits = [_until_stuck(p, now) for p in pods if p.terminating and p.name not in out.force_delete]
-    out.requeue_after = min((w for w in waits if w is not None), default=None)
+# -- plan: an ordered list of policies ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything a policy decides from, sorted once per pass; no policy changes it.
 
-    def finish(cleanup: bool = True) -> Plan:
-        if cleanup:
-            out.cleanup = _cleanup(policy.clean_pod_policy, pods)
-        phase = st.new["phase"]
-        kind = "Normal" if phase == "Succeeded" else "Warning"
-        out.events.append((kind, phase, st.new.get("message", "")))
-        return out
+    Only the run's own pods (controller UID = the run's) are ever acted on; ``foreign`` pods merely
+    block the names they hold.
+    """
 
-    # 1. The launcher finished successfully: its termination message is the result.
-    if launcher is not None and launcher.phase == "Succeeded":
-        text = (launcher.term_message or "").strip()
-        try:
-            if not text:
-                raise ValueError("the launcher exited 0 but wrote no termination message")
-            summary = parse_summary(text)
-            result = _summary_result(summary, ctx.image, workers.values())
-            _check_finite(result)
-        except ValueError as err:
-            st.fail("InvalidResult", f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
-            return finish()
-        st.new.update(phase="Succeeded", result=result, progress=final_progress(st.old.get("progress"), summary, now))
-        st.new.setdefault("completionTime", c.timestamp(now))
-        if summary.goal_reached:
-            ttg = summary.time_to_goal_seconds
-            msg = f"goal reached{f' in {ttg:.1f} s' if ttg is not None else ''}"
-            reason = "GoalReached"
-        else:
-            msg = f"finished without reaching the goal ({summary.stop_reason or summary.status})"
-            reason = "Aborted" if summary.status == "aborted" else "GoalNotReached"
-        if summary.best_accuracy is not None:
-            msg += f"; best accuracy {summary.best_accuracy:.4f}"
-        st.new["message"] = msg
-        st.cond(c.WORKERS_READY, "False", "RunFinished", "the run finished")
-        st.cond(c.RUNNING, "False", "Completed", f"launcher {launcher.name} completed")
-        st.cond(c.GOAL_REACHED, "True" if summary.goal_reached else "False", reason, msg)
-        st.cond(c.SUCCEEDED, "True", reason, msg)
-        st.cond(c.FAILED, "False", "Succeeded", "")
-        return finish()
+    body: Mapping[str, Any]  #: the run as last written (its status is the previous decision)
+    ctx: RunContext
+    now: datetime
+    run_policy: RunPolicy
+    restarts: int  #: ``status.restarts``: the current attempt
+    own: tuple[PodView, ...]  #: the run's own pods, of every attempt
+    current: tuple[PodView, ...]  #: own pods of the current attempt
+    stale: tuple[PodView, ...]  #: own pods of earlier attempts: deleted before the next attempt starts
+    foreign: tuple[PodView, ...]  #: the run's labels but another or no controller (never adopted)
+    workers: Mapping[int, PodView]  #: the current attempt's workers by rank (ranks beyond spec.workers ignored)
+    launcher: PodView | None  #: the current attempt's launcher
 
-    # 1b. The launcher failed but rank 0 reported (the run aborted, e.g. diverged): a restart would repeat it.
-    if launcher is not None and launcher.phase == "Failed" and launcher.term_message:
-        aborted: RunSummary | None
-        try:
-            aborted = parse_summary(launcher.term_message)
-            aborted_result = _summary_result(aborted, ctx.image, workers.values())
-            _check_finite(aborted_result)
-        except ValueError:
-            aborted = None
-        # Only an "aborted" summary means "a restart would repeat it"; any other status is a crash.
-        if aborted is not None and aborted.status == "aborted":
-            summary = aborted
-            st.new["result"] = aborted_result
-            st.fail(
-                "Aborted",
-                f"the run aborted ({summary.stop_reason or summary.status}); "
-                f"launcher {launcher.name} exit code {launcher.exit_code}",
-            )
-            st.cond(c.GOAL_REACHED, "False", "Aborted", "the run aborted before reaching the goal")
-            return finish()
-
-    # 2. Out of time.
-    start = c.parse_time(st.old.get("startTime"))
-    deadline = policy.active_deadline_seconds
-    if deadline is not None and start is not None:
-        left = (start + _seconds(deadline) - now).total_seconds()
-        if left <= 0:
-            st.fail("DeadlineExceeded", f"the run exceeded runPolicy.activeDeadlineSeconds={deadline}")
-            return finish()
-        out.requeue_after = min(left, out.requeue_after) if out.requeue_after is not None else left
-
-    # 3. A failed rank fails the world: restart the whole gang or give up.
-    was_running = c.is_true(st.old.get("conditions"), c.RUNNING)
-    hold = _root_cause_wait(launcher, workers, total, now)
-    if hold is not None:
-        out.requeue_after = min(hold, out.requeue_after) if out.requeue_after is not None else hold
-        return out
-    failure = _find_failure(ctx.name, workers, launcher, total, was_running) if not stale else None
-    if failure is not None:
-        reason, message = failure
-        if reason in PERMANENT_FAILURES:
-            st.fail(reason, f"{message} (not restarted: the runner refused its input, a restart would repeat it)")
-            return finish()
-        if restarts >= policy.max_restarts:
-            st.fail(reason, f"{message} (gave up after {restarts} of maxRestarts={policy.max_restarts} restarts)")
-            return finish()
-        restarts += 1
-        text = f"restart {restarts}/{policy.max_restarts}: {message}"
-        st.new.update(restarts=restarts, phase="Pending", message=text, workers={"ready": 0, "total": total})
-        st.cond(c.WORKERS_READY, "False", "Restarting", text)
-        st.cond(c.RUNNING, "False", "Restarting", text)
-        st.cond(c.RESTARTED, "True", reason, text)
-        out.delete_stale = _deletable(pods)
-        out.events.append(("Warning", "Restarting", text))
-        if launcher is not None and launcher.phase == "Failed":
-            out.keep_log_of = launcher.name
-        return out
-
-    # 4. Make progress: clear the previous world, create workers, then the launcher.
-    if stale:
-        out.delete_stale = _deletable(stale)
-        st.new["phase"] = "Pending"
-        msg = f"waiting for {len(stale)} pods of the previous attempt to terminate"
-        st.cond(c.WORKERS_READY, "False", "Restarting", msg)
-        st.cond(c.RUNNING, "False", "Restarting", msg)
-        st.in_progress()
-        st.new["message"] = msg
-        return out
-
-    held = {p.name: p for p in foreign}
-    if launcher is None:
-        out.create_workers = [r for r in range(total) if r not in workers]
-    wanted = {n.worker_name(ctx.name, r): r for r in out.create_workers}
-    blocked = [held[name] for name in sorted(held) if name in wanted]  # names taken by another owner's pods
-    out.create_workers = [r for name, r in wanted.items() if name not in held]
-    prev_wr = c.get(st.old.get("conditions"), c.WORKERS_READY) or {}
-    prev_run = c.get(st.old.get("conditions"), c.RUNNING) or {}
-    unsched = sorted((p for p in workers.values() if p.unschedulable), key=lambda p: p.rank or 0)
-    stuck = sorted((p for p in workers.values() if p.waiting), key=lambda p: p.rank or 0)
-    all_scheduled = len(workers) == total and all(p.scheduled for p in workers.values())
-    if ready == total:
-        st.cond(c.WORKERS_READY, "True", "AllWorkersReady", f"{ready}/{total} workers ready")
-    elif prev_wr.get("reason") == "CreateFailed" and out.create_workers:
-        # the API server refused a create (quota, policy): keep saying so while we retry
-        st.cond(c.WORKERS_READY, "False", "CreateFailed", prev_wr.get("message", ""))
-    elif blocked:
-        st.cond(
-            c.WORKERS_READY,
-            "False",
-            "NameConflict",
-            f"pod {blocked[0].name} belongs to another owner (uid {blocked[0].owner_uid}, e.g. a deleted run "
-            "of the same name); waiting for it to be deleted",
+    @classmethod
+    def of(cls, body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> PlanInput:
+        own, foreign = _own(pods, ctx.uid)
+        restarts = int((body.get("status") or {}).get("restarts") or 0)
+        current = tuple(p for p in own if p.attempt == restarts)
+        total = ctx.spec.workers
+        workers = {p.rank: p for p in current if p.role == n.ROLE_WORKER and p.rank is not None and p.rank < total}
+        return cls(
+            body=body,
+            ctx=ctx,
+            now=now,
+            run_policy=ctx.spec.run_policy or RunPolicy(),
+            restarts=restarts,
+            own=tuple(own),
+            current=current,
+            stale=tuple(p for p in own if p.attempt != restarts),
+            foreign=tuple(foreign),
+            workers=MappingProxyType(workers),
+            launcher=next((p for p in current if p.role == n.ROLE_LAUNCHER), None),
         )
-    elif unsched:
-        st.cond(
-            c.WORKERS_READY,
-            "False",
-            "Unschedulable",
-            f"{len(unsched)}/{total} workers cannot be scheduled: {unsched[0].unschedulable}",
-        )
-    elif stuck:
-        st.cond(c.WORKERS_READY, "False", "ContainerWaiting", f"worker {stuck[0].rank}: {stuck[0].waiting}")
-    else:
-        st.cond(c.WORKERS_READY, "False", "WaitingForWorkers", f"{ready}/{total} workers ready")
 
-    if launcher is not None and launcher.phase == "Running":
-        st.new["phase"] = "Running"
-        st.cond(c.RUNNING, "True", "LauncherRunning", f"launcher {launcher.name} is running mpirun")
-    elif launcher is not None:
-        st.new["phase"] = "Starting"
-        why = launcher.waiting or launcher.unschedulable
-        detail = f": {why}" if why else ""
-        st.cond(c.RUNNING, "False", "LauncherStarting", f"launcher {launcher.name} is {launcher.phase}{detail}")
-    elif ready == total:
-        st.new["phase"] = "Starting"
-        blocker = held.get(n.launcher_name(ctx.name))
-        out.create_launcher = blocker is None
-        if blocker is not None:
-            st.cond(
-                c.RUNNING,
-                "False",
-                "NameConflict",
-                f"pod {blocker.name} belongs to another owner (uid {blocker.owner_uid}); waiting for it to be deleted",
-            )
-        elif prev_run.get("reason") == "CreateFailed":
-            st.cond(c.RUNNING, "False", "CreateFailed", prev_run.get("message", ""))
-        else:
-            st.cond(c.RUNNING, "False", "CreatingLauncher", "every worker is Ready; creating the launcher")
+    @property
+    def old(self) -> Mapping[str, Any]:
+        """The previous status."""
+        return self.body.get("status") or {}
+
+    @property
+    def total(self) -> int:
+        return self.ctx.spec.workers
+
+    @property
+    def ready(self) -> int:
+        """Workers of the current attempt that are Ready (a Terminating one no longer counts)."""
+        return sum(1 for p in self.workers.values() if p.ready and not p.terminating)
+
+    @property
+    def deadline_left(self) -> float | None:
+        """Seconds until ``runPolicy.activeDeadlineSeconds`` (<= 0: exceeded); None: no deadline."""
+        start = c.parse_time(self.old.get("startTime"))
+        deadline = self.run_policy.active_deadline_seconds
+        if deadline is None or start is None:
+            return None
+        return (start + _seconds(deadline) - self.now).total_seconds()
+
+    def status(self) -> _Status:
+        """A fresh builder for the next status, with the counts every decision reports."""
+        st = _Status(self.body, self.now)
+        st.new["restarts"] = self.restarts
+        st.new["workers"] = {"ready": self.ready, "total": self.total}
+        return st
+
+
+#: A policy: a :class:`Plan` when it decides the pass, None to leave it to the next one.
+Policy = Callable[[PlanInput], Plan | None]
+#: A condition as ``(status, reason, message)``.
+_Cond = tuple[str, str, str]
+
+
+def _finished(inp: PlanInput, st: _Status) -> Plan:
+    """A terminal plan: the final status, the deletions its cleanPodPolicy wants, an Event with the outcome."""
+    phase = st.new["phase"]
+    kind = "Normal" if phase == Phase.SUCCEEDED else "Warning"
+    return Plan(
+        status=st.new,
+        cleanup=_cleanup(inp.run_policy.clean_pod_policy, inp.own),
+        events=[(kind, phase, st.new.get("message", ""))],
+    )
+
+
+def launcher_succeeded(inp: PlanInput) -> Plan | None:
+    """The launcher exited 0: its termination message is the result (``Succeeded``, whether or not the
+    goal was reached), or ``Failed``/``InvalidResult`` when that message is unusable."""
+    launcher = inp.launcher
+    if launcher is None or launcher.phase != PodPhase.SUCCEEDED:
+        return None
+    st = inp.status()
+    text = (launcher.term_message or "").strip()
+    try:
+        if not text:
+            raise ValueError("the launcher exited 0 but wrote no termination message")
+        summary = parse_summary(text)
+        result = _summary_result(summary, inp.ctx.image, inp.workers.values())
+        _check_finite(result)
+    except ValueError as err:
+        st.fail(Reason.INVALID_RESULT, f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
+        return _finished(inp, st)
+    progress = final_progress(inp.old.get("progress"), summary, inp.now)
+    st.new.update(phase=Phase.SUCCEEDED, result=result, progress=progress)
+    st.new.setdefault("completionTime", c.timestamp(inp.now))
+    if summary.goal_reached:
+        ttg = summary.time_to_goal_seconds
+        msg = f"goal reached{f' in {ttg:.1f} s' if ttg is not None else ''}"
+        reason = Reason.GOAL_REACHED
     else:
-        st.new["phase"] = "Starting" if all_scheduled else "Pending"
-        st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+        msg = f"finished without reaching the goal ({summary.stop_reason or summary.status})"
+        reason = Reason.ABORTED if summary.status == "aborted" else Reason.GOAL_NOT_REACHED
+    if summary.best_accuracy is not None:
+        msg += f"; best accuracy {summary.best_accuracy:.4f}"
+    st.new["message"] = msg
+    st.cond(c.WORKERS_READY, "False", Reason.RUN_FINISHED, "the run finished")
+    st.cond(c.RUNNING, "False", Reason.COMPLETED, f"launcher {launcher.name} completed")
+    st.cond(c.GOAL_REACHED, "True" if summary.goal_reached else "False", reason, msg)
+    st.cond(c.SUCCEEDED, "True", reason, msg)
+    st.cond(c.FAILED, "False", Phase.SUCCEEDED, "")
+    return _finished(inp, st)
+
+
+def launcher_aborted(inp: PlanInput) -> Plan | None:
+    """The launcher failed but rank 0 reported a summary whose status is ``aborted`` (e.g. diverged):
+    ``Failed``/``Aborted`` with its figures kept, no restart (it would abort again). Any other summary
+    from a failed launcher is a crash, left to :func:`gang_failure`."""
+    launcher = inp.launcher
+    if launcher is None or launcher.phase != PodPhase.FAILED or not launcher.term_message:
+        return None
+    try:
+        summary = parse_summary(launcher.term_message)
+        result = _summary_result(summary, inp.ctx.image, inp.workers.values())
+        _check_finite(result)
+    except ValueError:
+        return None
+    if summary.status != "aborted":
+        return None
+    st = inp.status()
+    st.new["result"] = result
+    st.fail(
+        Reason.ABORTED,
+        f"the run aborted ({summary.stop_reason or summary.status}); "
+        f"launcher {launcher.name} exit code {launcher.exit_code}",
+    )
+    st.cond(c.GOAL_REACHED, "False", Reason.ABORTED, "the run aborted before reaching the goal")
+    return _finished(inp, st)
+
+
+def deadline_exceeded(inp: PlanInput) -> Plan | None:
+    """``runPolicy.activeDeadlineSeconds`` has passed since ``startTime``: ``Failed``/``DeadlineExceeded``.
+    (Until then the deadline only wakes the run up: see :func:`plan`.)"""
+    left = inp.deadline_left
+    if left is None or left > 0:
+        return None
+    st = inp.status()
+    st.fail(
+        Reason.DEADLINE_EXCEEDED,
+        f"the run exceeded runPolicy.activeDeadlineSeconds={inp.run_policy.active_deadline_seconds}",
+    )
+    return _finished(inp, st)
+
+
+def root_cause_hold(inp: PlanInput) -> Plan | None:
+    """The launcher failed while every worker still runs: decide nothing for up to
+    :data:`ROOT_CAUSE_GRACE_SECONDS`, so that a worker can report the real cause first."""
+    hold = _root_cause_wait(inp.launcher, inp.workers, inp.total, inp.now)
+    if hold is None:
+        return None
+    return Plan(status=inp.status().new, requeue_after=hold)
+
+
+def gang_failure(inp: PlanInput) -> Plan | None:
+    """A failed (or lost) rank fails the whole world: restart the gang, or give up (``Failed`` with the
+    cause) when the failure is permanent or ``maxRestarts`` is spent. Not while pods of the previous
+    attempt remain: they are history (:func:`stale_attempt` clears them)."""
+    if inp.stale:
+        return None
+    was_running = c.is_true(inp.old.get("conditions"), c.RUNNING)
+    failure = _find_failure(inp.ctx.name, inp.workers, inp.launcher, inp.total, was_running)
+    if failure is None:
+        return None
+    reason, message = failure
+    st = inp.status()
+    limit = inp.run_policy.max_restarts
+    if reason in PERMANENT_FAILURES:
+        st.fail(reason, f"{message} (not restarted: the runner refused its input, a restart would repeat it)")
+        return _finished(inp, st)
+    if inp.restarts >= limit:
+        st.fail(reason, f"{message} (gave up after {inp.restarts} of maxRestarts={limit} restarts)")
+        return _finished(inp, st)
+    restarts = inp.restarts + 1
+    text = f"restart {restarts}/{limit}: {message}"
+    st.new.update(restarts=restarts, phase=Phase.PENDING, message=text, workers={"ready": 0, "total": inp.total})
+    st.cond(c.WORKERS_READY, "False", Reason.RESTARTING, text)
+    st.cond(c.RUNNING, "False", Reason.RESTARTING, text)
+    st.cond(c.RESTARTED, "True", reason, text)
+    launcher = inp.launcher
+    return Plan(
+        status=st.new,
+        # the restart is recorded (status first), then every pod of the failed attempt goes
+        delete_stale=_deletable(inp.own),
+        events=[("Warning", Reason.RESTARTING, text)],
+        keep_log_of=launcher.name if launcher is not None and launcher.phase == PodPhase.FAILED else None,
+    )
+
+
+def stale_attempt(inp: PlanInput) -> Plan | None:
+    """Pods of an earlier attempt remain (a gang restart is under way): delete them and wait until they
+    are gone, since the next attempt reuses their names."""
+    if not inp.stale:
+        return None
+    st = inp.status()
+    st.new["phase"] = Phase.PENDING
+    msg = f"waiting for {len(inp.stale)} pods of the previous attempt to terminate"
+    st.cond(c.WORKERS_READY, "False", Reason.RESTARTING, msg)
+    st.cond(c.RUNNING, "False", Reason.RESTARTING, msg)
     st.in_progress()
-    wr = c.get(st.new["conditions"], c.WORKERS_READY) or {}
-    run = c.get(st.new["conditions"], c.RUNNING) or {}
-    st.new["message"] = f"{wr.get('message', '')}; {run.get('message', '')}"
-    if st.new["phase"] == "Running":
-        stalled, why, wait = _no_progress(st.old.get("progress"), policy, now)
-        was = c.get(st.old.get("conditions"), c.STALLED) or {}
-        st.cond(c.STALLED, "True" if stalled else "False", c.NO_PROGRESS if stalled else "Running", why)
-        if stalled and (was.get("status"), was.get("reason")) != ("True", c.NO_PROGRESS):
-            out.events.append(("Warning", c.NO_PROGRESS, why))
-        if wait is not None:
-            out.requeue_after = min(wait, out.requeue_after) if out.requeue_after is not None else wait
-    if st.new["phase"] != old_phase:
-        out.events.append(("Normal", st.new["phase"], st.new["message"]))
-    if (
-        wr.get("reason") == "Unschedulable"
-        and (c.get(st.old.get("conditions"), c.WORKERS_READY) or {}).get("reason") != "Unschedulable"
-    ):
-        out.events.append(("Warning", "Unschedulable", wr.get("message", "")))
+    st.new["message"] = msg
+    return Plan(status=st.new, delete_stale=_deletable(inp.stale))
+
+
+def _workers_to_create(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[list[int], list[PodView]]:
+    """(ranks to create now, foreign pods holding the names of others): missing workers are created only
+    before the launcher exists (afterwards a missing worker is a failure, not a gap to fill)."""
+    wanted = [] if inp.launcher is not None else [r for r in range(inp.total) if r not in inp.workers]
+    names = {n.worker_name(inp.ctx.name, r): r for r in wanted}
+    blocked = [held[name] for name in sorted(held) if name in names]
+    return [r for name, r in names.items() if name not in held], blocked
+
+
+def _workers_ready(inp: PlanInput, blocked: list[PodView], creating: bool) -> _Cond:
+    """WorkersReady: all Ready, or the most useful reason why not (a refused create, a name held by
+    another owner, the scheduler, a stuck container), in that order."""
+    ready, total = inp.ready, inp.total
+    prev = c.get(inp.old.get("conditions"), c.WORKERS_READY) or {}
+    workers = sorted(inp.workers.values(), key=lambda p: p.rank or 0)
+    unsched = [p for p in workers if p.unschedulable]
+    stuck = [p for p in workers if p.waiting]
+    if ready == total:
+        return "True", Reason.ALL_WORKERS_READY, f"{ready}/{total} workers ready"
+    if prev.get("reason") == Reason.CREATE_FAILED and creating:
+        # the API server refused a create (quota, policy): keep saying so while we retry
+        return "False", Reason.CREATE_FAILED, prev.get("message", "")
+    if blocked:
+        pod = blocked[0]
+        text = (
+            f"pod {pod.name} belongs to another owner (uid {pod.owner_uid}, e.g. a deleted run of the same name); "
+            "waiting for it to be deleted"
+        )
+        return "False", Reason.NAME_CONFLICT, text
+    if unsched:
+        text = f"{len(unsched)}/{total} workers cannot be scheduled: {unsched[0].unschedulable}"
+        return "False", Reason.UNSCHEDULABLE, text
+    if stuck:
+        return "False", Reason.CONTAINER_WAITING, f"worker {stuck[0].rank}: {stuck[0].waiting}"
+    return "False", Reason.WAITING_FOR_WORKERS, f"{ready}/{total} workers ready"
+
+
+def _launcher_state(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[Phase, _Cond, bool]:
+    """(phase, Running condition, create the launcher now?): the launcher is created only once every
+    worker is Ready, and only under a name no other owner's pod holds."""
+    launcher = inp.launcher
+    if launcher is not None and launcher.phase == PodPhase.RUNNING:
+        return Phase.RUNNING, ("True", Reason.LAUNCHER_RUNNING, f"launcher {launcher.name} is running mpirun"), False
+    if launcher is not None:
+        why = launcher.waiting or launcher.unschedulable
+        text = f"launcher {launcher.name} is {launcher.phase}{f': {why}' if why else ''}"
+        return Phase.STARTING, ("False", Reason.LAUNCHER_STARTING, text), False
+    if inp.ready < inp.total:
+        scheduled = len(inp.workers) == inp.total and all(p.scheduled for p in inp.workers.values())
+        waiting = ("False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
+        return (Phase.STARTING if scheduled else Phase.PENDING), waiting, False
+    blocker = held.get(n.launcher_name(inp.ctx.name))
+    if blocker is not None:
+        text = f"pod {blocker.name} belongs to another owner (uid {blocker.owner_uid}); waiting for it to be deleted"
+        return Phase.STARTING, ("False", Reason.NAME_CONFLICT, text), False
+    prev = c.get(inp.old.get("conditions"), c.RUNNING) or {}
+    if prev.get("reason") == Reason.CREATE_FAILED:
+        return Phase.STARTING, ("False", Reason.CREATE_FAILED, prev.get("message", "")), True
+    return Phase.STARTING, ("False", Reason.CREATING_LAUNCHER, "every worker is Ready; creating the launcher"), True
+
+
+def _stalled(inp: PlanInput) -> tuple[_Cond, bool, float | None]:
+    """(Stalled condition, is it news (Event), seconds until it would be) for a Running run."""
+    stalled, why, wait = _no_progress(inp.old.get("progress"), inp.run_policy, inp.now)
+    was = c.get(inp.old.get("conditions"), c.STALLED) or {}
+    news = stalled and (was.get("status"), was.get("reason")) != ("True", Reason.NO_PROGRESS)
+    if stalled:
+        return ("True", Reason.NO_PROGRESS, why), news, wait
+    return ("False", Phase.RUNNING, why), False, wait
+
+
+def make_progress(inp: PlanInput) -> Plan:
+    """Always decides: create what is missing (workers, then the launcher once all are Ready) and say
+    where the run stands (WorkersReady, Running, the phase; Stalled while Running)."""
+    st = inp.status()
+    out = Plan(status=st.new)
+    held = {p.name: p for p in inp.foreign}
+    out.create_workers, blocked = _workers_to_create(inp, held)
+    workers_ready = _workers_ready(inp, blocked, bool(out.create_workers))
+    phase, running, out.create_launcher = _launcher_state(inp, held)
+    st.cond(c.WORKERS_READY, *workers_ready)
+    st.new["phase"] = phase
+    st.cond(c.RUNNING, *running)
+    st.in_progress()
+    # the conditions' messages as stored (cleaned of control characters), not the raw text from pods
+    workers_text, running_text = st.message_of(c.WORKERS_READY), st.message_of(c.RUNNING)
+    st.new["message"] = f"{workers_text}; {running_text}"
+    if phase == Phase.RUNNING:
+        stalled, news, out.requeue_after = _stalled(inp)
+        st.cond(c.STALLED, *stalled)
+        if news:
+            out.events.append(("Warning", Reason.NO_PROGRESS, stalled[2]))
+    if phase != inp.old.get("phase"):
+        out.events.append(("Normal", phase, st.new["message"]))
+    prev = c.get(inp.old.get("conditions"), c.WORKERS_READY) or {}
+    if workers_ready[1] == Reason.UNSCHEDULABLE and prev.get("reason") != Reason.UNSCHEDULABLE:
+        out.events.append(("Warning", Reason.UNSCHEDULABLE, workers_text))
     return out
+
+
+#: The policies :func:`plan` asks, in this order; the first that returns a plan decides the pass.
+POLICIES: tuple[Policy, ...] = (
+    launcher_succeeded,
+    launcher_aborted,
+    deadline_exceeded,
+    root_cause_hold,
+    gang_failure,
+    stale_attempt,
+    make_progress,
+)
+
+
+def _upkeep(inp: PlanInput, out: Plan) -> Plan:
+    """What every pass contributes whatever decided it: pods stuck Terminating on a lost node are
+    force-deleted, and the run wakes up by the earliest of its own wait, the moment a Terminating pod
+    would count as stuck (a lost node sends no more events) and the active deadline."""
+    out.force_delete = sorted(p.name for p in inp.own if _stuck_terminating(p, inp.now))
+    waits = [_until_stuck(p, inp.now) for p in inp.own if p.terminating and p.name not in out.force_delete]
+    left = inp.deadline_left
+    waits += [out.requeue_after, left if left is not None and left > 0 else None]
+    out.requeue_after = min((w for w in waits if w is not None), default=None)
+    return out
+
+
+def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> Plan:
+    """Next status and actions for an admitted, unfinished run: the first of :data:`POLICIES` that decides."""
+    inp = PlanInput.of(body, ctx, pods, now)
+    for policy in POLICIES:
+        out = policy(inp)
+        if out is not None:
+            return _upkeep(inp, out)
+    raise AssertionError("unreachable: make_progress, the last policy, always decides")
 
 
 def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> Plan:
@@ -663,8 +856,8 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
     left = (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
     if left is not None and left <= 0 and state.action not in (FetchAction.READY, FetchAction.FAIL):
         message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {state.message}"
-        st.fail("DeadlineExceeded", message)
-        out.events.append(("Warning", "Failed", message))
+        st.fail(Reason.DEADLINE_EXCEEDED, message)
+        out.events.append(("Warning", Phase.FAILED, message))
         return out
     out.requeue_after = left
     if state.action is FetchAction.READY:
@@ -673,10 +866,10 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
         st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
         st.fail(state.reason.value, state.message)
     else:
-        st.new["phase"] = "Pending"
+        st.new["phase"] = Phase.PENDING
         st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
-        st.cond(c.WORKERS_READY, "False", c.WAITING_FOR_DATASET, "workers are created once the dataset is ready")
-        st.cond(c.RUNNING, "False", "WaitingForWorkers", "the launcher starts once every worker is Ready")
+        st.cond(c.WORKERS_READY, "False", Reason.WAITING_FOR_DATASET, "workers are created once the dataset is ready")
+        st.cond(c.RUNNING, "False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
         st.in_progress()
         st.new["message"] = state.message
     new = c.get(st.new["conditions"], c.DATASET_READY) or {}
@@ -704,17 +897,19 @@ def finalize(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     message = new.get("message") or ""
     failed = c.get(conds, c.FAILED) or {}
     stalled = c.get(conds, c.STALLED) or {}
-    if phase == "Succeeded":
-        ready = ("True", "Succeeded", message)
-    elif phase == "Failed":
-        ready = ("False", failed.get("reason") or "Failed", failed.get("message") or message)
+    ready: _Cond
+    stuck: _Cond
+    if phase == Phase.SUCCEEDED:
+        ready = ("True", Phase.SUCCEEDED, message)
+    elif phase == Phase.FAILED:
+        ready = ("False", failed.get("reason") or Phase.FAILED, failed.get("message") or message)
     else:
         ready = ("False", phase, message)
     reconciling = ("False", phase, "the run finished") if phase in TERMINAL else ("True", phase, message)
-    if phase == "Failed":
+    if phase == Phase.FAILED:
         stuck = ("True", ready[1], ready[2])
-    elif phase == "Running" and (stalled.get("status"), stalled.get("reason")) == ("True", c.NO_PROGRESS):
-        stuck = ("True", c.NO_PROGRESS, stalled.get("message") or "")
+    elif phase == Phase.RUNNING and (stalled.get("status"), stalled.get("reason")) == ("True", Reason.NO_PROGRESS):
+        stuck = ("True", Reason.NO_PROGRESS, stalled.get("message") or "")
     else:
         stuck = ("False", phase, "")
     gen = new.get("observedGeneration")
@@ -741,9 +936,9 @@ def unstorable_status(old: Mapping[str, Any], detail: str, now: datetime) -> dic
     gen = gen if isinstance(gen, int) and 0 <= gen <= 2**53 else None
     conds: list[c.Condition] = []
     for type_, value in ((c.SUCCEEDED, "False"), (c.FAILED, "True")):
-        conds = c.set_condition(conds, type_, value, "InvalidResult", message, now=now, generation=gen)
+        conds = c.set_condition(conds, type_, value, Reason.INVALID_RESULT, message, now=now, generation=gen)
     out: dict[str, Any] = {
-        "phase": "Failed",
+        "phase": Phase.FAILED,
         "message": message,
         "conditions": conds,
         "completionTime": old.get("completionTime") or c.timestamp(now),
@@ -797,15 +992,15 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     if len(failures) > 1:
         text += f" (and {len(failures) - 1} more)"
     if code == 422:
-        st.fail("CreateFailed", text)
-        out.events.append(("Warning", "Failed", text))
+        st.fail(Reason.CREATE_FAILED, text)
+        out.events.append(("Warning", Phase.FAILED, text))
         return out
     type_ = c.RUNNING if name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
     old = c.get(st.old.get("conditions"), type_) or {}
-    st.cond(type_, "False", "CreateFailed", text)
+    st.cond(type_, "False", Reason.CREATE_FAILED, text)
     st.new["message"] = text
-    if (old.get("reason"), old.get("message")) != ("CreateFailed", text):
-        out.events.append(("Warning", "CreateFailed", text))
+    if (old.get("reason"), old.get("message")) != (Reason.CREATE_FAILED, text):
+        out.events.append(("Warning", Reason.CREATE_FAILED, text))
     return out
 
 
@@ -818,13 +1013,8 @@ def object_conflict(body: Mapping[str, Any], kind: str, name: str, owner: str | 
         "waiting for it to be deleted"
     )
     old = c.get(st.old.get("conditions"), c.WORKERS_READY) or {}
-    st.cond(c.WORKERS_READY, "False", "NameConflict", text)
+    st.cond(c.WORKERS_READY, "False", Reason.NAME_CONFLICT, text)
     st.new["message"] = text
-    if (old.get("reason"), old.get("message")) != ("NameConflict", text):
-        out.events.append(("Warning", "NameConflict", text))
+    if (old.get("reason"), old.get("message")) != (Reason.NAME_CONFLICT, text):
+        out.events.append(("Warning", Reason.NAME_CONFLICT, text))
     return out
-
-
-def controller_uid(obj: Mapping[str, Any] | None) -> str | None:
-    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
-    return next((r.get("uid") for r in refs if r.get("controller")), None)

@@ -20,6 +20,7 @@ from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
+from mlbench_operator.reconcile import TERMINAL
 
 #: How long after the run ended a launcher that is still running may take to print its results (a
 #: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s), and how
@@ -28,7 +29,6 @@ from mlbench_operator.podview import PodView
 WAIT_SECONDS = 60.0
 #: Log lines read from the end: the results line comes last, split by the runtime into 16 KiB parts.
 TAIL_LINES = 500
-TERMINAL = ("Succeeded", "Failed")
 
 
 class Action(Enum):

@@ -1,16 +1,23 @@
 """Typed operator settings from the environment (the Deployment sets them; defaults suit one node).
 
-Parsed once at start-up, so a typo (``MLBENCH_DATASET_ACCESS_MODE=ReadWriteMani``) stops the operator
-with the variable named instead of surfacing as an odd PVC error on the first run.
+Parsed once at start-up into an :class:`OperatorConfig`, so a typo
+(``MLBENCH_DATASET_ACCESS_MODE=ReadWriteMani``) stops the operator with the variable named instead of
+surfacing as an odd PVC error on the first run. ``mlbench-operator`` (:mod:`.main`) hands the config to
+kopf in the operator memo (``memo.config``); the handlers read it from there, never from ``os.environ``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mlbench_operator import naming as n
+
+if TYPE_CHECKING:
+    from mlbench_operator.policy import AdmissionPolicy
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -77,6 +84,112 @@ def results_wait_seconds(env: Mapping[str, str]) -> float:
     from mlbench_operator.results import WAIT_SECONDS
 
     return float(_positive(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(WAIT_SECONDS), minimum=0))
+
+
+#: ``MLBENCH_RESYNC_SECONDS``: a run's daemon re-checks its run this often even without an event.
+RESYNC_SECONDS = 300.0
+#: ``MLBENCH_DEBOUNCE_SECONDS``: after a wake-up, wait this long for more events before reconciling.
+DEBOUNCE_SECONDS = 0.3
+#: ``MLBENCH_METRICS_PORT``: the operator's own Prometheus endpoint (0: none).
+METRICS_PORT = 8080
+
+
+def _default_policy() -> AdmissionPolicy:
+    from mlbench_operator.policy import AdmissionPolicy
+
+    return AdmissionPolicy()
+
+
+def _default_scrapers() -> tuple[str, ...]:
+    from mlbench_operator.netpol import scraper_namespaces
+
+    return scraper_namespaces({})
+
+
+def _default_results_wait() -> float:
+    return results_wait_seconds({})
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the handlers are configured with, parsed once (``from_env``) and then only read.
+
+    Not here: ``MLBENCH_PROGRESS_SECONDS``, the interval of a ``@kopf.timer`` fixed when
+    mlbench_operator.handlers is imported (before any config exists), and the leader election's
+    settings (:class:`mlbench_operator.leader.LeaderSettings`), which only :mod:`.main` uses.
+    """
+
+    datasets: DatasetSettings = field(default_factory=DatasetSettings)
+    #: ``MLBENCH_METRICS_LINGER_SECONDS``, passed on to the ranks.
+    metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
+    #: ``MLBENCH_RESULTS_WAIT_SECONDS``
+    results_wait_seconds: float = field(default_factory=_default_results_wait)
+    #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``
+    policy: AdmissionPolicy = field(default_factory=_default_policy)
+    #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
+    scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)
+    #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user.
+    runner_uid: int | None = n.RUNNER_UID
+    #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
+    run_selector: str = ""
+    #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
+    metrics_port: int = METRICS_PORT
+    resync_seconds: float = RESYNC_SECONDS
+    debounce_seconds: float = DEBOUNCE_SECONDS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
+        """Every setting above from ``env``; raises :class:`SettingsError` naming the first bad variable."""
+        from mlbench_operator.netpol import scraper_namespaces
+        from mlbench_operator.policy import AdmissionPolicy
+
+        return cls(
+            datasets=DatasetSettings.from_env(env),
+            metrics_linger_seconds=metrics_linger_seconds(env),
+            results_wait_seconds=results_wait_seconds(env),
+            policy=AdmissionPolicy.from_env(env),
+            scraper_namespaces=scraper_namespaces(env),
+            runner_uid=runner_uid(env),
+            run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
+            metrics_port=_port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
+            resync_seconds=_seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
+            debounce_seconds=_seconds(env, "MLBENCH_DEBOUNCE_SECONDS", DEBOUNCE_SECONDS),
+        )
+
+
+def runner_uid(env: Mapping[str, str]) -> int | None:
+    """``MLBENCH_RUNNER_UID``: the non-root UID runner containers run as (default 1000); "image" (or "")
+    keeps the image's own user."""
+    raw = env.get("MLBENCH_RUNNER_UID", str(n.RUNNER_UID)).strip()
+    if raw in ("", "image"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"MLBENCH_RUNNER_UID={raw!r} is not a UID (an integer) or 'image'") from None
+    if value < 0:
+        raise SettingsError(f"MLBENCH_RUNNER_UID={raw!r} must be at least 0")
+    return value
+
+
+def _port(env: Mapping[str, str], key: str, default: int) -> int:
+    value = _positive(env, key, default, minimum=0)
+    if value > 65535:
+        raise SettingsError(f"{key}={value} is not a TCP port (0 to 65535)")
+    return value
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float, positive: bool = False) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise SettingsError(f"{key}={raw!r} must be {'greater than' if positive else 'at least'} 0")
+    return value
 
 
 def _positive(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:

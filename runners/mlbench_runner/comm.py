@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mlbench_runner.world import World
+from mlbench_runner.world import World, free_port
 
 
 class Communicator(ABC):
@@ -115,14 +115,6 @@ class LocalCommunicator(Communicator):
         return None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def make_communicator(world: World, backend: str, process_group: bool = False) -> Communicator:
     """The transport for ``backend`` (gloo, nccl or mpi).
 
@@ -133,7 +125,7 @@ def make_communicator(world: World, backend: str, process_group: bool = False) -
         if not process_group:
             return LocalCommunicator(backend)
         if world.launcher == "single":
-            world = World(0, 1, 0, 1, "127.0.0.1", _free_port(), "single")
+            world = World(0, 1, 0, 1, "127.0.0.1", free_port(), "single")
     if backend == "mpi":
         if world.launcher != "mpirun" and world.size > 1:
             raise ValueError("backend: mpi needs the ranks to be started by mpirun")

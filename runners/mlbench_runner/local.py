@@ -15,7 +15,6 @@ import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -30,16 +29,11 @@ from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfi
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.task import DatasetFormat
 from mlbench_runner.launch import launcher_command, strip_tag, summary_from_line
+from mlbench_runner.world import free_port
 
 
 class LocalRunError(Exception):
     """A problem with the user's input, reported as one clear line."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def importable_env(env: dict[str, str]) -> dict[str, str]:

@@ -1,30 +1,44 @@
-"""``mlbench results DIR...``: a table of runs and two SVG plots.
+"""``mlbench results RUN...``: tables per run and per configuration, plots, and MLCommons mllog.
 
-Each DIR is a run's output directory (holding ``summary.json``), a summary file, or a cluster
-run ``<namespace>/<run>``, whose kept results are downloaded first (``mlbench fetch``).
-Plots: test accuracy against wall-clock time, and each run's per-phase time split
-(compute vs communication), written next to the first run or to ``--plots DIR``.
+Each RUN is a run's output directory (holding ``summary.json``), a summary file, a directory
+holding many of them (a sweep's output folder: every ``summary.json`` below it), or a cluster run
+``<namespace>/<run>``, whose kept results are downloaded first (``mlbench fetch``).
+Runs that differ only in their seed form one configuration, scored as MLPerf scores a benchmark
+(mlbench_runner.scoring, docs/results.md): the olympic mean of the time to goal (fastest and
+slowest run dropped; 5 seeds wanted, fewer than 3 successes: plain mean, flagged), its spread,
+the success rate, the speedup over the smallest world size, the cost with
+``--price-per-worker-hour``, and the communication/computation split.
+Plots (matplotlib when installed, else SVG) go next to the first run, into the sweep folder
+given, or to ``--plots DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import json
 import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from mlbench_api.config import RunConfig
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat
-from mlbench_runner.svg import line_chart, stacked_bars
+from mlbench_runner import mllog, plots, scoring
+from mlbench_runner.scoring import RUNS_REQUIRED, ConfigScore
 
 COLUMNS = (
     "run",
     "task",
     "ranks",
     "backend",
+    "seed",
     "status",
     "best acc",
     "target",
@@ -35,26 +49,65 @@ COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class LoadedRun:
+    path: Path
+    """The result directory (or the summary file given)."""
+    summary: RunSummary
+    config: RunConfig | None
+    """From ``config.json`` next to the summary, when there is one."""
+
+    @property
+    def directory(self) -> Path:
+        return self.path if self.path.is_dir() else self.path.parent
+
+
 def _fmt(value: float | None, kind: str) -> str:
     if value is None:
         return "-"
     if kind == "pct":
         return f"{100 * value:.2f}%"
+    if kind == "pct1":
+        return f"{100 * value:.1f}%"
     if kind == "s":
         return f"{value:.1f}s"
     if kind == "ratio":
         return f"{value:.3f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    if kind == "money":
+        return f"{value:.4g}"
     return f"{value:.1f}"
 
 
-def format_table(summaries: list[RunSummary]) -> str:
-    """A fixed-width text table, one row per run."""
-    rows = [
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(out)
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def cell(v: str) -> str:
+        return v.replace("|", "\\|")
+
+    out = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# -- per run -------------------------------------------------------------------------------------
+
+
+def _run_rows(summaries: Sequence[RunSummary]) -> list[tuple[str, ...]]:
+    return [
         (
             s.run,
             s.task,
             str(s.environment.world_size),
             s.environment.backend,
+            str(s.environment.seed) if s.environment.seed is not None else "-",
             s.status,
             _fmt(s.best_accuracy, "pct"),
             _fmt(s.goal_target, "pct"),
@@ -65,11 +118,172 @@ def format_table(summaries: list[RunSummary]) -> str:
         )
         for s in summaries
     ]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-    line = "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
+
+
+def format_table(summaries: list[RunSummary]) -> str:
+    """A fixed-width text table, one row per run."""
+    return _text_table(COLUMNS, _run_rows(summaries))
+
+
+# -- per configuration ---------------------------------------------------------------------------
+
+
+def _method(s: ConfigScore) -> str:
+    t = s.time_to_goal
+    if t.method == "none":
+        return "-"
+    return f"{t.method} of {len(t.used)}/{len(s.runs)}"
+
+
+Column = tuple[str, Callable[[ConfigScore], str]]
+
+
+def _config_columns(scores: Sequence[ConfigScore], price: float | None) -> list[Column]:
+    cols: list[Column] = [
+        ("configuration", lambda s: s.configuration.label()),
+        ("division", lambda s: s.configuration.division),
+    ]
+    if any(s.variant for s in scores):
+        cols.append(("variant", lambda s: s.variant or "-"))
+    cols += [
+        ("runs", lambda s: str(len(s.runs))),
+        ("success", lambda s: f"{s.reached}/{len(s.runs)}"),
+        ("time to goal", lambda s: _fmt(s.time_to_goal.value, "s") + ("*" if s.flags else "")),
+        ("scored as", _method),
+        ("min", lambda s: _fmt(s.spread.min if s.spread else None, "s")),
+        ("max", lambda s: _fmt(s.spread.max if s.spread else None, "s")),
+        ("stdev", lambda s: _fmt(s.spread.stdev if s.spread else None, "s")),
+        ("speedup", lambda s: _fmt(s.speedup, "x")),
+        ("efficiency", lambda s: _fmt(s.efficiency, "pct1")),
+        ("comm share", lambda s: _fmt(s.split.communication_share, "pct1")),
+        ("compute/comm/other", lambda s: f"{s.split.compute:.1f}/{s.split.communication:.1f}/{s.split.other:.1f}s"),
+    ]
+    if price is not None:
+        cols += [
+            ("cost/run", lambda s: _fmt(s.cost_per_run, "money")),
+            ("cost to goal", lambda s: _fmt(s.cost_to_goal, "money")),
+        ]
+    return cols
+
+
+def _notes(scores: Sequence[ConfigScore]) -> list[str]:
+    out = []
+    for s in scores:
+        if s.flags:
+            name = s.configuration.label() + (f" [{s.variant}]" if s.variant else "")
+            out.append(f"* {name}: " + "; ".join(s.flags))
+    return out
+
+
+def _legend(price: float | None) -> str:
+    text = (
+        f"Per configuration (runs differing only in their seed): time to goal = MLPerf's olympic mean "
+        f"(fastest and slowest run dropped, a run that missed the goal counts as the slowest; {RUNS_REQUIRED} "
+        "seeds wanted); min/max/stdev over the runs that reached the goal; speedup and efficiency against "
+        "the smallest world size of the same family; seconds per run: compute/communication/other (rank 0)"
+    )
+    if price is not None:
+        text += f"; cost = workers x hours x {price:g} per worker-hour"
+    return textwrap.fill(text + ".", 110)
+
+
+def format_scores(scores: Sequence[ConfigScore], price: float | None = None) -> str:
+    """The per-configuration table, its legend and the flags of each configuration."""
+    cols = _config_columns(scores, price)
+    table = _text_table([h for h, _ in cols], [[f(s) for _, f in cols] for s in scores])
+    return "\n".join([_legend(price), "", table, *_notes(scores)])
+
+
+def format_markdown(runs: Sequence[RunSummary], scores: Sequence[ConfigScore], price: float | None = None) -> str:
+    cols = _config_columns(scores, price)
+    parts = [
+        "## Runs",
+        "",
+        _markdown_table(COLUMNS, _run_rows(runs)),
+        "",
+        "## Configurations",
+        "",
+        _legend(price),
+        "",
+        _markdown_table([h for h, _ in cols], [[f(s) for _, f in cols] for s in scores]),
+    ]
+    notes = _notes(scores)
+    return "\n".join(parts + (["", *notes] if notes else []))
+
+
+def score_dict(s: ConfigScore) -> dict[str, Any]:
+    c, t = s.configuration, s.time_to_goal
+    return {
+        "label": c.label(),
+        "task": c.task,
+        "division": c.division,
+        "worldSize": c.world_size,
+        "workers": c.workers,
+        "slotsPerWorker": c.slots_per_worker,
+        "backend": c.backend,
+        "algorithm": c.algorithm,
+        "bucketing": c.bucketing,
+        "variant": s.variant,
+        "runs": len(s.runs),
+        "reached": s.reached,
+        "successRate": s.success_rate,
+        "seeds": [r.seed for r in s.runs],
+        "timeToGoalSeconds": t.value,
+        "timeToGoalMethod": t.method,
+        "timeToGoalUsed": list(t.used),
+        "timeToGoalDropped": list(t.dropped),
+        "failureDropped": t.failure_dropped,
+        "minSeconds": s.spread.min if s.spread else None,
+        "maxSeconds": s.spread.max if s.spread else None,
+        "stdevSeconds": s.spread.stdev if s.spread else None,
+        "speedup": s.speedup,
+        "efficiency": s.efficiency,
+        "baselineWorldSize": s.baseline_world_size,
+        "wallClockSeconds": s.wall_clock,
+        "bestAccuracy": s.best_accuracy,
+        "samplesPerSecond": s.samples_per_second,
+        "computeSeconds": s.split.compute,
+        "communicationSeconds": s.split.communication,
+        "otherSeconds": s.split.other,
+        "communicationShare": s.split.communication_share,
+        "costPerRun": s.cost_per_run,
+        "costToGoal": s.cost_to_goal,
+        "flags": list(s.flags),
+        "runNames": [r.name for r in s.runs],
+        "sources": [r.source for r in s.runs],
+    }
+
+
+def format_json(runs: Sequence[LoadedRun], scores: Sequence[ConfigScore], price: float | None = None) -> str:
+    doc = {
+        "runsRequired": RUNS_REQUIRED,
+        "pricePerWorkerHour": price,
+        "runs": [
+            {"source": str(r.path), **r.summary.model_dump(mode="json", by_alias=True, exclude={"history"})}
+            for r in runs
+        ],
+        "configurations": [score_dict(s) for s in scores],
+    }
+    return json.dumps(doc, indent=2)
+
+
+CSV_SKIP = ("timeToGoalUsed", "timeToGoalDropped", "sources")
+
+
+def format_csv(scores: Sequence[ConfigScore]) -> str:
+    """One row per configuration; lists joined with ``;``."""
+    buf = io.StringIO()
+    rows = [{k: v for k, v in score_dict(s).items() if k not in CSV_SKIP} for s in scores]
+    if not rows:
+        return ""
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+# -- loading -------------------------------------------------------------------------------------
 
 
 def load_summary(path: Path) -> RunSummary:
@@ -82,68 +296,96 @@ def load_summary(path: Path) -> RunSummary:
         raise ValueError(f"{file}: not a RunSummary: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
-def dataset_note(path: Path) -> str | None:
-    """What data a run used, from its ``config.json`` (figures must say e.g. "JPEG copy")."""
+def load_config(path: Path) -> RunConfig | None:
+    """The run's ``config.json`` (next to its summary), or None when absent or not a RunConfig."""
     config_file = (path if path.is_dir() else path.parent) / "config.json"
     try:
-        config = RunConfig.model_validate_json(config_file.read_text())
+        return RunConfig.model_validate_json(config_file.read_text())
     except (OSError, ValidationError):
         return None
-    ds = config.task.dataset
-    if ds.format in (DatasetFormat.IMAGE_TARBALL, DatasetFormat.IMAGE_FOLDER):
-        what = "JPEG copy of CIFAR-10" if config.task.model.name.value == "resnet" else "image folder"
-    elif ds.format is DatasetFormat.SYNTHETIC:
-        what = "SYNTHETIC stand-in for epsilon (not epsilon)"
-    else:
-        what = ds.name
-    subset = f", first {ds.train_subset} train samples" if ds.train_subset else ""
-    return f"{config.task_name}: {what}{subset}"
+
+
+def find_results(path: Path) -> list[Path]:
+    """``path`` when it is a result directory or a summary file, else every result directory below it."""
+    if path.is_file() or (path / "summary.json").is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted({p.parent for p in path.rglob("summary.json")})
+        if found:
+            return found
+        raise FileNotFoundError(f"{path}: no summary.json in it or below")
+    raise FileNotFoundError(f"{path}: no summary.json")
+
+
+def dataset_note(path: Path) -> str | None:
+    """What data a run used, from its ``config.json`` (figures must say e.g. "JPEG copy")."""
+    config = load_config(path)
+    if config is None:
+        return None
+    return f"{config.task_name}: {plots.dataset_description(config)}"
 
 
 def label(path: Path, s: RunSummary) -> str:
     return f"{s.run} ({s.environment.world_size}x{s.environment.backend})"
 
 
-def write_plots(runs: list[tuple[Path, RunSummary]], dest: Path) -> list[Path]:
-    """accuracy-vs-time.svg and phase-split.svg in ``dest``; returns their paths."""
-    dest.mkdir(parents=True, exist_ok=True)
-    series = [
-        (label(p, s), [(h.wall_seconds, h.accuracy) for h in s.history if h.accuracy is not None]) for p, s in runs
-    ]
-    targets = {s.goal_target for _, s in runs if s.goal_target is not None}
-    acc = dest / "accuracy-vs-time.svg"
-    notes = sorted({n for p, _ in runs if (n := dataset_note(p))})
-    caption = "Data: " + "; ".join(notes) if notes else None
-    acc.write_text(
-        line_chart(
-            "Test accuracy vs wall-clock time",
-            "seconds since run start",
-            "test accuracy",
-            series,
-            hline=targets.pop() if len(targets) == 1 else None,
-            ymax=1.0,
-            caption=caption,
-        )
-    )
-    bars = []
-    for p, s in runs:
-        ph = s.phases
-        bars.append(
-            (
-                label(p, s),
-                {
-                    "data": ph.data,
-                    "forward": ph.forward,
-                    "backward": ph.backward,
-                    "communication": ph.communication,
-                    "optimizer": ph.optimizer,
-                    "evaluation": ph.evaluation,
-                },
+def _loaded(runs: Sequence[tuple[Path, RunSummary]] | Sequence[LoadedRun]) -> list[LoadedRun]:
+    return [r if isinstance(r, LoadedRun) else LoadedRun(r[0], r[1], load_config(r[0])) for r in runs]
+
+
+def _results(runs: Sequence[LoadedRun]) -> list[scoring.RunResult]:
+    return [scoring.run_result(r.summary, r.config, str(r.path)) for r in runs]
+
+
+def write_plots(
+    runs: Sequence[tuple[Path, RunSummary]] | Sequence[LoadedRun],
+    dest: Path,
+    *,
+    price: float | None = None,
+    fmt: str = "svg",
+    scores: Sequence[ConfigScore] | None = None,
+) -> list[Path]:
+    """The figures (mlbench_runner.plots) of these runs in ``dest``; returns their paths."""
+    loaded = _loaded(runs)
+    if scores is None:
+        scores = scoring.score(_results(loaded), price)
+    by_config = {r.source: s.configuration.label() for s in scores for r in s.runs}
+    targets = {r.summary.goal_target for r in loaded if r.summary.goal_target is not None}
+    data = plots.PlotInput(
+        caption=plots.caption([(r.summary, r.config) for r in loaded]),
+        curves=[
+            plots.Curve(
+                label(r.path, r.summary),
+                by_config.get(str(r.path), r.summary.task),
+                [(h.wall_seconds, h.accuracy) for h in r.summary.history if h.accuracy is not None],
             )
-        )
-    split = dest / "phase-split.svg"
-    split.write_text(stacked_bars("Time per phase (rank 0): compute vs communication", "seconds", bars, caption))
-    return [acc, split]
+            for r in loaded
+        ],
+        target=targets.pop() if len(targets) == 1 else None,
+        scores=list(scores),
+        price=price,
+    )
+    return plots.write_plots(data, dest, fmt)
+
+
+def write_mllog(runs: Sequence[LoadedRun], where: str | Path) -> list[Path]:
+    """One mllog file per run: ``where`` itself for a single run (unless a directory, or ending in ``/``),
+    else ``where/<result directory>.log``."""
+    out = Path(where)
+    if len(runs) == 1 and not out.is_dir() and not str(where).endswith("/"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        targets = [out]
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        names: dict[str, int] = {}
+        targets = []
+        for r in runs:
+            base = r.directory.name or r.summary.run
+            n = names[base] = names.get(base, 0) + 1
+            targets.append(out / (f"{base}.log" if n == 1 else f"{base}-{n}.log"))
+    for r, target in zip(runs, targets, strict=True):
+        target.write_text("\n".join(mllog.convert_dir(r.directory, r.summary, r.config)) + "\n")
+    return targets
 
 
 def resolve(arg: str, kubeconfig: str | None = None, context: str | None = None) -> Path:
@@ -154,31 +396,91 @@ def resolve(arg: str, kubeconfig: str | None = None, context: str | None = None)
         return path
     dest = default_dir(*ref)
     download(*ref, dest, kubeconfig=kubeconfig, context=context)
-    print(f"fetched {arg} into {dest}")
+    print(f"fetched {arg} into {dest}", file=sys.stderr)
     return dest
+
+
+def _price(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a price >= 0, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench results``."""
-    p = argparse.ArgumentParser(prog="mlbench results", description=__doc__)
-    p.add_argument("dirs", nargs="+", help="run output directories, summary.json files or <namespace>/<run>")
-    p.add_argument("--plots", help="where to write the SVG plots (default: the first run's directory)")
+    p = argparse.ArgumentParser(
+        prog="mlbench results", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run output directories, summary.json files, folders of result directories, or <namespace>/<run>",
+    )
+    p.add_argument(
+        "--output",
+        choices=("table", "json", "csv", "markdown"),
+        default="table",
+        help="what to print: text tables (default), JSON (runs and configurations), CSV or Markdown",
+    )
+    p.add_argument(
+        "--price-per-worker-hour", type=_price, metavar="PRICE", help="adds the cost: workers x hours x PRICE"
+    )
+    p.add_argument(
+        "--plots", metavar="DIR", help="where to write the plots (default: the folder given, or the first run's)"
+    )
+    p.add_argument("--no-plots", action="store_true", help="write no plots")
+    p.add_argument("--plot-format", choices=("svg", "png"), default="svg", help="png needs matplotlib")
+    p.add_argument("--mllog", metavar="PATH", help="also write each run as an MLCommons mllog file (a folder: several)")
     p.add_argument("--kubeconfig", help="for <namespace>/<run>: default $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="for <namespace>/<run>: the kubeconfig context")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    runs: list[tuple[Path, RunSummary]] = []
-    for d in args.dirs:
+
+    given: list[LoadedRun] = []
+    folders: list[Path] = []
+    for arg in args.runs:
         try:
-            path = resolve(d, args.kubeconfig, args.context)
-            runs.append((path, load_summary(path)))
+            path = resolve(arg, args.kubeconfig, args.context)
+            found = find_results(path)
+            if found != [path]:
+                folders.append(path)
+            given += [LoadedRun(f, load_summary(f), load_config(f)) for f in found]
         except (OSError, ValueError, ResultsUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    print(format_table([s for _, s in runs]))
-    first = runs[0][0]
-    dest = Path(args.plots) if args.plots else (first if first.is_dir() else first.parent)
-    for plot in write_plots(runs, dest):
-        print(f"wrote {plot}")
+    runs: list[LoadedRun] = []
+    seen: set[Path] = set()
+    for r in given:  # the same summary given twice (a folder and a run in it) counts once
+        key = (r.path / "summary.json" if r.path.is_dir() else r.path).resolve()
+        if key not in seen:
+            seen.add(key)
+            runs.append(r)
+    price = args.price_per_worker_hour
+    scores = scoring.score(_results(runs), price)
+
+    status = sys.stdout if args.output == "table" else sys.stderr  # machine-readable output stays clean
+    if args.output == "table":
+        print(format_table([r.summary for r in given]))
+        print()
+        print(format_scores(scores, price))
+        if len(given) > len(runs):
+            print(f"({len(given) - len(runs)} summary file(s) given more than once, scored once)")
+    elif args.output == "markdown":
+        print(format_markdown([r.summary for r in runs], scores, price))
+    elif args.output == "json":
+        print(format_json(runs, scores, price))
+    else:
+        print(format_csv(scores), end="")
+
+    if not args.no_plots:
+        folder = folders[0] if len(args.runs) == 1 and folders else None  # `mlbench results SWEEP/`: plots there
+        dest = Path(args.plots) if args.plots else (folder or runs[0].directory)
+        for plot in write_plots(runs, dest, price=price, fmt=args.plot_format, scores=scores):
+            print(f"wrote {plot}", file=status)
+    if args.mllog:
+        for path in write_mllog(runs, args.mllog):
+            print(f"wrote {path}", file=status)
     return 0
 
 

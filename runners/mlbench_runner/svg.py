@@ -1,7 +1,11 @@
-"""Tiny hand-written SVG charts (no matplotlib): a line chart and stacked bars."""
+"""Tiny hand-written SVG charts (no matplotlib): a line chart and stacked bars.
+
+The fallback of :mod:`mlbench_runner.plots` when matplotlib (the "plots" extra) is not installed.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from html import escape
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -14,11 +18,22 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [lo + (hi - lo) * i / n for i in range(n + 1)]
 
 
+def caption_lines(caption: str | None, width: int = 125) -> list[str]:
+    """The caption's lines (``\\n`` separated), each wrapped to about the chart's width."""
+    return [w for line in (caption or "").splitlines() for w in (textwrap.wrap(line, width) or [""])]
+
+
 def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None) -> list[str]:
-    notes = [f'<text x="8" y="{H - 8}" font-size="10" fill="#555">{escape(caption)}</text>'] if caption else []
+    lines = caption_lines(caption)
+    height = H + 13 * max(0, len(lines) - 1)  # the chart keeps its size; extra caption lines go below
+    notes = [
+        f'<text x="8" y="{H - 8 + 13 * i}" font-size="10" fill="#555">{escape(line)}</text>'
+        for i, line in enumerate(lines)
+    ]
     return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{W}" height="{H}" fill="white"/>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" '
+        'font-size="12">',
+        f'<rect width="{W}" height="{height}" fill="white"/>',
         f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
         f'<text x="{LEFT + (W - LEFT - RIGHT) / 2}" y="{H - 30}" text-anchor="middle">{escape(xlabel)}</text>',
         f'<text x="16" y="{TOP + (H - TOP - BOTTOM) / 2}" text-anchor="middle" '

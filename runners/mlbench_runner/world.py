@@ -10,12 +10,20 @@ means a single process.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_HOSTFILE = "/etc/mlbench/hostfile"
 DEFAULT_PORT = 29500
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a local rendezvous; racy by nature, fine for one machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

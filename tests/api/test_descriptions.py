@@ -69,8 +69,10 @@ def test_the_walk_reaches_nested_objects_arrays_and_the_status(kind: CrdSpec) ->
             "benchmarkrun.status.conditions[].lastTransitionTime",
             "benchmarkrun.status.taskSnapshot.training.learningRate.alphaByWorkers[].minWorkers",
         } <= paths
-    else:
+    elif kind is TASK:
         assert "benchmarktask.spec.dataset.source.stripComponents" in paths
+    else:
+        assert "benchmarksweep.spec.template.scheduling.tolerations[].key" in paths
 
 
 @pytest.mark.parametrize(

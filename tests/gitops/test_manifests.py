@@ -123,7 +123,11 @@ def test_platform_overlay_puts_the_crds_in_an_earlier_wave() -> None:
         (o["kind"], o["metadata"]["name"]) for o in default
     )
     crds = [o for o in objs if o["kind"] == "CustomResourceDefinition"]
-    assert {c["metadata"]["name"] for c in crds} == {"benchmarkruns.mlbench.io", "benchmarktasks.mlbench.io"}
+    assert {c["metadata"]["name"] for c in crds} == {
+        "benchmarkruns.mlbench.io",
+        "benchmarksweeps.mlbench.io",
+        "benchmarktasks.mlbench.io",
+    }
     last_crd_wave = max(wave(c) for c in crds)
     assert all(wave(o) > last_crd_wave for o in objs if o["kind"] != "CustomResourceDefinition")
 

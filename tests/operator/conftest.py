@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster.cluster import free_port
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 
@@ -36,14 +37,6 @@ SESSION = uuid.uuid4().hex[:12]
 #: (no provisioner, and independent of a default StorageClass the cluster may have).
 TEST_STORAGE_CLASS = "mlbench-test-static"
 TEST_BACKOFF_LIMIT = 1
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorProcess:

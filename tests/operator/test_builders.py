@@ -262,3 +262,28 @@ def test_image_user_mode_drops_non_root_settings() -> None:
     default = builders.worker_pod(ctx, 0, 0)["spec"]["securityContext"]
     assert default["runAsUser"] == 1000
     assert default["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "deadline", "expected"),
+    [
+        (None, 600, None),  # not started (no status.startTime)
+        (0.0, None, None),  # no deadline
+        (0.0, 600, 600),
+        (100.4, 600, 500),  # ceil: never earlier than the run's own deadline
+        (599.5, 600, 1),
+        (700.0, 600, 1),  # already past: the API's minimum; the operator fails the run anyway
+        (0.0, 2**31 - 1, 2**31 - 1),
+    ],
+)
+def test_pods_carry_what_is_left_of_the_runs_deadline(
+    elapsed: float | None, deadline: int | None, expected: int | None
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    start = None if elapsed is None else now - timedelta(seconds=elapsed)
+    assert builders.pod_deadline(start, deadline, now) == expected
+    ctx = ctx_for()
+    for pod in (builders.worker_pod(ctx, 0, 0, expected), builders.launcher_pod(ctx, 0, expected)):
+        assert pod["spec"].get("activeDeadlineSeconds") == expected

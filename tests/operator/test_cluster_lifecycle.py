@@ -187,6 +187,10 @@ def test_deadline_exceeded(runs: Runs) -> None:
     name = "slow"
     runs.apply(h.run(name, workers=1, runPolicy={"activeDeadlineSeconds": 4}))
     runs.wait_phase(name, "Running")
+    # what is left of the deadline is on every pod, for the kubelet to enforce while the operator is down
+    deadlines = {p["metadata"]["name"]: p["spec"].get("activeDeadlineSeconds") for p in runs.pods(name).values()}
+    assert set(deadlines) == {f"{name}-worker-0", f"{name}-launcher"}
+    assert all(d is not None and 1 <= d <= 4 for d in deadlines.values()), deadlines
     status = runs.wait_phase(name, "Failed", timeout=30)
     assert cond(status, "Failed")["reason"] == "DeadlineExceeded"
 

@@ -79,6 +79,7 @@ class FakeKube:
         self.log = ""  # the launcher's log
         self.log_error: Any = None  # raised by read_log
         self.refuse_status: Any = None  # predicate on a status patch: True -> HTTP 422
+        self.created: list[dict[str, Any]] = []  # every object asked for, as sent
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
@@ -109,6 +110,7 @@ class FakeKube:
         out: list[Any] = []
         for obj in objs:
             self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+            self.created.append(obj)
             if obj["kind"] == "Pod" and self.create_error is not None:
                 out.append(self.create_error)
             elif obj["kind"] in self.object_errors:
@@ -134,12 +136,14 @@ class FakeKube:
         return [call[1] for call in self.calls if call[0] == "patch"]
 
 
-def _reconciler(body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, ensured: bool = True) -> Any:
+def _reconciler(
+    body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, ensured: bool = True, config: Any = None
+) -> Any:
     from mlbench_operator import handlers
 
     events: list[tuple[str, str, str]] = []
     monkeypatch.setattr(handlers.RunReconciler, "event", lambda self, *e: events.append(e))
-    rec = handlers.RunReconciler(body, kube, None)  # type: ignore[arg-type]
+    rec = handlers.RunReconciler(body, kube, None, config)  # type: ignore[arg-type]
     setattr(rec, "events", events)  # noqa: B010 - a test-only attribute
     rec.ensured = ensured  # Service/ConfigMap/Secret: only where a test is about them
     return rec
@@ -246,6 +250,32 @@ def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: 
         assert 0 < again <= delay + 0.2
         assert len([call for call in kube.calls if call[0] == "create"]) == creates
         assert {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]["reason"] == "CreateFailed"
+
+
+def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memo.config (here given directly) decides the runner UID, the scrapers and the resync; the
+    environment, read once at start-up, is not read again."""
+    from mlbench_operator.settings import OperatorConfig
+    from tests.operator.test_reconcile import admitted
+
+    monkeypatch.setenv("MLBENCH_RUNNER_UID", "1")
+    monkeypatch.setenv("MLBENCH_METRICS_NAMESPACES", "from-env")
+    monkeypatch.setenv("MLBENCH_RESYNC_SECONDS", "900")
+    config = OperatorConfig(runner_uid=4242, scraper_namespaces=("scrapers",), resync_seconds=7.0)
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    rec = _reconciler(body, kube, monkeypatch, ensured=False, config=config)
+    delay = asyncio.run(rec.step([]))
+    assert delay is not None
+    assert 0 < delay <= 7.0
+    made = {(o["kind"], o["metadata"]["name"]): o for o in kube.created}
+    ingress = made[("NetworkPolicy", "r1")]["spec"]["ingress"]
+    assert ingress[1]["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["scrapers"]
+    assert made[("Pod", "r1-worker-0")]["spec"]["securityContext"]["runAsUser"] == 4242
+    # Woken again before the watch delivered the pods: the create grace holds (no 409 storm).
+    pods = len([o for o in kube.created if o["kind"] == "Pod"])
+    assert asyncio.run(rec.step([])) == 7.0  # the grace (30 s) is longer than this resync
+    assert len([o for o in kube.created if o["kind"] == "Pod"]) == pods
 
 
 def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:

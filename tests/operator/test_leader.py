@@ -209,7 +209,7 @@ def test_bad_setting_stops_the_operator_named(
     from mlbench_operator import main
 
     monkeypatch.setenv("MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS", "zero")
-    monkeypatch.setenv("MLBENCH_METRICS_PORT", "0")  # main() sets these two: monkeypatch restores them
+    monkeypatch.setenv("MLBENCH_METRICS_PORT", "0")
     monkeypatch.setenv("MLBENCH_RUN_SELECTOR", "")
     assert main.main(["--metrics-port=0", "--liveness="]) == 2
     assert "MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS='zero'" in capsys.readouterr().err

@@ -103,7 +103,7 @@ def test_each_role_holds_the_cluster_roles_rules() -> None:
 def test_cluster_part_is_only_cluster_scoped_resources() -> None:
     """What a Role cannot grant, and nothing more: reading BenchmarkTasks (cluster-scoped, the catalog)."""
     scope = crd_scope()
-    assert scope == {"benchmarkruns": "Namespaced", "benchmarktasks": "Cluster"}
+    assert scope == {"benchmarkruns": "Namespaced", "benchmarksweeps": "Namespaced", "benchmarktasks": "Cluster"}
     cluster_part = find(NS_RBAC, "ClusterRole", "mlbench-operator-cluster")
     assert triples(cluster_part["rules"]) == {("mlbench.io", "benchmarktasks", "get")}
     for ns in WATCHED:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -752,3 +753,407 @@ def test_result_records_the_image_and_the_digests_that_ran() -> None:
     _, plan = step(body, ctx, [*ran, done])
     assert plan.status["result"]["image"] == "mlbench/mlbench-runner:test"
     assert plan.status["result"]["imageIds"] == [digest]
+
+
+# -- plan's policies, one table each (reconcile.POLICIES) -------------------------------------------------------
+#: Builds a world from the run's context: the pods the policy sees.
+World = Callable[[builders.RunContext], list[PodView]]
+#: Builds one pod from the run's context.
+Pod = Callable[[builders.RunContext], PodView]
+
+
+def decide(
+    policy: reconcile.Policy,
+    world: World,
+    *,
+    run_policy: dict[str, Any] | None = None,
+    restarts: int = 0,
+    conditions: dict[str, tuple[str, str]] | None = None,
+    now: datetime = T0,
+) -> tuple[reconcile.Plan | None, reconcile.PlanInput]:
+    """One policy on its own, over an admitted 2-worker run with ``restarts`` and the given old conditions."""
+    body, ctx = admitted(h.run(runPolicy=run_policy) if run_policy else h.run())
+    status = {**body["status"], "restarts": restarts}
+    for type_, (value, reason) in (conditions or {}).items():
+        status["conditions"] = c.set_condition(status["conditions"], type_, value, reason, f"{reason} before", now=T0)
+    inp = reconcile.PlanInput.of({**body, "status": status}, ctx, world(ctx), now)
+    return policy(inp), inp
+
+
+def outcome(plan: reconcile.Plan | None) -> tuple[str, str] | None:
+    """(phase, the reason that tells why): Failed's reason once failed, Succeeded's once succeeded, else
+    Restarted's ("" when there was no restart)."""
+    if plan is None:
+        return None
+    st = plan.status
+    phase = st.get("phase", "")
+    if phase == "Failed":
+        return phase, cond(st, "Failed")["reason"]
+    if phase == "Succeeded":
+        return phase, cond(st, "Succeeded")["reason"]
+    restarted = c.get(st["conditions"], "Restarted")
+    return phase, restarted["reason"] if restarted else ""
+
+
+def launcher_done(code: int, message: str) -> World:
+    return lambda ctx: [*workers(ctx), terminated(builders.launcher_pod(ctx, 0), code, message)]
+
+
+def running(ctx: builders.RunContext) -> list[PodView]:
+    return [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+
+
+def worker(rank: int, **changes: Any) -> Pod:
+    """Worker ``rank`` of attempt 0, Running and Ready unless ``changes`` say otherwise."""
+    return lambda ctx: dataclasses.replace(workers(ctx)[rank], **changes)
+
+
+def foreign(make: Pod) -> Pod:
+    """The same pod, but controlled by another owner (e.g. a deleted run of the same name)."""
+    return lambda ctx: dataclasses.replace(make(ctx), owner_uid="uid-old")
+
+
+def launcher_failed_at(seconds: float | None, *others: Pod) -> World:
+    """The launcher failed at T0 + ``seconds`` (None: no finish time reported), besides ``others``."""
+
+    def world(ctx: builders.RunContext) -> list[PodView]:
+        done = None if seconds is None else T0 + timedelta(seconds=seconds)
+        return [*(make(ctx) for make in others), _failed_launcher(ctx, done)]
+
+    return world
+
+
+def oom_worker(ctx: builders.RunContext) -> list[PodView]:
+    """Worker 1 OOM-killed while the launcher still runs."""
+    return [workers(ctx)[0], terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled"), running(ctx)[2]]
+
+
+def of_attempt(world: World, attempt: int) -> World:
+    """The same world as pods of ``attempt``."""
+    return lambda ctx: [dataclasses.replace(p, attempt=attempt) for p in world(ctx)]
+
+
+SUMMARY = h.summary().termination_message()
+NO_GOAL = h.summary(goal=False).termination_message()
+ABORTED = (
+    h.summary()
+    .model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "diverged"})
+    .termination_message()
+)
+CRASH = '{"error":"mpirun exited with 1","exitCode":1}'
+UNSCHEDULABLE = {"phase": "Pending", "ready": False, "scheduled": False, "unschedulable": "0/4 nodes are available"}
+
+
+def test_the_policies_and_their_order() -> None:
+    assert [p.__name__ for p in reconcile.POLICIES] == [
+        "launcher_succeeded",
+        "launcher_aborted",
+        "deadline_exceeded",
+        "root_cause_hold",
+        "gang_failure",
+        "stale_attempt",
+        "make_progress",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("world", "expected"),
+    [
+        pytest.param(workers, None, id="no-launcher"),
+        pytest.param(running, None, id="launcher-running"),
+        pytest.param(launcher_done(1, SUMMARY), None, id="launcher-failed"),
+        pytest.param(launcher_done(0, SUMMARY), ("Succeeded", "GoalReached"), id="goal-reached"),
+        pytest.param(launcher_done(0, NO_GOAL), ("Succeeded", "GoalNotReached"), id="goal-not-reached"),
+        pytest.param(launcher_done(0, ABORTED), ("Succeeded", "Aborted"), id="aborted-but-exit-0"),
+        pytest.param(launcher_done(0, ""), ("Failed", "InvalidResult"), id="no-message"),
+        pytest.param(launcher_done(0, "{not json"), ("Failed", "InvalidResult"), id="not-json"),
+    ],
+)
+def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | None) -> None:
+    plan, _ = decide(reconcile.launcher_succeeded, world)
+    assert outcome(plan) == expected
+    if plan is None or expected is None:
+        return
+    assert plan.terminal
+    assert plan.cleanup == ["r1-worker-0", "r1-worker-1"]  # cleanPodPolicy Running: the launcher stays for its log
+    assert plan.events == [("Normal" if expected[0] == "Succeeded" else "Warning", expected[0], plan.status["message"])]
+    assert ("result" in plan.status) is (expected[0] == "Succeeded")
+
+
+@pytest.mark.parametrize(
+    ("world", "expected"),
+    [
+        pytest.param(workers, None, id="no-launcher"),
+        pytest.param(running, None, id="launcher-running"),
+        pytest.param(launcher_done(0, ABORTED), None, id="exit-0-is-launcher_succeeded"),
+        pytest.param(launcher_done(1, ""), None, id="no-message"),
+        pytest.param(launcher_done(1, CRASH), None, id="an-error-is-a-crash"),
+        pytest.param(launcher_done(1, SUMMARY), None, id="a-non-aborted-summary-is-a-crash"),
+        pytest.param(launcher_done(3, ABORTED), ("Failed", "Aborted"), id="aborted"),
+    ],
+)
+def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None) -> None:
+    plan, _ = decide(reconcile.launcher_aborted, world)
+    assert outcome(plan) == expected
+    if plan is None:
+        return
+    assert plan.status["result"]["goalReached"] is False  # the figures are kept
+    assert cond(plan.status, "GoalReached")["reason"] == "Aborted"
+    assert "exit code 3" in plan.status["message"]
+    assert plan.status["restarts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("deadline", "elapsed", "expected"),
+    [
+        (None, 10**6, None),
+        (60, 30, None),
+        (60, 59.5, None),
+        (60, 60, ("Failed", "DeadlineExceeded")),
+        (60, 61, ("Failed", "DeadlineExceeded")),
+    ],
+)
+def test_policy_deadline_exceeded(deadline: int | None, elapsed: float, expected: tuple[str, str] | None) -> None:
+    policy = {"activeDeadlineSeconds": deadline} if deadline else None
+    plan, _ = decide(reconcile.deadline_exceeded, running, run_policy=policy, now=T0 + timedelta(seconds=elapsed))
+    assert outcome(plan) == expected
+    if plan is not None:
+        assert "activeDeadlineSeconds=60" in plan.status["message"]
+        assert plan.cleanup == ["r1-launcher", "r1-worker-0", "r1-worker-1"]  # nothing had finished
+
+
+@pytest.mark.parametrize(
+    ("world", "expected"),
+    [
+        pytest.param(running, None, id="launcher-running"),
+        pytest.param(launcher_failed_at(-2, worker(0), worker(1)), 8.0, id="workers-running:hold"),
+        pytest.param(launcher_failed_at(-10, worker(0), worker(1)), None, id="grace-over"),
+        pytest.param(launcher_failed_at(None, worker(0), worker(1)), None, id="no-finish-time"),
+        pytest.param(launcher_failed_at(-2, worker(0), worker(1, phase="Failed")), None, id="a-worker-failed"),
+        pytest.param(launcher_failed_at(-2, worker(0), worker(1, terminating=True)), None, id="a-worker-lost"),
+        pytest.param(launcher_failed_at(-2, worker(0)), None, id="a-worker-gone"),
+        pytest.param(
+            launcher_failed_at(-2, worker(0, phase="Pending"), worker(1, phase="Pending")), None, id="none-running"
+        ),
+    ],
+)
+def test_policy_root_cause_hold(world: World, expected: float | None) -> None:
+    plan, _ = decide(reconcile.root_cause_hold, world)
+    if expected is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.requeue_after == pytest.approx(expected)
+    assert plan.status["phase"] == "Pending"  # nothing decided: the phase stays
+    assert (plan.events, plan.create_workers, plan.delete_stale) == ([], [], {})
+
+
+@pytest.mark.parametrize(
+    ("world", "restarts", "was_running", "expected"),
+    [
+        pytest.param(running, 0, True, None, id="healthy"),
+        pytest.param(workers, 0, False, None, id="no-launcher-yet"),
+        pytest.param(oom_worker, 0, True, ("Pending", "OOMKilled"), id="worker-failed:restart"),
+        pytest.param(of_attempt(oom_worker, 1), 1, True, ("Failed", "OOMKilled"), id="worker-failed:gave-up"),
+        pytest.param(launcher_done(1, CRASH), 0, True, ("Pending", "LauncherFailed"), id="launcher-failed"),
+        pytest.param(
+            launcher_done(2, '{"error":"bad config","exitCode":2}'),
+            0,
+            True,
+            ("Failed", "InvalidInput"),
+            id="input-error:permanent",
+        ),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0], running(ctx)[2]], 0, True, ("Pending", "WorkerLost"), id="worker-lost"
+        ),
+        pytest.param(workers, 0, True, ("Pending", "LauncherLost"), id="launcher-lost"),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0], terminated(builders.worker_pod(ctx, 1, 0), 0)],
+            0,
+            False,
+            ("Pending", "WorkerExited"),
+            id="worker-exited",
+        ),
+        pytest.param(
+            lambda ctx: [*oom_worker(ctx), *workers(ctx, attempt=1)], 1, True, None, id="stale-pods-are-history"
+        ),
+    ],
+)
+def test_policy_gang_failure(world: World, restarts: int, was_running: bool, expected: tuple[str, str] | None) -> None:
+    conditions = {"Running": ("True", "LauncherRunning")} if was_running else None
+    plan, inp = decide(
+        reconcile.gang_failure, world, run_policy={"maxRestarts": 1}, restarts=restarts, conditions=conditions
+    )
+    assert outcome(plan) == expected
+    if plan is None or expected is None:
+        return
+    if plan.terminal:
+        assert plan.status["restarts"] == restarts
+        assert plan.delete_stale == {}
+        return
+    assert plan.status["restarts"] == restarts + 1
+    assert plan.status["workers"]["ready"] == 0
+    assert set(plan.delete_stale) == {p.name for p in inp.own if not p.terminating}
+    assert plan.events == [("Warning", "Restarting", plan.status["message"])]
+    # a failed launcher's log is kept before the restart deletes it
+    assert (plan.keep_log_of == "r1-launcher") is (expected[1] == "LauncherFailed")
+
+
+@pytest.mark.parametrize(
+    ("world", "restarts", "deleted", "waiting_for"),
+    [
+        pytest.param(running, 0, None, 0, id="current-attempt-only"),
+        pytest.param(workers, 1, {"r1-worker-0": "", "r1-worker-1": ""}, 2, id="old-workers"),
+        pytest.param(
+            lambda ctx: [worker(0, terminating=True)(ctx), worker(1, terminating=True)(ctx), running(ctx)[2]],
+            1,
+            {"r1-launcher": ""},
+            3,
+            id="terminating-ones-are-not-deleted-again",
+        ),
+    ],
+)
+def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, str] | None, waiting_for: int) -> None:
+    plan, _ = decide(reconcile.stale_attempt, world, restarts=restarts)
+    if deleted is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.delete_stale == deleted
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["message"] == f"waiting for {waiting_for} pods of the previous attempt to terminate"
+    assert cond(plan.status, "WorkersReady")["reason"] == "Restarting"
+    assert (plan.create_workers, plan.create_launcher) == ([], False)
+
+
+@pytest.mark.parametrize(
+    ("world", "conditions", "expected"),
+    [
+        pytest.param(
+            lambda ctx: [], None, ("Pending", "WaitingForWorkers", "WaitingForWorkers", [0, 1], False), id="empty"
+        ),
+        pytest.param(
+            lambda ctx: workers(ctx, ready=False),
+            None,
+            ("Starting", "WaitingForWorkers", "WaitingForWorkers", [], False),
+            id="scheduled-not-ready",
+        ),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0]],
+            {"WorkersReady": ("False", "CreateFailed")},
+            ("Pending", "CreateFailed", "WaitingForWorkers", [1], False),
+            id="create-refused-before",
+        ),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0], foreign(worker(1))(ctx)],
+            None,
+            ("Pending", "NameConflict", "WaitingForWorkers", [], False),
+            id="worker-name-held",
+        ),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0], worker(1, **UNSCHEDULABLE)(ctx)],
+            None,
+            ("Pending", "Unschedulable", "WaitingForWorkers", [], False),
+            id="unschedulable",
+        ),
+        pytest.param(
+            lambda ctx: [workers(ctx)[0], worker(1, ready=False, waiting="ImagePullBackOff: x")(ctx)],
+            None,
+            ("Starting", "ContainerWaiting", "WaitingForWorkers", [], False),
+            id="container-waiting",
+        ),
+        pytest.param(
+            workers, None, ("Starting", "AllWorkersReady", "CreatingLauncher", [], True), id="all-ready:create-launcher"
+        ),
+        pytest.param(
+            workers,
+            {"Running": ("False", "CreateFailed")},
+            ("Starting", "AllWorkersReady", "CreateFailed", [], True),
+            id="launcher-create-refused-before",
+        ),
+        pytest.param(
+            lambda ctx: [*workers(ctx), foreign(lambda ctx: running(ctx)[2])(ctx)],
+            None,
+            ("Starting", "AllWorkersReady", "NameConflict", [], False),
+            id="launcher-name-held",
+        ),
+        pytest.param(
+            lambda ctx: [*workers(ctx), pod(builders.launcher_pod(ctx, 0), phase="Pending", ready=False)],
+            None,
+            ("Starting", "AllWorkersReady", "LauncherStarting", [], False),
+            id="launcher-pending",
+        ),
+        pytest.param(running, None, ("Running", "AllWorkersReady", "LauncherRunning", [], False), id="running"),
+    ],
+)
+def test_policy_make_progress(
+    world: World, conditions: dict[str, tuple[str, str]] | None, expected: tuple[str, str, str, list[int], bool]
+) -> None:
+    plan, _ = decide(reconcile.make_progress, world, conditions=conditions)
+    assert plan is not None
+    wr, run = cond(plan.status, "WorkersReady"), cond(plan.status, "Running")
+    assert (plan.status["phase"], wr["reason"], run["reason"], plan.create_workers, plan.create_launcher) == expected
+    assert plan.status["message"] == f"{wr['message']}; {run['message']}"
+    assert cond(plan.status, "Succeeded")["reason"] == "InProgress"
+    # an Event when the phase changes (the admitted run was Pending), none otherwise
+    assert (("Normal", expected[0]) in [e[:2] for e in plan.events]) is (expected[0] != "Pending")
+
+
+@pytest.mark.parametrize(
+    ("world", "elapsed", "expected"),
+    [
+        # a result beats the deadline: the run did finish
+        pytest.param(launcher_done(0, SUMMARY), 61, ("Succeeded", "GoalReached"), id="result-beats-deadline"),
+        pytest.param(launcher_done(3, ABORTED), 61, ("Failed", "Aborted"), id="aborted-beats-deadline"),
+        # the deadline beats a failure: no restart past it
+        pytest.param(oom_worker, 61, ("Failed", "DeadlineExceeded"), id="deadline-beats-restart"),
+        pytest.param(oom_worker, 30, ("Pending", "OOMKilled"), id="restart-before-deadline"),
+        # a worker's cause beats the launcher's echo of it; the launcher alone is held for the grace first
+        pytest.param(
+            launcher_failed_at(28, worker(0), lambda ctx: terminated(builders.worker_pod(ctx, 1, 0), 137)),
+            30,
+            ("Pending", "WorkerFailed"),
+            id="worker-beats-launcher",
+        ),
+        pytest.param(launcher_failed_at(28, worker(0), worker(1)), 30, ("Pending", ""), id="launcher-held"),
+        pytest.param(launcher_failed_at(10, worker(0), worker(1)), 30, ("Pending", "LauncherFailed"), id="then-blamed"),
+    ],
+)
+def test_plan_precedence(world: World, elapsed: float, expected: tuple[str, str]) -> None:
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1, "activeDeadlineSeconds": 60}))
+    _, plan = step(body, ctx, world(ctx), T0 + timedelta(seconds=elapsed))
+    assert outcome(plan) == expected
+
+
+def test_plan_input_sorts_the_pods_once() -> None:
+    body, ctx = admitted(h.run())
+    body = {**body, "status": {**body["status"], "restarts": 1}}
+    old = workers(ctx, attempt=0)
+    new = workers(ctx, attempt=1)
+    beyond = dataclasses.replace(new[1], name="r1-worker-2", rank=2)
+    launcher = pod(builders.launcher_pod(ctx, 1))
+    other = dataclasses.replace(new[0], name="r1-worker-9", rank=9, owner_uid="someone-else")
+    inp = reconcile.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
+    assert inp.restarts == 1
+    assert [p.name for p in inp.stale] == ["r1-worker-0", "r1-worker-1"]
+    assert {p.attempt for p in inp.current} == {1}
+    assert inp.foreign == (other,)
+    assert sorted(inp.workers) == [0, 1]  # rank 2 is beyond spec.workers
+    assert inp.launcher == launcher
+    assert (inp.ready, inp.total) == (2, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inp.restarts = 2  # type: ignore[misc]
+
+
+def test_every_pass_force_deletes_and_wakes_up_whatever_decides() -> None:
+    """Force-deletes and the earliest wake-up are added to the plan of whichever policy decided."""
+    body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 100}))
+    stuck = dataclasses.replace(workers(ctx)[1], terminating=True, deletion_timestamp=c.timestamp(T0))
+    later = c.timestamp(T0 + timedelta(seconds=50))
+    leaving = dataclasses.replace(stuck, name="r1-worker-7", rank=7, deletion_timestamp=later)
+    now = T0 + timedelta(seconds=reconcile.FORCE_DELETE_AFTER_SECONDS + 10)
+    _, plan = step(body, ctx, [workers(ctx)[0], stuck, leaving, pod(builders.launcher_pod(ctx, 0))], now)
+    assert cond(plan.status, "Restarted")["reason"] == "WorkerLost"  # gang_failure decided
+    assert plan.force_delete == ["r1-worker-1"]
+    # the leaving pod would count as stuck at 50 + 60 + 1 s, the deadline is at 100 s: the earlier wins
+    assert plan.requeue_after == pytest.approx(100 - (reconcile.FORCE_DELETE_AFTER_SECONDS + 10))

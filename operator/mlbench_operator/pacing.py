@@ -1,0 +1,132 @@
+"""How fast one run's daemon may act on the API: pure, with the clock passed in.
+
+The planner (:mod:`.reconcile`) says *what* a run needs (create these pods, delete that stale
+world); this says *whether now* and *when to look again*. Its three rules each keep a busy or
+refusing API server from being hammered, and each is about a gap between what we asked for and
+what we can see:
+
+* the create grace: a pod we asked for moments ago that the watch has not delivered yet is not
+  asked for again (the index lags the API server; re-creating would be a storm of 409s);
+* the create backoff: pod creates refused with 403 (quota, policy) wait 5 s, doubling to 120 s,
+  and a pod event does not shorten the wait (a refused world still sends pod events);
+* the stale-delete grace: a stale world (a gang restart) is deleted at most once per 10 s, since
+  its pods show up Terminating only a little later and would otherwise be deleted again.
+
+Every method takes ``now``: monotonic seconds (``time.monotonic()`` in the handlers; any number in
+the tests). Nothing here reads a clock, so every rule is a table test (tests/operator/test_pacing.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: Don't re-create a pod we asked for this recently but the watch has not shown yet.
+CREATE_GRACE_SECONDS = 30.0
+#: Don't delete a stale world again this soon after deleting it.
+DELETE_GRACE_SECONDS = 10.0
+#: The first wait after refused pod creates (403); it doubles with each refusal in a row, up to the cap.
+BACKOFF_FIRST_SECONDS = 5.0
+BACKOFF_MAX_SECONDS = 120.0
+#: Added to a computed wake-up, so that the rule waited for has expired when the daemon looks again.
+MARGIN_SECONDS = 0.1
+
+
+@dataclass
+class Pacing:
+    """One run's pacing state; lost on an operator restart, which only costs one early retry."""
+
+    #: The unprompted re-check interval (``MLBENCH_RESYNC_SECONDS``): the latest any wake-up is.
+    resync_seconds: float
+    create_grace_seconds: float = CREATE_GRACE_SECONDS
+    delete_grace_seconds: float = DELETE_GRACE_SECONDS
+    #: Pod name -> when we last asked to create it.
+    recent: dict[str, float] = field(default_factory=dict)
+    #: When the last stale world was deleted (-inf: never).
+    stale_deleted_at: float = -math.inf
+    #: Refused (403) create rounds in a row.
+    create_failures: int = 0
+    #: No pod creates before this.
+    create_backoff_until: float = -math.inf
+    #: The earliest a rule of this pass wants the daemon back (see :meth:`wake_in`).
+    retry_in: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.retry_in = self.resync_seconds
+
+    def begin_pass(self) -> None:
+        """A new pass: only the rules this pass meets shorten the next wake-up."""
+        self.retry_in = self.resync_seconds
+
+    def _wake_within(self, seconds: float) -> None:
+        self.retry_in = min(self.retry_in, seconds)
+
+    # -- creates ------------------------------------------------------------------------------------------
+    def may_create(self, name: str, now: float) -> bool:
+        """Whether to ask for pod ``name`` now; a yes is recorded as asked.
+
+        No when it was asked for less than the grace ago: the watch has not shown it yet, and
+        asking again would only get a 409 (one per pod: a storm for a 1000-worker world). The daemon
+        then comes back when the grace is over, in case the pod really never came (the create was
+        lost).
+        """
+        age = now - self.recent.get(name, -math.inf)
+        if age < self.create_grace_seconds:
+            self._wake_within(self.create_grace_seconds - age + MARGIN_SECONDS)
+            return False
+        self.recent[name] = now
+        return True
+
+    def create_failed(self, name: str) -> None:
+        """The create of ``name`` failed: no pod is coming, so the grace must not hold back the retry."""
+        self.recent.pop(name, None)
+
+    def creates_paused(self, now: float) -> bool:
+        """Whether pod creates wait for the backoff of earlier refusals (then the wake-up is its end).
+
+        Pod events wake the daemon during the wait, and a pass must not turn them into another
+        round of refused creates: only the backoff's end (or a later pass) retries.
+        """
+        left = self.create_backoff_until - now
+        if left > 0:
+            self._wake_within(left + MARGIN_SECONDS)
+            return True
+        return False
+
+    def creates_refused(self, now: float) -> float:
+        """Pod creates were refused (403: quota, policy, which an admin may lift): wait before the next
+        round, 5 s doubling to 120 s, so a refusing API server is asked rarely but the run resumes
+        soon once allowed. Returns the wait."""
+        self.create_failures += 1
+        delay = min(BACKOFF_FIRST_SECONDS * 2 ** (self.create_failures - 1), BACKOFF_MAX_SECONDS)
+        self.create_backoff_until = now + delay
+        return delay
+
+    def creates_succeeded(self) -> None:
+        """A round of creates went through: the next refusal starts the backoff from its first step."""
+        self.create_failures = 0
+
+    # -- stale worlds ------------------------------------------------------------------------------------
+    def may_delete_stale(self, now: float) -> bool:
+        """Whether to delete a stale world now (else the wake-up is the grace's end).
+
+        Right after a deletion the index still shows the old pods as they were (not yet
+        Terminating), so the planner asks for the same deletion again; the grace lets the watch
+        catch up instead of sending the deletes twice.
+        """
+        age = now - self.stale_deleted_at
+        if age <= self.delete_grace_seconds:
+            self._wake_within(self.delete_grace_seconds - age + MARGIN_SECONDS)
+            return False
+        return True
+
+    def stale_deleted(self, now: float) -> None:
+        """A stale world was deleted: its replacements are new pods, so no create grace holds for them."""
+        self.stale_deleted_at = now
+        self.recent.clear()
+
+    # -- the next pass -----------------------------------------------------------------------------------
+    def wake_in(self, requeue_after: float | None = None) -> float:
+        """Seconds until the next unprompted pass: the earliest of the planner's ``requeue_after`` (when
+        it has one), what this pass's rules want, and the resync interval."""
+        return min(requeue_after or self.resync_seconds, self.retry_in, self.resync_seconds)

@@ -1,0 +1,217 @@
+"""kopf glue for BenchmarkSweeps: thin handlers that feed :mod:`.sweeps` and execute its decisions.
+
+* ``reconcile_sweep`` (daemon, one per unfinished sweep; resumed on operator start) loops: list the
+  sweep's runs (by the ``mlbench.io/sweep`` label) -> :func:`.sweeps.decide` -> create the runs it
+  names (owned by the sweep) -> write the status -> sleep until woken.
+* ``sweep_run_event`` wakes a sweep when one of its runs changes (a phase moved, a run was deleted);
+  ``sweep_event`` when the sweep itself changes (e.g. spec.maxConcurrent).
+
+Registered by importing this module from :mod:`.handlers` (its last line), so ``kopf run -m
+mlbench_operator.handlers`` and ``mlbench-operator`` serve sweeps too. The run selector
+(``MLBENCH_RUN_SELECTOR`` / ``--selector``) applies to sweeps as well; a sweep's runs carry its labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from mlbench_api.common import GROUP, VERSION
+from mlbench_api.sweep import LABEL_SWEEP
+from mlbench_operator import logs, sweeps
+from mlbench_operator import metrics as m
+from mlbench_operator.handlers import Wakeups, config_of
+from mlbench_operator.kube import ApiError, Kube
+from mlbench_operator.podview import controller_uid
+from mlbench_operator.settings import OperatorConfig
+
+PLURAL = "benchmarksweeps"
+RUNS = "benchmarkruns"
+#: After a refused create or a name conflict: look again this often (events also wake the sweep).
+STALLED_RETRY_SECONDS = 30.0
+
+log = logs.get_logger()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _wakeups(memo: Any) -> Wakeups:
+    wakeups = getattr(memo, "sweep_wakeups", None)
+    if not isinstance(wakeups, Wakeups):  # a handler called without the startup (unit tests)
+        wakeups = Wakeups()
+        memo.sweep_wakeups = wakeups
+    return wakeups
+
+
+@kopf.on.startup()
+async def configure_sweeps(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """After :func:`.handlers.configure` (registered before this module is imported): the selector for sweeps."""
+    selector = config_of(memo).run_selector
+    if selector:
+        settings.watching.label_selectors[GROUP, PLURAL] = selector
+    memo.sweep_wakeups = Wakeups()
+
+
+@kopf.on.event(GROUP, VERSION, RUNS, labels={LABEL_SWEEP: kopf.PRESENT})
+async def sweep_run_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    _wakeups(memo).wake((namespace or "", labels[LABEL_SWEEP]))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def sweep_event(
+    *, type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    status = body.get("status") or {}
+    generation = body.get("metadata", {}).get("generation")
+    if status.get("observedGeneration") == generation:
+        return  # e.g. our own status write echoed back: nothing new for the daemon
+    _wakeups(memo).wake((namespace or "", name))
+    if type != "DELETED" and status.get("completionTime"):
+        # a finished sweep's spec edited (its daemon has stopped): observedGeneration still catches up
+        kube: Kube = memo.kube
+        await kube.run(kube.patch_sweep_status, namespace or "", name, {"observedGeneration": generation})
+
+
+class SweepReconciler:
+    """The state of one sweep's daemon: only caches; the truth is the sweep and its runs."""
+
+    def __init__(self, body: kopf.Body, kube: Kube, config: OperatorConfig) -> None:
+        self.body = body
+        self.kube = kube
+        self.config = config
+        self.name: str = body["metadata"]["name"]
+        self.namespace: str = body["metadata"]["namespace"]
+        # The only writer of the status (one replica, one daemon per sweep): our last write is
+        # authoritative even before the watch echoes it back.
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.log = log.bind(sweep=self.name, namespace=self.namespace)
+
+    def view(self) -> dict[str, Any]:
+        """The sweep as the planner should see it: live metadata/spec, our own status."""
+        return {"metadata": dict(self.body["metadata"]), "spec": dict(self.body["spec"]), "status": self.status}
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        kopf.event(self.body, type=type_, reason=reason, message=message[:1024])
+
+    def recover(self) -> None:
+        """After a failed pass: trust the cluster's status again (a write may have half-failed)."""
+        self.status = dict(self.body.get("status") or {})
+
+    async def step(self) -> float | None:
+        """One pass. Returns seconds until the next unprompted pass, or None when the sweep has finished."""
+        if self.body["metadata"].get("deletionTimestamp"):
+            return self.config.resync_seconds  # kopf stops us; garbage collection deletes the runs
+        now = _now()
+        view = self.view()
+        uid = view["metadata"]["uid"]
+        items = await self.kube.run(self.kube.list_runs, self.namespace, f"{LABEL_SWEEP}={self.name}")
+        observed = sweeps.observe(items, uid)
+        decision = sweeps.decide(view, observed, now)
+        events = []
+        if decision.create:
+            problems, created, fresh = await self.create(view, decision)
+            events = [decision.created_events[name] for name in fresh]
+            if problems:  # the status again, for what could be done
+                decision = sweeps.decide(view, {**observed, **created}, now, problems)
+        await self.patch(decision.status)
+        for type_, reason, message in [*events, *decision.events]:
+            self.event(type_, reason, message)
+            self.log.info("sweep_transition", reason=reason, message=message)
+        if decision.finished:
+            self.log.info("sweep_finished", message=decision.status.get("message"))
+            return None
+        return STALLED_RETRY_SECONDS if decision.stalled else self.config.resync_seconds
+
+    async def create(
+        self, view: dict[str, Any], decision: sweeps.Decision
+    ) -> tuple[dict[str, sweeps.Problem], dict[str, sweeps.Observed], list[str]]:
+        """Create the decided runs in parallel; (runs that could not be, runs that now exist, runs created now).
+        A 409 is fine when the existing run is this sweep's; another error than 403/422 raises (retried with
+        back-off)."""
+        objs = [sweeps.run_object(view, run) for run in decision.create]
+        outcomes = await asyncio.gather(
+            *(self.kube.run(self.kube.create_run, obj) for obj in objs), return_exceptions=True
+        )
+        problems: dict[str, sweeps.Problem] = {}
+        created: dict[str, sweeps.Observed] = {}
+        errors: list[BaseException] = []
+        fresh: list[str] = []
+        for obj, outcome in zip(objs, outcomes, strict=True):
+            name = obj["metadata"]["name"]
+            if outcome is True:
+                created[name] = sweeps.Observed(name)
+                fresh.append(name)
+                self.log.info("sweep_run_created", run=name)
+            elif outcome is False:  # 409: ours from an interrupted pass, or someone else's
+                existing = await self.kube.run(self.kube.get_run, self.namespace, name)
+                if existing is not None and controller_uid(existing) == view["metadata"]["uid"]:
+                    created.update(sweeps.observe([existing], view["metadata"]["uid"]))
+                else:
+                    why = "a BenchmarkRun of that name exists and is not this sweep's (delete or rename it)"
+                    problems[name] = sweeps.Problem(sweeps.SweepReason.NAME_CONFLICT, why)
+            elif isinstance(outcome, ApiError) and outcome.status in (403, 422):
+                why = f"HTTP {outcome.status}: {outcome.detail}"
+                problems[name] = sweeps.Problem(sweeps.SweepReason.CREATE_FAILED, why)
+            elif isinstance(outcome, BaseException):
+                errors.append(outcome)
+        if errors:
+            raise kopf.TemporaryError(f"{len(errors)} of {len(objs)} run creations failed: {errors[0]}", delay=5)
+        return problems, created, fresh
+
+    async def patch(self, new: dict[str, Any]) -> None:
+        changes = sweeps.status_patch(self.status, new)
+        if not changes:
+            return
+        await self.kube.run(self.kube.patch_sweep_status, self.namespace, self.name, changes)
+        self.status = {**self.status, **changes}
+
+
+def _unfinished(status: kopf.Status, **_: Any) -> bool:
+    return not status.get("completionTime")
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_unfinished, cancellation_backoff=5, cancellation_timeout=5)
+async def reconcile_sweep(
+    *, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """The sweep's loop; event-driven (woken by its runs' and its own events), resumed after operator restarts."""
+    key = (namespace or "", name)
+    wakeups = _wakeups(memo)
+    wake = wakeups.register(key)
+    config = config_of(memo)
+    rec = SweepReconciler(body, memo.kube, config)
+    failures = 0
+    try:
+        while True:
+            wake.clear()
+            try:
+                delay = await rec.step()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # any error: record, back off, retry from the cluster's state
+                failures += 1
+                m.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+                rec.log.warning("sweep_reconcile_error", error=str(err), failures=failures)
+                delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
+                rec.recover()
+            if delay is None or stopped:
+                return
+            woken = asyncio.ensure_future(wake.wait())
+            stopping = asyncio.ensure_future(stopped.wait())
+            try:
+                await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                stopping.cancel()
+            if stopped:
+                return
+            await asyncio.sleep(config.debounce_seconds)
+    finally:
+        wakeups.unregister(key, wake)

@@ -1,0 +1,410 @@
+"""Scores of several runs, per configuration: what ``mlbench results`` prints (docs/results.md).
+
+Pure functions on values already read (no files, no printing), so each rule is tested on
+hand-computed inputs (tests/runner/test_scoring.py).
+
+* **Configuration**: everything a run was started with except its seed (and its name, namespace,
+  output folder and metrics port): the task as the run saw it (overrides applied, so two runs with
+  different overrides differ), division, world size = workers x slots, backend, algorithm,
+  bucketing, goal target, precision and the device rank 0 trained on. Where the data was read
+  from (dataset path, volume, source URL) is not part of it: a mirror is the same data.
+* **Time to goal**: MLPerf Training's olympic mean (training_rules.adoc, "Benchmark Results"):
+  drop the fastest and the slowest run, average the rest; "a single non-converging run may be
+  treated as the slowest run and dropped. A benchmark result is invalid if there is more than one
+  non-converging run." With fewer than :data:`OLYMPIC_MIN_SUCCESSES` successful runs there is
+  nothing left to average once the extremes are dropped: the plain mean, flagged.
+* **Seeds needed**: MLPerf fixes the number of runs per benchmark; image classification (ResNet-50,
+  the benchmark task 1a follows) needed :data:`RUNS_REQUIRED` (5), recommendation and NLP 10,
+  LLM pre-training 3. MLBench asks 5 seeds per configuration for every task and flags fewer.
+* **Speedup**: time to goal of the configuration with the smallest world size of the same family
+  (same task, settings, backend, algorithm, bucketing; only workers/slots differ) divided by
+  this configuration's; efficiency = speedup / (world size / baseline world size).
+* **Cost** (MLBench's cost chart): workers x hours x price per worker-hour, for the mean wall
+  clock of a run and for the time to goal.
+* **Communication/computation split**: rank 0's phase totals; compute = forward + backward +
+  optimizer, communication = the communication phase, other = the rest of the wall clock (data
+  loading, evaluation, set-up).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from mlbench_api.config import RunConfig
+from mlbench_api.results import RunSummary
+
+#: Runs (seeds) per configuration: MLPerf Training's count for image classification.
+RUNS_REQUIRED = 5
+#: Successful runs the olympic mean needs: one left after dropping the fastest and the slowest.
+OLYMPIC_MIN_SUCCESSES = 3
+
+#: Parts of the effective task that say where the data lives, not what it is.
+_LOCATION = {"description", "overridable", "dataset.path", "dataset.volume", "dataset.source.url"}
+
+
+@dataclass(frozen=True)
+class TimeToGoal:
+    """A configuration's time to goal over its seeds, and how it was computed."""
+
+    value: float | None
+    method: Literal["olympic", "mean", "none"]
+    used: tuple[float, ...] = ()
+    """The times averaged."""
+    dropped: tuple[float, ...] = ()
+    """Successful runs' times left out (the fastest, and the slowest unless a failed run took its place)."""
+    failure_dropped: bool = False
+    """A run that missed the goal was dropped as the slowest (MLPerf allows one)."""
+    flags: tuple[str, ...] = ()
+
+
+def olympic_mean(times: Sequence[float], failures: int = 0) -> TimeToGoal:
+    """MLPerf's olympic mean of the successful runs' ``times``; ``failures`` runs missed the goal.
+
+    The failed runs count as infinitely slow: with none, the fastest and the slowest time are
+    dropped; with one, the fastest time and the failure; with more the result is invalid under
+    MLPerf's rule, and the value is the olympic mean of the successful runs, flagged. Ties drop
+    one run each (``[10, 10, 20, 30, 30]`` -> 20). Fewer than 3 successes: the plain mean, flagged.
+    """
+    if failures < 0:
+        raise ValueError("failures must be >= 0")
+    ts = sorted(times)
+    if not ts:
+        return TimeToGoal(None, "none", flags=("no run reached the goal",))
+    if len(ts) < OLYMPIC_MIN_SUCCESSES:
+        flag = (
+            f"only {len(ts)} successful run{'s' if len(ts) > 1 else ''}: plain mean, not the olympic mean "
+            f"(needs >= {OLYMPIC_MIN_SUCCESSES})"
+        )
+        return TimeToGoal(statistics.fmean(ts), "mean", tuple(ts), flags=(flag,))
+    if failures == 1:
+        used = tuple(ts[1:])
+        return TimeToGoal(statistics.fmean(used), "olympic", used, (ts[0],), failure_dropped=True)
+    used = tuple(ts[1:-1])
+    flags: tuple[str, ...] = ()
+    if failures > 1:
+        flags = (
+            f"{failures} runs missed the goal: invalid under MLPerf (at most 1); olympic mean of the successful runs",
+        )
+    return TimeToGoal(statistics.fmean(used), "olympic", used, (ts[0], ts[-1]), flags=flags)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Of the successful runs' times to goal."""
+
+    min: float
+    max: float
+    stdev: float | None
+    """Sample standard deviation (n - 1); None for a single run."""
+
+
+def spread(times: Sequence[float]) -> Spread | None:
+    if not times:
+        return None
+    return Spread(min(times), max(times), statistics.stdev(times) if len(times) > 1 else None)
+
+
+def success_rate(reached: int, runs: int) -> float | None:
+    """Runs that reached the goal / runs."""
+    return reached / runs if runs else None
+
+
+def speedup(baseline_seconds: float | None, seconds: float | None) -> float | None:
+    """How many times faster than the baseline (time-to-goal ratio)."""
+    if baseline_seconds is None or seconds is None or seconds <= 0:
+        return None
+    return baseline_seconds / seconds
+
+
+def scaling_efficiency(ratio: float | None, baseline_world_size: int, world_size: int) -> float | None:
+    """Speedup per added rank: 1.0 is linear scaling."""
+    if ratio is None or baseline_world_size <= 0:
+        return None
+    return ratio / (world_size / baseline_world_size)
+
+
+def cost(workers: int, seconds: float | None, price_per_worker_hour: float | None) -> float | None:
+    """workers x wall-clock hours x price per worker-hour."""
+    if seconds is None or price_per_worker_hour is None:
+        return None
+    return workers * seconds / 3600.0 * price_per_worker_hour
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Seconds of rank 0: compute (forward, backward, optimizer), communication, and the rest of the wall clock."""
+
+    compute: float
+    communication: float
+    other: float
+
+    @property
+    def communication_share(self) -> float | None:
+        """communication / (compute + communication)."""
+        busy = self.compute + self.communication
+        return self.communication / busy if busy > 0 else None
+
+
+def phase_split(summary: RunSummary) -> PhaseSplit:
+    ph = summary.phases
+    compute = ph.forward + ph.backward + ph.optimizer
+    other = max(0.0, summary.wall_clock_seconds - compute - ph.communication)
+    return PhaseSplit(compute, ph.communication, other)
+
+
+def mean_split(splits: Sequence[PhaseSplit]) -> PhaseSplit:
+    if not splits:
+        return PhaseSplit(0.0, 0.0, 0.0)
+    return PhaseSplit(
+        statistics.fmean(s.compute for s in splits),
+        statistics.fmean(s.communication for s in splits),
+        statistics.fmean(s.other for s in splits),
+    )
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What a run was started with, except its seed: runs with equal configurations are seeds of one result."""
+
+    task: str
+    world_size: int
+    workers: int
+    slots_per_worker: int
+    backend: str
+    algorithm: str
+    bucketing: str
+    division: str
+    """closed, open, or unknown (no config.json)."""
+    settings: tuple[tuple[str, str], ...] = ()
+    """Everything else that must match, as sorted (dotted name, value) pairs."""
+
+    def family(self) -> Configuration:
+        """The configuration with the world size left out: what a speedup compares across."""
+        return replace(self, world_size=0, workers=0, slots_per_worker=0)
+
+    def label(self) -> str:
+        return f"{self.task} {self.workers}x{self.slots_per_worker} {self.backend} {self.algorithm}/{self.bucketing}"
+
+    def sort_key(self) -> tuple[Any, ...]:
+        f = self.family()
+        return (f.task, f.division, f.backend, f.algorithm, f.bucketing, f.settings, self.world_size, self.workers)
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, str(value))]
+
+
+def device_of(summary: RunSummary) -> str:
+    """Rank 0's device without its index or thread count, which follow from the world size on one machine
+    (``cuda:3 NVIDIA H100`` -> ``cuda NVIDIA H100``, ``cpu Xeon (2 threads/rank)`` -> ``cpu Xeon``)."""
+    devices = summary.environment.devices
+    if not devices:
+        return "unknown"
+    return re.sub(r" \(\d+ threads/rank\)$", "", re.sub(r"^(\w+):\d+ ", r"\1 ", devices[0]))
+
+
+def configuration(summary: RunSummary, config: RunConfig | None) -> Configuration:
+    """A run's configuration: from its ``config.json`` when there is one, else from the summary alone."""
+    env = summary.environment
+    common = [
+        ("goalTarget", str(summary.goal_target)),
+        ("precision", str(env.precision)),
+        ("channelsLast", str(env.channels_last)),
+        ("device", device_of(summary)),
+    ]
+    if config is None:
+        algorithm, _, bucketing = (env.algorithm or "unknown").partition("/")
+        return Configuration(
+            task=summary.task,
+            world_size=env.world_size,
+            workers=env.world_size,
+            slots_per_worker=1,
+            backend=env.backend,
+            algorithm=algorithm,
+            bucketing=bucketing or "unknown",
+            division="unknown",
+            settings=tuple(sorted(common)),
+        )
+    task = [(k, v) for k, v in _flatten(config.task.to_api()) if not any(_within(k, loc) for loc in _LOCATION)]
+    extra = [
+        ("goalTarget", str(config.goal_target)),
+        ("timeBudgetSeconds", str(config.time_budget_seconds)),
+        ("gpusPerWorker", str(config.gpus_per_worker)),
+    ]
+    settings = dict(common) | dict(extra) | {f"task.{k}": v for k, v in task}
+    return Configuration(
+        task=config.task_name,
+        world_size=config.world_size,
+        workers=config.workers,
+        slots_per_worker=config.slots_per_worker,
+        backend=config.backend.value,
+        algorithm=config.algorithm.value,
+        bucketing=config.bucketing.value,
+        division=config.task.division.value,
+        settings=tuple(sorted(settings.items())),
+    )
+
+
+def _within(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What scoring needs of one run."""
+
+    name: str
+    configuration: Configuration
+    seed: int | None
+    status: str
+    reached: bool
+    """Reached the goal, with a time to goal."""
+    time_to_goal: float | None
+    wall_clock: float
+    best_accuracy: float | None
+    samples_per_second: float
+    split: PhaseSplit
+    source: str = ""
+    """Where it was read from (a result directory)."""
+
+
+def run_result(summary: RunSummary, config: RunConfig | None, source: str = "") -> RunResult:
+    reached = summary.goal_reached and summary.time_to_goal_seconds is not None
+    return RunResult(
+        name=summary.run,
+        configuration=configuration(summary, config),
+        seed=config.seed if config is not None else summary.environment.seed,
+        status=summary.status,
+        reached=reached,
+        time_to_goal=summary.time_to_goal_seconds if reached else None,
+        wall_clock=summary.wall_clock_seconds,
+        best_accuracy=summary.best_accuracy,
+        samples_per_second=summary.samples_per_second,
+        split=phase_split(summary),
+        source=source,
+    )
+
+
+@dataclass(frozen=True)
+class ConfigScore:
+    """One configuration's result over its runs."""
+
+    configuration: Configuration
+    runs: tuple[RunResult, ...]
+    time_to_goal: TimeToGoal
+    spread: Spread | None
+    success_rate: float | None
+    wall_clock: float
+    """Mean over the runs."""
+    best_accuracy: float | None
+    """Mean over the runs that evaluated."""
+    samples_per_second: float
+    split: PhaseSplit
+    """Mean over the runs."""
+    speedup: float | None = None
+    efficiency: float | None = None
+    baseline_world_size: int | None = None
+    cost_per_run: float | None = None
+    cost_to_goal: float | None = None
+    variant: str = ""
+    """The settings in which this configuration differs from others of its task in the same report."""
+    flags: tuple[str, ...] = field(default=())
+
+    @property
+    def reached(self) -> int:
+        return sum(r.reached for r in self.runs)
+
+
+def score_configuration(runs: Sequence[RunResult], runs_required: int = RUNS_REQUIRED) -> ConfigScore:
+    """Olympic mean, spread, success rate and means of one configuration's runs (speedup and cost: :func:`score`)."""
+    if not runs:
+        raise ValueError("a configuration needs at least one run")
+    times = [r.time_to_goal for r in runs if r.reached and r.time_to_goal is not None]
+    ttg = olympic_mean(times, failures=len(runs) - len(times))
+    flags = list(ttg.flags)
+    if len(runs) < runs_required:
+        flags.append(f"{len(runs)} run{'s' if len(runs) > 1 else ''}; MLPerf-style scoring wants {runs_required} seeds")
+    repeated = sorted(s for s, n in Counter(r.seed for r in runs if r.seed is not None).items() if n > 1)
+    if repeated:
+        flags.append(f"seed {', '.join(map(str, repeated))} used more than once (MLPerf: seeds must not repeat)")
+    accuracies = [r.best_accuracy for r in runs if r.best_accuracy is not None]
+    return ConfigScore(
+        configuration=runs[0].configuration,
+        runs=tuple(runs),
+        time_to_goal=ttg,
+        spread=spread(times),
+        success_rate=success_rate(len(times), len(runs)),
+        wall_clock=statistics.fmean(r.wall_clock for r in runs),
+        best_accuracy=statistics.fmean(accuracies) if accuracies else None,
+        samples_per_second=statistics.fmean(r.samples_per_second for r in runs),
+        split=mean_split([r.split for r in runs]),
+        flags=tuple(flags),
+    )
+
+
+def group(runs: Iterable[RunResult]) -> list[list[RunResult]]:
+    """Runs by configuration, configurations sorted by task, family and world size."""
+    groups: dict[Configuration, list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault(r.configuration, []).append(r)
+    return [groups[c] for c in sorted(groups, key=Configuration.sort_key)]
+
+
+def variant_labels(configurations: Sequence[Configuration]) -> dict[Configuration, str]:
+    """For each configuration, its settings that differ among the configurations of the same task."""
+    by_task: dict[str, list[Configuration]] = {}
+    for c in configurations:
+        by_task.setdefault(c.task, []).append(c)
+    labels: dict[Configuration, str] = {}
+    for configs in by_task.values():
+        maps = [dict(c.settings) for c in configs]
+        # Settings some runs lack (no config.json) are not a difference to show: the division says it.
+        keys = sorted(set.intersection(*(set(m) for m in maps)))
+        varying = [k for k in keys if len({m[k] for m in maps}) > 1]
+        for c, m in zip(configs, maps, strict=True):
+            labels[c] = ", ".join(f"{k.rsplit('.', 1)[-1]}={m[k]}" for k in varying)
+    return labels
+
+
+def score(
+    runs: Iterable[RunResult],
+    price_per_worker_hour: float | None = None,
+    runs_required: int = RUNS_REQUIRED,
+) -> list[ConfigScore]:
+    """Every configuration's score: olympic mean over seeds, spread, success rate, speedup, cost, split."""
+    scores = [score_configuration(g, runs_required) for g in group(runs)]
+    labels = variant_labels([s.configuration for s in scores])
+    baselines: dict[Configuration, ConfigScore] = {}
+    for s in scores:  # sorted by world size within a family: the first is the smallest
+        baselines.setdefault(s.configuration.family(), s)
+    out = []
+    for s in scores:
+        c = s.configuration
+        base = baselines[c.family()]
+        flags = list(s.flags)
+        ratio = speedup(base.time_to_goal.value, s.time_to_goal.value)
+        if base is not s and base.time_to_goal.value is None:
+            flags.append(f"no speedup: the baseline ({base.configuration.world_size} ranks) never reached the goal")
+        out.append(
+            replace(
+                s,
+                speedup=ratio,
+                efficiency=scaling_efficiency(ratio, base.configuration.world_size, c.world_size),
+                baseline_world_size=base.configuration.world_size,
+                cost_per_run=cost(c.workers, s.wall_clock, price_per_worker_hour),
+                cost_to_goal=cost(c.workers, s.time_to_goal.value, price_per_worker_hour),
+                variant=labels[c],
+                flags=tuple(flags),
+            )
+        )
+    return out

@@ -1,0 +1,397 @@
+"""BenchmarkSweeps, pure: which runs to create next and the sweep's status, as tables; and the thin glue
+against a fake API (409s, refused creates, the status written once per change)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mlbench_api.sweep import LABEL_SWEEP
+from mlbench_operator import conditions as c
+from mlbench_operator import sweeps
+from mlbench_operator.kube import ApiError
+from mlbench_operator.sweeps import Observed, Problem, SweepReason
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+UID = "uid-sweep"
+#: The 2 workers x 2 seeds study, in expansion order.
+W1S1, W1S2, W2S1, W2S2 = "s-w1-s1", "s-w1-s2", "s-w2-s1", "s-w2-s2"
+ALL = [W1S1, W1S2, W2S1, W2S2]
+
+
+def sweep(
+    max_concurrent: int = 2,
+    policy: str = "Continue",
+    status: dict[str, Any] | None = None,
+    matrix: dict[str, Any] | None = None,
+    **template: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "mlbench.io/v1alpha1",
+        "kind": "BenchmarkSweep",
+        "metadata": {"name": "s", "namespace": "ns", "uid": UID, "generation": 1, "labels": {"team": "a"}},
+        "spec": {
+            "template": {"taskRef": {"name": "t"}, **template},
+            "matrix": matrix if matrix is not None else {"workers": [1, 2], "seeds": [1, 2]},
+            "maxConcurrent": max_concurrent,
+            "failurePolicy": policy,
+        },
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def observed(**phases: str | None) -> dict[str, Observed]:
+    """``w1s1="Running"`` -> the run s-w1-s1 exists in that phase (None: created, not admitted yet)."""
+    out = {}
+    for key, phase in phases.items():
+        name = f"s-{key[:2]}-{key[2:]}"
+        out[name] = Observed(name, phase)
+    return out
+
+
+def recorded(**phases: str | None) -> dict[str, Any]:
+    """A previous status whose runs list holds these phases (the others not created)."""
+    known = {f"s-{k[:2]}-{k[2:]}": v for k, v in phases.items()}
+    return {"runs": [{"name": n, **({"phase": known[n]} if known.get(n) else {})} for n in ALL]}
+
+
+def cond(status: dict[str, Any], type_: str) -> tuple[str, str]:
+    found = c.get(status.get("conditions"), type_)
+    assert found is not None, type_
+    return found["status"], found["reason"]
+
+
+def counts(status: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(status[k] for k in ("total", "pending", "running", "succeeded", "failed"))
+
+
+# -- which runs are created, and the counts --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Create:
+    """One row: the sweep (maxConcurrent, failurePolicy), what its last status recorded, what exists now;
+    then the runs to create and the counts after them (total, pending = not created, running = created and
+    unfinished, succeeded, failed)."""
+
+    max_concurrent: int
+    policy: str
+    previous: dict[str, str]
+    exists: dict[str, str | None]
+    create: list[str]
+    counts: tuple[int, int, int, int, int]
+
+
+CREATE_TABLE = {
+    "first pass: the first two in order": Create(2, "Continue", {}, {}, [W1S1, W1S2], (4, 2, 2, 0, 0)),
+    "one at a time": Create(1, "Continue", {}, {}, [W1S1], (4, 3, 1, 0, 0)),
+    "all at once when allowed": Create(8, "Continue", {}, {}, ALL, (4, 0, 4, 0, 0)),
+    "both slots taken": Create(2, "Continue", {}, {"w1s1": "Running", "w1s2": "Pending"}, [], (4, 2, 2, 0, 0)),
+    "created, not admitted yet: holds a slot": Create(1, "Continue", {}, {"w1s1": None}, [], (4, 3, 1, 0, 0)),
+    "a slot freed": Create(2, "Continue", {}, {"w1s1": "Succeeded", "w1s2": "Running"}, [W2S1], (4, 1, 2, 1, 0)),
+    "a failure frees a slot too": Create(2, "Continue", {}, {"w1s1": "Failed"}, [W1S2, W2S1], (4, 1, 2, 0, 1)),
+    "Stop: nothing after a failure": Create(2, "Stop", {}, {"w1s1": "Failed", "w1s2": "Running"}, [], (4, 2, 1, 0, 1)),
+    "maxConcurrent lowered below what runs": Create(
+        1, "Continue", {}, {"w1s1": "Running", "w1s2": "Starting", "w2s1": "Pending"}, [], (4, 1, 3, 0, 0)
+    ),
+    "a finished run deleted (TTL, by hand) is not created again": Create(
+        1, "Continue", {"w1s1": "Succeeded"}, {}, [W1S2], (4, 2, 1, 1, 0)
+    ),
+    "a failed run deleted is not created again either": Create(
+        1, "Continue", {"w1s1": "Failed"}, {}, [W1S2], (4, 2, 1, 0, 1)
+    ),
+    "an unfinished run deleted is created again": Create(
+        1, "Continue", {"w1s1": "Running"}, {}, [W1S1], (4, 3, 1, 0, 0)
+    ),
+    "the last one": Create(
+        2, "Continue", {"w1s1": "Succeeded", "w1s2": "Failed"}, {"w2s1": "Succeeded"}, [W2S2], (4, 0, 1, 2, 1)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CREATE_TABLE.values(), ids=CREATE_TABLE.keys())
+def test_what_is_created(case: Create) -> None:
+    body = sweep(case.max_concurrent, case.policy, recorded(**case.previous))
+    decision = sweeps.decide(body, observed(**case.exists), T0)
+    assert [r.name for r in decision.create] == case.create
+    assert counts(decision.status) == case.counts
+    assert [e["name"] for e in decision.status["runs"]] == ALL
+    assert not decision.finished
+
+
+@dataclass(frozen=True)
+class Kstatus:
+    """One row: the failurePolicy and the runs that exist; then finished?, and Ready, Reconciling, Stalled."""
+
+    policy: str
+    exists: dict[str, str]
+    finished: bool
+    conditions: tuple[str, str, str]
+
+
+KSTATUS_TABLE = {
+    "progressing": Kstatus("Continue", {"w1s1": "Running"}, False, ("False", "True", "False")),
+    "all succeeded": Kstatus(
+        "Continue", dict.fromkeys(["w1s1", "w1s2", "w2s1", "w2s2"], "Succeeded"), True, ("True", "False", "False")
+    ),
+    "all finished, some failed: complete all the same": Kstatus(
+        "Continue",
+        {"w1s1": "Failed", "w1s2": "Succeeded", "w2s1": "Failed", "w2s2": "Succeeded"},
+        True,
+        ("True", "False", "False"),
+    ),
+    "Stop, failed, one still running": Kstatus(
+        "Stop", {"w1s1": "Failed", "w1s2": "Running"}, False, ("False", "True", "True")
+    ),
+    "Stop, failed, none running: over": Kstatus(
+        "Stop", {"w1s1": "Failed", "w1s2": "Succeeded"}, True, ("False", "False", "True")
+    ),
+}
+
+
+@pytest.mark.parametrize("case", KSTATUS_TABLE.values(), ids=KSTATUS_TABLE.keys())
+def test_kstatus_conditions(case: Kstatus) -> None:
+    decision = sweeps.decide(sweep(2, case.policy), observed(**case.exists), T0)
+    status = decision.status
+    assert decision.finished is case.finished
+    assert tuple(cond(status, t)[0] for t in (c.READY, c.RECONCILING, c.STALLED)) == case.conditions
+    assert ("completionTime" in status) is case.finished
+    if case.policy == "Stop":
+        assert cond(status, c.STALLED)[1] == SweepReason.RUN_FAILED
+        assert "failurePolicy is Stop" in status["message"]
+    elif case.finished:
+        assert cond(status, c.READY)[1] == SweepReason.COMPLETED
+    else:
+        assert cond(status, c.READY)[1] == SweepReason.PROGRESSING
+
+
+def test_status_fields_and_phases() -> None:
+    body = sweep(2)
+    decision = sweeps.decide(body, observed(w1s1="Running"), T0)
+    status = decision.status
+    assert status["runs"] == [
+        {"name": W1S1, "phase": "Running"},
+        {"name": W1S2, "phase": "Pending"},  # created in this pass
+        {"name": W2S1},
+        {"name": W2S2},
+    ]
+    assert status["observedGeneration"] == 1
+    assert status["startTime"] == "2026-01-01T12:00:00Z"
+    assert status["message"] == "0/4 runs finished (0 succeeded, 0 failed), 2 running, 2 not created yet"
+    # the next pass, later: startTime and the conditions' lastTransitionTime stay
+    body["status"] = status
+    later = sweeps.decide(body, observed(w1s1="Running", w1s2="Pending"), T0 + timedelta(minutes=5))
+    assert later.status["startTime"] == status["startTime"]
+    assert later.status["conditions"] == status["conditions"]
+    assert sweeps.status_patch(status, later.status) == {}
+    assert later.events == []
+
+
+def test_events_on_creation_failure_and_completion() -> None:
+    decision = sweeps.decide(sweep(2), {}, T0)
+    assert decision.events == []
+    assert decision.created_events == {
+        W1S1: ("Normal", "RunCreated", f"created run {W1S1} (1 of 4)"),
+        W1S2: ("Normal", "RunCreated", f"created run {W1S2} (2 of 4)"),
+    }
+    body = sweep(2, status=decision.status)
+    failed = sweeps.decide(body, observed(w1s1="Failed", w1s2="Running"), T0)
+    assert ("Warning", "RunFailed", f"run {W1S1} failed") in failed.events
+    body["status"] = failed.status
+    again = sweeps.decide(body, observed(w1s1="Failed", w1s2="Running", w2s1="Pending"), T0)
+    assert not [e for e in again.events if e[1] == "RunFailed"]  # once per failure
+    done = sweeps.decide(body, observed(w1s1="Failed", w1s2="Succeeded", w2s1="Succeeded", w2s2="Succeeded"), T0)
+    assert done.events[-1][:2] == ("Warning", "Completed")  # completed with a failure
+
+
+def test_a_finished_sweep_stays_finished() -> None:
+    body = sweep(2)
+    body["status"] = {**sweeps.decide(body, {}, T0).status, "completionTime": "2026-01-01T13:00:00Z"}
+    body["metadata"]["generation"] = 2
+    decision = sweeps.decide(body, {}, T0)  # every run gone: none is created again
+    assert decision.finished
+    assert decision.create == []
+    assert decision.status["observedGeneration"] == 2
+    assert decision.status["completionTime"] == "2026-01-01T13:00:00Z"
+
+
+def test_an_invalid_spec_stalls_and_creates_nothing() -> None:
+    body = sweep(2, matrix={"backends": ["gloo", "nccl"]})  # what the CRD's CEL rules would refuse
+    decision = sweeps.decide(body, {}, T0)
+    assert decision.create == []
+    assert decision.stalled
+    assert not decision.finished
+    assert cond(decision.status, c.STALLED) == ("True", SweepReason.INVALID_SPEC)
+    assert cond(decision.status, c.READY) == ("False", SweepReason.INVALID_SPEC)
+    assert "spec.matrix.backends" in decision.status["message"]
+    assert [e[1] for e in decision.events] == ["InvalidSpec"]
+    body["status"] = decision.status
+    assert sweeps.decide(body, {}, T0).events == []  # said once
+
+
+@pytest.mark.parametrize("reason", [SweepReason.NAME_CONFLICT, SweepReason.CREATE_FAILED])
+def test_problems_stall_the_sweep_without_further_creates(reason: SweepReason) -> None:
+    problems = {W1S1: Problem(reason, "the reason")}
+    decision = sweeps.decide(sweep(2), observed(w1s2=None), T0, problems)
+    assert decision.create == []
+    assert decision.stalled
+    assert cond(decision.status, c.STALLED) == ("True", reason)
+    assert cond(decision.status, c.RECONCILING) == ("True", reason)
+    assert decision.status["message"].startswith(f"cannot create run {W1S1}: the reason; ")
+    assert counts(decision.status) == (4, 3, 1, 0, 0)
+    assert [e[1] for e in decision.events] == [reason.value]
+    body = sweep(2, status=decision.status)
+    assert sweeps.decide(body, observed(w1s2="Running"), T0, problems).events == []  # not repeated
+
+
+def test_observe_keeps_only_the_runs_this_sweep_controls() -> None:
+    def run(name: str, uid: str, phase: str | None = None, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "ownerReferences": [{"uid": uid, "controller": True}]}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, **({"status": {"phase": phase}} if phase else {})}
+
+    got = sweeps.observe(
+        [run(W1S1, UID, "Running"), run(W1S2, "other"), run(W2S1, UID, deleting=True)],
+        UID,
+    )
+    assert got == {W1S1: Observed(W1S1, "Running"), W2S1: Observed(W2S1, None, deleting=True)}
+
+
+def test_run_objects_are_owned_by_the_sweep_and_carry_its_labels() -> None:
+    body = sweep(2)
+    (first, *_) = sweeps.decide(body, {}, T0).create
+    obj = sweeps.run_object(body, first)
+    assert obj["metadata"]["namespace"] == "ns"
+    assert obj["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "mlbench.io/v1alpha1",
+            "kind": "BenchmarkSweep",
+            "name": "s",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert obj["metadata"]["labels"]["team"] == "a"
+    assert obj["metadata"]["labels"][LABEL_SWEEP] == "s"
+    assert obj["spec"]["workers"] == 1
+    assert obj["spec"]["seed"] == 1
+
+
+# -- the glue against a fake API ---------------------------------------------------------------------------------
+class FakeKube:
+    """The sweep reconciler's API calls; ``kube.run(fn, *args)`` calls fn inline."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.refuse: dict[str, ApiError] = {}
+        self.patches: list[dict[str, Any]] = []
+        self.selectors: list[str] = []
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    def list_runs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.selectors.append(selector)
+        key, _, value = selector.partition("=")
+        return [r for r in self.runs.values() if r["metadata"].get("labels", {}).get(key) == value]
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.runs.get(name)
+
+    def create_run(self, obj: dict[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        if name in self.refuse:
+            raise self.refuse[name]
+        if name in self.runs:
+            return False
+        self.runs[name] = copy.deepcopy(obj)
+        return True
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.patches.append(status)
+
+
+def _reconciler(body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from mlbench_operator import handlers, sweep_handlers
+
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(sweep_handlers.SweepReconciler, "event", lambda self, *e: events.append(e))
+    rec = sweep_handlers.SweepReconciler(body, kube, handlers.DEFAULT_CONFIG)  # type: ignore[arg-type]
+    setattr(rec, "events", events)  # noqa: B010 - a test-only attribute
+    return rec
+
+
+def test_the_reconciler_creates_owned_runs_and_writes_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube, body = FakeKube(), sweep(2)
+    rec = _reconciler(body, kube, monkeypatch)
+    assert asyncio.run(rec.step()) == rec.config.resync_seconds
+    assert sorted(kube.runs) == [W1S1, W1S2]
+    assert kube.selectors == [f"{LABEL_SWEEP}=s"]
+    assert all(r["metadata"]["ownerReferences"][0]["uid"] == UID for r in kube.runs.values())
+    assert counts(kube.patches[-1]) == (4, 2, 2, 0, 0)
+    assert [e[:2] for e in rec.events] == [("Normal", "RunCreated")] * 2
+    # nothing changed: nothing written, nothing created
+    asyncio.run(rec.step())
+    assert len(kube.patches) == 1
+    assert sorted(kube.runs) == [W1S1, W1S2]
+    # both finish: the next two; then they finish: done
+    for name in (W1S1, W1S2):
+        kube.runs[name]["status"] = {"phase": "Succeeded"}
+    asyncio.run(rec.step())
+    assert sorted(kube.runs) == ALL
+    for name in (W2S1, W2S2):
+        kube.runs[name]["status"] = {"phase": "Succeeded"}
+    assert asyncio.run(rec.step()) is None  # the daemon stops
+    assert counts(rec.status) == (4, 0, 0, 4, 0)
+    assert "completionTime" in rec.status
+
+
+def test_a_409_on_our_own_run_is_fine_and_on_anothers_a_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube, body = FakeKube(), sweep(2)
+    # ours from an interrupted pass, without the label the list selects by: found by the GET after the 409
+    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    del mine["metadata"]["labels"][LABEL_SWEEP]
+    kube.runs[W1S1] = {**mine, "status": {"phase": "Running"}}
+    kube.runs[W1S2] = {"metadata": {"name": W1S2, "labels": {}}, "spec": {}}  # someone else's
+    rec = _reconciler(body, kube, monkeypatch)
+    assert asyncio.run(rec.step()) == 30.0
+    status = kube.patches[-1]
+    assert cond(status, c.STALLED) == ("True", SweepReason.NAME_CONFLICT)
+    assert status["message"].startswith(f"cannot create run {W1S2}: a BenchmarkRun of that name exists")
+    assert {"name": W1S1, "phase": "Running"} in status["runs"]
+    assert rec.events == [("Warning", "NameConflict", status["message"])]  # W1S1 existed: not created now
+
+
+@pytest.mark.parametrize("code", [403, 422])
+def test_a_refused_create_is_a_condition(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    kube, body = FakeKube(), sweep(1)
+    kube.refuse[W1S1] = ApiError(code, "POST", "/benchmarkruns", '{"message": "exceeded quota: count/benchmarkruns"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step())
+    status = kube.patches[-1]
+    assert cond(status, c.STALLED) == ("True", SweepReason.CREATE_FAILED)
+    assert f"HTTP {code}: exceeded quota" in status["message"]
+    assert status["pending"] == 4
+    # the quota lifted: created on a later pass
+    del kube.refuse[W1S1]
+    asyncio.run(rec.step())
+    assert list(kube.runs) == [W1S1]
+    assert cond(kube.patches[-1], c.STALLED) == ("False", SweepReason.PROGRESSING)
+
+
+def test_another_error_raises_for_the_daemons_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    kube, body = FakeKube(), sweep(1)
+    kube.refuse[W1S1] = ApiError(500, "POST", "/benchmarkruns", '{"message": "etcd timeout"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(rec.step())
+    assert kube.patches == []

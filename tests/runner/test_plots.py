@@ -1,0 +1,147 @@
+"""The figures of ``mlbench results``: matplotlib when installed, the hand-written SVG otherwise; captions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from mlbench_api import BenchmarkRun
+from mlbench_api.catalog import load_catalog
+from mlbench_api.config import effective_config
+from mlbench_runner import plots, report
+
+from .helpers import resnet_task, run_doc
+from .test_report import fake_run, sweep
+
+SVG = "{http://www.w3.org/2000/svg}"
+DC = "{http://purl.org/dc/elements/1.1/}"
+ALL = ("accuracy-vs-time", "phase-split", "speedup-vs-workers", "cost-vs-workers")
+
+
+def texts(path: Path) -> list[str]:
+    root = ElementTree.parse(path).getroot()  # well-formed XML
+    assert root.tag == f"{SVG}svg"
+    return [t.text or "" for t in root.iter(f"{SVG}text")]
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import matplotlib`` fails, as where the optional extra is not installed."""
+    monkeypatch.delenv(plots.BACKEND_ENV, raising=False)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+@pytest.fixture
+def with_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib", reason="the optional 'plots' extra (make install) is not installed")
+    monkeypatch.delenv(plots.BACKEND_ENV, raising=False)
+
+
+def test_matplotlib_draws_every_figure_with_its_caption(
+    tmp_path: Path, with_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sweep(tmp_path / "sweep")
+    assert plots.backend() == "matplotlib"
+    assert report.main([str(root), "--price-per-worker-hour", "2.5"]) == 0
+    out = capsys.readouterr().out
+    for name in ALL:
+        path = root / f"{name}.svg"
+        assert f"wrote {path}" in out
+        text = path.read_text()
+        assert "Matplotlib" in text  # drawn by matplotlib, not the fallback
+        lines = texts(path)
+        assert any(t.startswith("Data: test-task: SYNTHETIC epsilon stand-in (not epsilon") for t in lines), lines
+        assert any("(open division)" in t for t in lines)
+        assert any(t.startswith("This machine's measurement (cpu Test CPU; 8 runs)") for t in lines)
+        meta = ElementTree.parse(path).getroot().find(f".//{DC}description")
+        assert meta is not None
+        assert meta.text is not None
+        assert meta.text.startswith("Data: test-task: SYNTHETIC epsilon stand-in")
+    assert "ideal (linear)" in texts(root / "speedup-vs-workers.svg")
+    assert "communication" in texts(root / "phase-split.svg")
+
+
+def test_matplotlib_png_carries_the_caption_in_its_metadata(tmp_path: Path, with_matplotlib: None) -> None:
+    from PIL import Image
+
+    root = sweep(tmp_path / "sweep")
+    assert report.main([str(root), "--plots", str(tmp_path / "png"), "--plot-format", "png"]) == 0
+    names = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert names == ["accuracy-vs-time.png", "phase-split.png", "speedup-vs-workers.png"]  # no price: no cost plot
+    with Image.open(tmp_path / "png" / "accuracy-vs-time.png") as image:
+        assert image.info["Description"].startswith("Data: test-task: SYNTHETIC epsilon stand-in")
+        assert image.size[0] > 600
+
+
+def test_the_svg_fallback_without_matplotlib(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sweep(tmp_path / "sweep")
+    assert plots.backend() == "svg"
+    assert report.main([str(root), "--price-per-worker-hour", "2.5", "--plot-format", "png"]) == 0
+    captured = capsys.readouterr()
+    assert "matplotlib is not installed: writing SVG instead of png" in captured.err
+    for name in ALL:
+        path = root / f"{name}.svg"
+        assert path.stat().st_size > 500
+        assert "Matplotlib" not in path.read_text()
+        lines = texts(path)
+        assert any(t.startswith("Data: test-task: SYNTHETIC epsilon stand-in") for t in lines), lines
+        assert any(t.startswith("This machine's measurement") for t in lines)
+    assert any(t.startswith("ideal") for t in texts(root / "speedup-vs-workers.svg"))
+
+
+@pytest.mark.parametrize("backend", ["svg", "matplotlib"])
+def test_one_local_run_as_mlbench_run_local_plots_it(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``mlbench run --local`` calls (report.write_plots) and what tests/runner/test_local.py checks."""
+    if backend == "matplotlib":
+        pytest.importorskip("matplotlib")
+    monkeypatch.setenv(plots.BACKEND_ENV, backend)
+    out = fake_run(tmp_path, "one", ttg=4.0, task=resnet_task(tmp_path / "data", subset=64))
+    paths = report.write_plots([(out, report.load_summary(out))], out)
+    assert [p.name for p in paths] == ["accuracy-vs-time.svg", "phase-split.svg"]  # one world size: no speedup
+    lines = texts(out / "accuracy-vs-time.svg")
+    assert any(
+        t.startswith("Data: test-task: cifar10-fake (cifar10-python format), first 64 train samples (open division)")
+        for t in lines
+    ), lines
+
+
+def test_the_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plots.BACKEND_ENV, "svg")
+    assert plots.backend() == "svg"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setenv(plots.BACKEND_ENV, "matplotlib")
+    with pytest.raises(ImportError):
+        plots.backend()
+
+
+def test_captions_name_the_data_of_the_catalog_tasks() -> None:
+    catalog = load_catalog()
+
+    def describe(task: str) -> str:
+        run = BenchmarkRun.model_validate(run_doc("r", task, 2))
+        return plots.dataset_description(effective_config(run, task, catalog[task].spec))
+
+    assert describe("cifar10-resnet20-smoke") == "CIFAR-10 (JPEG copy), first 5000 train samples"
+    assert describe("cifar10-resnet20") == "CIFAR-10 (python version)"
+    assert describe("epsilon-logreg-synthetic") == (
+        "SYNTHETIC epsilon stand-in (not epsilon, 20000 train samples x 2000 features)"
+    )
+    assert describe("epsilon-logreg") == "epsilon (libsvm)"
+
+
+def test_a_caption_without_config_says_so(tmp_path: Path) -> None:
+    out = fake_run(tmp_path, "bare", ttg=1.0, with_config=False)
+    s = report.load_summary(out)
+    assert plots.caption([(s, None)]) == (
+        "Data: test-task: dataset unknown (no config.json)\n"
+        "This machine's measurement (cpu Test CPU; 1 run), not a reference result."
+    )

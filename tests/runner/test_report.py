@@ -1,0 +1,246 @@
+"""``mlbench results`` on hand-made result directories (no training): grouping, formats, folders."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlbench_api.config import RunConfig
+from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_runner import report
+
+from .helpers import logreg_task, make_config, resnet_task
+
+T0 = 1_790_000_000_000  # time_ms of the fake runs' start
+
+
+def summary_for(
+    config: RunConfig,
+    *,
+    ttg: float | None,
+    wall: float | None = None,
+    compute: tuple[float, float, float] = (2.0, 3.0, 1.0),
+    comm: float = 2.0,
+    epochs: int = 3,
+    device: str = "cpu Test CPU (1 threads/rank)",
+) -> RunSummary:
+    """A RunSummary as the runner would write for ``config``: reached the goal at ``ttg`` or never."""
+    wall = wall if wall is not None else (ttg if ttg is not None else 30.0)
+    fwd, bwd, opt = compute
+    history = [
+        EpochRecord(
+            epoch=e,
+            accuracy=config.goal_target * (0.6 + 0.4 * e / epochs) if ttg is not None else 0.4 + 0.05 * e,
+            loss=1.0 / e,
+            wall_seconds=wall * e / epochs,
+            lr=0.1,
+        )
+        for e in range(1, epochs + 1)
+    ]
+    accuracies = [h.accuracy for h in history if h.accuracy is not None]
+    batch = config.task.training.batch_size_per_worker
+    return RunSummary(
+        run=config.run_name,
+        task=config.task_name,
+        status="success" if ttg is not None else "goal-not-reached",
+        stop_reason="goal" if ttg is not None else "max-epochs",
+        goal_reached=ttg is not None,
+        goal_target=config.goal_target,
+        time_to_goal_seconds=ttg,
+        best_accuracy=max(accuracies),
+        final_accuracy=accuracies[-1],
+        epochs=float(epochs),
+        steps=10 * epochs,
+        samples=10 * epochs * batch * config.world_size,
+        wall_clock_seconds=wall,
+        train_seconds=fwd + bwd + opt + comm + 0.5,
+        compute_seconds=fwd + bwd + opt,
+        communication_seconds=comm,
+        comm_compute_ratio=comm / (fwd + bwd + opt),
+        samples_per_second=100.0 * config.world_size,
+        phases=PhaseTotals(data=0.5, forward=fwd, backward=bwd, communication=comm, optimizer=opt, evaluation=0.3),
+        environment=Environment(
+            torch="2.15.0",
+            devices=[device],
+            world_size=config.world_size,
+            backend=config.backend.value,
+            algorithm=f"{config.algorithm.value}/{config.bucketing.value}",
+            seed=config.seed,
+            hostname="test-host",
+            precision="fp32",
+            channels_last=False,
+        ),
+        history=history,
+    )
+
+
+def events_for(summary: RunSummary, config: RunConfig, ingest_ms: int = 0) -> list[dict[str, Any]]:
+    """events.jsonl lines as the runner writes them (rank 0)."""
+    train = config.task.dataset.synthetic.train_samples if config.task.dataset.synthetic else 64
+    test = config.task.dataset.synthetic.test_samples if config.task.dataset.synthetic else 40
+    clock0 = T0 + ingest_ms  # the run's clock leaves the one-time ingest out
+
+    def ev(name: str, t: int, **values: Any) -> dict[str, Any]:
+        return {"rank": 0, **values, "event": name, "time_ms": t, "level": "info"}
+
+    out = [
+        ev("run_start", T0, run=config.run_name, task=config.task_name, rank_count=config.world_size),
+        ev("init_start", T0 + 300, world_size=config.world_size, launcher="env", device="cpu"),
+        ev(
+            "hyperparameters",
+            T0 + 400 + ingest_ms,
+            task=config.task_name,
+            dataset={"name": config.task.dataset.name, "train": train, "test": test},
+            global_batch_size=config.task.training.batch_size_per_worker * config.world_size,
+        ),
+        ev("init_stop", T0 + 500 + ingest_ms),
+    ]
+    previous = 0.5
+    for h in summary.history:
+        t = clock0 + round(h.wall_seconds * 1000)
+        out.append(ev("epoch_start", clock0 + round(previous * 1000), epoch=h.epoch))
+        out.append(ev("train_progress", clock0 + round(previous * 1000) + 1, epoch=h.epoch, step=1))
+        out.append(ev("eval_accuracy", t, epoch=h.epoch, accuracy=h.accuracy, elapsed_s=h.wall_seconds))
+        out.append(ev("epoch_stop", t, epoch=h.epoch, loss=h.loss, elapsed_s=h.wall_seconds))
+        previous = h.wall_seconds
+    stop = clock0 + round(summary.wall_clock_seconds * 1000) + 2
+    out.append(ev("run_stop", stop, status=summary.status, wall_clock_s=summary.wall_clock_seconds))
+    out.append(ev("run_summary", stop, summary=json.loads(summary.termination_message())))
+    return out
+
+
+def fake_run(
+    root: Path,
+    name: str,
+    *,
+    ttg: float | None,
+    ranks: int = 1,
+    seed: int = 1,
+    task: dict[str, Any] | None = None,
+    with_config: bool = True,
+    with_events: bool = True,
+    ingest_ms: int = 0,
+    **summary: Any,
+) -> Path:
+    """A result directory as ``mlbench run --local`` leaves it: summary.json, config.json, events.jsonl."""
+    out = root / name
+    out.mkdir(parents=True)
+    config = make_config(task or logreg_task(), out, ranks, name=name, seed=seed)
+    s = summary_for(config, ttg=ttg, **summary)
+    (out / "summary.json").write_text(s.model_dump_json(by_alias=True, indent=2))
+    if with_config:
+        (out / "config.json").write_text(config.dump())
+    if with_events:
+        (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events_for(s, config, ingest_ms)))
+    return out
+
+
+def sweep(root: Path) -> Path:
+    """5 seeds on 1 rank, 3 (one missing the goal) on 2 ranks, in nested folders."""
+    for seed, t in enumerate([100.0, 90.0, 110.0, 95.0, 105.0], 1):
+        fake_run(root / "one-rank", f"r1-s{seed}", ttg=t, ranks=1, seed=seed)
+    times: list[float | None] = [55.0, 50.0, None]
+    for seed, ttg in enumerate(times, 1):
+        fake_run(root / "two-ranks", f"r2-s{seed}", ttg=ttg, ranks=2, seed=seed, wall=60.0 if ttg is None else None)
+    return root
+
+
+def test_a_sweep_folder_is_scored_per_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = sweep(tmp_path / "sweep")
+    assert report.main([str(root), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("r1-s") == 5
+    assert out.count("r2-s") == 3
+    assert "olympic mean" in out
+    assert "test-task 1x1 gloo allreduce-sgd/by-model" in out
+    assert "100.0s" in out  # (95 + 100 + 105) / 3
+    assert "52.5s*" in out  # 2 successes: plain mean of 50 and 55, flagged
+    assert "only 2 successful runs: plain mean" in out
+    assert "3 runs; MLPerf-style scoring wants 5 seeds" in out
+    assert "olympic of 3/5" in out
+    assert "1.90x" in out  # 100 / 52.5
+    assert "2/3" in out
+    assert not (root / "accuracy-vs-time.svg").exists()
+
+
+def test_json_csv_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = sweep(tmp_path / "sweep")
+    assert report.main([str(root), "--no-plots", "--output", "json", "--price-per-worker-hour", "3.6"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    one, two = doc["configurations"]
+    assert len(doc["runs"]) == 8
+    assert one["timeToGoalSeconds"] == pytest.approx(100.0)
+    assert one["timeToGoalMethod"] == "olympic"
+    assert one["timeToGoalDropped"] == [90.0, 110.0]
+    assert one["costToGoal"] == pytest.approx(0.1)  # 1 worker x 100 s x 3.6 / 3600
+    assert two["successRate"] == pytest.approx(2 / 3)
+    assert two["speedup"] == pytest.approx(100 / 52.5)
+    assert two["costPerRun"] == pytest.approx(2 * (55 + 50 + 60) / 3 / 3600 * 3.6)
+    assert two["communicationShare"] == pytest.approx(0.25)
+    assert two["seeds"] == [1, 2, 3]
+
+    assert report.main([str(root), "--no-plots", "--output", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["worldSize"] for r in rows] == ["1", "2"]
+    assert float(rows[0]["timeToGoalSeconds"]) == pytest.approx(100.0)
+    assert "plain mean" in rows[1]["flags"]
+    assert rows[0]["costToGoal"] == ""
+
+    assert report.main([str(root), "--no-plots", "--output", "markdown"]) == 0
+    md = capsys.readouterr().out
+    assert "## Configurations" in md
+    assert "| test-task 2x1 gloo allreduce-sgd/by-model | open |" in md
+    assert "* test-task 2x1 gloo allreduce-sgd/by-model: only 2 successful runs" in md
+
+
+def test_overrides_make_separate_configurations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task = logreg_task()
+    fake_run(tmp_path, "a", ttg=10.0, task=task)
+    fake_run(tmp_path, "b", ttg=20.0, task={**task, "training": {**task["training"], "batchSizePerWorker": 40}})
+    assert report.main([str(tmp_path / "a"), str(tmp_path / "b"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "batchSizePerWorker=10" in out
+    assert "batchSizePerWorker=40" in out
+
+
+def test_the_same_run_twice_is_scored_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = fake_run(tmp_path, "solo", ttg=5.0)
+    assert report.main([str(run), str(run / "summary.json"), "--no-plots", "--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["runs"]) == 1
+    assert doc["configurations"][0]["runs"] == 1
+
+
+def test_a_summary_without_config_is_still_scored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = fake_run(tmp_path, "bare", ttg=5.0, with_config=False, with_events=False)
+    assert report.main([str(run), "--plots", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "unknown" in out
+    assert (tmp_path / "p" / "accuracy-vs-time.svg").exists()
+
+
+def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert "no summary.json" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert report.main([str(tmp_path / "empty")]) == 2
+    assert "no summary.json in it or below" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.json").write_text("{}")
+    assert report.main([str(tmp_path / "bad")]) == 2
+    assert "not a RunSummary" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--price-per-worker-hour", "-1"])
+
+
+def test_the_cli_hands_results_to_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlbench_api import cli
+
+    run = fake_run(tmp_path, "via-cli", ttg=3.0, task=resnet_task(tmp_path / "data"))
+    assert cli.main(["results", str(run), "--no-plots"]) == 0
+    assert "via-cli" in capsys.readouterr().out

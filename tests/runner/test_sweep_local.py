@@ -1,0 +1,110 @@
+"""``mlbench sweep``: a study's runs printed as BenchmarkRuns, or run here one after another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mlbench_api.catalog import parse_run
+from mlbench_api.results import RunSummary
+from mlbench_api.sweep import LABEL_SWEEP
+from mlbench_runner import report, sweep
+
+from .helpers import REPO, logreg_task, write_yaml
+
+pytestmark = pytest.mark.timeout(300)
+RUNS = ["lr-study-w1-s1", "lr-study-w1-s2", "lr-study-w2-s1", "lr-study-w2-s2"]
+
+
+def _task_file(tmp: Path, spec: dict[str, Any]) -> Path:
+    doc = {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkTask", "metadata": {"name": "tiny"}, "spec": spec}
+    return write_yaml(tmp / "task.yaml", doc)
+
+
+def _sweep_file(tmp: Path, matrix: dict[str, Any], **spec: Any) -> Path:
+    doc = {
+        "apiVersion": "mlbench.io/v1alpha1",
+        "kind": "BenchmarkSweep",
+        "metadata": {"name": "lr-study", "labels": {"team": "a"}},
+        "spec": {"template": {"taskRef": {"name": "tiny"}}, "matrix": matrix, **spec},
+    }
+    return write_yaml(tmp / "study.yaml", doc)
+
+
+@pytest.mark.slow
+def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2 worker counts x 2 seeds of a tiny logistic regression, each into <output>/<run>/."""
+    task = _task_file(tmp_path, logreg_task(batch=10, epochs=2, train=200, test=100))
+    study = _sweep_file(tmp_path, {"workers": [1, 2], "seeds": [1, 2]}, maxConcurrent=2)
+    out = tmp_path / "study"
+    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process", "--quiet"]
+    code = sweep.main(args)
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert sorted(p.name for p in out.iterdir()) == RUNS
+    for name in RUNS:
+        summary = RunSummary.model_validate_json((out / name / "summary.json").read_text())
+        assert summary.run == name
+        assert summary.environment.world_size == int(name.split("-w")[1][0])
+        assert summary.environment.seed == int(name[-1])
+        run = parse_run(yaml.safe_load((out / name / "run.yaml").read_text()))  # the run as it was expanded
+        assert run.metadata.labels is not None
+        assert run.metadata.labels[LABEL_SWEEP] == "lr-study"
+    assert "[4/4] run lr-study-w2-s2: workers=2 algorithm=allreduce-sgd backend=gloo seed=2" in text
+    assert f"mlbench results {out}" in text
+    # the runs scored together, as `mlbench results` does
+    assert report.main([str(out / name) for name in RUNS]) == 0
+    table = capsys.readouterr().out
+    assert all(name in table for name in RUNS)
+    # --resume keeps what is there
+    assert sweep.main([*args, "--resume"]) == 0
+    assert capsys.readouterr().out.count("skipped:") == 4
+
+
+def test_failure_policy_stop_stops_here_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Backend mpi under the process launcher fails at once (exit 2, nothing started): Stop ends the study."""
+    task = _task_file(tmp_path, logreg_task())
+    study = _sweep_file(tmp_path, {"backends": ["mpi", "gloo"]}, failurePolicy="Stop")
+    out = tmp_path / "study"
+    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"]
+    code = sweep.main(args)
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "spec.backend: mpi needs mpirun" in captured.err
+    assert "failurePolicy is Stop" in captured.out
+    assert "lr-study-mpi: failed (exit 2)" in captured.out
+    assert "1 of 2 run(s) done" in captured.out
+    assert not (out / "lr-study-gloo").exists()
+
+
+def test_without_local_the_runs_are_printed_as_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study = _sweep_file(tmp_path, {"workers": [1, 2], "seeds": [1, 2]})
+    assert sweep.main([str(study), "-n", "team-a"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    runs = [parse_run(d) for d in docs]
+    assert [r.metadata.name for r in runs] == RUNS
+    assert {r.metadata.namespace for r in runs} == {"team-a"}
+    assert [(r.spec.workers, r.spec.seed) for r in runs] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for r in runs:
+        assert r.metadata.labels is not None
+        assert r.metadata.labels["team"] == "a"
+        assert r.metadata.labels[LABEL_SWEEP] == "lr-study"
+        assert "ownerReferences" not in docs[0]["metadata"]
+
+
+def test_a_bad_study_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study = _sweep_file(tmp_path, {"workers": [1, 2], "backends": ["gloo", "nccl"]})
+    assert sweep.main([str(study)]) == 2
+    assert "spec.matrix.backends: nccl needs resources.gpu >= 1" in capsys.readouterr().err
+    run = write_yaml(tmp_path / "run.yaml", {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkRun"})
+    assert sweep.main([str(run)]) == 2
+    assert "expected a BenchmarkSweep" in capsys.readouterr().err
+
+
+def test_the_example_study_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sweep.main([str(REPO / "manifests" / "examples" / "sweep-epsilon-logreg.yaml")]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert len(docs) == 9
