@@ -96,6 +96,11 @@ def load_task(name: str, task_file: str | None) -> BenchmarkTaskSpec:
 def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     run = load_run(args.run)
     spec = load_task(run.spec.task_ref.name, args.task_file)
+    overrides = run.spec.overrides
+    if overrides is not None and overrides.dataset and overrides.dataset_source is None:
+        # A local run fetches nothing: an overridden dataset path is where the data already is, so the
+        # task's source (the operator's fetch into /data on a cluster) does not apply here.
+        spec = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"source": None})})
     if args.ranks is not None:
         if args.ranks < 1:
             raise LocalRunError("--ranks: must be at least 1")

@@ -94,3 +94,16 @@ def test_bad_input_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_example_manifest_is_valid() -> None:
     doc = local.load_run(str(REPO / "manifests" / "examples" / "local-quick.yaml"))
     assert doc.spec.task_ref.name == "cifar10-resnet20-smoke"
+
+
+def test_the_main_jobs_run_builds_its_config(tmp_path: Path) -> None:
+    """`make run-local`'s run: a dataset path override on a sourced catalog task is where the data already
+    is (a local run fetches nothing), not a fetch destination that must lie under /data/."""
+    import argparse
+
+    example = REPO / "manifests" / "examples" / "local-quick.yaml"
+    args = argparse.Namespace(run=str(example), task_file=None, ranks=None, metrics_port=0)
+    config = local.build_config(args, tmp_path)
+    assert config.task.dataset.path == "../shared/datasets/cifar10-jpeg.tar.gz"
+    assert config.task.dataset.source is None
+    assert config.world_size == 2
