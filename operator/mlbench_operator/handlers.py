@@ -89,6 +89,22 @@ class Wakeups:
         for key in [k for k in self._events if k[0] == namespace]:
             self.wake(key)
 
+    @staticmethod
+    async def sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float, debounce: float) -> bool:
+        """A daemon's pause between passes: until ``wake`` is set, the daemon is stopped, or ``delay`` passes;
+        then ``debounce`` more, so a burst of events (1000 pods starting) makes one pass. True: stop now."""
+        woken = asyncio.ensure_future(wake.wait())
+        stopping = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            stopping.cancel()
+        if stopped:
+            return True
+        await asyncio.sleep(debounce)
+        return False
+
 
 #: A failed launcher's log tail kept in an Event at a gang restart: lines read, and the wait for them.
 LAUNCHER_LOG_LINES = 30
@@ -674,18 +690,8 @@ async def reconcile_run(
                 rec.log.warning("reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
                 rec.recover(body.get("status") or {})
-            if delay is None or stopped:
+            if delay is None or stopped or await Wakeups.sleep(wake, stopped, delay, config.debounce_seconds):
                 return
-            woken = asyncio.ensure_future(wake.wait())
-            stopping = asyncio.ensure_future(stopped.wait())
-            try:
-                await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-                stopping.cancel()
-            if stopped:
-                return
-            await asyncio.sleep(config.debounce_seconds)
     finally:
         memo.wakeups.unregister(key, wake)
 

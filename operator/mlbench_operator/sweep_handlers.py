@@ -201,17 +201,7 @@ async def reconcile_sweep(
                 rec.log.warning("sweep_reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
                 rec.recover()
-            if delay is None or stopped:
+            if delay is None or stopped or await Wakeups.sleep(wake, stopped, delay, config.debounce_seconds):
                 return
-            woken = asyncio.ensure_future(wake.wait())
-            stopping = asyncio.ensure_future(stopped.wait())
-            try:
-                await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-                stopping.cancel()
-            if stopped:
-                return
-            await asyncio.sleep(config.debounce_seconds)
     finally:
         wakeups.unregister(key, wake)
