@@ -83,7 +83,7 @@ def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert run in proc.stdout
     assert (workdir / "accuracy-vs-time.svg").exists()
-    assert "JPEG copy of CIFAR-10" in (workdir / "accuracy-vs-time.svg").read_text()  # config.json came too
+    assert "CIFAR-10 (JPEG copy)" in (workdir / "accuracy-vs-time.svg").read_text()  # config.json came too
     fetched = workdir / "mlbench-results" / f"{e2e.namespace}.{run}"
     summary = json.loads((fetched / "summary.json").read_text())
     assert len(summary["history"]) == st["result"]["epochs"]  # the per-epoch history, not the compact result
