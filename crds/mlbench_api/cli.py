@@ -32,7 +32,7 @@ from mlbench_api.catalog import (
     strict_validate,
 )
 from mlbench_api.common import GROUP
-from mlbench_api.config import OverrideNotAllowed, effective_config
+from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
@@ -64,6 +64,13 @@ def _catalog(args: argparse.Namespace) -> int:
     print(f"{'TASK':<28} {'DIVISION':<8} {'MODEL':<24} {'DATASET':<18} {'BATCH':>5} {'EPOCHS':>6} {'TARGET':>6}")
     for name, task in sorted(tasks.items()):
         s = task.spec
+        if s.collectives is not None:  # task 0a: no model, data or goal; the columns say what it times
+            sweep = s.collectives
+            print(
+                f"{name:<28} {s.division.value:<8} {'collectives':<24} "
+                f"{_bytes(sweep.min_bytes) + '..' + _bytes(sweep.max_bytes):<18} {'-':>5} {'-':>6} {'-':>6}"
+            )
+            continue
         model = s.model.name.value + (f"-{s.model.depth}{s.model.version}" if s.model.depth else "")
         print(
             f"{name:<28} {s.division.value:<8} {model:<24} {s.dataset.name:<18} "
@@ -72,10 +79,19 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(n: int) -> str:
+    """``4B``, ``64KiB``, ``256MiB``: a message size as the catalog listing shows it."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
 #: The operator's reasons (mlbench_operator.conditions.Reason) for what only its admission refuses.
 TASK_NOT_FOUND = "TaskNotFound"
 INVALID_TASK = "InvalidTask"
 OVERRIDE_NOT_ALLOWED = "OverrideNotAllowed"
+ALGORITHM_NOT_ALLOWED = "AlgorithmNotAllowed"
 INVALID_CONFIG = "InvalidConfig"
 
 _FIELD = re.compile(r"^([A-Za-z][\w./-]*): ")
@@ -190,6 +206,8 @@ def admission_problems(run: BenchmarkRun, tasks: Mapping[str, BenchmarkTask | No
         effective_config(run, name, task.spec)
     except OverrideNotAllowed as exc:
         return [f"{exc}; the operator would fail the run {OVERRIDE_NOT_ALLOWED}"]
+    except AlgorithmNotAllowed as exc:
+        return [f"{exc}; the operator would fail the run {ALGORITHM_NOT_ALLOWED}"]
     except ValueError as exc:
         text = "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc)
         return [f"{text}; the operator would fail the run {INVALID_CONFIG}"]

@@ -8,14 +8,15 @@ same way from a BenchmarkRun YAML and the catalog.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Self
 
 from pydantic import Field, ValidationError
 
 from mlbench_api.common import ApiModel
 from mlbench_api.errors import format_errors
-from mlbench_api.run import Algorithm, Backend, BenchmarkRun, Bucketing
+from mlbench_api.run import Algorithm, AlgorithmParameters, Backend, BenchmarkRun, Bucketing, NetworkConditions
 from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
 
 CONFIG_ENV = "MLBENCH_RUN_CONFIG"
@@ -23,6 +24,10 @@ CONFIG_ENV = "MLBENCH_RUN_CONFIG"
 
 class OverrideNotAllowed(ValueError):
     """A closed-division run asked to change a hyperparameter the task does not list."""
+
+
+class AlgorithmNotAllowed(ValueError):
+    """A closed-division run asked for an algorithm the task does not list in ``algorithms``."""
 
 
 class InvalidOverride(ValueError):
@@ -55,13 +60,47 @@ class RunConfig(ApiModel):
     gpus_per_worker: int = 0
     backend: Backend = Backend.GLOO
     algorithm: Algorithm = Algorithm.ALLREDUCE_SGD
+    algorithm_parameters: AlgorithmParameters = Field(
+        default_factory=AlgorithmParameters, description="The run's parameters with the algorithm's defaults filled."
+    )
     bucketing: Bucketing = Bucketing.BY_MODEL
+    network: NetworkConditions | None = None
     seed: int = 42
-    goal_target: float = Field(description="The accuracy to reach (full or light target of the task).")
+    # goalTarget and lr exist for training tasks only (a collectives task has no goal and no schedule); the
+    # properties goal_target and lr return them typed and raise a ValueError naming the field otherwise.
+    goal_target_value: float | None = Field(
+        default=None,
+        alias="goalTarget",
+        description="The accuracy to reach (full or light target of the task); unset for a collectives task.",
+    )
     time_budget_seconds: int | None = None
-    lr: ResolvedSchedule
+    lr_schedule: ResolvedSchedule | None = Field(
+        default=None, alias="lr", description="The resolved learning-rate rule; unset for a collectives task."
+    )
     output_dir: str = "/tmp/mlbench"
     metrics_port: int = Field(default=9400, description="Base port; rank r serves on base + local rank.")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's model_copy, also taking goal_target and lr in ``update`` (the properties would otherwise hide
+        the copied value)."""
+        if update:
+            names = {"goal_target": "goal_target_value", "lr": "lr_schedule"}
+            update = {names.get(k, k): v for k, v in update.items()}
+        return super().model_copy(update=update, deep=deep)
+
+    @property
+    def goal_target(self) -> float:
+        """The accuracy to reach; raises ValueError for a collectives task."""
+        if self.goal_target_value is None:
+            raise ValueError("goalTarget: a collectives task has no goal")
+        return self.goal_target_value
+
+    @property
+    def lr(self) -> ResolvedSchedule:
+        """The resolved learning-rate rule; raises ValueError for a collectives task."""
+        if self.lr_schedule is None:
+            raise ValueError("lr: a collectives task has no learning-rate schedule")
+        return self.lr_schedule
 
     def dump(self) -> str:
         return json.dumps(self.to_api(), indent=2)
@@ -109,12 +148,37 @@ def alpha_for(table: list[AlphaForWorkers], world_size: int) -> float:
     return (eligible[-1] if eligible else rows[0]).alpha
 
 
+def check_algorithm(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
+    """Raise :class:`AlgorithmNotAllowed` when a closed task does not list the run's algorithm.
+
+    A collectives task trains nothing: it takes the default algorithm only, so that no run claims to have
+    measured another one.
+    """
+    if not task.has_training:
+        if run.spec.algorithm is not Algorithm.ALLREDUCE_SGD:
+            raise AlgorithmNotAllowed(
+                f"spec.algorithm: {run.spec.algorithm.value} means nothing to a collectives task, which times the "
+                "backend's collectives and trains no model; leave algorithm unset"
+            )
+        return
+    if task.division is Division.CLOSED and run.spec.algorithm not in task.algorithms:
+        raise AlgorithmNotAllowed(
+            f"spec.algorithm: {run.spec.algorithm.value} is not allowed by this closed-division task "
+            f"(allowed: {', '.join(a.value for a in task.algorithms)}); use an open-division task"
+        )
+
+
 def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTaskSpec:
     """The task as this run sees it; raises :class:`OverrideNotAllowed` in the closed division."""
     overrides = run.spec.overrides
     if overrides is None:
         return task
     names = overrides.names()
+    if names and not task.has_training:
+        raise OverrideNotAllowed(
+            f"spec.overrides: {', '.join(names)} cannot be overridden: a collectives task has no model, dataset, "
+            "training or goal"
+        )
     if task.division is Division.CLOSED:
         allowed = {o.value for o in task.overridable}
         refused = [n for n in names if n not in allowed]
@@ -161,6 +225,12 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
         data["dataset"]["source"] = plain["datasetSource"]
         data["dataset"].pop("volume", None)  # the source replaces wherever the data came from
     if "timeBudgetSeconds" in plain:
+        if data["goal"].get("mode", GoalMode.TIME_TO_ACCURACY.value) != GoalMode.ACCURACY_AFTER_TIME.value:
+            # A time-to-accuracy run stops at its target; a budget there would be silently ignored.
+            raise InvalidOverride(
+                "spec.overrides.timeBudgetSeconds: the task's goal mode is time-to-accuracy, which has no time "
+                "budget (only accuracy-after-time tasks use one; bound the run with runPolicy.activeDeadlineSeconds)"
+            )
         data["goal"]["timeBudgetSeconds"] = plain["timeBudgetSeconds"]
     # Validate once at the end: an override can break a cross-field rule (maxEpochs below a milestone).
     try:
@@ -183,12 +253,20 @@ def effective_config(
     output_dir: str = "/tmp/mlbench",
     metrics_port: int = 9400,
 ) -> RunConfig:
-    """Form the configuration every rank of ``run`` trains with."""
+    """Form the configuration every rank of ``run`` trains with (or, for a collectives task, times with:
+    no goal target, no time budget and no learning-rate schedule)."""
     spec = run.spec
+    check_algorithm(task, run)
     effective = apply_overrides(task, run)
     world = spec.workers * spec.slots_per_worker
-    training = effective.training
-    budget = effective.goal.time_budget_seconds if effective.goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
+    target: float | None = None
+    budget: int | None = None
+    schedule: ResolvedSchedule | None = None
+    if effective.has_training:
+        training, goal = effective.training, effective.goal
+        target = goal_target(goal, spec.goal.value == "light")
+        budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
+        schedule = resolve_schedule(training.learning_rate, training.batch_size_per_worker, world)
     return RunConfig(
         run_name=run.metadata.name,
         namespace=run.metadata.namespace or "default",
@@ -200,11 +278,13 @@ def effective_config(
         gpus_per_worker=spec.resources.gpu if spec.resources else 0,
         backend=spec.backend,
         algorithm=spec.algorithm,
+        algorithm_parameters=(spec.algorithm_parameters or AlgorithmParameters()).for_algorithm(spec.algorithm),
         bucketing=spec.bucketing,
+        network=spec.network,
         seed=spec.seed,
-        goal_target=goal_target(effective.goal, spec.goal.value == "light"),
+        goal_target_value=target,
         time_budget_seconds=budget,
-        lr=resolve_schedule(training.learning_rate, training.batch_size_per_worker, world),
+        lr_schedule=schedule,
         output_dir=output_dir,
         metrics_port=metrics_port,
     )

@@ -19,7 +19,9 @@ from mlbench_api.errors import InvalidObject, format_errors
 TERMINATION_MESSAGE_LIMIT = 4096
 SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
 
-StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "setup-failed"]
+#: Why a run stopped; ``completed`` is a collectives task's sweep that timed every operation and size.
+StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "setup-failed", "completed"]
+COLLECTIVES_SCHEMA: Final = "mlbench.io/collectives/v1"
 
 
 class PhaseTotals(ApiModel):
@@ -28,9 +30,85 @@ class PhaseTotals(ApiModel):
     data: Finite = 0.0
     forward: Finite = 0.0
     backward: Finite = 0.0
+    compression: Finite = 0.0
     communication: Finite = 0.0
     optimizer: Finite = 0.0
     evaluation: Finite = 0.0
+
+
+class CommunicationRecord(ApiModel):
+    """What the algorithm sends per optimizer step, per rank, so runs compare compression next to time.
+
+    Bytes are the payload a rank hands to the collectives (the tensors' sizes), not bytes on the wire: a ring
+    all-reduce moves about 2(k-1)/k of its payload each way, an all-gather receives k-1 payloads.
+    """
+
+    collectives: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=8)] = Field(
+        default_factory=list
+    )
+    """The collectives used every step, e.g. all-reduce, all-gather, send-recv (empty for one rank)."""
+    bytes_per_step: SafeInt = 0
+    """Payload bytes per rank per step that the algorithm declares (a function of the model only)."""
+    measured_bytes_per_step: Finite | None = None
+    """Payload bytes per rank per step that the communicator counted, averaged over the run's steps."""
+    uncompressed_bytes_per_step: SafeInt = 0
+    """What allreduce-sgd sends for this model: every parameter once, at its element size."""
+    compression_ratio: Finite | None = None
+    """uncompressedBytesPerStep / bytesPerStep (1 for the reference; above 1 means less data sent)."""
+
+
+class CollectiveMeasurement(ApiModel):
+    """One collective at one message size, as nccl-tests reports it (see docs/collectives.md).
+
+    ``bytes`` is nccl-tests' S: the buffer of all-reduce and broadcast, the *gathered total* of all-gather
+    (each rank contributes bytes / worldSize). ``timeSeconds`` is the mean time per iteration of the
+    back-to-back loop, averaged over the ranks (nccl-tests' default ``-a 1``); algbw = bytes / timeSeconds and
+    busbw = algbw x the operation's factor (2(n-1)/n, (n-1)/n, 1). The latencies come from a second loop that
+    times every iteration alone after a barrier, taking the slowest rank's time of each iteration.
+    """
+
+    op: Annotated[str, Field(max_length=32)]
+    """all-reduce, all-gather or broadcast."""
+    bytes: SafeInt
+    """S in bytes: the message (all-reduce, broadcast) or the gathered total (all-gather)."""
+    elements: SafeInt
+    """float32 elements of each rank's input buffer (bytes / 4, divided by worldSize for all-gather)."""
+    iterations: SafeInt
+    """Timed iterations of each of the two loops (fewer than the task's where maxSecondsPerSize capped them)."""
+    time_seconds: Finite
+    """Mean seconds per iteration of the back-to-back loop, averaged over the ranks."""
+    algorithm_bandwidth: Finite
+    """algbw in bytes per second: bytes / timeSeconds."""
+    bus_bandwidth: Finite
+    """busbw in bytes per second: algorithmBandwidth x busFactor."""
+    bus_factor: Finite
+    """The operation's correction factor at this world size: 2(n-1)/n, (n-1)/n or 1."""
+    latency_mean_seconds: Finite
+    latency_min_seconds: Finite
+    latency_p50_seconds: Finite
+    latency_p90_seconds: Finite
+    latency_p99_seconds: Finite
+    latency_max_seconds: Finite
+
+
+class CollectiveResult(ApiModel):
+    """A collectives task's sweep: one row per (operation, size), written by rank 0 to collectives.json and
+    carried in summary.json (``collectives``)."""
+
+    schema_: Literal["mlbench.io/collectives/v1"] = Field(default=COLLECTIVES_SCHEMA, alias="schema")
+    backend: str
+    world_size: SafeInt
+    device: str
+    dtype: str = "float32"
+    warmup_iterations: SafeInt
+    rows: list[CollectiveMeasurement] = Field(default_factory=list)
+
+    def peak_bus_bandwidth(self) -> dict[str, float]:
+        """The highest bus bandwidth (bytes/s) of each operation over its sizes."""
+        peaks: dict[str, float] = {}
+        for row in self.rows:
+            peaks[row.op] = max(peaks.get(row.op, 0.0), row.bus_bandwidth)
+        return peaks
 
 
 class Environment(ApiModel):
@@ -78,12 +156,24 @@ class RunSummary(ApiModel):
     samples_per_second: Finite
     phases: PhaseTotals
     environment: Environment
+    communication: CommunicationRecord | None = None
+    network: dict[str, Finite] | None = Field(
+        default=None, description="The emulated network conditions the run declared (spec.network), as applied."
+    )
     history: list[EpochRecord] = Field(default_factory=list)
+    peak_bus_bandwidth: dict[str, Finite] | None = Field(
+        default=None,
+        description="Collectives tasks: the highest bus bandwidth (bytes/s) of each operation over the sizes swept.",
+    )
+    collectives: CollectiveResult | None = Field(
+        default=None, description="Collectives tasks: every (operation, size) row; not in the termination message."
+    )
 
     def termination_message(self) -> str:
         """Compact JSON that fits the kubelet's 4 KiB termination-message limit."""
         data: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.pop("history", None)
+        data.pop("collectives", None)  # the full table stays in summary.json; peakBusBandwidth sums it up
         text = json.dumps(data, separators=(",", ":"))
         if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
             data["environment"].pop("devices", None)

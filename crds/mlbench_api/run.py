@@ -26,7 +26,7 @@ from mlbench_api.common import (
     SafeInt,
     cel,
 )
-from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
+from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4
@@ -39,9 +39,93 @@ class Backend(StrEnum):
     MPI = "mpi"
 
 
-class Algorithm(StrEnum):
-    ALLREDUCE_SGD = "allreduce-sgd"  #: the reference: flatten, all-reduce, average, step
-    DDP = "ddp"  #: torch DistributedDataParallel, the comparison baseline
+class Topology(StrEnum):
+    """Who a decentralized rank averages with after each local step."""
+
+    RING = "ring"  #: its two ring neighbours (rank +- 1 mod k), weights 1/3 each (1/2 each for 2 ranks)
+    COMPLETE = "complete"  #: every rank (an all-reduce of the parameters: exact averaging)
+
+
+class Selection(StrEnum):
+    """Which gradient entries sparsified SGD sends."""
+
+    TOP_K = "top-k"  #: the k largest in magnitude (after adding the error memory); values and indices all-gathered
+    RANDOM_K = "random-k"  #: k indices drawn from a generator seeded alike on every rank; values all-reduced
+
+
+#: The algorithms each AlgorithmParameters field belongs to, and its default there.
+PARAMETER_DEFAULTS: dict[str, tuple[Algorithm, object]] = {
+    "rank": (Algorithm.POWERSGD, 2),
+    "warmStart": (Algorithm.POWERSGD, True),
+    "topology": (Algorithm.DECENTRALIZED_SGD, Topology.RING),
+    "density": (Algorithm.SPARSIFIED_SGD, 0.01),
+    "selection": (Algorithm.SPARSIFIED_SGD, Selection.TOP_K),
+}
+
+
+class AlgorithmParameters(ApiModel):
+    """Knobs of the compressing and decentralized algorithms; each field belongs to one algorithm only."""
+
+    rank: Annotated[int, Field(ge=1, le=64)] | None = None
+    """powersgd: rank r of the low-rank approximation P Q^T of each gradient matrix (1 to 64, default 2)."""
+    warm_start: bool | None = None
+    """powersgd: start each step's power iteration from the previous step's Q (default true), as the paper does."""
+    topology: Topology | None = None
+    """decentralized-sgd: ring (default; gossip with the two ring neighbours) or complete (average with every rank)."""
+    density: Annotated[float, Field(gt=0, le=1)] | None = None
+    """sparsified-sgd: fraction of each step's gradient entries sent, k = ceil(density x parameters) (default 0.01)."""
+    selection: Selection | None = None
+    """sparsified-sgd: top-k (default) or random-k."""
+
+    def misplaced(self, algorithm: Algorithm) -> list[str]:
+        """Wire names of the fields set that do not belong to ``algorithm``."""
+        given = self.model_dump(by_alias=True, exclude_none=True)
+        return [name for name in PARAMETER_DEFAULTS if name in given and PARAMETER_DEFAULTS[name][0] is not algorithm]
+
+    def for_algorithm(self, algorithm: Algorithm) -> AlgorithmParameters:
+        """These parameters with ``algorithm``'s defaults filled in (the others stay unset)."""
+        data = self.model_dump(by_alias=True, exclude_none=True)
+        for name, (owner, default) in PARAMETER_DEFAULTS.items():
+            if owner is algorithm:
+                data.setdefault(name, default)
+        return AlgorithmParameters.model_validate(data)
+
+
+def _network_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    schema["x-kubernetes-validations"] = [
+        cel(
+            "has(self.bandwidthMbit) || has(self.latencyMs) || has(self.lossPercent)",
+            "set at least one of bandwidthMbit, latencyMs, lossPercent",
+        ),
+        cel("!has(self.jitterMs) || has(self.latencyMs)", "jitterMs needs latencyMs", ".jitterMs"),
+    ]
+
+
+class NetworkConditions(ApiModel):
+    """Emulated network between the workers (Linux tc netem on each worker pod's interface, egress).
+
+    Applied by an init container with NET_ADMIN, which leaves the restricted Pod Security profile: the operator
+    refuses it unless its admin allows it (MLBENCH_ALLOW_NETWORK_EMULATION). Recorded in the run's result.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_network_rules)
+
+    bandwidth_mbit: Annotated[float, Field(gt=0, le=400_000)] | None = None
+    """Egress rate of each worker in Mbit/s (netem rate); unset: not limited."""
+    latency_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    """Delay added to every packet a worker sends, in milliseconds (a round trip gains twice this)."""
+    jitter_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    """Random variation of latencyMs, in milliseconds (needs latencyMs)."""
+    loss_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
+    """Percentage of sent packets dropped at random (TCP retransmits them: the cost shows as time)."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> NetworkConditions:
+        if self.bandwidth_mbit is None and self.latency_ms is None and self.loss_percent is None:
+            raise ValueError("set at least one of bandwidthMbit, latencyMs, lossPercent")
+        if self.jitter_ms is not None and self.latency_ms is None:
+            raise ValueError("jitterMs: needs latencyMs")
+        return self
 
 
 class Bucketing(StrEnum):
@@ -189,6 +273,15 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             DDP_NEEDS_TORCH_BACKEND,
             ".algorithm",
         ),
+        *[
+            cel(
+                f"!has(self.algorithmParameters) || !has(self.algorithmParameters.{name}) || "
+                f"self.algorithm == '{owner.value}'",
+                f"algorithmParameters.{name} is for algorithm {owner.value} only",
+                f".algorithmParameters.{name}",
+            )
+            for name, (owner, _default) in PARAMETER_DEFAULTS.items()
+        ],
         cel(
             "!has(self.resources) || self.resources.gpu == 0 || self.slotsPerWorker <= self.resources.gpu",
             "slotsPerWorker must not exceed resources.gpu",
@@ -233,8 +326,15 @@ class BenchmarkRunSpec(ApiModel):
     """Collectives: gloo (default, torch.distributed on CPU), nccl (GPUs, needs resources.gpu >= 1) or mpi (OpenMPI
     through mpi4py, CPU; not with algorithm ddp)."""
     algorithm: Algorithm = Algorithm.ALLREDUCE_SGD
-    """allreduce-sgd (default: the reference, all-reduce of the flat gradient after backward) or ddp (torch
-    DistributedDataParallel, the baseline; needs backend gloo or nccl)."""
+    """allreduce-sgd (default, the reference), ddp (not with backend mpi), centralized-adam, powersgd,
+    decentralized-sgd, sign-sgd or sparsified-sgd (docs/algorithms.md). A closed-division task allows only those it
+    lists in algorithms (default allreduce-sgd and ddp)."""
+    algorithm_parameters: AlgorithmParameters | None = None
+    """Parameters of the chosen algorithm (powersgd: rank, warmStart; decentralized-sgd: topology; sparsified-sgd:
+    density, selection); a field of another algorithm is refused."""
+    network: NetworkConditions | None = None
+    """Emulated bandwidth, latency and loss between the workers (tc netem; needs NET_ADMIN, off unless the operator
+    allows it). Unset: the cluster's network as it is."""
     bucketing: Bucketing = Bucketing.BY_MODEL
     """allreduce-sgd only: by-model (default, one all-reduce of the whole gradient) or by-layer (one per parameter
     tensor)."""
@@ -259,6 +359,10 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError("backend: nccl needs resources.gpu >= 1")
         if self.algorithm is Algorithm.DDP and self.backend is Backend.MPI:
             raise ValueError(f"algorithm: {DDP_NEEDS_TORCH_BACKEND}")
+        misplaced = self.algorithm_parameters.misplaced(self.algorithm) if self.algorithm_parameters else []
+        if misplaced:
+            owner = PARAMETER_DEFAULTS[misplaced[0]][0].value
+            raise ValueError(f"algorithmParameters.{misplaced[0]}: is for algorithm {owner} only")
         if gpus and self.slots_per_worker > gpus:
             raise ValueError("slotsPerWorker: more slots than GPUs per worker")
         return self
@@ -321,6 +425,13 @@ class RunResult(ApiModel):
     """Global training throughput: samples of all ranks / summed step time."""
     world_size: SafeInt | None = None
     """Processes that trained (workers x slotsPerWorker)."""
+    bytes_per_step: SafeInt | None = None
+    """Payload bytes each rank sent per step (the algorithm's declaration; status.results has the full record)."""
+    compression_ratio: Finite | None = None
+    """Uncompressed (allreduce-sgd) bytes per step / bytesPerStep: above 1, the algorithm sends less."""
+    peak_bus_bandwidth: Annotated[dict[str, Finite], Field(max_length=8)] | None = None
+    """Collectives tasks: the highest bus bandwidth in bytes per second of each operation (all-reduce, all-gather,
+    broadcast) over the sizes swept, as nccl-tests defines busbw; status.results has every size."""
     image: Annotated[str, Field(max_length=512)] | None = None
     """The runner image the run asked for (spec.image or the task's runner.image)."""
     image_ids: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=8)] | None = None

@@ -47,7 +47,15 @@ LABEL_BACKEND = f"{GROUP}/sweep-backend"
 LABEL_SEED = f"{GROUP}/sweep-seed"
 
 #: The algorithm's part of a run name.
-ALGORITHM_SHORT = {Algorithm.ALLREDUCE_SGD: "ar", Algorithm.DDP: "ddp"}
+ALGORITHM_SHORT = {
+    Algorithm.ALLREDUCE_SGD: "ar",
+    Algorithm.DDP: "ddp",
+    Algorithm.CENTRALIZED_ADAM: "cadam",
+    Algorithm.POWERSGD: "psgd",
+    Algorithm.DECENTRALIZED_SGD: "dsgd",
+    Algorithm.SIGN_SGD: "sign",
+    Algorithm.SPARSIFIED_SGD: "ssgd",
+}
 #: Hex digits of the hash that ends a name too long to be spelled out.
 HASH_LENGTH = 8
 
@@ -80,10 +88,11 @@ class SweepMatrix(ApiModel):
         Field(default=None, json_schema_extra=_SET)
     )
     """Seeds (each 0 to 2^31-1, at most 256 values, no repeats); unset: template.seed."""
-    algorithms: Annotated[list[Algorithm], Field(min_length=1, max_length=2)] | None = Field(
+    algorithms: Annotated[list[Algorithm], Field(min_length=1, max_length=len(Algorithm))] | None = Field(
         default=None, json_schema_extra=_SET
     )
-    """Algorithms (allreduce-sgd, ddp; no repeats); unset: template.algorithm."""
+    """Algorithms (spec.algorithm values, no repeats); unset: template.algorithm. Each run keeps only the
+    template.algorithmParameters that belong to its algorithm."""
     backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = Field(
         default=None, json_schema_extra=_SET
     )
@@ -286,6 +295,14 @@ def _run_spec(spec: BenchmarkSweepSpec, point: Point) -> BenchmarkRunSpec:
     """The template with the point's values, validated by BenchmarkRunSpec's own rules."""
     data = spec.template.model_dump(by_alias=True, exclude_none=True)
     data.update(workers=point.workers, algorithm=point.algorithm, backend=point.backend, seed=point.seed)
+    parameters = spec.template.algorithm_parameters
+    if parameters is not None and spec.matrix is not None and spec.matrix.algorithms is not None:
+        kept = parameters.model_dump(by_alias=True, exclude_none=True)
+        for name in parameters.misplaced(point.algorithm):
+            del kept[name]
+        data["algorithmParameters"] = kept
+        if not kept:
+            del data["algorithmParameters"]
     try:
         return BenchmarkRunSpec.model_validate(data)
     except ValidationError as exc:

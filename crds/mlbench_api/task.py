@@ -8,8 +8,9 @@ YAML in ``manifests/catalog`` (see ``mlbench_api.catalog``).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -281,6 +282,23 @@ class Optimizer(StrEnum):
     ADAM = "adam"
 
 
+class Algorithm(StrEnum):
+    """How the ranks agree on the model (``BenchmarkRun.spec.algorithm``; the runner's registry)."""
+
+    ALLREDUCE_SGD = "allreduce-sgd"  #: the reference: flatten, all-reduce, average, step
+    DDP = "ddp"  #: torch DistributedDataParallel, the comparison baseline
+    CENTRALIZED_ADAM = "centralized-adam"  #: averaged gradients (all-reduce), then Adam on every rank
+    POWERSGD = "powersgd"  #: rank-r PowerSGD compression with error feedback (Vogels et al. 2019)
+    DECENTRALIZED_SGD = "decentralized-sgd"  #: local step, then gossip averaging with the topology's neighbours
+    SIGN_SGD = "sign-sgd"  #: majority vote of the gradients' signs (all-reduce of int8 signs)
+    SPARSIFIED_SGD = "sparsified-sgd"  #: top-k or random-k of the gradient with error-feedback memory
+
+
+#: The algorithms that compute the reference's update (synchronous averaged-gradient SGD): what a closed task
+#: allows unless it lists others in ``algorithms``.
+REFERENCE_ALGORITHMS = (Algorithm.ALLREDUCE_SGD, Algorithm.DDP)
+
+
 class Training(ApiModel):
     """The optimisation recipe, per worker."""
 
@@ -387,6 +405,94 @@ class Goal(ApiModel):
         return self
 
 
+class CollectiveOp(StrEnum):
+    """A collective timed by a collectives task (the names of nccl-tests' all_reduce_perf etc.)."""
+
+    ALL_REDUCE = "all-reduce"  #: sum all-reduce of a float32 buffer of S bytes
+    ALL_GATHER = "all-gather"  #: every rank contributes S/n bytes; S bytes (the gathered total) land on every rank
+    BROADCAST = "broadcast"  #: rank 0's S bytes to every rank
+
+
+#: Largest message of a collectives sweep (1 GiB): every rank holds two buffers of this size.
+MAX_COLLECTIVE_BYTES = 1 << 30
+#: Bytes of one element of the sweep's dtype (float32).
+COLLECTIVE_ELEMENT_BYTES = 4
+
+
+class CollectiveBenchmark(ApiModel):
+    """Task 0a: time the backend's collectives over message sizes minBytes, minBytes*factor, ... up to maxBytes.
+
+    For each operation and size: warmupIterations untimed, then iterations back to back (the mean time gives
+    nccl-tests' algbw = S/t and busbw), then iterations each after a barrier (the latency percentiles).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.minBytes) || !has(self.maxBytes) || self.minBytes <= self.maxBytes",
+                    "minBytes must not exceed maxBytes",
+                    ".minBytes",
+                ),
+                cel(
+                    "!has(self.operations) || self.operations.all(o, self.operations.filter(p, p == o).size() == 1)",
+                    "operations must not repeat",
+                    ".operations",
+                ),
+            ]
+        }
+    )
+
+    operations: Annotated[list[CollectiveOp], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: list(CollectiveOp)
+    )
+    """Collectives to time, in this order: all-reduce, all-gather, broadcast (default all three, no repeats)."""
+    min_bytes: Annotated[
+        int, Field(ge=COLLECTIVE_ELEMENT_BYTES, le=MAX_COLLECTIVE_BYTES, multiple_of=COLLECTIVE_ELEMENT_BYTES)
+    ] = 4
+    """Smallest message in bytes (default 4, one float32); a multiple of 4."""
+    max_bytes: Annotated[
+        int, Field(ge=COLLECTIVE_ELEMENT_BYTES, le=MAX_COLLECTIVE_BYTES, multiple_of=COLLECTIVE_ELEMENT_BYTES)
+    ] = 256 * 1024 * 1024
+    """Largest message in bytes (default 268435456 = 256 MiB, at most 1 GiB); a multiple of 4, always timed."""
+    factor: Annotated[int, Field(ge=2, le=1024)] = 2
+    """Each size is the previous one times factor (nccl-tests' -f, default 2); maxBytes ends the ladder."""
+    iterations: Annotated[int, Field(ge=1, le=10_000)] = 20
+    """Timed iterations per size and phase (nccl-tests' -n, default 20); fewer where maxSecondsPerSize says so."""
+    warmup_iterations: Annotated[int, Field(ge=1, le=1000)] = 5
+    """Untimed iterations before each size (nccl-tests' -w, default 5); they also estimate the time per iteration."""
+    max_seconds_per_size: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """Time budget of one size's two timed phases in seconds (default 10, at most 3600): from the warm-up's time per
+    iteration, iterations is lowered (to 1 at least) so that both phases fit, which bounds huge messages on slow
+    networks. A fast network never hits it."""
+    dtype: Literal["float32"] = "float32"
+    """Element type of the buffers (float32 only; all-reduce sums)."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> CollectiveBenchmark:
+        if self.min_bytes > self.max_bytes:
+            raise ValueError("minBytes: must not exceed maxBytes")
+        if len(set(self.operations)) != len(self.operations):
+            raise ValueError("operations: must not repeat")
+        return self
+
+    def sizes(self) -> list[int]:
+        """The message sizes in bytes: minBytes * factor^k below maxBytes, then maxBytes (increasing, no repeats)."""
+        return size_ladder(self.min_bytes, self.max_bytes, self.factor)
+
+
+def size_ladder(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """``min_bytes, min_bytes*factor, ...`` while below ``max_bytes``, then ``max_bytes`` itself."""
+    if not 0 < min_bytes <= max_bytes or factor < 2:
+        raise ValueError(f"size ladder: need 0 < min ({min_bytes}) <= max ({max_bytes}) and factor ({factor}) >= 2")
+    sizes = []
+    size = min_bytes
+    while size < max_bytes:
+        sizes.append(size)
+        size *= factor
+    return [*sizes, max_bytes]
+
+
 class RunnerSpec(ApiModel):
     """The container that implements the task on every rank."""
 
@@ -395,8 +501,8 @@ class RunnerSpec(ApiModel):
     command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
         default_factory=lambda: ["mlbench-runner", "train"]
     )
-    """The training entrypoint, recorded with the task (default mlbench-runner train); the operator starts the image's
-    mlbench-runner entrypoints and does not read it."""
+    """What every rank runs under mpirun (default mlbench-runner train). mlbench-runner subcommands get --config;
+    another program (an open-division image's) reads $MLBENCH_RUN_CONFIG, writes summary.json (docs/runner.md)."""
 
 
 class Overridable(StrEnum):
@@ -417,28 +523,134 @@ class Overridable(StrEnum):
     TIME_BUDGET_SECONDS = "timeBudgetSeconds"
 
 
+#: The four sections of a training task, by wire name; a collectives task has none of them.
+TRAINING_SECTIONS = ("model", "dataset", "training", "goal")
+
+
+def _training_task_rules() -> list[Any]:
+    rules: list[Any] = [
+        cel(
+            "!has(self.collectives) || !(" + " || ".join(f"has(self.{s})" for s in TRAINING_SECTIONS) + ")",
+            "a collectives task has no model, dataset, training or goal",
+            ".collectives",
+        ),
+        cel(
+            "!has(self.collectives) || !has(self.overridable) || size(self.overridable) == 0",
+            "a collectives task has no hyperparameters to override",
+            ".overridable",
+        ),
+    ]
+    rules += [
+        cel(
+            f"has(self.collectives) || has(self.{section})",
+            f"{section} is required (unless the task sets collectives)",
+            f".{section}",
+        )
+        for section in TRAINING_SECTIONS
+    ]
+    return rules
+
+
 class BenchmarkTaskSpec(ApiModel):
-    """A benchmark task, the unit of comparison: model, data, training recipe and goal. Runs copy it at admission."""
+    """A benchmark task, the unit of comparison: model, data, training recipe and goal, or instead collectives (a
+    timing of the backend's collectives, task 0a). Runs copy it at admission."""
+
+    # model, dataset, training and goal are optional on the wire only because a collectives task has none of them
+    # (the validator and the CEL rules require all four otherwise). They are stored as model_spec, dataset_spec,
+    # training_spec and goal_spec; the properties model, dataset, training and goal return them typed and raise a
+    # ValueError naming the field on a collectives task, so training code never handles None. Where both kinds of
+    # task can arrive, check has_training first. model_copy(update=...) maps the wire names to the *_spec fields.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _training_task_rules()})
 
     division: Division
     """closed: the reference hyperparameters, runs may override only what overridable lists; open: runs may override
     anything."""
     description: Annotated[str, Field(max_length=8192)] = ""
     """Free text for humans: what the task is and where it differs from the reference; not interpreted."""
-    model: ModelSpec
-    """The model to train."""
-    dataset: DatasetSpec
-    """The data: where it lives or how it is fetched or generated."""
-    training: Training
-    """The optimisation recipe, per worker process."""
-    goal: Goal
-    """When the run counts as done and what it reports."""
+    model_spec: ModelSpec | None = Field(default=None, alias="model")
+    """The model to train. Required unless collectives is set."""
+    dataset_spec: DatasetSpec | None = Field(default=None, alias="dataset")
+    """The data: where it lives or how it is fetched or generated. Required unless collectives is set."""
+    training_spec: Training | None = Field(default=None, alias="training")
+    """The optimisation recipe, per worker process. Required unless collectives is set."""
+    goal_spec: Goal | None = Field(default=None, alias="goal")
+    """When the run counts as done and what it reports. Required unless collectives is set."""
+    collectives: CollectiveBenchmark | None = None
+    """Instead of model, dataset, training and goal: time the backend's all-reduce, all-gather and broadcast over a
+    ladder of message sizes (task 0a; docs/collectives.md). The runner command is then mlbench-runner collectives."""
     runner: RunnerSpec
     """The container that trains every rank."""
     overridable: Annotated[list[Overridable], Field(max_length=16)] = Field(
         default_factory=list,
         description="Hyperparameters a closed-division run may override; open-division runs may override any.",
     )
+    algorithms: Annotated[list[Algorithm], Field(min_length=1, max_length=16)] = Field(
+        default_factory=lambda: list(REFERENCE_ALGORITHMS),
+        description="Algorithms (BenchmarkRun.spec.algorithm) a closed-division run may use (default allreduce-sgd "
+        "and ddp, the reference update); others fail the run AlgorithmNotAllowed. Open-division runs may use any.",
+    )
+
+    @model_validator(mode="after")
+    def _kind(self) -> BenchmarkTaskSpec:
+        # Mirrors the CEL rules of _training_task_rules, with the same fields named.
+        present = [name for name in TRAINING_SECTIONS if getattr(self, f"{name}_spec") is not None]
+        if self.collectives is not None:
+            if present:
+                raise ValueError(
+                    "collectives: a collectives task has no model, dataset, training or goal "
+                    f"(got {', '.join(present)})"
+                )
+            if self.overridable:
+                raise ValueError("overridable: a collectives task has no hyperparameters to override")
+            return self
+        missing = [name for name in TRAINING_SECTIONS if name not in present]
+        if missing:
+            raise ValueError(f"{missing[0]}: {missing[0]} is required (unless the task sets collectives)")
+        return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's model_copy, also taking the wire names model, dataset, training and goal in ``update``
+        (the properties would otherwise hide the copied value)."""
+        if update:
+            update = {f"{k}_spec" if k in TRAINING_SECTIONS else k: v for k, v in update.items()}
+        return super().model_copy(update=update, deep=deep)
+
+    @property
+    def has_training(self) -> bool:
+        """True for a training task (model, dataset, training, goal); False for a collectives task."""
+        return self.collectives is None
+
+    @property
+    def model(self) -> ModelSpec:
+        """The model; raises ValueError on a collectives task."""
+        if self.model_spec is None:
+            raise _no_section("model")
+        return self.model_spec
+
+    @property
+    def dataset(self) -> DatasetSpec:
+        """The dataset; raises ValueError on a collectives task."""
+        if self.dataset_spec is None:
+            raise _no_section("dataset")
+        return self.dataset_spec
+
+    @property
+    def training(self) -> Training:
+        """The training recipe; raises ValueError on a collectives task."""
+        if self.training_spec is None:
+            raise _no_section("training")
+        return self.training_spec
+
+    @property
+    def goal(self) -> Goal:
+        """The goal; raises ValueError on a collectives task."""
+        if self.goal_spec is None:
+            raise _no_section("goal")
+        return self.goal_spec
+
+
+def _no_section(name: str) -> ValueError:
+    return ValueError(f"{name}: this is a collectives task, it has no {name} (check has_training first)")
 
 
 class BenchmarkTask(ApiModel):

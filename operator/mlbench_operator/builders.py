@@ -271,12 +271,13 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
     if with_data:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        if ctx.task.dataset.source is not None:  # fetched into the namespace's dataset volume beforehand
+        dataset = ctx.task.dataset_spec  # None for a collectives task: no data volume
+        if dataset is not None and dataset.source is not None:  # fetched into the namespace's dataset volume
             claim = {"claimName": ctx.dataset_claim, "readOnly": True}
             volumes.append({"name": "data", "persistentVolumeClaim": claim})
             mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
-        elif ctx.task.dataset.volume:
-            volumes.append({"name": "data", **ctx.task.dataset.volume})
+        elif dataset is not None and dataset.volume:
+            volumes.append({"name": "data", **dataset.volume})
             mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
     return volumes, mounts
 
@@ -371,6 +372,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
             "initialDelaySeconds": 1,
             "periodSeconds": 2,
             "failureThreshold": 3,
+            **probe_timeout(ctx),
         },
         "resources": worker_resources(ctx),
         "volumeMounts": mounts,
@@ -378,6 +380,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(ctx),
     }
+    netem = netem_init_container(ctx)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -386,8 +389,65 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
             **_pod_spec_common(ctx, deadline_seconds),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
+            **({"initContainers": [netem]} if netem is not None else {}),
             "containers": [container],
             "volumes": volumes,
+        },
+    }
+
+
+def probe_timeout(ctx: RunContext) -> Obj:
+    """``timeoutSeconds`` of the worker's readiness probe when ``spec.network`` delays the worker's answer
+    (its SYN-ACK leaves through netem): the delay plus a second, instead of the default 1 s."""
+    network = ctx.spec.network
+    if network is None or not network.latency_ms:
+        return {}
+    return {"timeoutSeconds": math.ceil((network.latency_ms + (network.jitter_ms or 0.0)) / 1000.0 + 1.0)}
+
+
+#: The worker's init container that applies ``spec.network``, and the pod interface it shapes.
+NETEM_CONTAINER = "network-emulation"
+NETEM_INTERFACE = "eth0"
+
+
+def netem_init_container(ctx: RunContext) -> Obj | None:
+    """``mlbench-runner netem``: tc netem on the pod's eth0 (egress), from the run's config; None without
+    ``spec.network``.
+
+    The qdisc belongs to the pod's network namespace, so it outlives the init container and shapes
+    everything the worker sends: rank-to-rank traffic (each direction by its sender), ssh, metrics
+    replies. tc needs CAP_NET_ADMIN in that namespace: a non-root user gets no added capability
+    (Kubernetes sets no ambient capabilities), so the container runs as root with only NET_ADMIN and no
+    privilege escalation. That leaves the restricted (and baseline) Pod Security profile: the admission
+    policy refuses ``spec.network`` unless MLBENCH_ALLOW_NETWORK_EMULATION is true. Its cpu and memory
+    are the worker's (init containers count towards the pod's QoS class; GPUs it does not need).
+    """
+    if ctx.spec.network is None:
+        return None
+    resources = {
+        kind: {k: v for k, v in quantities.items() if k in ("cpu", "memory")}
+        for kind, quantities in worker_resources(ctx).items()
+    }
+    return {
+        "name": NETEM_CONTAINER,
+        "image": ctx.image,
+        "command": [
+            "mlbench-runner",
+            "netem",
+            "--interface",
+            NETEM_INTERFACE,
+            "--config",
+            f"{n.CONFIG_DIR}/{n.CONFIG_FILE}",
+        ],
+        "resources": {kind: q for kind, q in resources.items() if q},
+        "volumeMounts": [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
         },
     }
 

@@ -77,6 +77,7 @@ class Reason(StrEnum):
     TASK_NOT_FOUND = "TaskNotFound"  #: spec.taskRef names no BenchmarkTask
     INVALID_TASK = "InvalidTask"  #: the BenchmarkTask does not validate
     OVERRIDE_NOT_ALLOWED = "OverrideNotAllowed"  #: a closed-division override the task does not list
+    ALGORITHM_NOT_ALLOWED = "AlgorithmNotAllowed"  #: a closed-division run's algorithm the task does not list
     #: the effective configuration is invalid (also when it can no longer be rebuilt after admission)
     INVALID_CONFIG = "InvalidConfig"
     POLICY_VIOLATION = "PolicyViolation"  #: the admin's admission policy refuses the run

@@ -390,7 +390,12 @@ class RunReconciler:
                     return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
             except _Refused as err:  # quota, policy, an invalid object: a condition, not a silent retry
                 return _Stop(await self.creation_refused(err.failures, now, pods))
-        if ctx.task.dataset.source is not None and not c.is_true(self.status.get("conditions"), c.DATASET_READY):
+        dataset = ctx.task.dataset_spec  # None for a collectives task: nothing to fetch
+        if (
+            dataset is not None
+            and dataset.source is not None
+            and not c.is_true(self.status.get("conditions"), c.DATASET_READY)
+        ):
             waiting = await self.ensure_dataset(ctx, now, pods)
             if waiting is not None:
                 return _Stop(waiting if waiting >= 0 else await self.finished(now, pods))

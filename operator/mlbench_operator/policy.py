@@ -7,7 +7,9 @@ fields anyone with ``edit`` can set: ``spec.image`` (and the task's ``runner.ima
 priority, on control-plane nodes, or with a ``hostPath`` volume. The operator checks the run
 against this policy at admission (a run that breaks it fails with reason ``PolicyViolation`` and
 a message naming the field, having created nothing). The defaults are safe; the admin widens them
-with ``MLBENCH_ALLOWED_*`` variables on the operator's Deployment.
+with ``MLBENCH_ALLOWED_*`` and ``MLBENCH_ALLOW_*`` variables on the operator's Deployment
+(``MLBENCH_ALLOW_NETWORK_EMULATION``: ``spec.network``, whose worker init container runs as root with
+NET_ADMIN).
 """
 
 from __future__ import annotations
@@ -49,24 +51,32 @@ class AdmissionPolicy:
     priority_classes: tuple[str, ...] | None = None
     allow_control_plane: bool = False
     volume_types: tuple[str, ...] = DEFAULT_VOLUME_TYPES
+    #: ``spec.network`` (tc netem): the workers' init container runs as root with NET_ADMIN.
+    allow_network_emulation: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AdmissionPolicy:
         """``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``, ``MLBENCH_ALLOWED_VOLUME_TYPES``
-        (comma-separated; shell-style patterns for images and classes) and ``MLBENCH_ALLOW_CONTROL_PLANE``
-        (true/false). Raises :class:`SettingsError` naming the variable."""
+        (comma-separated; shell-style patterns for images and classes), ``MLBENCH_ALLOW_CONTROL_PLANE`` and
+        ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false). Raises :class:`SettingsError` naming the variable."""
         images = _list(env, "MLBENCH_ALLOWED_IMAGES")
         classes = _list(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")
         volumes = _list(env, "MLBENCH_ALLOWED_VOLUME_TYPES")
-        raw = env.get("MLBENCH_ALLOW_CONTROL_PLANE", "").strip().lower()
-        if raw not in ("", "true", "false"):
-            raise SettingsError(f"MLBENCH_ALLOW_CONTROL_PLANE={raw!r} must be true or false")
         return cls(
             images=tuple(normalize_image(i) if i != "*" else i for i in images) if images else DEFAULT_IMAGES,
             priority_classes=tuple(classes) if classes else None,
-            allow_control_plane=raw == "true",
+            allow_control_plane=_bool(env, "MLBENCH_ALLOW_CONTROL_PLANE"),
             volume_types=tuple(volumes) if volumes else DEFAULT_VOLUME_TYPES,
+            allow_network_emulation=_bool(env, "MLBENCH_ALLOW_NETWORK_EMULATION"),
         )
+
+
+def _bool(env: Mapping[str, str], key: str) -> bool:
+    """``true`` or ``false`` (any case); unset or empty: false."""
+    raw = env.get(key, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise SettingsError(f"{key}={raw!r} must be true or false")
+    return raw == "true"
 
 
 def _list(env: Mapping[str, str], key: str) -> list[str]:
@@ -133,12 +143,25 @@ def check_volume(volume: Mapping[str, Any] | None, policy: AdmissionPolicy) -> l
     ]
 
 
+def check_network(network: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """``spec.network`` puts an init container running as root with NET_ADMIN into every worker pod."""
+    if not network or policy.allow_network_emulation:
+        return []
+    return [
+        "spec.network: emulated network conditions need an init container running as root with NET_ADMIN in "
+        "every worker (outside the restricted Pod Security profile); the operator's admin has not allowed them "
+        "(MLBENCH_ALLOW_NETWORK_EMULATION=true)"
+    ]
+
+
 def violations(
     image: str,
     image_field: str,
     scheduling: Mapping[str, Any] | None,
     dataset_volume: Mapping[str, Any] | None,
     policy: AdmissionPolicy,
+    *,
+    network: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Every way the run breaks the policy, each naming its field (empty: admitted)."""
     return [
@@ -146,4 +169,5 @@ def violations(
         *check_priority((scheduling or {}).get("priorityClassName"), policy),
         *check_placement(scheduling, policy),
         *check_volume(dataset_volume, policy),
+        *check_network(network, policy),
     ]

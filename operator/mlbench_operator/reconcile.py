@@ -42,7 +42,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api.common import MAX_INT32, ObjectMeta
-from mlbench_api.config import OverrideNotAllowed, effective_config
+from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, Phase, RunPolicy, RunResult
@@ -159,7 +159,9 @@ def admit(
         return ctx
     spec = body.get("spec") or {}
     image_field = "spec.image" if ctx.spec.image else f"BenchmarkTask {task_name!r} runner.image"
-    broken = violations(ctx.image, image_field, spec.get("scheduling"), ctx.task.dataset.volume, policy)
+    dataset = ctx.task.dataset_spec  # None for a collectives task
+    volume = dataset.volume if dataset else None
+    broken = violations(ctx.image, image_field, spec.get("scheduling"), volume, policy, network=spec.get("network"))
     if broken:
         return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken))
     return ctx, snapshot
@@ -183,6 +185,8 @@ def _admitted_context(
         return context(body, snapshot, run_as_user, dataset_claim)
     except OverrideNotAllowed as err:
         return Rejection(Reason.OVERRIDE_NOT_ALLOWED, str(err))
+    except AlgorithmNotAllowed as err:
+        return Rejection(Reason.ALGORITHM_NOT_ALLOWED, str(err))
     except ValueError as err:
         return Rejection(Reason.INVALID_CONFIG, f"the effective configuration is invalid: {_short(err)}")
 
@@ -275,6 +279,9 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         communication_seconds=summary.communication_seconds,
         samples_per_second=summary.samples_per_second,
         world_size=summary.environment.world_size,
+        bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
+        compression_ratio=summary.communication.compression_ratio if summary.communication else None,
+        peak_bus_bandwidth=summary.peak_bus_bandwidth,
     ).to_api()
 
 

@@ -124,7 +124,7 @@ class OperatorConfig:
     metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
     #: ``MLBENCH_RESULTS_WAIT_SECONDS``
     results_wait_seconds: float = field(default_factory=_default_results_wait)
-    #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``
+    #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``, ``MLBENCH_ALLOW_NETWORK_EMULATION``
     policy: AdmissionPolicy = field(default_factory=_default_policy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
     scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)

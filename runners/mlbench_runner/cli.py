@@ -1,10 +1,12 @@
-"""``mlbench-runner``: ``train`` (one rank), ``launch`` (the launcher pod), ``fetch-dataset`` (the fetch Job)."""
+"""``mlbench-runner``: ``train`` or ``collectives`` (one rank), ``launch`` (the launcher pod), ``fetch-dataset``
+(the fetch Job)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from mlbench_api.config import CONFIG_ENV, RunConfig
 
@@ -33,8 +35,17 @@ def mpi_initialised() -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
+    return _guarded(_train_rank, args)
+
+
+def _collectives(args: argparse.Namespace) -> int:
+    return _guarded(_collectives_rank, args)
+
+
+def _guarded(rank_main: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run one rank's entrypoint; under mpi, a failing rank aborts the job instead of hanging it."""
     try:
-        code = _train_rank(args)
+        code = rank_main(args)
     except BaseException as exc:
         if mpi_initialised() and not (isinstance(exc, SystemExit) and exc.code in (0, None)):
             import traceback
@@ -47,22 +58,54 @@ def _train(args: argparse.Namespace) -> int:
     return code
 
 
-def _train_rank(args: argparse.Namespace) -> int:
+def _load_config(args: argparse.Namespace) -> RunConfig | None:
+    """The RunConfig of ``--config`` or ``$MLBENCH_RUN_CONFIG`` (``--output-dir`` applied); None after saying why."""
     from pydantic import ValidationError
-
-    from mlbench_runner.train import train
 
     path = args.config or os.environ.get(CONFIG_ENV)
     if not path:
         print(f"error: pass --config or set {CONFIG_ENV}", file=sys.stderr)
-        return 2
+        return None
     try:
         config = RunConfig.load(path)
     except (OSError, ValidationError, ValueError) as exc:
         print(f"error: invalid run config {path}: {exc}", file=sys.stderr)
-        return 2
+        return None
     if args.output_dir:
         config = config.model_copy(update={"output_dir": args.output_dir})
+    return config
+
+
+def _rank_label() -> str:
+    return os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))
+
+
+def _collectives_rank(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    if config is None:
+        return 2
+    return _run_collectives(config)
+
+
+def _run_collectives(config: RunConfig) -> int:
+    from mlbench_runner.collectives import CollectiveError, run_collectives
+
+    try:
+        run_collectives(config)
+    except (ValueError, CollectiveError) as exc:  # bad input or a broken transport: one clear line
+        print(f"error: rank {_rank_label()}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _train_rank(args: argparse.Namespace) -> int:
+    from mlbench_runner.train import train
+
+    config = _load_config(args)
+    if config is None:
+        return 2
+    if not config.task.has_training:  # a collectives task started with the default command: time, do not train
+        return _run_collectives(config)
     try:
         summary = train(config)
     except (ValueError, FileNotFoundError) as exc:  # bad input: one clear line, no traceback
@@ -90,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from mlbench_runner.fetch import add_arguments as add_fetch_arguments
     from mlbench_runner.fetch import run as run_fetch
     from mlbench_runner.launch import add_launch_arguments, run_launch
+    from mlbench_runner.netem import add_arguments as add_netem_arguments
+    from mlbench_runner.netem import run as run_netem
 
     configure_logging()
     parser = argparse.ArgumentParser(prog="mlbench-runner", description=__doc__)
@@ -97,19 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     p_train = sub.add_parser("train", help="train this rank from a RunConfig")
     p_train.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
     p_train.add_argument("--output-dir", help="override RunConfig.outputDir")
+    p_coll = sub.add_parser("collectives", help="time this rank's collectives sweep (task 0a) from a RunConfig")
+    p_coll.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
+    p_coll.add_argument("--output-dir", help="override RunConfig.outputDir")
     p_launch = sub.add_parser("launch", help="launcher pod: mpirun every rank, write the termination log")
     add_launch_arguments(p_launch)
     p_fetch = sub.add_parser("fetch-dataset", help="download a dataset into the dataset volume (the fetch Job)")
     add_fetch_arguments(p_fetch)
     p_worker = sub.add_parser("worker", help="worker pod: run sshd (the command after --), report OOM kills")
     p_worker.add_argument("cmd", nargs=argparse.REMAINDER, help="-- /usr/sbin/sshd ...")
+    p_netem = sub.add_parser("netem", help="worker init container: emulate spec.network with tc netem (NET_ADMIN)")
+    add_netem_arguments(p_netem)
     args = parser.parse_args(argv)
+    if args.command == "netem":
+        return run_netem(args)
     if args.command == "worker":
         from mlbench_runner.worker import run_worker
 
         return run_worker(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if args.command == "train":
         return _train(args)
+    if args.command == "collectives":
+        return _collectives(args)
     if args.command == "fetch-dataset":
         return run_fetch(args)
     return run_launch(args)

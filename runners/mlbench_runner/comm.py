@@ -2,12 +2,17 @@
 
 PyPI torch has no MPI backend, so ``backend: mpi`` goes through mpi4py on CPU tensors,
 zero-copy: the numpy view of a contiguous tensor shares its memory, and the reduction
-is ``Allreduce(MPI.IN_PLACE, view)``. Both paths offer the same small interface.
+is ``Allreduce(MPI.IN_PLACE, view)``. Both paths offer the same small interface:
+sum all-reduce, broadcast, all-gather, a neighbour exchange (point-to-point, for gossip)
+and barrier. :class:`CountingCommunicator` wraps any of them and counts the payload bytes
+handed to each collective, which is what an algorithm's declared bytes per step are checked
+against.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from datetime import timedelta
 
 import numpy as np
@@ -33,10 +38,29 @@ class Communicator(ABC):
         """Overwrite ``tensor`` with rank ``src``'s copy."""
 
     @abstractmethod
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked in rank order: shape ``(size, *tensor.shape)``."""
+
+    @abstractmethod
+    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
+        """Send ``tensor`` to each of ``peers`` and receive one tensor of its shape from each, in ``peers`` order.
+
+        Every rank must name the ranks that name it (a symmetric graph such as a ring), else it hangs.
+        """
+
+    @abstractmethod
     def barrier(self) -> None: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the transport."""
+
+    def transport(self) -> Communicator:
+        """The communicator that really moves the data (a wrapper returns what it wraps)."""
+        return self
+
+
+def payload_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 class TorchCommunicator(Communicator):
@@ -58,6 +82,19 @@ class TorchCommunicator(Communicator):
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         dist.broadcast(tensor, src=src)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((self.size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather(list(out.unbind(0)), tensor.contiguous())
+        return out
+
+    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
+        received = [torch.empty_like(tensor, memory_format=torch.contiguous_format) for _ in peers]
+        ops = [dist.P2POp(dist.isend, tensor.contiguous(), peer) for peer in peers]
+        ops += [dist.P2POp(dist.irecv, buf, peer) for buf, peer in zip(received, peers, strict=True)]
+        for request in dist.batch_isend_irecv(ops) if ops else []:
+            request.wait()
+        return received
 
     def barrier(self) -> None:
         dist.barrier()
@@ -95,6 +132,21 @@ class MpiCommunicator(Communicator):
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         self._comm.Bcast(self._view(tensor), root=src)
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((self.size, *tensor.shape), dtype=tensor.dtype)
+        self._comm.Allgather(self._view(tensor.contiguous()), self._view(out))
+        return out
+
+    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
+        send = self._view(tensor.contiguous())
+        received = [torch.empty_like(tensor, memory_format=torch.contiguous_format) for _ in peers]
+        requests = [self._comm.Isend(send, dest=peer, tag=7) for peer in peers]
+        requests += [
+            self._comm.Irecv(self._view(buf), source=peer, tag=7) for buf, peer in zip(received, peers, strict=True)
+        ]
+        self._mpi.Request.Waitall(requests)
+        return received
+
     def barrier(self) -> None:
         self._comm.Barrier()
 
@@ -111,8 +163,59 @@ class LocalCommunicator(Communicator):
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         return None
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.unsqueeze(0).clone()
+
+    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
+        if any(peer != 0 for peer in peers):
+            raise ValueError(f"exchange: one process has no peers {list(peers)}")
+        return [tensor.clone() for _ in peers]
+
     def barrier(self) -> None:
         return None
+
+
+class CountingCommunicator(Communicator):
+    """Delegates to ``inner`` and counts the payload bytes each rank hands to the collectives.
+
+    All-reduce and all-gather count the local tensor, broadcast counts it on the source rank only, an
+    exchange counts it once per peer: what this rank contributes, not what the wire carries.
+    """
+
+    def __init__(self, inner: Communicator) -> None:
+        self.inner = inner
+        self.rank, self.size, self.name = inner.rank, inner.size, inner.name
+        self.bytes = 0
+        self.collectives: set[str] = set()
+
+    def _count(self, collective: str, nbytes: int) -> None:
+        self.bytes += nbytes
+        self.collectives.add(collective)
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        self._count("all-reduce", payload_bytes(tensor))
+        self.inner.all_reduce_sum_(tensor)
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        self._count("broadcast", payload_bytes(tensor) if self.rank == src else 0)
+        self.inner.broadcast_(tensor, src)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._count("all-gather", payload_bytes(tensor))
+        return self.inner.all_gather(tensor)
+
+    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
+        self._count("send-recv", payload_bytes(tensor) * len(peers))
+        return self.inner.exchange(tensor, peers)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def transport(self) -> Communicator:
+        return self.inner.transport()
 
 
 def make_communicator(world: World, backend: str, process_group: bool = False) -> Communicator:

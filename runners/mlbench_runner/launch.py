@@ -1,7 +1,9 @@
 """The launcher pod's entrypoint: mpirun over the hostfile, then report the result.
 
-``mlbench-runner launch`` runs ``mpirun --hostfile H -np <worldSize> ... python -m
-mlbench_runner.cli train --config C`` and forwards its output. Rank 0 prints a
+``mlbench-runner launch`` runs ``mpirun --hostfile H -np <worldSize> ... <rank command>``
+and forwards its output. The rank command is the task's ``runner.command`` (default
+``mlbench-runner train``, run as ``python -m mlbench_runner.cli train --config C``; see
+:func:`rank_command`). Rank 0 prints a
 ``run_summary`` event line carrying the compact summary; the launcher writes that (the
 :meth:`RunSummary.termination_message`) to the termination log and exits 0, or writes
 ``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back or mpirun
@@ -82,6 +84,26 @@ def rank_config_path(path: str) -> str:
     return os.path.abspath(path)
 
 
+#: The project's own entrypoint: a task command starting with it runs on this interpreter.
+RUNNER_ENTRYPOINT = "mlbench-runner"
+
+
+def rank_command(command: Sequence[str], config_path: str, python: str = sys.executable) -> list[str]:
+    """What every rank executes for a task's ``runner.command``.
+
+    ``mlbench-runner <subcommand> ...`` (the default ``train``, or ``collectives``) becomes
+    ``python -m mlbench_runner.cli <subcommand> ... --config C``: the same program as the console
+    script, on the interpreter that has the project. Any other command (an open-division image's
+    own trainer) runs as given; it finds the run configuration at ``$MLBENCH_RUN_CONFIG`` (exported
+    to every rank) and reports through the result contract of docs/runner.md.
+    """
+    if not command:
+        raise ValueError("runner.command: empty")
+    if command[0] == RUNNER_ENTRYPOINT:
+        return [python, "-m", "mlbench_runner.cli", *command[1:], "--config", config_path]
+    return list(command)
+
+
 def mpirun_command(
     *,
     world_size: int,
@@ -96,8 +118,10 @@ def mpirun_command(
     python: str = sys.executable,
     env: dict[str, str] | None = None,
     extra_mpi_args: Sequence[str] = (),
+    command: Sequence[str] = (RUNNER_ENTRYPOINT, "train"),
 ) -> list[str]:
-    """The full mpirun command line (the operator's launcher runs exactly this)."""
+    """The full mpirun command line (the operator's launcher runs exactly this); ``command`` is the
+    task's ``runner.command``."""
     env = dict(os.environ if env is None else env)
     rsh = shlex.join(ssh_options(ssh_port, ssh_key, ssh_known_hosts, ssh_host_key_alias))
     cmd = [
@@ -129,7 +153,7 @@ def mpirun_command(
         if name in env:
             cmd += ["-x", name]
     cmd += list(extra_mpi_args)
-    cmd += [python, "-m", "mlbench_runner.cli", "train", "--config", config_path]
+    cmd += rank_command(command, config_path, python)
     return cmd
 
 
@@ -269,6 +293,7 @@ def run_launch(args: argparse.Namespace) -> int:
         mpirun=args.mpirun,
         env=env,
         extra_mpi_args=shlex.split(args.mpi_args or ""),
+        command=config.task.runner.command,
     )
     print(json.dumps({"event": "launch", "command": cmd}), flush=True)
     if args.dry_run:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.task import DatasetFormat
-from mlbench_runner.launch import launcher_command, strip_tag, summary_from_line
+from mlbench_runner.launch import RUNNER_ENTRYPOINT, launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
 
 
@@ -100,7 +101,7 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     if overrides is not None and overrides.dataset and overrides.dataset_source is None:
         # A local run fetches nothing: an overridden dataset path is where the data already is, so the
         # task's source (the operator's fetch into /data on a cluster) does not apply here.
-        spec = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"source": None})})
+        spec = spec.model_copy(update={"dataset_spec": spec.dataset.model_copy(update={"source": None})})
     if args.ranks is not None:
         if args.ranks < 1:
             raise LocalRunError("--ranks: must be at least 1")
@@ -132,6 +133,8 @@ def prepare_data(config: RunConfig, say: Any) -> None:
     Either way the one-time decoding is outside the run's wall clock (the trainer leaves
     out any decoding it has to do itself), so both paths report the same kind of time.
     """
+    if not config.task.has_training:  # a collectives task (0a) has no data
+        return
     ds = config.task.dataset
     if ds.format in (DatasetFormat.IMAGE_TARBALL, DatasetFormat.IMAGE_FOLDER, DatasetFormat.LIBSVM):
         from mlbench_runner.data.base import resolve_path
@@ -204,6 +207,11 @@ class Progress:
                 f"epoch {ev['epoch']}/{self.max_epochs}: test accuracy {100 * ev['accuracy']:.2f}% "
                 f"(target {100 * ev['target']:.1f}%)  at {ev['elapsed_s']:.0f}s"
             )
+        elif name == "collective":
+            self._say(
+                f"  {ev.get('op')} {ev.get('bytes')} B: bus bandwidth {ev.get('busBandwidth', 0) / 1e9:.3f} GB/s, "
+                f"p50 {1e6 * ev.get('latencyP50Seconds', 0):.1f} us"
+            )
         elif name == "run_stop":
             self._say(f"run stopped: {ev.get('status')} ({ev.get('stop_reason')})")
 
@@ -215,9 +223,16 @@ def _pump(proc: subprocess.Popen[str], tag: int, q: queue.Queue[tuple[int, str |
     q.put((tag, None))
 
 
-def run_processes(config_path: Path, ranks: int, env: dict[str, str], on_line: Any) -> int:
-    """Start ``ranks`` training processes with torch-style env; stop all if one fails."""
+def run_processes(
+    config_path: Path,
+    ranks: int,
+    env: dict[str, str],
+    on_line: Any,
+    command: Sequence[str] = (RUNNER_ENTRYPOINT, "train"),
+) -> int:
+    """Start ``ranks`` processes of the task's ``runner.command`` with torch-style env; stop all if one fails."""
     port = str(free_port())
+    argv = rank_command(command, str(config_path))
     procs = []
     q: queue.Queue[tuple[int, str | None]] = queue.Queue()
     for r in range(ranks):
@@ -231,7 +246,7 @@ def run_processes(config_path: Path, ranks: int, env: dict[str, str], on_line: A
             MASTER_PORT=port,
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", str(config_path)],
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -269,6 +284,21 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     return proc.wait()
 
 
+def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
+    """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
+    if not config.task.has_training:
+        from mlbench_api.results import CollectiveResult
+        from mlbench_runner.collectives import format_table as format_sweep
+
+        print(format_sweep(CollectiveResult.model_validate_json((out / "collectives.json").read_text())))
+        return []
+    from mlbench_runner.report import format_table, write_plots
+
+    plots = write_plots([(out, summary)], out)
+    print(format_table([summary]))
+    return plots
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlbench run", description="Run a BenchmarkRun YAML on this machine.")
     p.add_argument("run", help="BenchmarkRun YAML (as for kubectl apply)")
@@ -304,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     except LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if config.network is not None:
+        print(
+            "error: spec.network: emulated network conditions need the cluster's netem init container "
+            "(docs/network.md); remove it for a local run",
+            file=sys.stderr,
+        )
+        return 2
     config_path = out / "config.json"
     config_path.write_text(config.dump())
     env[CONFIG_ENV] = str(config_path)
@@ -320,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         f"run {config.run_name}: task {config.task_name}, {config.world_size} rank(s) via {launcher}, "
         f"backend {config.backend.value}, algorithm {config.algorithm.value}/{config.bucketing.value}; output {out}"
     )
-    progress = Progress(sys.stdout, config.task.training.max_epochs, args.quiet)
+    progress = Progress(sys.stdout, config.task.training.max_epochs if config.task.has_training else 0, args.quiet)
     with (out / "output.log").open("w") as log:
 
         def on_line(line: str) -> None:
@@ -331,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         if launcher == "mpirun":
             code = run_mpirun(config_path, out, config.world_size, env, on_line)
         else:
-            code = run_processes(config_path, config.world_size, env, on_line)
+            code = run_processes(config_path, config.world_size, env, on_line, config.task.runner.command)
     summary = progress.summary
     if summary is None and (out / "summary.json").exists():
         summary = RunSummary.model_validate_json((out / "summary.json").read_text())
@@ -339,13 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         cause = f": {progress.first_error}" if progress.first_error else ""
         print(f"error: the run failed (exit {code}){cause}; see {out / 'output.log'}", file=sys.stderr)
         return code or 1
-    from mlbench_runner.report import format_table, write_plots
-
-    plots = write_plots([(out, summary)], out)
     print()
-    print(format_table([summary]))
+    plots = _report(config, summary, out)
     print(f"\nfinished in {time.perf_counter() - t0:.0f}s; files in {out}:")
-    for name in ("summary.json", "events.jsonl", "config.json", "output.log", *[p.name for p in plots]):
+    kept = ("summary.json", "collectives.json", "events.jsonl", "config.json", "output.log")
+    for name in (*kept, *[p.name for p in plots]):
         if (out / name).exists():
             print(f"  {out / name}")
     return 0

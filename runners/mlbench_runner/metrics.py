@@ -75,3 +75,54 @@ class RunnerMetrics:
             self.step_duration.observe(step.total)
         self.steps.inc(len(steps))
         self.samples.inc(len(steps) * samples_per_step)
+
+
+#: The series of a collectives task (task 0a; docs/collectives.md), served instead of the training ones.
+COLLECTIVE_METRIC_NAMES = (
+    "mlbench_run_info",
+    "mlbench_steps_total",
+    "mlbench_collective_algorithm_bandwidth_bytes_per_second",
+    "mlbench_collective_bus_bandwidth_bytes_per_second",
+    "mlbench_collective_latency_seconds",
+)
+
+
+class CollectiveMetrics:
+    """A collectives task's series: one gauge per (op, bytes) once that size is timed (rank 0 only), and
+    ``mlbench_steps_total`` counting timed iterations, which the operator's progress (and its stall
+    detection) reads as it reads a training run's steps."""
+
+    def __init__(self, run: str, task: str, backend: str, *, world_size: int, rank: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge(
+            "mlbench_run_info",
+            "Constant 1, labelled with the run's identity.",
+            ["run", "task", "backend", "world_size", "algorithm", "rank"],
+            registry=r,
+        )
+        self.info.labels(run, task, backend, str(world_size), "collectives", str(rank)).set(1)
+        self.steps = Counter("mlbench_steps", "Timed collective iterations done by this rank.", registry=r)
+        self.algorithm_bandwidth = Gauge(
+            "mlbench_collective_algorithm_bandwidth_bytes_per_second",
+            "nccl-tests' algbw: message bytes / mean seconds per iteration.",
+            ["op", "bytes"],
+            registry=r,
+        )
+        self.bus_bandwidth = Gauge(
+            "mlbench_collective_bus_bandwidth_bytes_per_second",
+            "nccl-tests' busbw: algbw x 2(n-1)/n (all-reduce), (n-1)/n (all-gather) or 1 (broadcast).",
+            ["op", "bytes"],
+            registry=r,
+        )
+        self.latency = Gauge(
+            "mlbench_collective_latency_seconds",
+            "Seconds of one iteration after a barrier (slowest rank), at the quantile.",
+            ["op", "bytes", "quantile"],
+            registry=r,
+        )
+
+    def serve(self, port: int) -> None:
+        """Start the endpoint on ``port`` (all interfaces); ``0`` means metrics are off."""
+        if port:
+            start_http_server(port, registry=self.registry)

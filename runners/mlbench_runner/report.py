@@ -46,6 +46,8 @@ COLUMNS = (
     "wall",
     "samples/s",
     "comm/compute",
+    "bytes/step",
+    "compression",
 )
 
 
@@ -77,7 +79,17 @@ def _fmt(value: float | None, kind: str) -> str:
         return f"{value:.2f}x"
     if kind == "money":
         return f"{value:.4g}"
+    if kind == "bytes":
+        return _bytes(value)
     return f"{value:.1f}"
+
+
+def _bytes(value: float) -> str:
+    """Binary units, three significant figures: 1.07 MiB, 4 B."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
 
 
 def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -115,6 +127,8 @@ def _run_rows(summaries: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             _fmt(s.wall_clock_seconds, "s"),
             _fmt(s.samples_per_second, "n"),
             _fmt(s.comm_compute_ratio, "ratio"),
+            _fmt(s.communication.bytes_per_step if s.communication else None, "bytes"),
+            _fmt(s.communication.compression_ratio if s.communication else None, "x"),
         )
         for s in summaries
     ]
@@ -156,6 +170,8 @@ def _config_columns(scores: Sequence[ConfigScore], price: float | None) -> list[
         ("speedup", lambda s: _fmt(s.speedup, "x")),
         ("efficiency", lambda s: _fmt(s.efficiency, "pct1")),
         ("comm share", lambda s: _fmt(s.split.communication_share, "pct1")),
+        ("bytes/step", lambda s: _fmt(s.bytes_per_step, "bytes")),
+        ("compression", lambda s: _fmt(s.compression_ratio, "x")),
         ("compute/comm/other", lambda s: f"{s.split.compute:.1f}/{s.split.communication:.1f}/{s.split.other:.1f}s"),
     ]
     if price is not None:
@@ -246,6 +262,8 @@ def score_dict(s: ConfigScore) -> dict[str, Any]:
         "communicationSeconds": s.split.communication,
         "otherSeconds": s.split.other,
         "communicationShare": s.split.communication_share,
+        "bytesPerStep": s.bytes_per_step,
+        "compressionRatio": s.compression_ratio,
         "costPerRun": s.cost_per_run,
         "costToGoal": s.cost_to_goal,
         "flags": list(s.flags),
@@ -456,6 +474,17 @@ def main(argv: list[str] | None = None) -> int:
         if key not in seen:
             seen.add(key)
             runs.append(r)
+    if any(r.summary.collectives is not None for r in runs):  # task 0a sweeps: their table, not scored
+        from mlbench_runner.collectives import format_table as sweep_table
+
+        where = sys.stdout if args.output in ("table", "markdown") else sys.stderr
+        for r in runs:
+            if r.summary.collectives is not None:
+                print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
+        runs = [r for r in runs if r.summary.collectives is None]
+        given = [r for r in given if r.summary.collectives is None]
+        if not runs:
+            return 0
     price = args.price_per_worker_hour
     scores = scoring.score(_results(runs), price)
 

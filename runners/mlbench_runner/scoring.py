@@ -22,7 +22,7 @@ hand-computed inputs (tests/runner/test_scoring.py).
 * **Cost** (MLBench's cost chart): workers x hours x price per worker-hour, for the mean wall
   clock of a run and for the time to goal.
 * **Communication/computation split**: rank 0's phase totals; compute = forward + backward +
-  optimizer, communication = the communication phase, other = the rest of the wall clock (data
+  compression + optimizer, communication = the communication phase, other = the rest of the wall clock (data
   loading, evaluation, set-up).
 """
 
@@ -152,7 +152,7 @@ class PhaseSplit:
 
 def phase_split(summary: RunSummary) -> PhaseSplit:
     ph = summary.phases
-    compute = ph.forward + ph.backward + ph.optimizer
+    compute = ph.forward + ph.backward + ph.compression + ph.optimizer
     other = max(0.0, summary.wall_clock_seconds - compute - ph.communication)
     return PhaseSplit(compute, ph.communication, other)
 
@@ -248,11 +248,22 @@ def configuration(summary: RunSummary, config: RunConfig | None) -> Configuratio
         workers=config.workers,
         slots_per_worker=config.slots_per_worker,
         backend=config.backend.value,
-        algorithm=config.algorithm.value,
+        algorithm=algorithm_label(config),
         bucketing=config.bucketing.value,
         division=config.task.division.value,
         settings=tuple(sorted(settings.items())),
     )
+
+
+def algorithm_label(config: RunConfig) -> str:
+    """The algorithm with its parameters (``powersgd[rank=2,warmStart=True]``): runs with other parameters
+    are other configurations. Emulated network conditions are part of it too."""
+    params = config.algorithm_parameters.to_api()
+    label = config.algorithm.value + (f"[{','.join(f'{k}={v}' for k, v in sorted(params.items()))}]" if params else "")
+    if config.network is not None:
+        shaped = config.network.to_api()
+        label += f"@net[{','.join(f'{k}={v}' for k, v in sorted(shaped.items()))}]"
+    return label
 
 
 def _within(key: str, prefix: str) -> bool:
@@ -276,6 +287,9 @@ class RunResult:
     split: PhaseSplit
     source: str = ""
     """Where it was read from (a result directory)."""
+    bytes_per_step: int | None = None
+    """Payload bytes per rank per step the algorithm declared."""
+    compression_ratio: float | None = None
 
 
 def run_result(summary: RunSummary, config: RunConfig | None, source: str = "") -> RunResult:
@@ -292,6 +306,8 @@ def run_result(summary: RunSummary, config: RunConfig | None, source: str = "") 
         samples_per_second=summary.samples_per_second,
         split=phase_split(summary),
         source=source,
+        bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
+        compression_ratio=summary.communication.compression_ratio if summary.communication else None,
     )
 
 
@@ -323,6 +339,15 @@ class ConfigScore:
     @property
     def reached(self) -> int:
         return sum(r.reached for r in self.runs)
+
+    @property
+    def bytes_per_step(self) -> int | None:
+        """The algorithm's declared payload per rank per step (the same for every seed)."""
+        return next((r.bytes_per_step for r in self.runs if r.bytes_per_step is not None), None)
+
+    @property
+    def compression_ratio(self) -> float | None:
+        return next((r.compression_ratio for r in self.runs if r.compression_ratio is not None), None)
 
 
 def score_configuration(runs: Sequence[RunResult], runs_required: int = RUNS_REQUIRED) -> ConfigScore:

@@ -1,8 +1,8 @@
 """Accumulate one rank's timings into the :class:`RunSummary` result contract.
 
 Definitions (also in docs/runner.md): ``train_seconds`` is the sum over steps of the
-five step phases; ``compute_seconds`` = forward + backward + optimizer;
-``communication_seconds`` = the communication phase; ``samples_per_second`` = global
+six step phases; ``compute_seconds`` = forward + backward + compression + optimizer;
+``communication_seconds`` = the communication phase (collectives only); ``samples_per_second`` = global
 samples / train_seconds; ``wall_clock_seconds`` runs from the start of the run (before
 the data is loaded) to the stop, evaluation included.
 """
@@ -17,7 +17,7 @@ import socket
 import torch
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_api.results import CommunicationRecord, Environment, EpochRecord, PhaseTotals, RunSummary
 from mlbench_runner.timing import PHASES, StepTiming
 from mlbench_runner.world import World
 
@@ -70,10 +70,12 @@ class SummaryBuilder:
     def stop(self, steps: int, epochs: float, wall: float) -> None:
         self.stopped_at = (steps, epochs, wall)
 
-    def build(self, status: str, stop_reason: str | None = None) -> RunSummary:
+    def build(
+        self, status: str, stop_reason: str | None = None, communication: CommunicationRecord | None = None
+    ) -> RunSummary:
         steps, epochs, wall = self.stopped_at or (0, 0.0, 0.0)
         t = self.totals
-        compute = t["forward"] + t["backward"] + t["optimizer"]
+        compute = t["forward"] + t["backward"] + t["compression"] + t["optimizer"]
         comm = t["communication"]
         train_seconds = sum(t.values())
         accuracies = [h.accuracy for h in self.history if h.accuracy is not None]
@@ -115,6 +117,8 @@ class SummaryBuilder:
             samples_per_second=samples / train_seconds if train_seconds > 0 else 0.0,
             phases=PhaseTotals(evaluation=self.evaluation, **t),
             environment=env,
+            communication=communication,
+            network=self.config.network.model_dump(by_alias=True, exclude_none=True) if self.config.network else None,
             history=self.history,
         )
         return self.result

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("data", "forward", "backward", "communication", "optimizer")
+#: Step phases in order. ``compression`` holds an algorithm's extra kernels (compress, decompress, error
+#: feedback) and counts as compute; ``communication`` holds only collectives.
+PHASES = ("data", "forward", "backward", "compression", "communication", "optimizer")
 
 
 @dataclass

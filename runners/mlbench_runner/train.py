@@ -1,13 +1,15 @@
 """One rank's training run: RunConfig in, RunSummary out (rank 0).
 
-The loop is deliberately flat: per step the five timed phases (data, forward, backward,
-communication, optimizer), per epoch an evaluation on every rank's test shard with the
-counts all-reduced, and collective stopping decisions so all ranks leave at one step.
+The loop is deliberately flat: per step the timed phases (data, forward, backward, then
+the algorithm's compression and communication, optimizer, and the algorithm's after-step),
+per epoch an evaluation on every rank's test shard with the counts all-reduced, and
+collective stopping decisions so all ranks leave at one step.
 
 Knobs that are not part of the run configuration (debug/benchmark only, documented in
 docs/runner.md): ``MLBENCH_DTYPE`` (float32|float64), ``MLBENCH_PRECISION`` (fp32|bf16,
 GPU only), ``MLBENCH_CHANNELS_LAST``, ``MLBENCH_MAX_STEPS``, ``MLBENCH_TRACE_PARAMS``,
-``MLBENCH_THREADS``, ``MLBENCH_METRICS_LINGER_SECONDS``.
+``MLBENCH_THREADS``, ``MLBENCH_METRICS_LINGER_SECONDS``; ``MLBENCH_TRACE_GOSSIP`` is read by
+decentralized-sgd.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from pathlib import Path
 import torch
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import RunSummary
-from mlbench_api.task import GoalMode, ModelName, Optimizer
+from mlbench_api.results import CommunicationRecord, RunSummary
+from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import partition
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
-from mlbench_runner.comm import Communicator, make_communicator
+from mlbench_runner.comm import Communicator, CountingCommunicator, make_communicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
@@ -135,19 +137,6 @@ def buffers_sha1(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def make_optimizer(config: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    tr = config.task.training
-    if tr.optimizer is Optimizer.ADAM:
-        return torch.optim.Adam(model.parameters(), lr=config.lr.initial_lr, weight_decay=tr.weight_decay)
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr.initial_lr,
-        momentum=tr.momentum,
-        nesterov=tr.nesterov,
-        weight_decay=tr.weight_decay,
-    )
-
-
 class Trainer:
     """Holds one rank's state; :meth:`run` trains to a stop and returns rank 0's summary."""
 
@@ -202,9 +191,16 @@ class Trainer:
         model = build_model(task.model, features=data.features).to(self.device, opts.dtype)
         if use_cl:
             model = model.to(memory_format=torch.channels_last)
-        self.algorithm: DistributedAlgorithm = make_algorithm(cfg.algorithm.value, self.comm, cfg.bucketing.value)
+        # The algorithm's own view of the transport counts the bytes it sends (the trainer's evaluation and
+        # stopping collectives go around it).
+        self.algorithm_comm = CountingCommunicator(self.comm)
+        self.algorithm: DistributedAlgorithm = make_algorithm(
+            cfg.algorithm.value, self.algorithm_comm, cfg.bucketing.value, cfg.algorithm_parameters, cfg.seed
+        )
         self.model = self.algorithm.prepare(model)
-        self.optimizer = make_optimizer(cfg, self.model)
+        self.plan = self.algorithm.plan(self.model)
+        self.step_bytes = 0
+        self.optimizer = self.algorithm.make_optimizer(cfg, self.model)
         self.batch = task.training.batch_size_per_worker
         self.steps_per_epoch = partition.steps_per_epoch(self.kernel.n_train, self.batch, self.world.size)
         self.autocast = self.opts.precision == "bf16" and self.device.type == "cuda"
@@ -233,8 +229,11 @@ class Trainer:
             goal_target=cfg.goal_target,
             goal_mode=task.goal.mode.value,
             algorithm=cfg.algorithm.value,
+            algorithm_parameters=cfg.algorithm_parameters.to_api(),
             bucketing=cfg.bucketing.value,
             backend=cfg.backend.value,
+            communication=self.plan.record(None).to_api(),
+            network=cfg.network.to_api() if cfg.network else None,
             precision=self.precision_label(),
             metrics_port=port,
         )
@@ -265,6 +264,12 @@ class Trainer:
     def evaluate(self) -> tuple[float, float]:
         """Accuracy and mean loss over the whole test split (each rank its shard)."""
         self.algorithm.before_evaluation(self.model)
+        try:
+            return self._evaluate()
+        finally:
+            self.algorithm.after_evaluation(self.model)
+
+    def _evaluate(self) -> tuple[float, float]:
         if self.opts.trace_params:
             self.record.buffer_sha1.append(buffers_sha1(self.model))
         self.model.eval()
@@ -301,13 +306,15 @@ class Trainer:
             loss = self.kernel.loss(self.model(x), y, self.model)
         with timer.phase("backward"):
             loss.backward()
-        with timer.phase("communication"):
-            self.algorithm.synchronize(self.model)
+        sent = self.algorithm_comm.bytes
+        self.algorithm.synchronize(self.model, timer)  # opens its compression and communication phases
         with timer.phase("optimizer"):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
             self.algorithm.zero_grad(self.model)
+        self.algorithm.after_step(self.model, timer)
+        self.step_bytes += self.algorithm_comm.bytes - sent
         timer.end_step()
         return loss.detach()
 
@@ -424,6 +431,15 @@ class Trainer:
         last = rec.accuracies[-1] if rec.accuracies else 0.0
         return "success" if accuracy_after_time and last >= cfg.goal_target else "goal-not-reached"
 
+    def _communication(self) -> CommunicationRecord | None:
+        """The algorithm's declared bytes per step next to what the communicator counted (rank 0)."""
+        plan = getattr(self, "plan", None)
+        if plan is None:
+            return None
+        steps = self.record.steps
+        measured = self.step_bytes / steps if steps and self.algorithm.counted else None
+        return plan.record(measured)
+
     def _finish(self, status: str) -> None:
         summary = getattr(self, "summary", None)
         if summary is not None:
@@ -433,7 +449,7 @@ class Trainer:
                     self.record.steps / max(1, getattr(self, "steps_per_epoch", 1)),
                     self.clock.elapsed(),
                 )
-            result = summary.build(status, self.record.stop_reason or None)
+            result = summary.build(status, self.record.stop_reason or None, self._communication())
             if self.rank == 0:
                 (self.out / "summary.json").write_text(result.model_dump_json(by_alias=True, indent=2))
                 self.log.event(

@@ -67,3 +67,17 @@ def test_crds_check_detects_stale_files(tmp_path: Path) -> None:
     out = mlbench("crds", "--check", "--out", str(tmp_path))
     assert out.returncode == 1
     assert "benchmarkruns" in out.stderr
+
+
+def test_catalog_and_config_of_a_collectives_task() -> None:
+    listing = mlbench("catalog")
+    assert listing.returncode == 0, listing.stderr
+    row = next(line for line in listing.stdout.splitlines() if line.startswith("backend-collectives "))
+    assert row.split()[1:4] == ["closed", "collectives", "4B..256MiB"]
+    out = mlbench("config", str(EXAMPLES / "valid" / "run-collectives.yaml"))
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["worldSize"] == 4
+    assert cfg["task"]["collectives"]["maxBytes"] == 256 * 1024 * 1024
+    assert "goalTarget" not in cfg
+    assert "lr" not in cfg

@@ -83,6 +83,8 @@ def test_run_has_status_subresource_and_printer_columns() -> None:
     assert columns["Task"] == ".spec.taskRef.name"
     assert columns["Workers"] == ".spec.workers"
     assert columns["Backend"] == ".spec.backend"
+    assert columns["Algorithm"] == ".spec.algorithm"
+    assert columns["Compression"] == ".status.result.compressionRatio"
     assert columns["Phase"] == ".status.phase"
     assert columns["Epoch"] == ".status.progress.epoch"
     assert columns["Time-To-Goal"] == ".status.result.timeToGoalSeconds"

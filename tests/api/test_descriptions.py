@@ -100,7 +100,7 @@ def test_the_walk_reaches_nested_objects_arrays_and_the_status(kind: CrdSpec) ->
         (RUN, "status.result.timeToGoalSeconds", RunResult, "time_to_goal_seconds"),
         # the task's spec, also as the run's snapshot of it
         (RUN, "status.taskSnapshot.goal.target", Goal, "target"),
-        (TASK, "spec.goal", BenchmarkTaskSpec, "goal"),
+        (TASK, "spec.goal", BenchmarkTaskSpec, "goal_spec"),
         (TASK, "spec.goal.target", Goal, "target"),
         (TASK, "spec.goal.timeBudgetSeconds", Goal, "time_budget_seconds"),
         (TASK, "spec.training.learningRate.milestones", LearningRate, "milestones"),

@@ -68,7 +68,7 @@ def _explain_until(kube_cluster: KubeCluster, tmp_path: Path, path: str, expecte
         ("benchmarkrun.status.phase", BenchmarkRunStatus, "phase"),
         ("benchmarkrun.status.conditions.lastTransitionTime", Condition, "last_transition_time"),
         ("benchmarkrun.status.result.timeToGoalSeconds", RunResult, "time_to_goal_seconds"),
-        ("benchmarktask.spec.goal", BenchmarkTaskSpec, "goal"),
+        ("benchmarktask.spec.goal", BenchmarkTaskSpec, "goal_spec"),
         ("benchmarktask.spec.goal.target", Goal, "target"),
         ("benchmarktask.spec.dataset.source.sha256", DatasetSource, "sha256"),
     ],

@@ -152,6 +152,14 @@ def test_runner_tools_on_default_path(images: Images) -> None:
     assert "launch" in images.check(RUNNER, "PATH=/usr/local/bin:/usr/bin:/bin; mlbench-runner --help")
 
 
+def test_runner_has_tc_for_network_emulation(images: Images) -> None:
+    """The netem init container (spec.network) runs `mlbench-runner netem`, which runs iproute2's tc."""
+    out = images.check(RUNNER, "command -v tc; mlbench-runner netem --interface eth0 --latency-ms 5 --dry-run")
+    assert out.splitlines()[0] == "/usr/sbin/tc", out
+    assert "netem" in out
+    assert "delay 5ms" in out
+
+
 def test_runner_catalog_and_writable_cache(images: Images) -> None:
     script = 'ls /etc/mlbench/catalog; touch "$MLBENCH_CACHE/probe"; echo "cache=$MLBENCH_CACHE"'
     out = images.check(RUNNER, script, user="1000:1000")

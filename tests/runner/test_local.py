@@ -91,6 +91,15 @@ def test_bad_input_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture
     assert report.main([str(tmp_path / "nowhere")]) == 2
 
 
+def test_network_conditions_are_refused_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One machine has no traffic control between its ranks: the run must not pretend it was shaped."""
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("shaped", "tiny", 2, network={"latencyMs": 5}))
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o")]) == 2
+    assert "spec.network" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
 def test_example_manifest_is_valid() -> None:
     doc = local.load_run(str(REPO / "manifests" / "examples" / "local-quick.yaml"))
     assert doc.spec.task_ref.name == "cifar10-resnet20-smoke"

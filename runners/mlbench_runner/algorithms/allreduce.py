@@ -1,0 +1,96 @@
+"""The all-reduce family: the reference (allreduce-sgd), DDP as a baseline, and Centralized Adam."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlbench_api.config import RunConfig
+from mlbench_runner.algorithms.base import (
+    CommunicationPlan,
+    DistributedAlgorithm,
+    FlatGradients,
+    broadcast_state,
+    parameter_bytes,
+    register,
+)
+from mlbench_runner.comm import TorchCommunicator
+from mlbench_runner.timing import PhaseTimer
+
+
+@register("allreduce-sgd")
+class AllReduceSGD(DistributedAlgorithm):
+    """The reference: all-reduce the gradients after every mini-batch, divide by k.
+
+    ``by-model`` makes every ``.grad`` a view into one flat buffer, so the whole model is a
+    single all-reduce with no packing copy; ``by-layer`` issues one all-reduce per tensor.
+    """
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        broadcast_state(model, self.comm)
+        self.grads = FlatGradients(model, self.name)
+        return model
+
+    def zero_grad(self, model: nn.Module) -> None:
+        self.grads.flat.zero_()
+
+    def synchronize(self, model: nn.Module, timer: PhaseTimer) -> None:
+        if self.comm.size == 1:
+            return
+        with timer.phase("communication"):
+            if self.bucketing == "by-layer":
+                for view in self.grads.views:
+                    self.comm.all_reduce_sum_(view)
+            else:
+                self.comm.all_reduce_sum_(self.grads.flat)
+            self.grads.flat.div_(self.comm.size)
+
+    def plan(self, model: nn.Module) -> CommunicationPlan:
+        size = parameter_bytes(model)
+        return CommunicationPlan(("all-reduce",) if self.comm.size > 1 else (), size if self.comm.size > 1 else 0, size)
+
+
+@register("centralized-adam")
+class CentralizedAdam(AllReduceSGD):
+    """Averaged gradients (the reference's all-reduce), then Adam on every rank (the contributor report's
+    Centralized Adam). Identical gradients and identical Adam state keep the ranks' models identical.
+
+    The task's learning-rate schedule and weight decay apply; momentum and nesterov do not (Adam's betas
+    are torch's defaults, 0.9 and 0.999).
+    """
+
+    def make_optimizer(self, config: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+        tr = config.task.training
+        return torch.optim.Adam(model.parameters(), lr=config.lr.initial_lr, weight_decay=tr.weight_decay)
+
+
+@register("ddp")
+class DDPBaseline(DistributedAlgorithm):
+    """torch DistributedDataParallel: bucketed all-reduce overlapped with backward.
+
+    Its communication cannot be separated from backward, so ``synchronize`` is empty and
+    the backward phase includes the (overlapped) all-reduce time.
+    """
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        if not isinstance(self.comm.transport(), TorchCommunicator):
+            raise ValueError("algorithm: ddp needs backend gloo or nccl (torch.distributed), not mpi")
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=True)
+
+    counted = False  # DDP's reducer calls the process group itself, past the counting communicator
+
+    def synchronize(self, model: nn.Module, timer: PhaseTimer) -> None:
+        return None
+
+    def plan(self, model: nn.Module) -> CommunicationPlan:
+        # It all-reduces every gradient once per step, as the reference does.
+        size = parameter_bytes(model)
+        return CommunicationPlan(("all-reduce",) if self.comm.size > 1 else (), size if self.comm.size > 1 else 0, size)
+
+    # before_evaluation: the base class's average. DDP broadcasts rank 0's buffers at the
+    # start of each forward, but BatchNorm then updates them from the rank's own batch, so
+    # after the last training step the ranks' running statistics differ.
