@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,7 @@ from typing import Any
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
 from mlbench_api.task import Algorithm
-from mlbench_runner.launch import rank_command
-from mlbench_runner.local import free_port, importable_env
+from mlbench_runner.local import importable_env, run_processes
 from mlbench_runner.recipes import catalog_recipe, shared_cifar10
 
 #: Parameters each algorithm runs with here (the API's defaults otherwise).
@@ -45,31 +43,11 @@ def run_once(spec: BenchmarkTaskSpec, algorithm: Algorithm, ranks: int, out: Pat
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
     path.write_text(config.dump())
-    port = str(free_port())
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
-    base = importable_env(dict(os.environ))
-    argv = rank_command(spec.runner.command, str(path))
-    procs = [
-        subprocess.Popen(
-            argv,
-            env=dict(
-                base,
-                RANK=str(r),
-                WORLD_SIZE=str(ranks),
-                LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                MLBENCH_THREADS=threads,
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(ranks)
-    ]
-    errors = [p.communicate()[1] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{algorithm.value} on {ranks} ranks failed:\n" + "\n".join(e[-2000:] for e in errors))
+    output: list[str] = []
+    code = run_processes(path, ranks, dict(importable_env(dict(os.environ)), MLBENCH_THREADS=threads), output.append)
+    if code:
+        raise SystemExit(f"{algorithm.value} on {ranks} ranks failed (exit {code}):\n" + "\n".join(output[-30:]))
     return RunSummary.model_validate_json((out / "summary.json").read_text())
 
 

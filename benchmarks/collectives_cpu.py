@@ -24,7 +24,7 @@ from mlbench_api import BenchmarkRun, BenchmarkTaskSpec
 from mlbench_api.config import effective_config
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult
 from mlbench_runner.collectives import format_rate, format_size
-from mlbench_runner.local import free_port, importable_env
+from mlbench_runner.local import importable_env, run_processes
 
 
 def task(max_bytes: int, factor: int, iterations: int, warmup: int) -> BenchmarkTaskSpec:
@@ -65,20 +65,10 @@ def run_once(spec: BenchmarkTaskSpec, backend: str, ranks: int, out: Path) -> Co
         if proc.returncode:
             raise SystemExit(f"mpi with {ranks} ranks failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     else:
-        port = str(free_port())
-        procs = [
-            subprocess.Popen(
-                rank_cmd,
-                env=dict(base, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r), MASTER_PORT=port),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for r in range(ranks)
-        ]
-        errors = [p.communicate()[1] for p in procs]
-        if any(p.returncode for p in procs):
-            raise SystemExit(f"{backend} with {ranks} ranks failed:\n" + "\n".join(e[-2000:] for e in errors))
+        output: list[str] = []
+        code = run_processes(path, ranks, base, output.append, spec.runner.command)
+        if code:
+            raise SystemExit(f"{backend} with {ranks} ranks failed (exit {code}):\n" + "\n".join(output[-30:]))
     return CollectiveResult.model_validate_json((out / "collectives.json").read_text())
 
 

@@ -6,15 +6,16 @@ Every condition is applied to both sides' egress, as ``spec.network`` is on ever
 
 Emulators (``--emulator``):
 
-* ``netem`` (default): a veth pair, and ``mlbench-runner netem --interface ...`` run in each namespace,
-  the very command (and tc netem qdisc) the worker pods' init container applies. Needs a kernel with
-  sch_netem.
+* ``tc`` (default): a veth pair, and ``mlbench-runner netem --interface ...`` run in each namespace,
+  the very command the worker pods' init container runs: tc htb for ``bandwidthMbit``, tc netem for
+  ``latencyMs``/``jitterMs``/``lossPercent``. A condition whose qdisc the kernel lacks (sch_netem is
+  often missing; htb rarely) is listed as skipped, with the kernel's reason; the others are measured.
 * ``tun``: for kernels without netem. Each namespace gets a TUN device instead, and a userspace
-  forwarder (this script, ``forward``) carries the packets between them with the same model as netem:
-  a packet waits its serialization time at the rate behind the packets before it, then the delay; a
-  lost packet is dropped. It shows the all-reduce under those conditions, not tc's implementation, and
-  adds its own per-packet cost (the ``none`` row). Jumbo frames (``--mtu 9000``, the default) keep the
-  Python forwarder ahead of the rates measured here; at 1500 it is the bottleneck of the large message.
+  forwarder (this script, ``forward``) carries the packets between them with the same model: a packet
+  waits its serialization time at the rate behind the packets before it, then the delay; a lost packet
+  is dropped. It shows the all-reduce under those conditions, not tc's implementation, and adds its own
+  per-packet cost (the ``none`` row). Jumbo frames (``--mtu 9000``, the default) keep the Python
+  forwarder ahead of the rates measured here; at 1500 it is the bottleneck of the large message.
 
 Prediction (two ranks, gloo's ring all-reduce): a call has two phases (reduce-scatter, all-gather) in
 which both ranks send at once, and gloo's tcp transport sends only after the receiver's "ready to
@@ -23,8 +24,8 @@ the delay adds ``4 x latency``. Each rank sends half the message per phase, the 
 which at the rate takes ``bytes x 8 / rate`` (times the IP/TCP/Ethernet header overhead at the MTU).
 TCP's windows are not in the model: a large message over a long delay is where they show.
 
-    sudo .venv/bin/python benchmarks/network_conditions.py                  # tc netem on veth
-    sudo .venv/bin/python benchmarks/network_conditions.py --emulator tun   # kernels without netem
+    sudo .venv/bin/python benchmarks/network_conditions.py                  # tc (htb, netem) on veth
+    sudo .venv/bin/python benchmarks/network_conditions.py --emulator tun   # all conditions, without netem
 
 Not a test: it prints figures. Needs root (ip netns).
 """
@@ -57,6 +58,7 @@ for sub in ("crds", "runners", "."):
         sys.path.insert(0, str(REPO / sub))
 
 from mlbench_api.run import NetworkConditions  # noqa: E402
+from mlbench_runner import netem  # noqa: E402
 from tests.runner import netlab  # noqa: E402
 
 SMALL = 4 << 10
@@ -65,7 +67,7 @@ LARGE = 16 << 20
 #: (reduce-scatter, all-gather), and in each its tcp transport sends a segment only once the receiver's
 #: "ready to receive" notification has arrived: notification, then data, per phase.
 ROUNDS = 4
-#: Bytes an Ethernet frame adds to an IP packet (netem on veth counts them; the tun forwarder adds them).
+#: Bytes an Ethernet frame adds to an IP packet (htb and netem on veth count them; the tun forwarder adds them).
 ETH_HEADER = 14
 #: IPv4 + TCP headers with timestamps, per segment.
 TCP_IP_HEADERS = 52
@@ -83,7 +85,10 @@ CONDITIONS = [
     Condition("latency 5 ms", NetworkConditions(latency_ms=5)),
     Condition("latency 20 ms", NetworkConditions(latency_ms=20)),
     Condition("bandwidth 100 Mbit", NetworkConditions(bandwidth_mbit=100)),
+    Condition("bandwidth 250 Mbit", NetworkConditions(bandwidth_mbit=250)),
     Condition("bandwidth 1000 Mbit", NetworkConditions(bandwidth_mbit=1000)),
+    Condition("bandwidth 2500 Mbit", NetworkConditions(bandwidth_mbit=2500)),
+    Condition("100 Mbit + 5 ms", NetworkConditions(bandwidth_mbit=100, latency_ms=5)),
 ]
 
 
@@ -103,7 +108,7 @@ def predicted(network: NetworkConditions | None, size: int, mtu: int, unshaped: 
     return max(unshaped, link_seconds(network, size, mtu)) + ROUNDS * (network.latency_ms or 0.0) / 1000.0
 
 
-# -- tc netem on a veth pair ----------------------------------------------------------------------------------------
+# -- tc (htb, netem) on a veth pair --------------------------------------------------------------------------------
 def netem_flags(network: NetworkConditions) -> list[str]:
     out = []
     for attr, flag in (
@@ -118,15 +123,26 @@ def netem_flags(network: NetworkConditions) -> list[str]:
     return out
 
 
+def tc_missing(network: NetworkConditions | None, missing: dict[str, str | None]) -> str | None:
+    """Why this kernel cannot apply ``network`` with tc (None: it can); ``missing`` caches each kind's probe."""
+    for kind in netem.qdiscs(network) if network is not None else []:
+        if kind not in missing:
+            missing[kind] = netlab.qdisc_unavailable(kind)
+        if missing[kind]:
+            return missing[kind]
+    return None
+
+
 @contextmanager
-def netem_link(network: NetworkConditions | None) -> Iterator[tuple[netlab.Side, netlab.Side]]:
+def tc_link(network: NetworkConditions | None) -> Iterator[tuple[netlab.Side, netlab.Side]]:
     with netlab.veth_pair() as (a, b):
         flags = netem_flags(network) if network is not None else []
         for side in (a, b) if flags else ():
             done = netlab.runner_cli(side, ["netem", "--interface", side.interface, *flags])
             if done.returncode != 0:
                 raise RuntimeError(done.stderr.strip())
-            print(f"  {side.ns}: {' '.join(done.stdout.split())}", flush=True)
+            used = next(line for line in done.stdout.splitlines() if line.startswith("qdiscs: "))
+            print(f"  {side.ns}: {used}", flush=True)
         yield a, b
 
 
@@ -239,62 +255,79 @@ def main() -> None:
     fwd.add_argument("--namespaces", nargs=2, required=True)
     fwd.add_argument("--devices", nargs=2, required=True)
     fwd.add_argument("--conditions", required=True)
-    parser.add_argument("--emulator", choices=("netem", "tun"), default="netem")
+    parser.add_argument("--emulator", choices=("tc", "tun"), default="tc")
     parser.add_argument(
         "--mtu", type=int, default=9000, help="tun: the devices' MTU (default 9000: the forwarder keeps up; veth: 1500)"
     )
     parser.add_argument("--budget", type=float, default=8.0, help="seconds of large calls per condition")
+    parser.add_argument("--only", nargs="*", help="measure only these conditions (by name; 'none' always runs)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     if args.command == "forward":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         forward(args.namespaces, args.devices, json.loads(args.conditions))
         return
-    why = netlab.netem_unavailable() if args.emulator == "netem" else netlab.unavailable()
+    why = netlab.unavailable()
     if why:
-        hint = " (try --emulator tun)" if args.emulator == "netem" and os.geteuid() == 0 else ""
-        sys.exit(f"cannot run with --emulator {args.emulator}: {why}{hint}")
+        sys.exit(f"cannot run with --emulator {args.emulator}: {why}")
     mtu = args.mtu if args.emulator == "tun" else 1500
+    conditions = [c for c in CONDITIONS if not args.only or c.name == "none" or c.name in args.only]
     print(f"emulator: {args.emulator}, MTU {mtu}, two gloo ranks, conditions on both sides' egress", flush=True)
     measured: dict[tuple[str, int], float] = {}
-    for condition in CONDITIONS:
+    skipped: dict[str, str] = {}
+    missing: dict[str, str | None] = {}
+    for condition in conditions:
         print(f"- {condition.name}", flush=True)
-        link = netem_link(condition.network) if args.emulator == "netem" else tun_link(condition.network, mtu)
+        if args.emulator == "tc":
+            reason = tc_missing(condition.network, missing)
+            if reason:
+                skipped[condition.name] = reason
+                print(f"  skipped: {reason}", flush=True)
+                continue
+        link = tc_link(condition.network) if args.emulator == "tc" else tun_link(condition.network, mtu)
         with link as (a, b):
             counts = [calls_for(condition, size, args.budget) for size in (SMALL, LARGE)]
             timings = netlab.allreduce(a, b, [SMALL, LARGE], counts, timeout=600)
         for size, timing in timings.items():
             measured[(condition.name, size)] = statistics.median(timing.calls)
     rows = []
-    header = f"{'condition':<22}{'size':>8}{'delays ms':>11}{'at rate ms':>12}{'predicted ms':>14}"
-    header += f"{'measured ms':>13}{'measured/predicted':>20}"
+    header = f"{'condition':<20}{'size':>8}{'delays ms':>11}{'at rate ms':>12}{'predicted ms':>14}"
+    header += f"{'measured ms':>13}{'measured/predicted':>20}{'Mbit/s':>9}"
     print("\n" + header + "\n" + "-" * len(header))
-    for condition in CONDITIONS:
+    for condition in conditions:
         network = condition.network
         for size in (SMALL, LARGE):
-            value = measured[(condition.name, size)]
+            label = "4 KiB" if size == SMALL else "16 MiB"
             delays = ROUNDS * (network.latency_ms or 0.0) / 1000.0 if network else 0.0
             at_rate = link_seconds(network, size, mtu)
+            row: dict[str, object] = {
+                "condition": condition.name,
+                "network": network.model_dump(by_alias=True, exclude_none=True) if network else None,
+                "bytes": size,
+                "delaySeconds": delays,
+                "linkSeconds": at_rate,
+            }
+            rows.append(row)
+            if condition.name in skipped:
+                row["skipped"] = skipped[condition.name]
+                print(
+                    f"{condition.name:<20}{label:>8}{delays * 1e3:>11.1f}{at_rate * 1e3:>12.1f}   skipped (see above)"
+                )
+                continue
+            value = measured[(condition.name, size)]
             expect = predicted(network, size, mtu, measured[("none", size)])
-            label = "4 KiB" if size == SMALL else "16 MiB"
+            goodput = f"{size * 8 / value / 1e6:>9.0f}" if size == LARGE else f"{'':>9}"
             figures = f"{delays * 1e3:>11.1f}{at_rate * 1e3:>12.1f}{expect * 1e3:>14.1f}{value * 1e3:>13.1f}"
-            print(f"{condition.name:<22}{label:>8}{figures}{value / expect:>20.2f}")
-            rows.append(
-                {
-                    "condition": condition.name,
-                    "network": network.model_dump(by_alias=True, exclude_none=True) if network else None,
-                    "bytes": size,
-                    "delaySeconds": delays,
-                    "linkSeconds": at_rate,
-                    "predictedSeconds": expect,
-                    "measuredSeconds": value,
-                }
-            )
+            print(f"{condition.name:<20}{label:>8}{figures}{value / expect:>20.2f}{goodput}")
+            row.update(predictedSeconds=expect, measuredSeconds=value)
     print(
         f"\nmedian seconds per call on rank 0. delays: {ROUNDS} one-way crossings x latencyMs; at rate: the bytes "
         "each rank sends per call (the whole message, with IP/TCP/Ethernet headers) x 8 / bandwidthMbit; "
-        "predicted: max(the 'none' row, at rate) + delays"
+        "predicted: max(the 'none' row, at rate) + delays; Mbit/s: the message's bits / measured (payload only)"
     )
+    for name, reason in skipped.items():
+        hint = " (--emulator tun models it in userspace)" if args.emulator == "tc" else ""
+        print(f"skipped {name}: {reason}{hint}")
     if args.json:
         args.json.write_text(json.dumps({"emulator": args.emulator, "mtu": mtu, "rows": rows}, indent=2))
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
-from mlbench_runner.local import free_port, importable_env
+from mlbench_runner.local import importable_env, run_processes
 from mlbench_runner.recipes import catalog_recipe, shared_cifar10
 
 
@@ -37,31 +35,12 @@ def run_once(spec: BenchmarkTaskSpec, ranks: int, steps: int, out: Path) -> RunS
     config = effective_config(run, "bench", spec, output_dir=str(out), metrics_port=0)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(config.dump())
-    port = str(free_port())
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
-    base = importable_env(dict(os.environ))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", str(out / "config.json")],
-            env=dict(
-                base,
-                RANK=str(r),
-                WORLD_SIZE=str(ranks),
-                LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                MLBENCH_MAX_STEPS=str(steps),
-                MLBENCH_THREADS=threads,
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(ranks)
-    ]
-    errors = [p.communicate()[1] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"run with {ranks} ranks failed:\n" + "\n".join(e[-2000:] for e in errors))
+    env = dict(importable_env(dict(os.environ)), MLBENCH_MAX_STEPS=str(steps), MLBENCH_THREADS=threads)
+    output: list[str] = []
+    code = run_processes(out / "config.json", ranks, env, output.append)
+    if code:
+        raise SystemExit(f"run with {ranks} ranks failed (exit {code}):\n" + "\n".join(output[-30:]))
     return RunSummary.model_validate_json((out / "summary.json").read_text())
 
 

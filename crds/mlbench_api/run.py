@@ -102,7 +102,8 @@ def _network_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
 
 
 class NetworkConditions(ApiModel):
-    """Emulated network between the workers (Linux tc netem on each worker pod's interface, egress).
+    """Emulated network between the workers (Linux tc on each worker pod's interface, egress: htb for the rate,
+    netem for delay and loss).
 
     Applied by an init container with NET_ADMIN, which leaves the restricted Pod Security profile: the operator
     refuses it unless its admin allows it (MLBENCH_ALLOW_NETWORK_EMULATION). Recorded in the run's result.
@@ -111,7 +112,7 @@ class NetworkConditions(ApiModel):
     model_config = ConfigDict(json_schema_extra=_network_rules)
 
     bandwidth_mbit: Annotated[float, Field(gt=0, le=400_000)] | None = None
-    """Egress rate of each worker in Mbit/s (netem rate); unset: not limited."""
+    """Egress rate of each worker in Mbit/s (an htb class); unset: not limited."""
     latency_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
     """Delay added to every packet a worker sends, in milliseconds (a round trip gains twice this)."""
     jitter_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
@@ -333,8 +334,8 @@ class BenchmarkRunSpec(ApiModel):
     """Parameters of the chosen algorithm (powersgd: rank, warmStart; decentralized-sgd: topology; sparsified-sgd:
     density, selection); a field of another algorithm is refused."""
     network: NetworkConditions | None = None
-    """Emulated bandwidth, latency and loss between the workers (tc netem; needs NET_ADMIN, off unless the operator
-    allows it). Unset: the cluster's network as it is."""
+    """Emulated bandwidth, latency and loss between the workers (tc htb and netem; needs NET_ADMIN, off unless the
+    operator allows it). Unset: the cluster's network as it is."""
     bucketing: Bucketing = Bucketing.BY_MODEL
     """allreduce-sgd only: by-model (default, one all-reduce of the whole gradient) or by-layer (one per parameter
     tensor)."""

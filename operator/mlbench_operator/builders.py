@@ -411,10 +411,10 @@ NETEM_INTERFACE = "eth0"
 
 
 def netem_init_container(ctx: RunContext) -> Obj | None:
-    """``mlbench-runner netem``: tc netem on the pod's eth0 (egress), from the run's config; None without
-    ``spec.network``.
+    """``mlbench-runner netem``: tc on the pod's eth0 (egress), from the run's config (htb for the bandwidth,
+    netem for delay, jitter and loss); None without ``spec.network``.
 
-    The qdisc belongs to the pod's network namespace, so it outlives the init container and shapes
+    The qdiscs belong to the pod's network namespace, so they outlive the init container and shape
     everything the worker sends: rank-to-rank traffic (each direction by its sender), ssh, metrics
     replies. tc needs CAP_NET_ADMIN in that namespace: a non-root user gets no added capability
     (Kubernetes sets no ambient capabilities), so the container runs as root with only NET_ADMIN and no

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     add_fetch_arguments(p_fetch)
     p_worker = sub.add_parser("worker", help="worker pod: run sshd (the command after --), report OOM kills")
     p_worker.add_argument("cmd", nargs=argparse.REMAINDER, help="-- /usr/sbin/sshd ...")
-    p_netem = sub.add_parser("netem", help="worker init container: emulate spec.network with tc netem (NET_ADMIN)")
+    p_netem = sub.add_parser("netem", help="worker init container: emulate spec.network with tc htb/netem (NET_ADMIN)")
     add_netem_arguments(p_netem)
     args = parser.parse_args(argv)
     if args.command == "netem":

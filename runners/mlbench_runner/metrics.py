@@ -22,6 +22,8 @@ METRIC_NAMES = (
     "mlbench_learning_rate",
     "mlbench_samples_per_second",
     "mlbench_goal_reached",
+    "mlbench_communication_bytes_per_step",
+    "mlbench_communication_bytes_total",
 )
 
 
@@ -40,7 +42,7 @@ class RunnerMetrics:
         self.info.labels(run, task, backend, str(world_size), algorithm, str(rank)).set(1)
         self.phase_seconds = Counter(
             "mlbench_phase_seconds",
-            "Seconds spent per phase (data, forward, backward, communication, optimizer, evaluation).",
+            "Seconds spent per phase (data, forward, backward, compression, communication, optimizer, evaluation).",
             ["phase"],
             registry=r,
         )
@@ -62,6 +64,16 @@ class RunnerMetrics:
             "mlbench_samples_per_second", "Global training samples per second of step time.", registry=r
         )
         self.goal = Gauge("mlbench_goal_reached", "1 once the accuracy goal was reached.", registry=r)
+        self.bytes_per_step = Gauge(
+            "mlbench_communication_bytes_per_step",
+            "Payload bytes this rank hands to collectives per step, as the algorithm declares them.",
+            registry=r,
+        )
+        self.bytes_sent = Counter(
+            "mlbench_communication_bytes",
+            "Payload bytes this rank handed to the algorithm's collectives, as counted (0 for ddp: not counted).",
+            registry=r,
+        )
 
     def serve(self, port: int) -> None:
         """Start the endpoint on ``port`` (all interfaces); ``0`` means metrics are off."""

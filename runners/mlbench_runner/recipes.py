@@ -37,6 +37,7 @@ def catalog_recipe(
     dataset, training, goal = spec["dataset"], spec["training"], spec["goal"]
     if data is not None:
         dataset["path"] = str(data)
+        dataset.pop("source", None)  # the data is here already; a source would pin the path under /data
     if train_subset is not None:
         dataset["trainSubset"] = train_subset
     if batch is not None:

@@ -199,6 +199,7 @@ class Trainer:
         )
         self.model = self.algorithm.prepare(model)
         self.plan = self.algorithm.plan(self.model)
+        self.metrics.bytes_per_step.set(self.plan.bytes_per_step)
         self.step_bytes = 0
         self.optimizer = self.algorithm.make_optimizer(cfg, self.model)
         self.batch = task.training.batch_size_per_worker
@@ -315,6 +316,7 @@ class Trainer:
             self.algorithm.zero_grad(self.model)
         self.algorithm.after_step(self.model, timer)
         self.step_bytes += self.algorithm_comm.bytes - sent
+        self.metrics.bytes_sent.inc(self.algorithm_comm.bytes - sent)
         timer.end_step()
         return loss.detach()
 

@@ -153,7 +153,10 @@ def test_the_init_container_applies_what_the_config_map_carries(
     argv[argv.index("--config") + 1] = str(path)
     assert main(argv) == 0
     assert capsys.readouterr().out == (
-        "tc qdisc replace dev eth0 root netem limit 1000 delay 5ms 1ms loss random 0.1% rate 100mbit\n"
+        "tc qdisc replace dev eth0 root handle 1: htb default 1\n"
+        "tc class replace dev eth0 parent 1: classid 1:1 htb rate 100mbit ceil 100mbit burst 12500 cburst 12500 "
+        "quantum 65536\n"
+        "tc qdisc replace dev eth0 parent 1:1 handle 10: netem limit 1000 delay 5ms 1ms loss random 0.1%\n"
     )
 
 

@@ -1,7 +1,8 @@
 """Two network namespaces joined by a link, and a two-rank gloo all-reduce between them.
 
-Shared by tests/runner/test_netem.py (tc netem in each namespace, as the worker pods' init container
-applies it) and benchmarks/network_conditions.py. Needs root (``ip netns``); every namespace is
+Shared by tests/runner/test_netem.py (``mlbench-runner netem`` in each namespace: tc htb for the
+bandwidth, tc netem for delay and loss, as the worker pods' init container applies them) and
+benchmarks/network_conditions.py. Needs root (``ip netns``); every namespace is
 deleted on the way out, whatever happened. ``python -m tests.runner.netlab rank ...`` is one rank
 (started inside its namespace with ``ip netns exec``).
 
@@ -10,6 +11,9 @@ previous call returned. That gives a lower bound that needs no model of gloo's a
 k-th result needs rank 1's k-th input, sent after rank 1's (k-1)-th result, which needed rank 0's
 (k-1)-th input. So two calls span at least one delay in each direction:
 ``total(N calls) >= N/2 x (delay a->b + delay b->a)`` for even N, counted from the end of a previous call.
+A rate bounds it too: rank 0's result minus its own input is rank 1's input, so every call carries each
+rank's whole message across each direction (gloo sends the raw floats):
+``total(N calls) >= N x bytes x 8 / rate`` (less what a token bucket's burst lets through at once).
 """
 
 from __future__ import annotations
@@ -73,16 +77,30 @@ def unavailable() -> str | None:
     return None
 
 
-def netem_unavailable() -> str | None:
-    """Why tc netem cannot be used here, probed with a hand-written command (None: it can)."""
+#: A hand-written probe per qdisc kind (the commands under test are not used to decide whether to test them).
+_PROBES = {
+    "netem": ["netem", "delay", "1ms"],
+    "htb": ["handle", "1:", "htb", "default", "1"],
+}
+#: Where each kind comes from, for the skip reason.
+_MODULES = {"netem": "CONFIG_NET_SCH_NETEM / sch_netem", "htb": "CONFIG_NET_SCH_HTB / sch_htb"}
+
+
+def qdisc_unavailable(kind: str) -> str | None:
+    """Why tc cannot put a ``kind`` qdisc (netem, htb) on an interface here (None: it can)."""
     why = unavailable()
     if why:
         return why
     with namespace("probe") as ns:
-        done = sh(in_ns(ns, ["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]), check=False)
+        done = sh(in_ns(ns, ["tc", "qdisc", "add", "dev", "lo", "root", *_PROBES[kind]]), check=False)
     if done.returncode != 0:
-        return f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM / sch_netem): {done.stderr.strip()}"
+        return f"this kernel has no {kind} qdisc ({_MODULES[kind]}): {done.stderr.strip()}"
     return None
+
+
+def netem_unavailable() -> str | None:
+    """Why tc netem cannot be used here (None: it can)."""
+    return qdisc_unavailable("netem")
 
 
 @dataclass(frozen=True)
