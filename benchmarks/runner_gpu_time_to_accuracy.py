@@ -1,27 +1,42 @@
-"""Task 1a time-to-80 % on one GPU under the closed-division rules, two ways, one run.
+"""Task 1a time-to-80 % on one GPU under the closed-division rules, three ways, one run.
 
-1. ``runner``: mlbench_runner's Trainer (data as uint8 tensors on the GPU, batch-level
-   augmentation on the GPU, fp32 unless ``--bf16``).
-2. ``plain``: the same recipe written the usual way: a per-sample ``Dataset`` doing
+1. ``fast``: mlbench_runner's Trainer with its fast step (``MLBENCH_FAST_PATH=auto``: on a GPU,
+   forward, backward and optimizer replayed as CUDA graphs over flat buffers; see
+   docs/runner.md), data as uint8 tensors on the GPU, batch-level augmentation on the GPU.
+2. ``eager``: the same Trainer with the eager reference step (``MLBENCH_FAST_PATH=off``).
+3. ``plain``: the same recipe written the usual way: a per-sample ``Dataset`` doing
    pad/crop/flip/normalise in numpy, a ``DataLoader`` (shuffle, workers, pinned memory),
    eager fp32 (what torchvision's CIFAR10 + transforms would do; torchvision itself is
    not needed).
 
 Closed-division 1a recipe with k = 1: ResNet-20 m1, batch 32, lr 0.1/256 x 32, momentum
-0.9 Nesterov, weight decay 1e-4, x0.1 at epochs 82 and 109, at most 164 epochs; the
-clock starts before the data is loaded and includes every per-epoch test evaluation.
-Data: the JPEG copy of CIFAR-10 (decoded once into the runner's cache; that one-time
-decode is left out of both paths' clocks, as in the runner).
+0.9 Nesterov, weight decay 1e-4, x0.1 at epochs 82 and 109, at most 164 epochs; fp32 (TF32
+inside cuDNN convolutions, PyTorch's default); the clock starts before the data is loaded
+and includes every per-epoch test evaluation; CUDA-graph capture (on synthetic batches) is
+initialisation and left out, as MLPerf allows for compilation. Data: the JPEG copy of
+CIFAR-10 (decoded once into the runner's cache; that one-time decode is left out of every
+path's clock, as in the runner).
 
-Both paths are compared on the same kind of time, host wall clock with the GPU
+All paths are compared on the same kind of time, host wall clock with the GPU
 synchronised at the epoch boundaries: ``wall s/epoch (train)`` is an epoch's training
 steps, ``wall s/epoch (+eval)`` adds its test evaluation, and ``time-to-goal`` is wall clock
 from before data loading to the end of the evaluation that met the target. The runner's
 ``trainSeconds`` (the sum of its CUDA-event phase times: *device* time, which leaves out
 host gaps between kernels) is shown separately as ``device s/epoch``.
 
-    python benchmarks/runner_gpu_time_to_accuracy.py                       # on a GPU machine
+``--profile N`` adds, for the runner's two steps, a step table over N steps after 20 warm-up
+steps: ms/step (synchronised wall clock, with the phase timer's CUDA events on and off: the
+instrumentation's cost), CUDA launches per step (runtime calls that start GPU work: kernel
+and graph launches, copies, memsets) and kernels per step (GPU activities the profiler saw),
+the GPU-busy fraction (union of kernel times / wall, under the profiler), and the largest
+parameter difference between the fast and the eager step after those N steps from one start.
+
+``--cpu-table`` prints the CPU side instead: 2 ranks over gloo on this machine, the eager
+and the fast (flat) step, samples/s of step time and ms/step, alternating, ``--repeats`` runs each.
+
+    python benchmarks/runner_gpu_time_to_accuracy.py --profile 200            # on a GPU machine
     python benchmarks/runner_gpu_time_to_accuracy.py --device cpu --max-epochs 1 --subset 512   # smoke
+    python benchmarks/runner_gpu_time_to_accuracy.py --cpu-table --subset 2048 --steps 60 --repeats 2
 """
 
 from __future__ import annotations
@@ -30,9 +45,11 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,12 +57,29 @@ import torch.nn.functional as F
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunConfig
 from mlbench_api.config import effective_config
+from mlbench_api.results import RunSummary
 from mlbench_runner.data import load_dataset
+from mlbench_runner.local import importable_env, run_processes
 from mlbench_runner.models import CifarResNet
+from mlbench_runner.options import Options
 from mlbench_runner.recipes import catalog_recipe, shared_cifar10
 from mlbench_runner.schedule import learning_rate
-from mlbench_runner.train import Options, Trainer
+from mlbench_runner.train import Setup, Trainer
 from mlbench_runner.world import World
+
+SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
+#: CUDA runtime/driver calls that start work on the GPU (what a launch-bound step pays for, one by one).
+LAUNCH_CALLS = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "cuGraphLaunch",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+)
+GPU_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def closed_1a(data: str, max_epochs: int, subset: int | None, target: float) -> BenchmarkTaskSpec:
@@ -82,17 +116,26 @@ def epoch_walls(events_file: Path) -> list[float]:
     return walls
 
 
-def run_fast(config: RunConfig, bf16: bool) -> dict[str, object]:
-    opts = Options(precision="bf16" if bf16 else "fp32", channels_last=bf16)
+def runner_options(fast: bool, bf16: bool, phase_timing: bool = True) -> Options:
+    return Options(
+        precision="bf16" if bf16 else "fp32",
+        channels_last=bf16,
+        fast_path="auto" if fast else "off",
+        phase_timing=phase_timing,
+    )
+
+
+def run_runner(config: RunConfig, opts: Options) -> dict[str, object]:
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        summary = Trainer(config, World(0, 1, 0, 1, "127.0.0.1", 0, "single"), opts).run()
+        summary = Trainer(config, SINGLE, opts).run()
     assert summary is not None
     # The trainer waits for every CUDA event at each epoch end and the evaluation ends in a
     # host read of the counts, so these event times are synchronised wall clock.
     walls = epoch_walls(Path(config.output_dir) / "events.jsonl")
     evaluated = max(len(walls), 1)
     eval_s = summary.phases.evaluation
+    env = summary.environment
     return {
         "time_to_goal_s": summary.time_to_goal_seconds,
         "wall_s": summary.wall_clock_seconds,
@@ -102,7 +145,114 @@ def run_fast(config: RunConfig, bf16: bool) -> dict[str, object]:
         "wall_s_per_epoch": sum(walls) / evaluated,
         "wall_train_s_per_epoch": (sum(walls) - eval_s) / evaluated,
         "device_train_s_per_epoch": summary.train_seconds / max(summary.epochs, 1e-9),
+        "training_step": env.training_step,
+        "training_step_reason": env.training_step_reason,
+        "capture_s": env.capture_seconds,
+        "tf32": env.tf32,
     }
+
+
+def _steps(s: Setup, order: torch.Tensor, first: int, n: int, lr: float) -> torch.Tensor:
+    loss = torch.zeros((), device=s.device)
+    for i in range(first, first + n):
+        j = i % (len(order) // s.batch)
+        loss += s.step(i, order[j * s.batch : (j + 1) * s.batch], lr)
+    return loss
+
+
+def _ms_per_step(s: Setup, order: torch.Tensor, n: int, lr: float) -> float:
+    _steps(s, order, 0, 20, lr)  # warm-up (and, for the fast step, the first replays)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    _steps(s, order, 20, n, lr)
+    torch.cuda.synchronize()
+    s.timer.flush(wait=True)
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
+def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path) -> dict[str, float]:
+    """Launches and kernels per step, and the GPU-busy fraction, from a Kineto trace of ``n`` steps."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        _steps(s, order, 0, n, lr)
+        torch.cuda.synchronize()
+        wall_us = 1e6 * (time.perf_counter() - t0)
+    s.timer.flush(wait=True)
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
+    gpu = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events if e.get("cat") in GPU_ACTIVITIES
+    )
+    launches = sum(1 for e in events if e.get("name") in LAUNCH_CALLS)
+    busy, end = 0.0, float("-inf")
+    for start, stop in gpu:  # union of the intervals
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
+
+
+def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path) -> dict[str, dict[str, Any]]:
+    """The runner's two steps side by side on one device, plus their parameter difference after ``n`` steps."""
+    rows: dict[str, dict[str, Any]] = {}
+    setups: dict[str, Setup] = {}
+    lr = config.lr.initial_lr
+    for name, fast in (("fast", True), ("eager", False)):
+        for timing in (True, False):
+            torch.manual_seed(0)
+            s = Trainer(config, SINGLE, runner_options(fast, bf16, timing))._setup()
+            order = torch.randperm(
+                s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1)
+            )
+            ms = _ms_per_step(s, order, n, lr)
+            if timing:
+                row = {"path": s.step.path.value, "ms_per_step": ms}
+                row.update(_trace_counts(s, order, min(n, 50), lr, trace_dir / f"{name}.json"))
+                rows[name] = row
+            else:
+                rows[name]["ms_per_step_untimed"] = ms
+    # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
+    for name, fast in (("fast", True), ("eager", False)):
+        s = Trainer(config, SINGLE, runner_options(fast, bf16))._setup()
+        order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
+        _steps(s, order, 0, n, lr)
+        setups[name] = s
+    fast_p = torch.cat([p.detach().reshape(-1) for p in setups["fast"].model.parameters()])
+    eager_p = torch.cat([p.detach().reshape(-1) for p in setups["eager"].model.parameters()])
+    rows["fast"]["max_param_difference"] = float((fast_p - eager_p).abs().max())
+    rows["fast"]["max_param"] = float(eager_p.abs().max())
+    return rows
+
+
+def cpu_table(spec: BenchmarkTaskSpec, steps: int, ranks: int, repeats: int) -> None:
+    """The CPU side: ``ranks`` gloo ranks on this machine, eager and flat step alternating, ``repeats`` runs each."""
+    print(
+        f"\n# CPU: {ranks} ranks over gloo, {os.cpu_count()} cores, {steps} steps of batch 32 per rank, task 1a's model"
+    )
+    print(f"{'step':8} {'samples/s':>10} {'ms/step':>9} {'compute ms':>11} {'comm ms':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, mode in enumerate(("off", "auto") * repeats):
+            out = Path(tmp) / f"{mode}-{i}"
+            run = BenchmarkRun.model_validate(
+                {"metadata": {"name": "cpu"}, "spec": {"taskRef": {"name": "t"}, "workers": ranks}}
+            )
+            config = effective_config(run, "cifar10-resnet20", spec, output_dir=str(out), metrics_port=0)
+            out.mkdir(parents=True)
+            (out / "config.json").write_text(config.dump())
+            threads = str(max(1, (os.cpu_count() or 1) // ranks))
+            env = dict(importable_env(dict(os.environ)), MLBENCH_THREADS=threads, MLBENCH_FAST_PATH=mode)
+            env["MLBENCH_MAX_STEPS"] = str(steps)
+            lines: list[str] = []
+            if run_processes(out / "config.json", ranks, env, lines.append):
+                raise SystemExit("\n".join(lines[-30:]))
+            r = RunSummary.model_validate_json((out / "summary.json").read_text())
+            print(
+                f"{r.environment.training_step or mode:8} {r.samples_per_second:>10.1f} "
+                f"{1e3 * r.train_seconds / r.steps:>9.1f} {1e3 * r.compute_seconds / r.steps:>11.1f} "
+                f"{1e3 * r.communication_seconds / r.steps:>9.1f}",
+                flush=True,
+            )
 
 
 class PlainCifar(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -203,6 +353,26 @@ def run_plain(config: RunConfig, device: torch.device, workers: int) -> dict[str
     }
 
 
+def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
+    print(f"\n# the runner's step, {n} steps after 20 warm-up steps (batch 32, ResNet-20)")
+    print(
+        f"{'step':12} {'ms/step':>8} {'untimed':>8} {'timing cost':>11} {'launches':>9} {'kernels':>8} {'GPU busy':>9}"
+    )
+    for r in rows.values():
+        cost = r["ms_per_step"] / r["ms_per_step_untimed"] - 1
+        print(
+            f"{r['path']:12} {r['ms_per_step']:>8.3f} {r['ms_per_step_untimed']:>8.3f} {100 * cost:>10.1f}% "
+            f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {100 * r['gpu_busy']:>8.1f}%"
+        )
+    fast = rows["fast"]
+    print(
+        f"largest parameter difference fast vs eager after {n} steps from one start: "
+        f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
+    )
+    print("ms/step: synchronised wall clock; untimed: the phase timer's CUDA events off (MLBENCH_PHASE_TIMING=0);")
+    print("launches: CUDA runtime calls that start GPU work; kernels and GPU busy: from the profiler's trace")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -211,44 +381,75 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.80)
     p.add_argument("--data", default=str(shared_cifar10()))
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers for the plain path")
-    p.add_argument("--bf16", action="store_true", help="runner path with bf16 autocast + channels_last (open div.)")
-    p.add_argument("--only", choices=("runner", "plain"))
+    p.add_argument("--bf16", action="store_true", help="runner with bf16 autocast + channels_last (open division)")
+    p.add_argument("--paths", nargs="+", choices=("fast", "eager", "plain"), default=["fast", "eager", "plain"])
+    p.add_argument("--profile", type=int, metavar="N", help="also the step table over N steps (GPU)")
+    p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks, eager vs flat step)")
+    p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
+    p.add_argument("--ranks", type=int, default=2, help="--cpu-table: ranks")
+    p.add_argument("--repeats", type=int, default=2, help="--cpu-table: runs of each step, alternating")
     p.add_argument("--output", help="also write the figures as JSON here")
     args = p.parse_args()
+    spec = closed_1a(args.data, args.max_epochs, args.subset, args.target)
+    if args.cpu_table:
+        cpu_table(spec, args.steps, args.ranks, args.repeats)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no GPU visible (use --device cpu for the smoke mode)")
-    spec = closed_1a(args.data, args.max_epochs, args.subset, args.target)
     results: dict[str, dict[str, object]] = {}
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    profile: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = make_config(spec, args.device, tmp)
-        if args.only in (None, "runner"):
-            results["runner"] = run_fast(config, args.bf16)
-            print("runner:", json.dumps(results["runner"]), flush=True)
-        if args.only in (None, "plain"):
-            results["plain"] = run_plain(config, device, args.workers)
-            print("plain: ", json.dumps(results["plain"]), flush=True)
+        for path in args.paths:
+            config = make_config(spec, args.device, str(Path(tmp) / path))
+            if path == "plain":
+                results[path] = run_plain(config, device, args.workers)
+            else:
+                results[path] = run_runner(config, runner_options(path == "fast", args.bf16))
+            print(f"{path}:", json.dumps(results[path]), flush=True)
+        if args.profile and args.device == "cuda":
+            profile = step_profile(
+                make_config(spec, args.device, str(Path(tmp) / "profile")), args.bf16, args.profile, Path(tmp)
+            )
+    tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
+    division = "open (bf16 autocast + channels_last)" if args.bf16 else f"closed (fp32{tf32})"
     print(
-        f"\n# task 1a closed recipe (k=1, b=32), target {args.target:.0%}, device {name}, data: JPEG copy of "
+        f"\n# task 1a recipe (k=1, b=32), {division}, target {args.target:.0%}, device {name}, data: JPEG copy of "
         f"CIFAR-10{f', first {args.subset} train images' if args.subset else ''}, max {args.max_epochs} epochs"
     )
     print(
-        f"{'path':8} {'time-to-goal':>13} {'wall':>8} {'epochs':>7} {'best acc':>9} {'wall s/epoch (train)':>21} "
-        f"{'wall s/epoch (+eval)':>21} {'device s/epoch':>15}"
+        f"{'path':8} {'step':12} {'time-to-goal':>13} {'wall':>8} {'epochs':>7} {'best acc':>9} "
+        f"{'wall s/epoch (train)':>21} {'wall s/epoch (+eval)':>21} {'device s/epoch':>15}"
     )
     for path, r in results.items():
         ttg = f"{r['time_to_goal_s']:.1f}s" if r["time_to_goal_s"] is not None else "not reached"
         dev = r["device_train_s_per_epoch"]
         print(
-            f"{path:8} {ttg:>13} {float(r['wall_s']):>7.1f}s {float(r['epochs']):>7.0f} "  # type: ignore[arg-type]
-            f"{100 * float(r['best_accuracy'] or 0):>8.2f}% "  # type: ignore[arg-type]
+            f"{path:8} {r.get('training_step') or '-'!s:12} {ttg:>13} {float(r['wall_s']):>7.1f}s "  # type: ignore[arg-type]
+            f"{float(r['epochs']):>7.0f} {100 * float(r['best_accuracy'] or 0):>8.2f}% "  # type: ignore[arg-type]
             f"{float(r['wall_train_s_per_epoch']):>21.2f} {float(r['wall_s_per_epoch']):>21.2f} "  # type: ignore[arg-type]
             f"{'-' if dev is None else f'{float(dev):.2f}':>15}"  # type: ignore[arg-type]
         )
-    print("wall = synchronised host wall clock (same kind for both paths); device = runner's CUDA-event time")
+    print("wall = synchronised host wall clock (same kind for every path); device = runner's CUDA-event time")
+    for path, r in results.items():
+        if r.get("training_step_reason"):
+            capture = f"; capture {float(r['capture_s']):.2f} s" if r.get("capture_s") else ""  # type: ignore[arg-type]
+            print(f"{path}: {r['training_step']} ({r['training_step_reason']}{capture})")
+    if (
+        "fast" in results
+        and "plain" in results
+        and results["fast"]["time_to_goal_s"]
+        and results["plain"]["time_to_goal_s"]
+    ):
+        ratio = float(results["plain"]["time_to_goal_s"]) / float(results["fast"]["time_to_goal_s"])  # type: ignore[arg-type]
+        print(f"time to goal, plain / fast: {ratio:.2f}x")
+    if profile:
+        print_profile(profile, args.profile)
     if args.output:
-        Path(args.output).write_text(json.dumps({"device": name, "args": vars(args), "results": results}, indent=2))
+        Path(args.output).write_text(
+            json.dumps({"device": name, "args": vars(args), "results": results, "profile": profile}, indent=2)
+        )
 
 
 if __name__ == "__main__":

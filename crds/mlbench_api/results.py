@@ -20,6 +20,7 @@ TERMINATION_MESSAGE_LIMIT = 4096
 SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
 
 #: Why a run stopped; ``completed`` is a collectives task's sweep that timed every operation and size.
+RunStatus = Literal["success", "goal-not-reached", "aborted"]
 StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "setup-failed", "completed"]
 COLLECTIVES_SCHEMA: Final = "mlbench.io/collectives/v1"
 
@@ -122,6 +123,19 @@ class Environment(ApiModel):
     hostname: str | None = None
     precision: str | None = Field(default=None, description="fp32, fp64 or bf16-autocast.")
     channels_last: bool | None = None
+    training_step: Literal["eager", "flat", "cuda-graphs"] | None = Field(
+        default=None,
+        description="Which training step ran: eager (torch.optim over the model), flat (the same update over one "
+        "flat buffer) or cuda-graphs (flat, with forward, backward and optimizer replayed as CUDA graphs).",
+    )
+    training_step_reason: str | None = Field(default=None, description="Why that step ran (or why not the fast one).")
+    capture_seconds: Finite | None = Field(
+        default=None, description="CUDA graph warm-up and capture on synthetic batches, left out of the wall clock."
+    )
+    tf32: str | None = Field(
+        default=None,
+        description="GPU only: where TensorFloat-32 was allowed (cudnn: inside convolutions, PyTorch's default).",
+    )
 
 
 class EpochRecord(ApiModel):
@@ -138,7 +152,7 @@ class RunSummary(ApiModel):
     schema_: Literal["mlbench.io/summary/v1"] = Field(default=SUMMARY_SCHEMA, alias="schema")
     run: str
     task: str
-    status: Literal["success", "goal-not-reached", "aborted"]
+    status: RunStatus
     stop_reason: StopReason | None = Field(default=None, description="Why training stopped.")
     goal_reached: bool
     goal_target: Finite | None = None

@@ -1,8 +1,11 @@
 """kopf glue: thin handlers that feed observations to :mod:`.reconcile` and execute its plans.
 
-* ``run_pods`` (index) keeps a :class:`PodView` of every operator-managed pod, keyed by run;
-  kopf fills indices before any handler runs, so a restarted operator sees all pods first.
-* ``pod_event`` / ``run_event`` wake the run's reconciler (no polling: pod events drive status).
+* :class:`PodWatch` (a thread per watched namespace, or one cluster-wide) lists and watches the
+  operator's pods into a :class:`~.podview.PodIndex` by run (``memo.pods``) and wakes the run's
+  reconciler at each change; the first listing is in before kopf starts, so a restarted operator sees
+  all pods first. Not kopf's ``@kopf.index``/``@kopf.on.event``: see :class:`PodWatch`.
+* ``run_event`` (and a fetch Job's ``fetch_job_event``) wake the run's reconciler too (no polling:
+  events drive status).
 * ``reconcile_run`` (daemon, one per unfinished run; resumed on operator start) admits the run
   once, then loops: plan from (run, pods, now) -> execute -> sleep until woken. Bursts of pod
   events coalesce into one pass, so 1000 workers do not mean 1000 status writes.
@@ -21,8 +24,11 @@ peering). kopf's own bookkeeping lives under ``mlbench.io`` annotations/finalize
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -38,7 +44,7 @@ from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube
-from mlbench_operator.podview import PodView
+from mlbench_operator.podview import PodChange, PodIndex, PodView, RunKey
 from mlbench_operator.settings import OperatorConfig, SettingsError
 
 PLURAL = "benchmarkruns"
@@ -49,6 +55,12 @@ PROGRESS_PORT = n.METRICS_PORT
 #: What handlers given no configured memo use (unit tests calling them directly); under kopf,
 #: :func:`configure` has always put a config in the memo before any resource handler runs.
 DEFAULT_CONFIG = OperatorConfig()
+
+
+def pods_of(memo: object, key: RunKey) -> list[PodView]:
+    """A run's pods from the operator's :class:`PodIndex` (``memo.pods``, filled by :class:`PodWatch`)."""
+    index = getattr(memo, "pods", None)
+    return index.get(key) if isinstance(index, PodIndex) else []
 
 
 def config_of(memo: object) -> OperatorConfig:
@@ -133,8 +145,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    # Server-side filtering: watch only the operator's pods, not every pod in the cluster.
-    settings.watching.label_selectors["v1", "pods"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_RUN}"
+    # Server-side filtering: watch only the operator's Jobs (and pods: PodWatch), not every one in the cluster.
     settings.watching.label_selectors["batch", "jobs"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_DATASET}"
     # Optional: serve only runs matching a label selector (e.g. one test session on a shared cluster).
     run_selector = config.run_selector
@@ -145,6 +156,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     memo.kube = memo.get("kube") or Kube()
     memo.wakeups = Wakeups()
+    memo.pods = PodIndex()
+    loop = asyncio.get_running_loop()
+    memo.pod_watches = [
+        PodWatch(
+            memo.kube,
+            memo.pods,
+            memo.wakeups,
+            loop,
+            namespace=ns,
+            timeout_seconds=int(settings.watching.server_timeout or 300),
+        )
+        for ns in (config.namespaces or (None,))
+    ]
+    for watch in memo.pod_watches:
+        watch.start()
+    # kopf starts watching runs once the startup handlers are done: their daemons find every pod listed
+    await asyncio.gather(*(watch.synced.wait() for watch in memo.pod_watches))
     port = config.metrics_port
     if port and not memo.get("metrics_started"):
         from prometheus_client import start_http_server
@@ -156,6 +184,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    for watch in memo.get("pod_watches") or ():
+        watch.stop()
     kube = memo.get("kube")
     if isinstance(kube, Kube) and memo.get("owns_kube", True):
         kube.close()
@@ -190,21 +220,139 @@ def _version() -> str:
 
 
 # -- observations ----------------------------------------------------------------------------------------
-@kopf.index("pods", labels={n.LABEL_RUN: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
-async def run_pods(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """(namespace, run) -> PodView for each of the run's pods."""
-    view = PodView.from_pod(body)
-    return {(namespace or "", labels[n.LABEL_RUN]): view} if view is not None else {}
+#: The operator's pods (server-side filtered: not every pod of the cluster).
+POD_SELECTOR = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_RUN}"
+#: Waits before listing again after a failed listing or watch: doubling from the first, up to the last.
+POD_WATCH_BACKOFF = (1.0, 30.0)
 
 
-@kopf.on.event("pods", labels={n.LABEL_RUN: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
-async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
-    memo.wakeups.wake((namespace or "", labels[n.LABEL_RUN]))
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class PodWatch:
+    """The operator's pods in a namespace (None: all), listed then watched on a thread of its own into a
+    :class:`PodIndex`; every change wakes its run's daemon.
+
+    Why not kopf's ``@kopf.index`` and ``@kopf.on.event`` on pods: kopf takes every watch event through
+    its per-object machinery (a worker task, memories, loggers, cause detection, handler invocation):
+    about 0.5 ms of the event loop's CPU per event, decoding aside, and a run of 1000 workers brings
+    3000 events (created, scheduled, Running) while the same loop and its API threads are creating
+    those pods. Here an event costs its decoding and a :class:`PodView` (about 0.08 ms), done on this
+    thread, and the loop only files the change (docs/operator.md, "Scale").
+
+    The same guarantees as kopf's index: the first listing is in the index before :attr:`synced` is set
+    (``configure`` waits for it, and kopf starts the run daemons after it), a lost watch is resumed from
+    its last resourceVersion, and an expired one (410) or a failure lists again, which also drops the
+    pods deleted meanwhile.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        index: PodIndex,
+        wakeups: Wakeups,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        namespace: str | None,
+        timeout_seconds: int = 300,
+    ) -> None:
+        self.kube = kube
+        self.index = index
+        self.wakeups = wakeups
+        self.loop = loop
+        self.namespace = namespace
+        self.path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        self.timeout_seconds = timeout_seconds
+        #: Set (on the loop) once the first listing is in the index.
+        self.synced = asyncio.Event()
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the watch (the thread ends at its next event, or now when its stream is shut down)."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                pods, version = self.kube.list_objects(self.path, POD_SELECTOR, "pods")
+                self._hand([c for c in (PodChange.of("ADDED", p) for p in pods) if c is not None], listing=True)
+                failures = 0
+                while not self._stop.is_set():  # the server ends a watch after timeout_seconds: resume it
+                    version = self._follow(version)
+            except _Expired:
+                log.info("pod_watch_expired", namespace=self.namespace)
+            except Exception as err:
+                if self._stop.is_set():
+                    return
+                failures += 1
+                delay = min(POD_WATCH_BACKOFF[0] * 2 ** (failures - 1), POD_WATCH_BACKOFF[1])
+                log.warning("pod_watch_failed", namespace=self.namespace, error=str(err)[:500], retry_in=delay)
+                self._stop.wait(delay)
+
+    def _follow(self, version: str) -> str:
+        """One watch from ``version``; returns the last resourceVersion seen when the server ends it."""
+        for events in self.kube.watch(
+            self.path, POD_SELECTOR, version, self.timeout_seconds, resource="pods", on_response=self._keep
+        ):
+            changes: list[PodChange] = []
+            for event in events:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired
+                    raise ApiError(int(obj.get("code") or 500), "WATCH", self.path, json.dumps(obj))
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                change = PodChange.of(str(kind), obj) if kind != "BOOKMARK" else None
+                if change is not None:
+                    changes.append(change)
+            if changes:
+                _POD_EVENTS.inc(len(changes))
+                self._hand(changes)
+            if self._stop.is_set():
+                break
+        return version
+
+    def _keep(self, response: Any) -> None:
+        self._response = response
+        if self._stop.is_set():  # stopped while connecting
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    def _hand(self, changes: list[PodChange], listing: bool = False) -> None:
+        """To the loop, which owns the index and the wake-ups (raises once the loop is closed: the thread ends)."""
+        self.loop.call_soon_threadsafe(self.apply, changes, listing)
+
+    def apply(self, changes: list[PodChange], listing: bool = False) -> None:
+        """On the loop: file the changes (a listing replaces the namespace's pods), wake the runs they touch."""
+        if listing:
+            touched = self.index.reset(changes, self.namespace)
+        else:
+            touched = set()
+            for change in changes:
+                touched |= self.index.update(change)
+        for key in touched:
+            self.wakeups.wake(key)
+        self.synced.set()
+
+
+_POD_EVENTS = m.WATCH_EVENTS.labels("pods")
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={n.LABEL_DATASET: kopf.PRESENT, n.LABEL_MANAGED_BY: n.MANAGER})
 async def fetch_job_event(namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A dataset fetch Job progressed: wake the namespace's runs (those waiting for it re-read it)."""
+    m.WATCH_EVENTS.labels("jobs").inc()
     memo.wakeups.wake_namespace(namespace or "")
 
 
@@ -220,6 +368,7 @@ async def run_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
+    m.WATCH_EVENTS.labels(PLURAL).inc()
     key = (namespace or "", name)
     task = (spec.get("taskRef") or {}).get("name", "")
     m.track_phase(key, status.get("phase"), deleted=type == "DELETED", task=task)
@@ -237,7 +386,7 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
     status = body.get("status") or {}
     if status.get("phase") not in reconcile.TERMINAL:
         return True
-    pods = list(kwargs["run_pods"].get((namespace or "", name), []))
+    pods = pods_of(kwargs.get("memo"), (namespace or "", name))
     if not pods:
         return False
     uid = body.get("metadata", {}).get("uid", "")
@@ -284,7 +433,8 @@ class RunReconciler:
         self.status: dict[str, Any] = dict(body.get("status") or {})
         self.log = log.bind(run=self.name, namespace=self.namespace)
         self.kopf_logger = logger
-        self.ensured = False
+        self.ensured = False  #: the ConfigMap, Secret and NetworkPolicy exist
+        self.service_ensured = False  #: the headless Service exists (created with the launcher: see ensure_service)
         self.pacing = pc.Pacing(resync_seconds=self.config.resync_seconds)  # fed time.monotonic()
         self.datasets = self.config.datasets
         self.linger = self.config.metrics_linger_seconds
@@ -383,7 +533,7 @@ class RunReconciler:
         return ctx
 
     async def prepare(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
-        """The run's Service, ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
+        """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
         if not self.ensured:
             try:
                 if not await self.ensure_objects(ctx, now):
@@ -405,6 +555,10 @@ class RunReconciler:
         self, plan: reconcile.Plan, ctx: builders.RunContext, now: datetime, pods: list[PodView]
     ) -> float | None:
         """Carry out a plan: the status first (a result, a restart), then deletes, then creates."""
+        if plan.create_launcher and not self.service_ensured and not self.pacing.creates_paused(time.monotonic()):
+            stopped = await self.ensure_service(ctx, now, pods)  # before the status says "creating the launcher"
+            if stopped is not None:
+                return stopped.delay
         was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
         await self.patch(plan.status)  # results and restarts are recorded before the world is changed
         if plan.terminal:
@@ -507,16 +661,40 @@ class RunReconciler:
         return delay
 
     async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
-        """Service, ConfigMap, the SSH Secret and the NetworkPolicy. 409 is fine only when the existing object is this
-        run's (a retry); one of another owner (e.g. a deleted run of the same name whose garbage
-        collection has not finished) is reported as NameConflict and nothing proceeds (False)."""
+        """ConfigMap, the SSH Secret and the NetworkPolicy, before any pod (the Service comes with the
+        launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
         keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [
-            builders.service(ctx),
             builders.config_map(ctx),
             builders.ssh_secret(ctx, keys),
             netpol.network_policy(ctx, self.config.scraper_namespaces),
         ]
+        self.ensured = await self.create_owned(objs, ctx, now)
+        return self.ensured
+
+    async def ensure_service(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+        """The headless Service that gives the workers their DNS names, right before the launcher (the
+        only one that resolves them): None when it exists, else where the pass stops (a NameConflict,
+        a refusal; as for the other objects).
+
+        Not with the others before the workers: a Service selecting N workers while they start has the
+        endpoints controllers rewrite its Endpoints and EndpointSlices (up to N addresses each) hundreds
+        of times, 400 Endpoints writes for 1000 workers, about a fifth more control-plane CPU than the
+        pods themselves (docs/operator.md, "Scale"). Created once they are all Ready, it is computed once.
+        """
+        try:
+            if not await self.create_owned([builders.service(ctx)], ctx, now):
+                return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
+        except _Refused as err:
+            return _Stop(await self.creation_refused(err.failures, now, pods))
+        self.service_ensured = True
+        return None
+
+    async def create_owned(self, objs: list[dict[str, Any]], ctx: builders.RunContext, now: datetime) -> bool:
+        """Create the run's objects in parallel. 409 is fine only when the existing object is this run's (a
+        retry); one of another owner (e.g. a deleted run of the same name whose garbage collection has
+        not finished) is reported as NameConflict and nothing proceeds (False). Refusals (403/422) raise
+        :class:`_Refused`, other errors a retry."""
         outcomes = await self.kube.create_many(objs)
         refused = [
             (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
@@ -539,7 +717,6 @@ class RunReconciler:
                     self.emit(plan)
                     self.log.warning("name_conflict", kind=kind, object=name, owner=owner)
                     return False
-        self.ensured = True
         return True
 
     async def ensure_dataset(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
@@ -675,7 +852,6 @@ async def reconcile_run(
     **kwargs: Any,
 ) -> None:
     """The run's reconcile loop; event-driven (woken by pod/run events), resumed after operator restarts."""
-    run_pods: kopf.Index[tuple[str, str], PodView] = kwargs["run_pods"]
     key = (namespace or "", name)
     wake = memo.wakeups.register(key)
     config = config_of(memo)
@@ -685,7 +861,7 @@ async def reconcile_run(
         while True:
             wake.clear()
             try:
-                delay = await rec.step(list(run_pods.get(key, [])))
+                delay = await rec.step(pods_of(memo, key))
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -727,9 +903,9 @@ def _is_running(status: kopf.Status, **_: Any) -> bool:
     return status.get("phase") == "Running"
 
 
-async def scrape_rank0(namespace: str, name: str, run_pods: Mapping[Any, Any]) -> dict[str, Any] | None:
+async def scrape_rank0(namespace: str, name: str, pods: PodIndex) -> dict[str, Any] | None:
     """``status.progress`` from rank 0 (worker 0); None when unreachable (kwok, start-up) or empty."""
-    rank0 = next((p for p in run_pods.get((namespace, name), []) if p.rank == 0 and p.ip), None)
+    rank0 = next((p for p in pods.get((namespace, name)) if p.rank == 0 and p.ip), None)
     if rank0 is None or rank0.ip is None:
         return None
     return await progress.scrape(rank0.ip, PROGRESS_PORT, _now())
@@ -745,10 +921,10 @@ PROGRESS_SECONDS = float(os.environ.get("MLBENCH_PROGRESS_SECONDS", "30"))
     GROUP, VERSION, PLURAL, interval=PROGRESS_SECONDS, initial_delay=min(15.0, PROGRESS_SECONDS), when=_is_running
 )
 async def scrape_progress(
-    *, namespace: str | None, name: str, status: kopf.Status, patch: kopf.Patch, **kwargs: Any
+    *, namespace: str | None, name: str, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
     """Live progress while Running; an unreachable endpoint just means no update."""
-    value = await scrape_rank0(namespace or "", name, kwargs["run_pods"])
+    value = await scrape_rank0(namespace or "", name, memo.get("pods") or PodIndex())
     if value is not None:
         patch.status["progress"] = progress.advance(status.get("progress"), value, _now())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -196,6 +196,61 @@ class Kube:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+
+    def list_objects(self, path: str, selector: str, resource: str) -> tuple[list[dict[str, Any]], str]:
+        """The objects of a collection (e.g. ``/api/v1/pods``) matching a label selector, and the listing's
+        resourceVersion (where a :meth:`watch` of it starts)."""
+        answer = self.request("GET", path, query=[("labelSelector", selector)], resource=resource) or {}
+        return list(answer.get("items") or []), str((answer.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(
+        self,
+        path: str,
+        selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        *,
+        resource: str,
+        on_response: Callable[[Any], None] | None = None,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Watch a collection from ``resource_version``: its events (``{"type", "object"}``: ADDED, MODIFIED,
+        DELETED, BOOKMARK, ERROR), decoded, in the batches they arrive in, until the API server ends the
+        stream (after ``timeout_seconds``); raises :class:`ApiError` when the watch is refused.
+
+        Blocking: for a thread of its own. ``on_response`` gets the streaming response as soon as it is
+        open (its ``shutdown()`` ends the watch from another thread).
+        """
+        query = [
+            ("labelSelector", selector),
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        _, url, headers, _, _ = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        # the read timeout only catches a connection that died silently: the server ends the stream first
+        resp = self.api.call_api("GET", url, headers, _request_timeout=(5, timeout_seconds + 60))
+        m.API_REQUESTS.labels("WATCH", resource, str(resp.status)).inc()
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, "WATCH", path, resp.read().decode(errors="replace"))
+        stream = resp.response
+        if on_response is not None:
+            on_response(stream)
+        try:
+            rest = b""
+            for chunk in stream.stream(None, decode_content=True):
+                *lines, rest = (rest + chunk).split(b"\n")
+                events = [json.loads(line) for line in lines if line.strip()]
+                if events:
+                    yield events
+        finally:
+            stream.release_conn()
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""

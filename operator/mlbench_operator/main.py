@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(config, metrics_port=args.metrics_port)
     if args.selector is not None:
         config = dataclasses.replace(config, run_selector=args.selector.strip())
+    config = dataclasses.replace(config, namespaces=tuple(args.namespace))
     logs.configure()
     del handlers  # imported for its kopf registrations
     # Metrics from the start, also while standing by (handlers.configure sees memo.metrics_started).

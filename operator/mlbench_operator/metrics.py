@@ -23,6 +23,11 @@ API_REQUESTS = Counter(
     "Kubernetes API requests made by the reconciler (kopf's own watches excluded).",
     ["verb", "resource", "code"],
 )
+WATCH_EVENTS = Counter(
+    "mlbench_operator_watch_events_total",
+    "Watch events kopf handed to the operator's handlers, by resource (pods: about 3 per worker started).",
+    ["resource"],
+)
 RUN_PHASE = Gauge(
     "mlbench_operator_run_status_phase",
     "1 for a run's current phase, 0 for the others (like kube_pod_status_phase); gone with the run.",

@@ -1,14 +1,14 @@
 """A small, hashable summary of a pod: what the reconciler needs, nothing more.
 
-The operator keeps one of these per pod in a kopf index (memory stays small at 1000 workers)
-and decides from them; the raw pod dicts are never stored.
+The operator keeps one of these per pod in a :class:`PodIndex` by run (memory stays small at 1000
+workers) and decides from them; the raw pod dicts are never stored.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -195,3 +195,78 @@ def _error_text(text: str) -> str:
 def _tail(text: str, limit: int) -> str:
     """The end of a long text (logs put the real error last)."""
     return text if len(text) <= limit else "..." + text[-limit:]
+
+
+#: A run's identity: (namespace, name).
+RunKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PodChange:
+    """One pod event, summarised where it was decoded: the pod's UID and, unless it is gone or is not a
+    run's pod (no run label, no role), its run and view."""
+
+    uid: str
+    key: RunKey | None = None
+    view: PodView | None = None
+
+    @classmethod
+    def of(cls, kind: str, pod: Mapping[str, Any]) -> PodChange | None:
+        """From a watch event's type and object (or a listed pod, as ADDED); None without a UID."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return None
+        run = (meta.get("labels") or {}).get(n.LABEL_RUN)
+        view = PodView.from_pod(pod) if kind != "DELETED" and run else None
+        if view is None or not run:
+            return cls(uid)
+        return cls(uid, (str(meta.get("namespace") or ""), str(run)), view)
+
+
+class PodIndex:
+    """The operator's pods as :class:`PodView` by run, kept from watch events (:class:`PodChange`).
+
+    Not thread-safe: the watch threads hand their changes to the event loop, which applies them.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[RunKey, dict[str, PodView]] = {}  #: run -> pod UID -> view
+        self._keys: dict[str, RunKey] = {}  #: pod UID -> its run
+
+    def get(self, key: RunKey, default: Iterable[PodView] = ()) -> list[PodView]:
+        """The run's pods (``default`` when it has none)."""
+        pods = self._runs.get(key)
+        return list(pods.values()) if pods else list(default)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def update(self, change: PodChange) -> set[RunKey]:
+        """Apply one change; returns the runs whose pods it changed (a pod relabelled to another run: both)."""
+        touched: set[RunKey] = set()
+        old = self._keys.pop(change.uid, None)
+        if old is not None:
+            pods = self._runs[old]
+            del pods[change.uid]
+            if not pods:
+                del self._runs[old]
+            touched.add(old)
+        if change.key is not None and change.view is not None:
+            self._runs.setdefault(change.key, {})[change.uid] = change.view
+            self._keys[change.uid] = change.key
+            touched.add(change.key)
+        return touched
+
+    def reset(self, changes: Iterable[PodChange], namespace: str | None = None) -> set[RunKey]:
+        """A listing of every pod (of ``namespace``; None: of all): afterwards the index holds exactly these
+        (in that namespace); returns the runs whose pods differ from before (missed deletions included)."""
+        before = {k: v for k, v in self._runs.items() if namespace is None or k[0] == namespace}
+        for key in before:
+            del self._runs[key]
+        self._keys = {uid: key for uid, key in self._keys.items() if key not in before}
+        for change in changes:
+            if change.key is not None and (namespace is None or change.key[0] == namespace):
+                self.update(change)
+        after = {k for k in self._runs if namespace is None or k[0] == namespace}
+        return {k for k in before.keys() | after if before.get(k) != self._runs.get(k)}

@@ -26,6 +26,12 @@ The order is the precedence: a result beats the deadline (the run did finish), t
 beats a failure (no restart past it), and a worker's cause beats the launcher's echo of it.
 Whatever decides, every pass also force-deletes pods stuck Terminating on a lost node and wakes
 up by the earliest wait (:func:`_upkeep`).
+
+Every status is built as the API's typed ``BenchmarkRunStatus`` (``Phase``, ``WorkerCounts``, typed
+conditions with :class:`~.conditions.Reason` members) from the stored one, parsed tolerantly
+(:class:`StoredStatus`), and serialized once, as each public function returns it (:meth:`_Status.dump`):
+the kopf glue and :func:`status_patch` see the wire's dicts. An Event is planned only for a condition
+(or the phase) that changed, never for a pass that merely restates it.
 """
 
 from __future__ import annotations
@@ -42,12 +48,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api.common import MAX_INT32, ObjectMeta
+from mlbench_api.common import Condition as ConditionModel
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
-from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, CleanPodPolicy, Phase, RunPolicy, RunResult
+from mlbench_api.run import (
+    BenchmarkRun,
+    BenchmarkRunSpec,
+    BenchmarkRunStatus,
+    CleanPodPolicy,
+    Phase,
+    Progress,
+    RunPolicy,
+    RunResult,
+    WorkerCounts,
+)
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
+from mlbench_operator import logs
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
@@ -57,6 +75,7 @@ from mlbench_operator.podview import controller_uid as controller_uid  # noqa: P
 from mlbench_operator.policy import AdmissionPolicy, violations
 
 DEFAULT_POLICY = AdmissionPolicy()
+log = logs.get_logger("mlbench_operator.reconcile")
 
 #: The phases a run never leaves (the one place they are stated; handlers reads them from here).
 TERMINAL: tuple[Phase, ...] = (Phase.SUCCEEDED, Phase.FAILED)
@@ -79,7 +98,7 @@ class Rejection:
 class Plan:
     """The next status and what to do to the world to get there."""
 
-    status: dict[str, Any]
+    status: dict[str, Any]  #: as the API server gets it (:meth:`_Status.dump`); :func:`finalize` completes it
     create_workers: list[int] = field(default_factory=list)
     create_launcher: bool = False
     #: pods of earlier attempts to delete (gang restart): name -> UID. Only this run's own pods, and each
@@ -191,25 +210,151 @@ def _admitted_context(
         return Rejection(Reason.INVALID_CONFIG, f"the effective configuration is invalid: {_short(err)}")
 
 
+@dataclass(frozen=True)
+class StoredStatus:
+    """A run's stored status, parsed into the typed model as far as it validates.
+
+    A status written by an older operator, or one holding a value the models now refuse (an
+    out-of-range number, a field since removed), must not stop reconciliation. The fallback: the
+    whole status is tried first, then field by field; a top-level field that does not validate (or that
+    the model does not know) is left out of :attr:`model` and kept as it was in :attr:`unparsed`, and so
+    is a single condition that does not (:attr:`unparsed_conditions`). Kept parts are written back
+    unchanged (nothing is lost, nothing re-written) until a pass sets that field, or a condition of that
+    type, itself, which replaces them. Each one is logged with the reason when the status is parsed.
+    """
+
+    raw: Mapping[str, Any]  #: the status as stored (or as last written by this operator)
+    valid: Mapping[str, Any]  #: the part of ``raw`` that validates (``model``'s input)
+    model: BenchmarkRunStatus  #: everything that validates
+    unparsed: Mapping[str, Any] = field(default_factory=dict)  #: wire key -> stored value
+    unparsed_conditions: tuple[Any, ...] = ()  #: stored conditions that do not validate
+
+    def fresh(self) -> BenchmarkRunStatus:
+        """A new copy of :attr:`model` to build the next status in (validating anew is the cheap deep copy)."""
+        return BenchmarkRunStatus.model_validate(self.valid)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None, *, report: bool = True) -> StoredStatus:
+        """``report``: log what does not validate (off where the same status was just parsed and logged)."""
+        raw = dict(raw or {})
+        try:
+            return cls(raw, raw, BenchmarkRunStatus.model_validate(raw))
+        except ValidationError:
+            pass  # find out which parts do not validate, keep the rest typed
+        good: dict[str, Any] = {}
+        unparsed: dict[str, Any] = {}
+        bad_conditions: list[Any] = []
+        for key, value in raw.items():
+            if key == "conditions" and isinstance(value, list):
+                value, bad_conditions = _split_conditions(value, report)
+            problem = _field_problem(key, value)
+            if problem is None:
+                good[key] = value
+                continue
+            unparsed[key] = raw[key]
+            bad_conditions = [] if key == "conditions" else bad_conditions  # the whole list is kept
+            if report:
+                log.warning("status_field_unparsed", field=key, error=problem, kept="as stored")
+        return cls(raw, good, BenchmarkRunStatus.model_validate(good), unparsed, tuple(bad_conditions))
+
+
+def _field_problem(key: str, value: Any) -> str | None:
+    """Why ``status.<key>: value`` does not validate on its own; None when it does."""
+    try:
+        BenchmarkRunStatus.model_validate({key: value})
+    except ValidationError as err:
+        return _short(err, 512)
+    return None
+
+
+def _split_conditions(items: list[Any], report: bool) -> tuple[list[Any], list[Any]]:
+    """(the stored conditions that validate, those that do not)."""
+    good: list[Any] = []
+    bad: list[Any] = []
+    for item in items:
+        try:
+            ConditionModel.model_validate(item)
+        except ValidationError as err:
+            bad.append(item)
+            if report:
+                kind = item.get("type") if isinstance(item, Mapping) else None
+                log.warning("status_condition_unparsed", type=kind, error=_short(err, 512), kept="as stored")
+        else:
+            good.append(item)
+    return good, bad
+
+
+def _condition_type(item: Any) -> str:
+    kind = item.get("type") if isinstance(item, Mapping) else None
+    return kind if isinstance(kind, str) else ""
+
+
+#: ``BenchmarkRunStatus``'s fields: wire key -> attribute name.
+_STATUS_FIELDS = {info.alias or name: name for name, info in BenchmarkRunStatus.model_fields.items()}
+
+
 class _Status:
-    """Builds the next status from the previous one."""
+    """Builds the next status, typed, from the stored one; :meth:`dump` is its one serialization."""
 
-    def __init__(self, body: Mapping[str, Any], now: datetime) -> None:
-        self.old: dict[str, Any] = dict(body.get("status") or {})
-        self.new: dict[str, Any] = copy.deepcopy(self.old)
+    def __init__(self, prev: StoredStatus, now: datetime, generation: int | None) -> None:
+        self.prev = prev
+        self.old = prev.model  #: the stored status (read only)
+        self.new = prev.fresh()
         self.now = now
-        self.generation = (body.get("metadata") or {}).get("generation")
-        self.new["observedGeneration"] = self.generation
-        self.new.setdefault("conditions", [])
+        self.generation = generation  #: the observedGeneration of every condition set
+        #: fields written as given, not typed (stored ones that do not validate): wire key -> value
+        self.kept: dict[str, Any] = dict(prev.unparsed)
+        #: stored conditions that do not validate, kept until a condition of their type is set
+        self.kept_conditions = list(prev.unparsed_conditions)
 
-    def cond(self, type_: str, status: str, reason: str, message: str = "") -> None:
-        self.new["conditions"] = c.set_condition(
-            self.new["conditions"], type_, status, reason, message, now=self.now, generation=self.generation
-        )
+    @classmethod
+    def of(cls, body: Mapping[str, Any], now: datetime) -> _Status:
+        """The next status of the run ``body``: it reflects the run's current generation."""
+        generation = (body.get("metadata") or {}).get("generation")
+        return cls.following(StoredStatus.parse(body.get("status")), now, generation)
+
+    @classmethod
+    def following(cls, prev: StoredStatus, now: datetime, generation: int | None) -> _Status:
+        st = cls(prev, now, generation)
+        st.new.observed_generation = generation
+        if st.new.conditions is None:
+            st.new.conditions = []
+        return st
+
+    def cond(self, type_: str, status: c.ConditionStatus, reason: str, message: str = "") -> None:
+        """Set a condition (see :func:`conditions.put`)."""
+        if self.new.conditions is None:
+            self.new.conditions = []
+        # Edited in place, not assigned: the CRD's maxItems is the API server's to enforce, as for any
+        # status it refuses (a 422 fails the run InvalidResult), rather than an exception in the planner.
+        conds = self.new.conditions
+        conds[:] = c.put(conds, type_, status, reason, message, now=self.now, generation=self.generation)
+        self.kept_conditions = [k for k in self.kept_conditions if _condition_type(k) != type_]
+
+    def changed(self, type_: str, *, message: bool = False) -> bool:
+        """Whether condition ``type_`` of the next status differs from the stored one in status or reason
+        (or, with ``message``, its message): what an Event is planned for, never a mere re-statement."""
+        before, after = c.find(self.old.conditions, type_), c.find(self.new.conditions, type_)
+
+        def seen(cond: ConditionModel | None) -> tuple[str, str, str] | None:
+            return None if cond is None else (cond.status, cond.reason, cond.message if message else "")
+
+        return seen(before) != seen(after)
 
     def message_of(self, type_: str) -> str:
         """The message of a condition of the next status, as stored."""
-        return str((c.get(self.new["conditions"], type_) or {}).get("message", ""))
+        cond = c.find(self.new.conditions, type_)
+        return cond.message if cond is not None else ""
+
+    def keep(self, key: str, value: Any, why: str) -> None:
+        """Write ``status.<key>`` as given, untyped, because it does not validate (``why``); logged."""
+        log.warning("status_field_unparsed", field=key, error=why, kept="as given")
+        setattr(self.new, _STATUS_FIELDS[key], None)
+        self.kept[key] = value
+
+    def say(self, message: str) -> None:
+        """``status.message``, as stored (cleaned of control characters, at most the CRD's maxLength)."""
+        self.new.message = c.stored_text(message)
 
     def in_progress(self) -> None:
         self.cond(c.GOAL_REACHED, "Unknown", Reason.NO_RESULT_YET, "the run has not finished")
@@ -217,52 +362,95 @@ class _Status:
         self.cond(c.FAILED, "False", Reason.IN_PROGRESS, "")
 
     def fail(self, reason: str, message: str) -> None:
-        self.new["phase"] = Phase.FAILED
-        self.new["message"] = message
-        self.new.setdefault("completionTime", c.timestamp(self.now))
+        self.new.phase = Phase.FAILED
+        self.say(message)
+        if self.new.completion_time is None:
+            self.new.completion_time = c.instant(self.now)
         self.cond(c.WORKERS_READY, "False", Reason.RUN_FAILED, "the run failed")
         self.cond(c.RUNNING, "False", Reason.RUN_FAILED, "the run failed")
         self.cond(c.GOAL_REACHED, "False", Reason.RUN_FAILED, "the run failed before it reported a result")
         self.cond(c.SUCCEEDED, "False", reason, message)
         self.cond(c.FAILED, "True", reason, message)
 
+    def dump(self) -> dict[str, Any]:
+        """The next status as the API server gets it (``model_dump``: camelCase, RFC 3339 times, no nulls).
+
+        A field this pass left as it was is written exactly as stored, and one that does not validate as
+        it was stored or given (:attr:`kept`, see :class:`StoredStatus`), so that no pass rewrites what
+        it did not decide and :func:`status_patch` sends only real changes. A field the pass cleared is
+        written as null, which deletes it in the status' merge patch (``observedGeneration`` of a run
+        without ``metadata.generation``).
+        """
+        typed = self.new.model_dump(mode="json", by_alias=True, exclude_none=True)
+        raw = self.prev.raw
+        out: dict[str, Any] = {}
+        for key, name in _STATUS_FIELDS.items():
+            value = getattr(self.new, name)
+            if value is None and key in self.kept:
+                out[key] = copy.deepcopy(self.kept[key])
+            elif key in raw and value == getattr(self.old, name):
+                out[key] = copy.deepcopy(raw[key])
+            elif value is None:
+                if key in raw:
+                    out[key] = None
+            elif name == "conditions" and self.kept_conditions:
+                kept = copy.deepcopy(self.kept_conditions)
+                out[key] = sorted([*typed[key], *kept], key=lambda x: c.order(_condition_type(x)))
+            else:
+                out[key] = typed[key]
+        out.update({k: copy.deepcopy(v) for k, v in self.kept.items() if k not in _STATUS_FIELDS})
+        return out
+
+
+def _spec_workers(body: Mapping[str, Any], default: int) -> int:
+    """``spec.workers`` from the raw spec (a rejected run's spec may not validate); ``default`` when
+    unset, 0 when unusable (not a number, negative)."""
+    value = (body.get("spec") or {}).get("workers")
+    if value is None:
+        return default
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
 
 def rejected_status(body: Mapping[str, Any], rejection: Rejection, now: datetime) -> dict[str, Any]:
     """Status for a run that cannot start (nothing was created)."""
-    st = _Status(body, now)
-    st.new["workers"] = {"ready": 0, "total": int((body.get("spec") or {}).get("workers", 1))}
-    st.new["restarts"] = 0
+    st = _Status.of(body, now)
+    st.new.workers = WorkerCounts(ready=0, total=_spec_workers(body, 1))
+    st.new.restarts = 0
     st.fail(rejection.reason, rejection.message)
-    return st.new
+    return st.dump()
 
 
 def failed_status(body: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
     """Status for an admitted run that fails outside :func:`plan` (restarts and workers are kept)."""
-    st = _Status(body, now)
+    st = _Status.of(body, now)
     st.fail(reason, message)
-    return st.new
+    return st.dump()
 
 
 def admitted_status(
     body: Mapping[str, Any], ctx: RunContext, snapshot: dict[str, Any], now: datetime
 ) -> dict[str, Any]:
     """Status right after admission: the task snapshot is fixed from here on."""
-    st = _Status(body, now)
-    st.new.update(
-        phase=Phase.PENDING,
-        taskSnapshot=snapshot,
-        startTime=c.timestamp(now),
-        restarts=0,
-        workers={"ready": 0, "total": ctx.spec.workers},
-        message=f"creating {ctx.spec.workers} workers",
-    )
+    st = _Status.of(body, now)
+    st.new.phase = Phase.PENDING
+    try:
+        st.new.task_snapshot = BenchmarkTaskSpec.model_validate(snapshot)
+    except ValidationError as err:  # not from admit(): written as given; the next pass fails it InvalidConfig
+        st.keep("taskSnapshot", snapshot, _short(err, 512))
+    st.new.start_time = c.instant(now)
+    st.new.restarts = 0
+    st.new.workers = WorkerCounts(ready=0, total=ctx.spec.workers)
+    st.say(f"creating {ctx.spec.workers} workers")
     st.cond(c.WORKERS_READY, "False", Reason.CREATING, f"0/{ctx.spec.workers} workers ready")
     st.cond(c.RUNNING, "False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
     st.in_progress()
-    return st.new
+    return st.dump()
 
 
-def _summary_result(summary: RunSummary, image: str | None = None, workers: Iterable[PodView] = ()) -> dict[str, Any]:
+def _summary_result(summary: RunSummary, image: str | None = None, workers: Iterable[PodView] = ()) -> RunResult:
     """``status.result``: the summary's figures, and exactly what ran (the image asked for and the digests
     the workers' containers resolved it to, so a result stays attributable after a tag moves)."""
     ids = sorted({p.image_id for p in workers if p.image_id})
@@ -282,22 +470,21 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
         compression_ratio=summary.communication.compression_ratio if summary.communication else None,
         peak_bus_bandwidth=summary.peak_bus_bandwidth,
-    ).to_api()
+    )
 
 
-def final_progress(old: Mapping[str, Any] | None, summary: RunSummary, now: datetime) -> dict[str, Any]:
+def final_progress(old: Progress | None, summary: RunSummary, now: datetime) -> Progress:
     """``status.progress`` of a finished run: the summary's final figures, not the last scrape.
 
     Rank 0 is scraped every MLBENCH_PROGRESS_SECONDS, so the last scrape usually predates the
     final evaluation; ``kubectl get br`` must show the epoch and accuracy the run ended with.
+    Raises ValueError (a ValidationError) for figures the status cannot hold (e.g. an accuracy above 1).
     """
-    out = dict(old or {})
-    out["epoch"] = float(summary.epochs)
+    data = old.model_dump(by_alias=True, exclude_none=True) if old is not None else {}
+    data.update(epoch=float(summary.epochs), samplesPerSecond=summary.samples_per_second, updatedAt=c.instant(now))
     if summary.final_accuracy is not None:
-        out["lastAccuracy"] = summary.final_accuracy
-    out["samplesPerSecond"] = summary.samples_per_second
-    out["updatedAt"] = c.timestamp(now)
-    return out
+        data["lastAccuracy"] = summary.final_accuracy
+    return Progress.model_validate(data)  # an error names the wire's field
 
 
 def clean_pod_policy(spec: Mapping[str, Any] | None) -> CleanPodPolicy:
@@ -351,19 +538,19 @@ def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: dat
     Always a real change after a cleanup (the message gains :data:`CLEANED_UP`), so the run gets a watch
     event after the daemon stopped and kopf can release the finalizer.
     """
-    st = _Status(body, now)
+    st = _Status.of(body, now)
     uid = (body.get("metadata") or {}).get("uid", "")
     mine, _ = _own(pods, uid)
-    restarts = int(st.old.get("restarts") or 0)
+    restarts = st.old.restarts or 0
     ready = sum(1 for p in mine if p.role == n.ROLE_WORKER and p.attempt == restarts and p.ready and not p.terminating)
-    total = int((st.old.get("workers") or {}).get("total") or (body.get("spec") or {}).get("workers") or 0)
-    st.new["workers"] = {"ready": ready, "total": total}
-    wr = c.get(st.new["conditions"], c.WORKERS_READY) or {}
-    msg = wr.get("message") or "the run finished"
+    total = (st.old.workers.total if st.old.workers is not None else 0) or _spec_workers(body, 0)
+    st.new.workers = WorkerCounts(ready=ready, total=total)
+    wr = c.find(st.new.conditions, c.WORKERS_READY)
+    msg = (wr.message if wr is not None else "") or "the run finished"
     if CLEANED_UP not in msg:
         msg = f"{msg}; {CLEANED_UP} {clean_pod_policy(body.get('spec')).value}"
-    st.cond(c.WORKERS_READY, "False", wr.get("reason") or Reason.RUN_FINISHED, msg)
-    return st.new
+    st.cond(c.WORKERS_READY, "False", wr.reason if wr is not None else Reason.RUN_FINISHED, msg)
+    return st.dump()
 
 
 def _reject_non_finite(value: str) -> Any:
@@ -455,19 +642,17 @@ def _root_cause_wait(
 PROGRESS_DEADLINE_SECONDS = 600
 
 
-def _no_progress(
-    progress: Mapping[str, Any] | None, policy: RunPolicy, now: datetime
-) -> tuple[bool, str, float | None]:
+def _no_progress(progress: Progress | None, policy: RunPolicy, now: datetime) -> tuple[bool, str, float | None]:
     """(stalled, why, seconds until it would be): the step counter rank 0 reports has not moved for
     the progress deadline. Only once a step was seen (an image that serves no metrics is never Stalled)."""
-    since = c.parse_time((progress or {}).get("stepChangedAt"))
+    since = progress.step_changed_at if progress is not None else None
     if since is None:
         return False, "", None
     deadline = policy.progress_deadline_seconds or PROGRESS_DEADLINE_SECONDS
     idle = (now - since).total_seconds()
     if idle < deadline:
         return False, "", deadline - idle
-    step = (progress or {}).get("step")
+    step = progress.step if progress is not None else None
     why = f"the step counter has stayed at {step} for {idle:.0f} s (runPolicy.progressDeadlineSeconds={deadline})"
     return True, why, None
 
@@ -498,6 +683,7 @@ class PlanInput:
     """
 
     body: Mapping[str, Any]  #: the run as last written (its status is the previous decision)
+    stored: StoredStatus  #: its status, parsed
     ctx: RunContext
     now: datetime
     run_policy: RunPolicy
@@ -512,12 +698,14 @@ class PlanInput:
     @classmethod
     def of(cls, body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> PlanInput:
         own, foreign = _own(pods, ctx.uid)
-        restarts = int((body.get("status") or {}).get("restarts") or 0)
+        stored = StoredStatus.parse(body.get("status"))
+        restarts = stored.model.restarts or 0
         current = tuple(p for p in own if p.attempt == restarts)
         total = ctx.spec.workers
         workers = {p.rank: p for p in current if p.role == n.ROLE_WORKER and p.rank is not None and p.rank < total}
         return cls(
             body=body,
+            stored=stored,
             ctx=ctx,
             now=now,
             run_policy=ctx.spec.run_policy or RunPolicy(),
@@ -531,9 +719,9 @@ class PlanInput:
         )
 
     @property
-    def old(self) -> Mapping[str, Any]:
-        """The previous status."""
-        return self.body.get("status") or {}
+    def old(self) -> BenchmarkRunStatus:
+        """The previous status (what of it validates: see :class:`StoredStatus`)."""
+        return self.stored.model
 
     @property
     def total(self) -> int:
@@ -547,7 +735,7 @@ class PlanInput:
     @property
     def deadline_left(self) -> float | None:
         """Seconds until ``runPolicy.activeDeadlineSeconds`` (<= 0: exceeded); None: no deadline."""
-        start = c.parse_time(self.old.get("startTime"))
+        start = self.old.start_time
         deadline = self.run_policy.active_deadline_seconds
         if deadline is None or start is None:
             return None
@@ -555,26 +743,26 @@ class PlanInput:
 
     def status(self) -> _Status:
         """A fresh builder for the next status, with the counts every decision reports."""
-        st = _Status(self.body, self.now)
-        st.new["restarts"] = self.restarts
-        st.new["workers"] = {"ready": self.ready, "total": self.total}
+        st = _Status.following(self.stored, self.now, (self.body.get("metadata") or {}).get("generation"))
+        st.new.restarts = self.restarts
+        st.new.workers = WorkerCounts(ready=self.ready, total=self.total)
         return st
 
 
 #: A policy: a :class:`Plan` when it decides the pass, None to leave it to the next one.
 Policy = Callable[[PlanInput], Plan | None]
 #: A condition as ``(status, reason, message)``.
-_Cond = tuple[str, str, str]
+_Cond = tuple[c.ConditionStatus, str, str]
 
 
 def _finished(inp: PlanInput, st: _Status) -> Plan:
     """A terminal plan: the final status, the deletions its cleanPodPolicy wants, an Event with the outcome."""
-    phase = st.new["phase"]
+    phase = st.new.phase or Phase.FAILED
     kind = "Normal" if phase == Phase.SUCCEEDED else "Warning"
     return Plan(
-        status=st.new,
+        status=st.dump(),
         cleanup=_cleanup(inp.run_policy.clean_pod_policy, inp.own),
-        events=[(kind, phase, st.new.get("message", ""))],
+        events=[(kind, phase, st.new.message or "")],
     )
 
 
@@ -590,14 +778,16 @@ def launcher_succeeded(inp: PlanInput) -> Plan | None:
         if not text:
             raise ValueError("the launcher exited 0 but wrote no termination message")
         summary = parse_summary(text)
-        result = _summary_result(summary, inp.ctx.image, inp.workers.values())
-        _check_finite(result)
+        result = _summary_result(summary, inp.ctx.image, inp.workers.values())  # a RunResult holds finite numbers
+        progress = final_progress(inp.old.progress, summary, inp.now)
     except ValueError as err:
         st.fail(Reason.INVALID_RESULT, f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
         return _finished(inp, st)
-    progress = final_progress(inp.old.get("progress"), summary, inp.now)
-    st.new.update(phase=Phase.SUCCEEDED, result=result, progress=progress)
-    st.new.setdefault("completionTime", c.timestamp(inp.now))
+    st.new.phase = Phase.SUCCEEDED
+    st.new.result = result
+    st.new.progress = progress
+    if st.new.completion_time is None:
+        st.new.completion_time = c.instant(inp.now)
     if summary.goal_reached:
         ttg = summary.time_to_goal_seconds
         msg = f"goal reached{f' in {ttg:.1f} s' if ttg is not None else ''}"
@@ -607,7 +797,7 @@ def launcher_succeeded(inp: PlanInput) -> Plan | None:
         reason = Reason.ABORTED if summary.status == "aborted" else Reason.GOAL_NOT_REACHED
     if summary.best_accuracy is not None:
         msg += f"; best accuracy {summary.best_accuracy:.4f}"
-    st.new["message"] = msg
+    st.say(msg)
     st.cond(c.WORKERS_READY, "False", Reason.RUN_FINISHED, "the run finished")
     st.cond(c.RUNNING, "False", Reason.COMPLETED, f"launcher {launcher.name} completed")
     st.cond(c.GOAL_REACHED, "True" if summary.goal_reached else "False", reason, msg)
@@ -626,13 +816,12 @@ def launcher_aborted(inp: PlanInput) -> Plan | None:
     try:
         summary = parse_summary(launcher.term_message)
         result = _summary_result(summary, inp.ctx.image, inp.workers.values())
-        _check_finite(result)
     except ValueError:
         return None
     if summary.status != "aborted":
         return None
     st = inp.status()
-    st.new["result"] = result
+    st.new.result = result
     st.fail(
         Reason.ABORTED,
         f"the run aborted ({summary.stop_reason or summary.status}); "
@@ -662,7 +851,7 @@ def root_cause_hold(inp: PlanInput) -> Plan | None:
     hold = _root_cause_wait(inp.launcher, inp.workers, inp.total, inp.now)
     if hold is None:
         return None
-    return Plan(status=inp.status().new, requeue_after=hold)
+    return Plan(status=inp.status().dump(), requeue_after=hold)
 
 
 def gang_failure(inp: PlanInput) -> Plan | None:
@@ -671,7 +860,7 @@ def gang_failure(inp: PlanInput) -> Plan | None:
     attempt remain: they are history (:func:`stale_attempt` clears them)."""
     if inp.stale:
         return None
-    was_running = c.is_true(inp.old.get("conditions"), c.RUNNING)
+    was_running = c.holds(inp.old.conditions, c.RUNNING)
     failure = _find_failure(inp.ctx.name, inp.workers, inp.launcher, inp.total, was_running)
     if failure is None:
         return None
@@ -686,13 +875,16 @@ def gang_failure(inp: PlanInput) -> Plan | None:
         return _finished(inp, st)
     restarts = inp.restarts + 1
     text = f"restart {restarts}/{limit}: {message}"
-    st.new.update(restarts=restarts, phase=Phase.PENDING, message=text, workers={"ready": 0, "total": inp.total})
+    st.new.restarts = restarts
+    st.new.phase = Phase.PENDING
+    st.say(text)
+    st.new.workers = WorkerCounts(ready=0, total=inp.total)
     st.cond(c.WORKERS_READY, "False", Reason.RESTARTING, text)
     st.cond(c.RUNNING, "False", Reason.RESTARTING, text)
     st.cond(c.RESTARTED, "True", reason, text)
     launcher = inp.launcher
     return Plan(
-        status=st.new,
+        status=st.dump(),
         # the restart is recorded (status first), then every pod of the failed attempt goes
         delete_stale=_deletable(inp.own),
         events=[("Warning", Reason.RESTARTING, text)],
@@ -706,13 +898,13 @@ def stale_attempt(inp: PlanInput) -> Plan | None:
     if not inp.stale:
         return None
     st = inp.status()
-    st.new["phase"] = Phase.PENDING
+    st.new.phase = Phase.PENDING
     msg = f"waiting for {len(inp.stale)} pods of the previous attempt to terminate"
     st.cond(c.WORKERS_READY, "False", Reason.RESTARTING, msg)
     st.cond(c.RUNNING, "False", Reason.RESTARTING, msg)
     st.in_progress()
-    st.new["message"] = msg
-    return Plan(status=st.new, delete_stale=_deletable(inp.stale))
+    st.say(msg)
+    return Plan(status=st.dump(), delete_stale=_deletable(inp.stale))
 
 
 def _workers_to_create(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[list[int], list[PodView]]:
@@ -728,15 +920,15 @@ def _workers_ready(inp: PlanInput, blocked: list[PodView], creating: bool) -> _C
     """WorkersReady: all Ready, or the most useful reason why not (a refused create, a name held by
     another owner, the scheduler, a stuck container), in that order."""
     ready, total = inp.ready, inp.total
-    prev = c.get(inp.old.get("conditions"), c.WORKERS_READY) or {}
+    prev = c.find(inp.old.conditions, c.WORKERS_READY)
     workers = sorted(inp.workers.values(), key=lambda p: p.rank or 0)
     unsched = [p for p in workers if p.unschedulable]
     stuck = [p for p in workers if p.waiting]
     if ready == total:
         return "True", Reason.ALL_WORKERS_READY, f"{ready}/{total} workers ready"
-    if prev.get("reason") == Reason.CREATE_FAILED and creating:
+    if prev is not None and prev.reason == Reason.CREATE_FAILED and creating:
         # the API server refused a create (quota, policy): keep saying so while we retry
-        return "False", Reason.CREATE_FAILED, prev.get("message", "")
+        return "False", Reason.CREATE_FAILED, prev.message
     if blocked:
         pod = blocked[0]
         text = (
@@ -764,54 +956,52 @@ def _launcher_state(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[Phase,
         return Phase.STARTING, ("False", Reason.LAUNCHER_STARTING, text), False
     if inp.ready < inp.total:
         scheduled = len(inp.workers) == inp.total and all(p.scheduled for p in inp.workers.values())
-        waiting = ("False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
+        waiting: _Cond = ("False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
         return (Phase.STARTING if scheduled else Phase.PENDING), waiting, False
     blocker = held.get(n.launcher_name(inp.ctx.name))
     if blocker is not None:
         text = f"pod {blocker.name} belongs to another owner (uid {blocker.owner_uid}); waiting for it to be deleted"
         return Phase.STARTING, ("False", Reason.NAME_CONFLICT, text), False
-    prev = c.get(inp.old.get("conditions"), c.RUNNING) or {}
-    if prev.get("reason") == Reason.CREATE_FAILED:
-        return Phase.STARTING, ("False", Reason.CREATE_FAILED, prev.get("message", "")), True
+    prev = c.find(inp.old.conditions, c.RUNNING)
+    if prev is not None and prev.reason == Reason.CREATE_FAILED:
+        return Phase.STARTING, ("False", Reason.CREATE_FAILED, prev.message), True
     return Phase.STARTING, ("False", Reason.CREATING_LAUNCHER, "every worker is Ready; creating the launcher"), True
 
 
-def _stalled(inp: PlanInput) -> tuple[_Cond, bool, float | None]:
-    """(Stalled condition, is it news (Event), seconds until it would be) for a Running run."""
-    stalled, why, wait = _no_progress(inp.old.get("progress"), inp.run_policy, inp.now)
-    was = c.get(inp.old.get("conditions"), c.STALLED) or {}
-    news = stalled and (was.get("status"), was.get("reason")) != ("True", Reason.NO_PROGRESS)
+def _stalled(inp: PlanInput) -> tuple[_Cond, float | None]:
+    """(Stalled condition, seconds until it would be) for a Running run."""
+    stalled, why, wait = _no_progress(inp.old.progress, inp.run_policy, inp.now)
     if stalled:
-        return ("True", Reason.NO_PROGRESS, why), news, wait
-    return ("False", Phase.RUNNING, why), False, wait
+        return ("True", Reason.NO_PROGRESS, why), wait
+    return ("False", Phase.RUNNING, why), wait
 
 
 def make_progress(inp: PlanInput) -> Plan:
     """Always decides: create what is missing (workers, then the launcher once all are Ready) and say
     where the run stands (WorkersReady, Running, the phase; Stalled while Running)."""
     st = inp.status()
-    out = Plan(status=st.new)
+    out = Plan(status={})
     held = {p.name: p for p in inp.foreign}
     out.create_workers, blocked = _workers_to_create(inp, held)
     workers_ready = _workers_ready(inp, blocked, bool(out.create_workers))
     phase, running, out.create_launcher = _launcher_state(inp, held)
     st.cond(c.WORKERS_READY, *workers_ready)
-    st.new["phase"] = phase
+    st.new.phase = phase
     st.cond(c.RUNNING, *running)
     st.in_progress()
     # the conditions' messages as stored (cleaned of control characters), not the raw text from pods
     workers_text, running_text = st.message_of(c.WORKERS_READY), st.message_of(c.RUNNING)
-    st.new["message"] = f"{workers_text}; {running_text}"
+    st.say(f"{workers_text}; {running_text}")
     if phase == Phase.RUNNING:
-        stalled, news, out.requeue_after = _stalled(inp)
+        stalled, out.requeue_after = _stalled(inp)
         st.cond(c.STALLED, *stalled)
-        if news:
-            out.events.append(("Warning", Reason.NO_PROGRESS, stalled[2]))
-    if phase != inp.old.get("phase"):
-        out.events.append(("Normal", phase, st.new["message"]))
-    prev = c.get(inp.old.get("conditions"), c.WORKERS_READY) or {}
-    if workers_ready[1] == Reason.UNSCHEDULABLE and prev.get("reason") != Reason.UNSCHEDULABLE:
+        if stalled[:2] == ("True", Reason.NO_PROGRESS) and st.changed(c.STALLED):
+            out.events.append(("Warning", Reason.NO_PROGRESS, st.message_of(c.STALLED)))
+    if phase != inp.old.phase:
+        out.events.append(("Normal", phase, st.new.message or ""))
+    if workers_ready[1] == Reason.UNSCHEDULABLE and st.changed(c.WORKERS_READY):
         out.events.append(("Warning", Reason.UNSCHEDULABLE, workers_text))
+    out.status = st.dump()
     return out
 
 
@@ -855,32 +1045,28 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
     DatasetReady carries the state; an Event is planned only when that condition changes (not for every
     retry-count update of the message).
     """
-    st = _Status(body, now)
-    out = Plan(status=st.new)
-    old = c.get(st.old.get("conditions"), c.DATASET_READY) or {}
+    st = _Status.of(body, now)
     deadline = ((body.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
-    start = c.parse_time(st.old.get("startTime"))
+    start = st.old.start_time
     left = (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
     if left is not None and left <= 0 and state.action not in (FetchAction.READY, FetchAction.FAIL):
         message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {state.message}"
         st.fail(Reason.DEADLINE_EXCEEDED, message)
-        out.events.append(("Warning", Phase.FAILED, message))
-        return out
-    out.requeue_after = left
+        return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, message)])
     if state.action is FetchAction.READY:
-        st.cond(c.DATASET_READY, "True", state.reason.value, state.message)
+        st.cond(c.DATASET_READY, "True", state.reason, state.message)
     elif state.action is FetchAction.FAIL:
-        st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
-        st.fail(state.reason.value, state.message)
+        st.cond(c.DATASET_READY, "False", state.reason, state.message)
+        st.fail(state.reason, state.message)
     else:
-        st.new["phase"] = Phase.PENDING
-        st.cond(c.DATASET_READY, "False", state.reason.value, state.message)
+        st.new.phase = Phase.PENDING
+        st.cond(c.DATASET_READY, "False", state.reason, state.message)
         st.cond(c.WORKERS_READY, "False", Reason.WAITING_FOR_DATASET, "workers are created once the dataset is ready")
         st.cond(c.RUNNING, "False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
         st.in_progress()
-        st.new["message"] = state.message
-    new = c.get(st.new["conditions"], c.DATASET_READY) or {}
-    if (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason")):
+        st.say(state.message)
+    out = Plan(status=st.dump(), requeue_after=left)
+    if st.changed(c.DATASET_READY):
         kind = "Warning" if state.action is FetchAction.FAIL else "Normal"
         out.events.append((kind, state.reason.value, state.message))
     return out
@@ -894,36 +1080,43 @@ def finalize(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     (Flux, Argo CD, ``kubectl wait --for=condition=Ready``) read every run the same way. The one
     input of its own is a ``Stalled``/``NoProgress`` set by :func:`plan` while Running.
     """
-    new = dict(status)
-    if isinstance(new.get("message"), str):
-        new["message"] = c.clean(new["message"])[:32768]
-    phase = new.get("phase")
-    if not phase:
-        return new
-    conds = list(new.get("conditions") or [])
-    message = new.get("message") or ""
-    failed = c.get(conds, c.FAILED) or {}
-    stalled = c.get(conds, c.STALLED) or {}
+    raw = dict(status)
+    if isinstance(raw.get("message"), str):
+        raw["message"] = c.stored_text(raw["message"])
+    st = _Status(StoredStatus.parse(raw, report=False), now, None)  # a part that does not validate was logged
+    _kstatus(st)
+    return st.dump()
+
+
+def _kstatus(st: _Status) -> None:
+    """Ready, Reconciling and Stalled of the next status (see :func:`finalize`); nothing without a phase.
+    Their observedGeneration is the status' own."""
+    new = st.new
+    st.generation = new.observed_generation
+    phase = new.phase
+    if phase is None:
+        return
+    message = new.message or ""
+    failed = c.find(new.conditions, c.FAILED)
+    stalled = c.find(new.conditions, c.STALLED)
+    no_progress = stalled is not None and (stalled.status, stalled.reason) == ("True", Reason.NO_PROGRESS)
     ready: _Cond
     stuck: _Cond
     if phase == Phase.SUCCEEDED:
         ready = ("True", Phase.SUCCEEDED, message)
     elif phase == Phase.FAILED:
-        ready = ("False", failed.get("reason") or Phase.FAILED, failed.get("message") or message)
+        ready = ("False", failed.reason if failed else Phase.FAILED, (failed.message if failed else "") or message)
     else:
         ready = ("False", phase, message)
-    reconciling = ("False", phase, "the run finished") if phase in TERMINAL else ("True", phase, message)
+    reconciling: _Cond = ("False", phase, "the run finished") if phase in TERMINAL else ("True", phase, message)
     if phase == Phase.FAILED:
         stuck = ("True", ready[1], ready[2])
-    elif phase == Phase.RUNNING and (stalled.get("status"), stalled.get("reason")) == ("True", Reason.NO_PROGRESS):
-        stuck = ("True", Reason.NO_PROGRESS, stalled.get("message") or "")
+    elif phase == Phase.RUNNING and stalled is not None and no_progress:
+        stuck = ("True", Reason.NO_PROGRESS, stalled.message)
     else:
         stuck = ("False", phase, "")
-    gen = new.get("observedGeneration")
     for type_, (value, reason, text) in ((c.READY, ready), (c.RECONCILING, reconciling), (c.STALLED, stuck)):
-        conds = c.set_condition(conds, type_, value, reason, text, now=now, generation=gen)
-    new["conditions"] = conds
-    return new
+        st.cond(type_, value, reason, text)
 
 
 #: A status the API server refused (422) is replaced by this much, which it always accepts.
@@ -941,16 +1134,16 @@ def unstorable_status(old: Mapping[str, Any], detail: str, now: datetime) -> dic
     message = message[: UNSTORABLE_MESSAGE_LIMIT - 3] + "..." if len(message) > UNSTORABLE_MESSAGE_LIMIT else message
     gen = old.get("observedGeneration")
     gen = gen if isinstance(gen, int) and 0 <= gen <= 2**53 else None
-    conds: list[c.Condition] = []
-    for type_, value in ((c.SUCCEEDED, "False"), (c.FAILED, "True")):
-        conds = c.set_condition(conds, type_, value, Reason.INVALID_RESULT, message, now=now, generation=gen)
-    out: dict[str, Any] = {
-        "phase": Phase.FAILED,
-        "message": message,
-        "conditions": conds,
-        "completionTime": old.get("completionTime") or c.timestamp(now),
-    }
-    return finalize(out, now)
+    st = _Status(StoredStatus.parse({}), now, gen)
+    st.new.phase = Phase.FAILED
+    st.say(message)
+    st.new.conditions = []
+    st.cond(c.SUCCEEDED, "False", Reason.INVALID_RESULT, message)
+    st.cond(c.FAILED, "True", Reason.INVALID_RESULT, message)
+    done = StoredStatus.parse({"completionTime": old.get("completionTime")}, report=False).model.completion_time
+    st.new.completion_time = done or c.instant(now)
+    _kstatus(st)
+    return st.dump()
 
 
 def generation_patch(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -992,36 +1185,30 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     (or Running, for the launcher) while the caller retries with backoff. A Warning Event is planned
     whenever the message changes, not on every retry.
     """
-    st = _Status(body, now)
-    out = Plan(status=st.new)
+    st = _Status.of(body, now)
     name, code, detail = next((f for f in failures if f[1] == 422), failures[0])
     text = f"creating {name} was refused (HTTP {code}): {detail}"
     if len(failures) > 1:
         text += f" (and {len(failures) - 1} more)"
     if code == 422:
         st.fail(Reason.CREATE_FAILED, text)
-        out.events.append(("Warning", Phase.FAILED, text))
-        return out
+        return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, text)])
     type_ = c.RUNNING if name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
-    old = c.get(st.old.get("conditions"), type_) or {}
     st.cond(type_, "False", Reason.CREATE_FAILED, text)
-    st.new["message"] = text
-    if (old.get("reason"), old.get("message")) != (Reason.CREATE_FAILED, text):
-        out.events.append(("Warning", Reason.CREATE_FAILED, text))
-    return out
+    st.say(text)
+    # the stored message against the one set now (both cleaned): the same refusal again plans no Event
+    changed = st.changed(type_, message=True)
+    return Plan(status=st.dump(), events=[("Warning", Reason.CREATE_FAILED, text)] if changed else [])
 
 
 def object_conflict(body: Mapping[str, Any], kind: str, name: str, owner: str | None, now: datetime) -> Plan:
     """A Service/ConfigMap/Secret with the run's name exists but is not the run's: say so, wait."""
-    st = _Status(body, now)
-    out = Plan(status=st.new)
+    st = _Status.of(body, now)
     text = (
         f"{kind} {name} already exists and is not owned by this run (owner uid {owner or 'none'}); "
         "waiting for it to be deleted"
     )
-    old = c.get(st.old.get("conditions"), c.WORKERS_READY) or {}
     st.cond(c.WORKERS_READY, "False", Reason.NAME_CONFLICT, text)
-    st.new["message"] = text
-    if (old.get("reason"), old.get("message")) != (Reason.NAME_CONFLICT, text):
-        out.events.append(("Warning", Reason.NAME_CONFLICT, text))
-    return out
+    st.say(text)
+    changed = st.changed(c.WORKERS_READY, message=True)
+    return Plan(status=st.dump(), events=[("Warning", Reason.NAME_CONFLICT, text)] if changed else [])

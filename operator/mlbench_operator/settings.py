@@ -134,6 +134,9 @@ class OperatorConfig:
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
     metrics_port: int = METRICS_PORT
+    #: ``--namespace`` (repeatable): the namespaces the operator serves; () = cluster-wide. Not from the
+    #: environment: kopf's flag, which main.py passes to kopf and, through here, to the pod watches.
+    namespaces: tuple[str, ...] = ()
     resync_seconds: float = RESYNC_SECONDS
     debounce_seconds: float = DEBOUNCE_SECONDS
 

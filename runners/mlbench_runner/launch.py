@@ -28,6 +28,7 @@ from pathlib import Path
 from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_runner.collect import gather, rank0_event, results_line, ssh_options
+from mlbench_runner.options import knob_names
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -42,21 +43,11 @@ CAUSE = re.compile(
 MAX_CAUSES = 10
 #: Rank 0's event lines kept from mpirun's output, the fallback when worker 0's events.jsonl is gone.
 MAX_SEEN_EVENTS = 100_000
-#: Environment forwarded to every rank with ``-x`` (when set on the launcher).
-FORWARD_ENV = (
-    CONFIG_ENV,
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "MLBENCH_HOSTFILE",
-    "MLBENCH_CACHE",
-    "MLBENCH_DATA_DIR",
-    "MLBENCH_DTYPE",
-    "MLBENCH_PRECISION",
-    "MLBENCH_CHANNELS_LAST",
-    "MLBENCH_MAX_STEPS",
-    "MLBENCH_TRACE_PARAMS",
-    "MLBENCH_THREADS",
-    "MLBENCH_METRICS_LINGER_SECONDS",
+#: The launcher's own variables that every rank needs (not execution knobs): the run configuration, the
+#: rendezvous, the hostfile, the dataset cache and the fallback dataset directory.
+LAUNCHER_ENV = (CONFIG_ENV, "MASTER_ADDR", "MASTER_PORT", "MLBENCH_HOSTFILE", "MLBENCH_CACHE", "MLBENCH_DATA_DIR")
+#: The runtime's: the interpreter's path, the libraries, the collectives' interfaces and threads.
+RUNTIME_ENV = (
     "PYTHONPATH",
     "PATH",
     "LD_LIBRARY_PATH",
@@ -65,6 +56,9 @@ FORWARD_ENV = (
     "GLOO_SOCKET_IFNAME",
     "OMP_NUM_THREADS",
 )
+#: Environment forwarded to every rank with ``-x`` (when set on the launcher): the launcher's variables,
+#: every execution knob (declared once, in :mod:`mlbench_runner.options`) and the runtime's.
+FORWARD_ENV = (*LAUNCHER_ENV, *knob_names(), *RUNTIME_ENV)
 
 
 def launcher_command(config_path: Path, hostfile: Path, termination_log: Path, *, oversubscribe: bool) -> list[str]:

@@ -137,8 +137,8 @@ def prepare_data(config: RunConfig, say: Any) -> None:
         return
     ds = config.task.dataset
     if ds.format in (DatasetFormat.IMAGE_TARBALL, DatasetFormat.IMAGE_FOLDER, DatasetFormat.LIBSVM):
-        from mlbench_runner.data.base import resolve_path
         from mlbench_runner.data.cifar import load_image_archive
+        from mlbench_runner.data.loader import resolve_path
         from mlbench_runner.data.tabular import load_libsvm_dataset
 
         t0 = time.perf_counter()

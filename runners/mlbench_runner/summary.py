@@ -13,11 +13,12 @@ import math
 import os
 import platform
 import socket
+from dataclasses import dataclass
 
 import torch
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import CommunicationRecord, Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_api.results import CommunicationRecord, Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary
 from mlbench_runner.timing import PHASES, StepTiming
 from mlbench_runner.world import World
 
@@ -35,11 +36,37 @@ def device_description(device: torch.device) -> str:
     return f"cpu {cpu} ({torch.get_num_threads()} threads/rank)"
 
 
+@dataclass(frozen=True)
+class ExecutionRecord:
+    """Which training step ran and why (the fast path's capture time and check, when it was captured)."""
+
+    path: str
+    reason: str
+    capture_seconds: float | None = None
+    verify_difference: float | None = None
+
+
+def tf32_label(device: torch.device) -> str | None:
+    """Where TensorFloat-32 may be used on this GPU (PyTorch's default: inside cuDNN convolutions only)."""
+    if device.type != "cuda":
+        return None
+    flags = (("cudnn", torch.backends.cudnn.allow_tf32), ("matmul", torch.backends.cuda.matmul.allow_tf32))
+    return "+".join(name for name, on in flags if on) or "off"
+
+
 class SummaryBuilder:
     """Sums step timings and epoch records; ``build`` makes the RunSummary."""
 
-    def __init__(self, config: RunConfig, world: World, device: torch.device, precision: str) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        world: World,
+        device: torch.device,
+        precision: str,
+        execution: ExecutionRecord | None = None,
+    ) -> None:
         self.config, self.world, self.device, self.precision = config, world, device, precision
+        self.execution = execution
         self.totals = {p: 0.0 for p in PHASES}
         self.evaluation = 0.0
         self.steps_timed = 0
@@ -71,7 +98,7 @@ class SummaryBuilder:
         self.stopped_at = (steps, epochs, wall)
 
     def build(
-        self, status: str, stop_reason: str | None = None, communication: CommunicationRecord | None = None
+        self, status: RunStatus, stop_reason: str | None = None, communication: CommunicationRecord | None = None
     ) -> RunSummary:
         steps, epochs, wall = self.stopped_at or (0, 0.0, 0.0)
         t = self.totals
@@ -92,6 +119,10 @@ class SummaryBuilder:
             algorithm=f"{self.config.algorithm.value}/{self.config.bucketing.value}",
             seed=self.config.seed,
             hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
+            training_step=self.execution.path if self.execution else None,
+            training_step_reason=self.execution.reason if self.execution else None,
+            capture_seconds=self.execution.capture_seconds if self.execution else None,
+            tf32=tf32_label(self.device),
         )
         goal_reached = self.time_to_goal is not None if status != "aborted" else False
         if self.config.task.goal.mode.value == "accuracy-after-time":

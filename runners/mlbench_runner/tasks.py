@@ -29,6 +29,10 @@ class TaskKernel(ABC):
     def test_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @abstractmethod
+    def synthetic_batch(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """A random batch shaped like :meth:`train_batch`'s, from no data (graph capture warms up on it)."""
+
+    @abstractmethod
     def loss(self, output: torch.Tensor, target: torch.Tensor, model: nn.Module) -> torch.Tensor: ...
 
     @abstractmethod
@@ -68,6 +72,14 @@ class ImageClassification(TaskKernel):
         x = normalize(self.x_test[idx].to(self.dtype), self.mean, self.std)
         return x.contiguous(memory_format=self.memory_format), self.y_test[idx]
 
+    def synthetic_batch(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator(device=self.x_train.device).manual_seed(seed)
+        shape = (n, *self.x_train.shape[1:])
+        x = torch.randn(shape, device=self.x_train.device, dtype=self.dtype, generator=g)
+        classes = int(self.y_train.max()) + 1 if self.n_train else 1
+        y = torch.randint(0, classes, (n,), device=self.x_train.device, generator=g)
+        return x.contiguous(memory_format=self.memory_format), y
+
     def loss(self, output: torch.Tensor, target: torch.Tensor, model: nn.Module) -> torch.Tensor:
         return F.cross_entropy(output.float(), target)
 
@@ -91,6 +103,12 @@ class LinearClassification(TaskKernel):
 
     def test_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x_test[idx], self.y_test[idx]
+
+    def synthetic_batch(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator(device=self.x_train.device).manual_seed(seed)
+        x = torch.randn((n, self.x_train.shape[1]), device=self.x_train.device, dtype=self.x_train.dtype, generator=g)
+        y = torch.randint(0, 2, (n,), device=self.x_train.device, generator=g).to(self.y_train.dtype) * 2 - 1
+        return x, y
 
     def loss(self, output: torch.Tensor, target: torch.Tensor, model: nn.Module) -> torch.Tensor:
         loss = F.softplus(-target * output).mean()

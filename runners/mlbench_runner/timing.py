@@ -35,8 +35,10 @@ class StepTiming:
 class PhaseTimer:
     """Collects :class:`StepTiming` records; ``flush`` returns the ones that are resolved."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.cuda = device.type == "cuda"
+        #: Off (``MLBENCH_PHASE_TIMING=0``) only to measure what timing itself costs: no step is recorded.
+        self.enabled = enabled
         self._current: StepTiming | None = None
         self._pending_cuda: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
         self._steps: dict[int, StepTiming] = {}
@@ -44,8 +46,9 @@ class PhaseTimer:
 
     def start_step(self, step: int) -> None:
         self._current = StepTiming(step)
-        self._steps[step] = self._current
-        self._open[step] = 0
+        if self.enabled:
+            self._steps[step] = self._current
+            self._open[step] = 0
 
     def end_step(self) -> None:
         self._current = None
@@ -55,7 +58,9 @@ class PhaseTimer:
         """Time the enclosed block as phase ``name`` of the current step."""
         current = self._current
         assert current is not None, "start_step() first"
-        if self.cuda:
+        if not self.enabled:
+            yield
+        elif self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

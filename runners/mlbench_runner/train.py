@@ -1,15 +1,15 @@
 """One rank's training run: RunConfig in, RunSummary out (rank 0).
 
-The loop is deliberately flat: per step the timed phases (data, forward, backward, then
-the algorithm's compression and communication, optimizer, and the algorithm's after-step),
-per epoch an evaluation on every rank's test shard with the counts all-reduced, and
-collective stopping decisions so all ranks leave at one step.
+The loop is deliberately flat (airbench's shape): :meth:`Trainer._setup` builds a frozen
+:class:`Setup`, then per epoch :meth:`Trainer._train_epoch` runs the steps (the timed phases
+data, forward, backward, the algorithm's compression and communication, optimizer, and its
+after-step; see :mod:`mlbench_runner.steps` for the eager and the fast step),
+:meth:`Trainer._evaluate` scores every rank's test shard with the counts all-reduced, and
+every way out goes through :meth:`Trainer._stop`. Stopping decisions are collective, so all
+ranks leave at one step.
 
-Knobs that are not part of the run configuration (debug/benchmark only, documented in
-docs/runner.md): ``MLBENCH_DTYPE`` (float32|float64), ``MLBENCH_PRECISION`` (fp32|bf16,
-GPU only), ``MLBENCH_CHANNELS_LAST``, ``MLBENCH_MAX_STEPS``, ``MLBENCH_TRACE_PARAMS``,
-``MLBENCH_THREADS``, ``MLBENCH_METRICS_LINGER_SECONDS``; ``MLBENCH_TRACE_GOSSIP`` is read by
-decentralized-sgd.
+The execution knobs outside the run configuration (``MLBENCH_DTYPE``, ``MLBENCH_FAST_PATH``,
+...) are declared once, in :mod:`mlbench_runner.options`.
 """
 
 from __future__ import annotations
@@ -24,59 +24,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import CommunicationRecord, RunSummary
+from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import partition
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
+from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, make_communicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.models import build_model
+from mlbench_runner.options import Options
 from mlbench_runner.schedule import learning_rate
-from mlbench_runner.summary import SummaryBuilder
+from mlbench_runner.steps import EagerStep, FastStep, PathChoice, Step, StepPath, capture_checked, choose_path
+from mlbench_runner.summary import ExecutionRecord, SummaryBuilder
 from mlbench_runner.tasks import ImageClassification, LinearClassification, TaskKernel
 from mlbench_runner.timing import PhaseTimer, WallClock
 from mlbench_runner.world import World, detect_world
 
-EVAL_BATCH = 500
+__all__ = ["Options", "RankRecord", "Trainer", "train"]
+
+#: Test images per evaluation batch: the whole split in a few large batches on a GPU.
+EVAL_BATCH = {"cpu": 500, "cuda": 2500}
 FLUSH_EVERY = 25
 PROGRESS_SECONDS = 5.0
-
-
-@dataclass
-class Options:
-    """Execution choices outside the RunConfig (environment knobs, see module doc)."""
-
-    dtype: torch.dtype = torch.float32
-    precision: str = "fp32"
-    channels_last: bool = False
-    max_steps: int | None = None
-    trace_params: bool = False
-    threads: int | None = None
-    linger_seconds: float = 0.0
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Options:
-        env = dict(os.environ if env is None else env)
-        dtypes = {"float32": torch.float32, "float64": torch.float64}
-        name = env.get("MLBENCH_DTYPE", "float32")
-        if name not in dtypes:
-            raise ValueError(f"MLBENCH_DTYPE: {name!r} is not float32 or float64")
-        precision = env.get("MLBENCH_PRECISION", "fp32")
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"MLBENCH_PRECISION: {precision!r} is not fp32 or bf16")
-        return cls(
-            dtype=dtypes[name],
-            precision=precision,
-            channels_last=env.get("MLBENCH_CHANNELS_LAST", "0") == "1",
-            max_steps=int(env["MLBENCH_MAX_STEPS"]) if env.get("MLBENCH_MAX_STEPS") else None,
-            trace_params=env.get("MLBENCH_TRACE_PARAMS", "0") == "1",
-            threads=int(env["MLBENCH_THREADS"]) if env.get("MLBENCH_THREADS") else None,
-            linger_seconds=float(env.get("MLBENCH_METRICS_LINGER_SECONDS", "0")),
-        )
 
 
 @dataclass
@@ -89,6 +63,7 @@ class RankRecord:
     epochs_completed: int = 0
     param_sha1: list[str] = field(default_factory=list)
     param_values: list[list[float]] = field(default_factory=list)  # only for models of <= 4096 numbers
+    param_norms: list[float] = field(default_factory=list)  # fp64 L2 norm of all parameters (any model size)
     lrs: list[float] = field(default_factory=list)
     buffer_sha1: list[str] = field(default_factory=list)  # at each evaluation, after before_evaluation
     accuracies: list[float] = field(default_factory=list)
@@ -137,6 +112,54 @@ def buffers_sha1(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class Setup:
+    """Everything :meth:`Trainer._setup` builds; fixed for the rest of the run."""
+
+    device: torch.device
+    comm: Communicator
+    algorithm_comm: CountingCommunicator  # the algorithm's view of comm: counts the bytes it sends
+    metrics: RunnerMetrics
+    kernel: TaskKernel
+    model: nn.Module
+    algorithm: DistributedAlgorithm
+    plan: CommunicationPlan
+    step: Step
+    batch: int
+    steps_per_epoch: int
+    timer: PhaseTimer
+    summary: SummaryBuilder
+    autocast: bool
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    """What one epoch's training steps left: the step counter, mean loss, last rate, and an early stop."""
+
+    step: int
+    mean_loss: float
+    lr: float
+    stop: StopReason | None
+
+
+def status_for(reason: StopReason, reached: bool) -> RunStatus:
+    """The run's status for the reason it stopped; ``reached``: the goal held at the stop."""
+    if reason == "diverged":
+        return "aborted"
+    if reason == "goal":
+        return "success"
+    if reason in ("time-budget", "max-epochs"):
+        return "success" if reached else "goal-not-reached"
+    return "goal-not-reached"
+
+
+def precision_label(opts: Options, device: torch.device) -> str:
+    dtype = "fp64" if opts.dtype == torch.float64 else "fp32"
+    cuda = device.type == "cuda"
+    label = "bf16-autocast" if opts.precision == "bf16" and cuda else dtype
+    return label + ("+channels_last" if opts.channels_last and cuda else "")
+
+
 class Trainer:
     """Holds one rank's state; :meth:`run` trains to a stop and returns rank 0's summary."""
 
@@ -153,17 +176,22 @@ class Trainer:
         self.out = Path(config.output_dir)
         self.log = EventLog(self.rank, self.out)
         self.record = RankRecord(self.rank)
+        self.setup: Setup | None = None
+        self.comm: Communicator | None = None  # set as soon as it exists, so a failing set-up still closes it
+        self.metrics: RunnerMetrics | None = None
+        self.step_bytes = 0
+        self._last_progress = time.perf_counter()
 
     # -- set-up ---------------------------------------------------------------------
-    def _setup(self) -> None:
+    def _setup(self) -> Setup:
         cfg, opts = self.config, self.opts
-        self.device = pick_device(cfg, self.world)
-        self.comm: Communicator = make_communicator(self.world, cfg.backend.value, cfg.algorithm.value == "ddp")
-        self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(self.device))
+        device = pick_device(cfg, self.world)
+        comm = self.comm = make_communicator(self.world, cfg.backend.value, cfg.algorithm.value == "ddp")
+        self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
         torch.manual_seed(cfg.seed)
         # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,
         # instead of a target that is down until the data is decoded (MLBenchWorkerUnreachable).
-        self.metrics = RunnerMetrics(
+        metrics = self.metrics = RunnerMetrics(
             cfg.run_name,
             cfg.task_name,
             cfg.backend.value,
@@ -172,41 +200,54 @@ class Trainer:
             rank=self.rank,
         )
         port = cfg.metrics_port + self.world.local_rank if cfg.metrics_port else 0
-        self.metrics.serve(port)
+        metrics.serve(port)
         task = cfg.task
         data = load_dataset(task.dataset)
         # One-time ingest (decoding the source into the .npy cache, or waiting for the rank
         # that does) is not part of the run, as MLPerf's data reformatting; reading the cache is.
         self.clock.exclude(data.ingest_seconds)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(cfg.seed * 7919 + self.rank)
-        use_cl = opts.channels_last and self.device.type == "cuda"
-        self.kernel: TaskKernel
+        generator = torch.Generator(device=device)
+        generator.manual_seed(cfg.seed * 7919 + self.rank)
+        use_cl = opts.channels_last and device.type == "cuda"
+        kernel: TaskKernel
         if task.model.name is ModelName.RESNET:
             if data.kind != "image":
                 raise ValueError("dataset: a resnet task needs an image dataset")
-            self.kernel = ImageClassification(data, self.device, opts.dtype, self.generator, use_cl)
+            kernel = ImageClassification(data, device, opts.dtype, generator, use_cl)
         else:
-            self.kernel = LinearClassification(data, self.device, opts.dtype, task.training.l2_regularization)
-        model = build_model(task.model, features=data.features).to(self.device, opts.dtype)
+            kernel = LinearClassification(data, device, opts.dtype, task.training.l2_regularization)
+        model = build_model(task.model, features=data.features).to(device, opts.dtype)
         if use_cl:
             model = model.to(memory_format=torch.channels_last)
-        # The algorithm's own view of the transport counts the bytes it sends (the trainer's evaluation and
-        # stopping collectives go around it).
-        self.algorithm_comm = CountingCommunicator(self.comm)
-        self.algorithm: DistributedAlgorithm = make_algorithm(
-            cfg.algorithm.value, self.algorithm_comm, cfg.bucketing.value, cfg.algorithm_parameters, cfg.seed
+        algorithm_comm = CountingCommunicator(comm)
+        algorithm = make_algorithm(
+            cfg.algorithm.value, algorithm_comm, cfg.bucketing.value, cfg.algorithm_parameters, cfg.seed
         )
-        self.model = self.algorithm.prepare(model)
-        self.plan = self.algorithm.plan(self.model)
-        self.metrics.bytes_per_step.set(self.plan.bytes_per_step)
-        self.step_bytes = 0
-        self.optimizer = self.algorithm.make_optimizer(cfg, self.model)
-        self.batch = task.training.batch_size_per_worker
-        self.steps_per_epoch = partition.steps_per_epoch(self.kernel.n_train, self.batch, self.world.size)
-        self.autocast = self.opts.precision == "bf16" and self.device.type == "cuda"
-        self.timer = PhaseTimer(self.device)
-        self.summary = SummaryBuilder(cfg, self.world, self.device, self.precision_label())
+        model = algorithm.prepare(model)
+        plan = algorithm.plan(model)
+        metrics.bytes_per_step.set(plan.bytes_per_step)
+        batch = task.training.batch_size_per_worker
+        timer = PhaseTimer(device, enabled=opts.phase_timing)
+        autocast = opts.precision == "bf16" and device.type == "cuda"
+        step, execution = self._make_step(
+            kernel, model, algorithm, timer=timer, autocast=autocast, device=device, batch=batch
+        )
+        s = Setup(
+            device=device,
+            comm=comm,
+            algorithm_comm=algorithm_comm,
+            metrics=metrics,
+            kernel=kernel,
+            model=model,
+            algorithm=algorithm,
+            plan=plan,
+            step=step,
+            batch=batch,
+            steps_per_epoch=partition.steps_per_epoch(kernel.n_train, batch, self.world.size),
+            timer=timer,
+            summary=SummaryBuilder(cfg, self.world, device, precision_label(opts, device), execution),
+            autocast=autocast,
+        )
         self.log.event(
             "hyperparameters",
             task=cfg.task_name,
@@ -214,13 +255,13 @@ class Trainer:
             dataset={
                 "name": task.dataset.name,
                 "source": data.source,
-                "train": self.kernel.n_train,
-                "test": self.kernel.n_test,
+                "train": kernel.n_train,
+                "test": kernel.n_test,
                 "ingest_s": round(data.ingest_seconds, 3),
             },
-            batch_size_per_worker=self.batch,
-            global_batch_size=self.batch * self.world.size,
-            steps_per_epoch=self.steps_per_epoch,
+            batch_size_per_worker=batch,
+            global_batch_size=batch * self.world.size,
+            steps_per_epoch=s.steps_per_epoch,
             lr=cfg.lr.to_api(),
             momentum=task.training.momentum,
             nesterov=task.training.nesterov,
@@ -233,225 +274,265 @@ class Trainer:
             algorithm_parameters=cfg.algorithm_parameters.to_api(),
             bucketing=cfg.bucketing.value,
             backend=cfg.backend.value,
-            communication=self.plan.record(None).to_api(),
+            communication=plan.record(None).to_api(),
             network=cfg.network.to_api() if cfg.network else None,
-            precision=self.precision_label(),
+            precision=precision_label(opts, device),
+            training_step=execution.path,
             metrics_port=port,
         )
+        return s
 
-    def precision_label(self) -> str:
-        dtype = "fp64" if self.opts.dtype == torch.float64 else "fp32"
-        cuda = getattr(self, "device", torch.device("cpu")).type == "cuda"
-        label = "bf16-autocast" if self.opts.precision == "bf16" and cuda else dtype
-        return label + ("+channels_last" if self.opts.channels_last and cuda else "")
+    def _make_step(
+        self,
+        kernel: TaskKernel,
+        model: nn.Module,
+        algorithm: DistributedAlgorithm,
+        *,
+        timer: PhaseTimer,
+        autocast: bool,
+        device: torch.device,
+        batch: int,
+    ) -> tuple[Step, ExecutionRecord]:
+        """The fast step where it applies and, on a GPU, captures and verifies; else the eager reference."""
+        cfg = self.config
+        training = cfg.task.training
+        choice = choose_path(self.opts.fast_path, cfg.algorithm.value, training.optimizer.value, device.type)
+        grads = getattr(algorithm, "grads", None)
+        if choice.path is not StepPath.EAGER and isinstance(grads, FlatGradients):
+            fast = FastStep(
+                kernel,
+                model,
+                algorithm,
+                grads=grads,
+                sgd_options=(cfg.lr.initial_lr, training.momentum, training.nesterov, training.weight_decay),
+                timer=timer,
+                autocast=autocast,
+            )
+            if choice.path is StepPath.FLAT:
+                return fast, ExecutionRecord(choice.path, choice.reason)
+            try:
+                capture_seconds, difference = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
+            except Exception as exc:
+                if self.opts.fast_path == "on":
+                    raise
+                choice = PathChoice(
+                    StepPath.EAGER, f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}"
+                )
+                self.log.event("fast_path_fallback", reason=choice.reason)
+            else:
+                # Capture warms up on synthetic batches (no data is read): initialisation, as MLPerf's compile time.
+                self.clock.exclude(capture_seconds)
+                self.log.event("fast_path", capture_s=round(capture_seconds, 3), verify_difference=difference)
+                return fast, ExecutionRecord(fast.path, choice.reason, capture_seconds, difference)
+        optimizer = algorithm.make_optimizer(cfg, model)
+        eager = EagerStep(kernel, model, algorithm, optimizer=optimizer, timer=timer, autocast=autocast)
+        return eager, ExecutionRecord(StepPath.EAGER, choice.reason)
 
     # -- collective helpers -----------------------------------------------------------
-    def _any(self, flag: bool) -> bool:
+    def _any(self, s: Setup, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank."""
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        self.comm.all_reduce_sum_(t)
+        t = torch.tensor([1.0 if flag else 0.0], device=s.device)
+        s.comm.all_reduce_sum_(t)
         return bool(t.item() > 0)
 
-    def _budget_exceeded(self) -> bool:
+    def _budget_exceeded(self, s: Setup) -> bool:
         """Rank 0's clock is the run's clock (it reports wallClockSeconds), so rank 0 decides."""
         budget = self.config.time_budget_seconds
         if budget is None:
             return False
-        flag = torch.tensor([1.0 if self.clock.elapsed() >= budget else 0.0], device=self.device)
-        self.comm.broadcast_(flag, src=0)
+        flag = torch.tensor([1.0 if self.clock.elapsed() >= budget else 0.0], device=s.device)
+        s.comm.broadcast_(flag, src=0)
         return bool(flag.item() > 0)
 
-    # -- phases -----------------------------------------------------------------------
-    def evaluate(self) -> tuple[float, float]:
-        """Accuracy and mean loss over the whole test split (each rank its shard)."""
-        self.algorithm.before_evaluation(self.model)
+    # -- evaluation -------------------------------------------------------------------
+    def _evaluate(self, s: Setup) -> tuple[float, float]:
+        """Accuracy and mean loss over the whole test split (each rank its shard, counts all-reduced)."""
+        s.algorithm.before_evaluation(s.model)
         try:
-            return self._evaluate()
+            if self.opts.trace_params:
+                self.record.buffer_sha1.append(buffers_sha1(s.model))
+            s.model.eval()
+            # The bare module: DDP's forward would broadcast buffers, a collective that would hang
+            # when ranks' test shards need different numbers of batches.
+            net = getattr(s.model, "module", s.model)
+            idx_all = partition.eval_shard(s.kernel.n_test, self.rank, self.world.size).to(s.device)
+            totals = torch.zeros(3, dtype=torch.float64, device=s.device)
+            size = EVAL_BATCH.get(s.device.type, EVAL_BATCH["cpu"])
+            autocast = torch.autocast("cuda", dtype=torch.bfloat16) if s.autocast else contextlib.nullcontext()
+            with torch.no_grad(), autocast:
+                for start in range(0, len(idx_all), size):
+                    x, y = s.kernel.test_batch(idx_all[start : start + size])
+                    out = net(x)
+                    totals[0] += s.kernel.correct(out, y)
+                    totals[1] += len(y)
+                    totals[2] += s.kernel.loss(out, y, net).double() * len(y)
+            s.comm.all_reduce_sum_(totals)
+            s.model.train()
+            correct, count, loss_sum = totals.tolist()
+            return correct / count, loss_sum / count
         finally:
-            self.algorithm.after_evaluation(self.model)
-
-    def _evaluate(self) -> tuple[float, float]:
-        if self.opts.trace_params:
-            self.record.buffer_sha1.append(buffers_sha1(self.model))
-        self.model.eval()
-        # The bare module: DDP's forward would broadcast buffers, a collective that would hang
-        # when ranks' test shards need different numbers of batches.
-        net = getattr(self.model, "module", self.model)
-        idx_all = partition.eval_shard(self.kernel.n_test, self.rank, self.world.size).to(self.device)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-        with torch.no_grad(), autocast:
-            for start in range(0, len(idx_all), EVAL_BATCH):
-                x, y = self.kernel.test_batch(idx_all[start : start + EVAL_BATCH])
-                out = net(x)
-                totals[0] += self.kernel.correct(out, y)
-                totals[1] += len(y)
-                totals[2] += self.kernel.loss(out, y, net).double() * len(y)
-        self.comm.all_reduce_sum_(totals)
-        self.model.train()
-        correct, count, loss_sum = totals.tolist()
-        return correct / count, loss_sum / count
-
-    def _flush(self, wait: bool = False) -> None:
-        steps = self.timer.flush(wait=wait)
-        self.metrics.observe_steps(steps, self.batch)
-        self.summary.add_steps(steps)
-
-    def _step(self, step: int, idx: torch.Tensor, lr: float) -> torch.Tensor:
-        timer = self.timer
-        timer.start_step(step)
-        with timer.phase("data"):
-            x, y = self.kernel.train_batch(idx)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-        with timer.phase("forward"), autocast:
-            loss = self.kernel.loss(self.model(x), y, self.model)
-        with timer.phase("backward"):
-            loss.backward()
-        sent = self.algorithm_comm.bytes
-        self.algorithm.synchronize(self.model, timer)  # opens its compression and communication phases
-        with timer.phase("optimizer"):
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            self.algorithm.zero_grad(self.model)
-        self.algorithm.after_step(self.model, timer)
-        self.step_bytes += self.algorithm_comm.bytes - sent
-        self.metrics.bytes_sent.inc(self.algorithm_comm.bytes - sent)
-        timer.end_step()
-        return loss.detach()
+            s.algorithm.after_evaluation(s.model)
 
     # -- the run ----------------------------------------------------------------------
     def run(self) -> RunSummary | None:
         cfg = self.config
         self.log.event("run_start", run=cfg.run_name, task=cfg.task_name, rank_count=self.world.size)
-        status = "aborted"
+        status: RunStatus = "aborted"
         try:
-            self._setup()
-            status = self._train()
+            self.setup = self._setup()
+            status = self._train(self.setup)
         except Exception as exc:
             self.log.error("run_error", error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self._finish(status)
-        return self.summary.result
+        return self.setup.summary.result if self.setup else None
 
-    def _train(self) -> str:
-        cfg, rec = self.config, self.record
-        training = cfg.task.training
+    def _train(self, s: Setup) -> RunStatus:
+        cfg = self.config
         accuracy_after_time = cfg.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME
         step = 0
-        last_progress = time.perf_counter()
         self.log.event("init_stop")
-        for epoch in range(training.max_epochs):
-            self.metrics.epoch.set(epoch)
-            self.log.event("epoch_start", epoch=epoch + 1)
-            order = partition.shard(
-                self.kernel.n_train, self.batch, self.rank, self.world.size, seed=cfg.seed, epoch=epoch
-            )
-            order = order.to(self.device)
-            loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-            stop_early = ""
-            for s in range(self.steps_per_epoch):
-                lr = learning_rate(cfg.lr, step, self.steps_per_epoch)
-                loss_sum += self._step(step, order[s * self.batch : (s + 1) * self.batch], lr)
-                step += 1
-                rec.steps = step
-                if self.opts.trace_params:
-                    rec.param_sha1.append(params_sha1(self.model))
-                    values = [p.detach().reshape(-1) for p in self.model.parameters()]
-                    if sum(v.numel() for v in values) <= 4096:
-                        rec.param_values.append(torch.cat(values).double().cpu().tolist())
-                    rec.lrs.append(lr)
-                if step % FLUSH_EVERY == 0:
-                    self._flush()
-                    self.metrics.lr.set(lr)
-                    self.metrics.epoch.set(epoch + (s + 1) / self.steps_per_epoch)
-                    if self.rank == 0 and time.perf_counter() - last_progress >= PROGRESS_SECONDS:
-                        last_progress = time.perf_counter()
-                        self.log.event(
-                            "train_progress",
-                            epoch=epoch + 1,
-                            step=step,
-                            steps_per_epoch=self.steps_per_epoch,
-                            samples_per_second=self.summary.throughput(),
-                            elapsed_s=round(self.clock.elapsed(), 3),
-                        )
-                if self.opts.max_steps is not None and step >= self.opts.max_steps:
-                    stop_early = "max-steps"
-                    break
-                if accuracy_after_time and step % FLUSH_EVERY == 0 and self._budget_exceeded():
-                    stop_early = "time-budget"
-                    break
-            self._flush(wait=True)
-            mean_loss = float(loss_sum.item()) / max(1, s + 1)
-            self.metrics.loss.set(mean_loss)
-            self.metrics.throughput.set(self.summary.throughput())
-            if stop_early == "max-steps":
-                rec.stop_reason = stop_early
-                self.summary.stop(step, step / self.steps_per_epoch, self.clock.elapsed())
-                return "goal-not-reached"
-            eval_start = time.perf_counter()
-            accuracy, _test_loss = self.evaluate()
-            self.summary.add_evaluation(time.perf_counter() - eval_start)
-            self.metrics.phase_seconds.labels("evaluation").inc(time.perf_counter() - eval_start)
-            elapsed = self.clock.elapsed()
-            rec.epochs_completed = epoch + 1
-            rec.accuracies.append(accuracy)
-            self.metrics.accuracy.set(accuracy)
-            self.metrics.epoch.set(step / self.steps_per_epoch)
-            self.summary.add_epoch(epoch + 1, accuracy, mean_loss, elapsed, lr)
-            self.log.event(
-                "eval_accuracy", epoch=epoch + 1, accuracy=accuracy, target=cfg.goal_target, elapsed_s=round(elapsed, 3)
-            )
-            self.log.event(
-                "epoch_stop",
-                epoch=epoch + 1,
-                loss=mean_loss,
-                lr=lr,
-                step=step,
-                samples_per_second=self.summary.throughput(),
-                elapsed_s=round(elapsed, 3),
-            )
-            if self._any(not math.isfinite(mean_loss)):
-                rec.stop_reason = "diverged"
-                self.summary.stop(step, step / self.steps_per_epoch, elapsed)
-                return "aborted"
+        self._last_progress = time.perf_counter()
+        for epoch in range(cfg.task.training.max_epochs):
+            outcome = self._train_epoch(s, epoch, step)
+            step = outcome.step
+            if outcome.stop == "max-steps":
+                return self._stop(s, "max-steps", step, reached=False)
+            accuracy, elapsed = self._end_epoch(s, epoch, outcome)
+            if self._any(s, not math.isfinite(outcome.mean_loss)):
+                return self._stop(s, "diverged", step, reached=False, elapsed=elapsed)
             reached = accuracy >= cfg.goal_target
-            if reached and self.summary.time_to_goal is None:
-                self.summary.time_to_goal = elapsed
-                self.metrics.goal.set(1)
+            if reached and s.summary.time_to_goal is None:
+                s.summary.time_to_goal = elapsed
+                s.metrics.goal.set(1)
             if reached and not accuracy_after_time:
-                rec.stop_reason = "goal"
-                self.summary.stop(step, step / self.steps_per_epoch, elapsed)
-                return "success"
-            if stop_early == "time-budget" or (accuracy_after_time and self._budget_exceeded()):
-                rec.stop_reason = "time-budget"
-                self.summary.stop(step, step / self.steps_per_epoch, elapsed)
-                return "success" if reached else "goal-not-reached"
-        rec.stop_reason = "max-epochs"
-        self.summary.stop(step, step / self.steps_per_epoch, self.clock.elapsed())
-        last = rec.accuracies[-1] if rec.accuracies else 0.0
-        return "success" if accuracy_after_time and last >= cfg.goal_target else "goal-not-reached"
+                return self._stop(s, "goal", step, reached=True, elapsed=elapsed)
+            if outcome.stop == "time-budget" or (accuracy_after_time and self._budget_exceeded(s)):
+                return self._stop(s, "time-budget", step, reached=reached, elapsed=elapsed)
+        last = self.record.accuracies[-1] if self.record.accuracies else 0.0
+        return self._stop(s, "max-epochs", step, reached=accuracy_after_time and last >= cfg.goal_target)
 
-    def _communication(self) -> CommunicationRecord | None:
+    def _train_epoch(self, s: Setup, epoch: int, step: int) -> EpochOutcome:
+        """One epoch's steps (or fewer, on a max-steps or time-budget stop); ``step`` counts from the run's start."""
+        cfg, rec = self.config, self.record
+        accuracy_after_time = cfg.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME
+        s.metrics.epoch.set(epoch)
+        self.log.event("epoch_start", epoch=epoch + 1)
+        order = partition.shard(s.kernel.n_train, s.batch, self.rank, self.world.size, seed=cfg.seed, epoch=epoch)
+        order = order.to(s.device)
+        loss_sum = torch.zeros((), device=s.device, dtype=torch.float64)
+        stop: StopReason | None = None
+        lr, taken = cfg.lr.initial_lr, 0
+        for i in range(s.steps_per_epoch):
+            lr = learning_rate(cfg.lr, step, s.steps_per_epoch)
+            sent = s.algorithm_comm.bytes
+            loss_sum += s.step(step, order[i * s.batch : (i + 1) * s.batch], lr)
+            self.step_bytes += s.algorithm_comm.bytes - sent
+            s.metrics.bytes_sent.inc(s.algorithm_comm.bytes - sent)
+            step, taken = step + 1, i + 1
+            rec.steps = step
+            if self.opts.trace_params:
+                self._trace(s, lr)
+            if step % FLUSH_EVERY == 0:
+                self._progress(s, epoch, taken, step, lr)
+            if self.opts.max_steps is not None and step >= self.opts.max_steps:
+                stop = "max-steps"
+                break
+            if accuracy_after_time and step % FLUSH_EVERY == 0 and self._budget_exceeded(s):
+                stop = "time-budget"
+                break
+        self._flush(s, wait=True)
+        mean_loss = float(loss_sum.item()) / max(1, taken)
+        s.metrics.loss.set(mean_loss)
+        s.metrics.throughput.set(s.summary.throughput())
+        return EpochOutcome(step, mean_loss, lr, stop)
+
+    def _end_epoch(self, s: Setup, epoch: int, outcome: EpochOutcome) -> tuple[float, float]:
+        """Evaluate after an epoch and record it; returns the accuracy and the run's elapsed seconds."""
+        eval_start = time.perf_counter()
+        accuracy, _test_loss = self._evaluate(s)
+        s.summary.add_evaluation(time.perf_counter() - eval_start)
+        s.metrics.phase_seconds.labels("evaluation").inc(time.perf_counter() - eval_start)
+        elapsed = self.clock.elapsed()
+        self.record.epochs_completed = epoch + 1
+        self.record.accuracies.append(accuracy)
+        s.metrics.accuracy.set(accuracy)
+        s.metrics.epoch.set(outcome.step / s.steps_per_epoch)
+        s.summary.add_epoch(epoch + 1, accuracy, outcome.mean_loss, elapsed, outcome.lr)
+        self.log.event(
+            "eval_accuracy",
+            epoch=epoch + 1,
+            accuracy=accuracy,
+            target=self.config.goal_target,
+            elapsed_s=round(elapsed, 3),
+        )
+        self.log.event(
+            "epoch_stop",
+            epoch=epoch + 1,
+            loss=outcome.mean_loss,
+            lr=outcome.lr,
+            step=outcome.step,
+            samples_per_second=s.summary.throughput(),
+            elapsed_s=round(elapsed, 3),
+        )
+        return accuracy, elapsed
+
+    def _stop(
+        self, s: Setup, reason: StopReason, step: int, *, reached: bool, elapsed: float | None = None
+    ) -> RunStatus:
+        """The one way out of training: record why and where, and the status it means."""
+        self.record.stop_reason = reason
+        s.summary.stop(step, step / s.steps_per_epoch, self.clock.elapsed() if elapsed is None else elapsed)
+        return status_for(reason, reached)
+
+    # -- per-step bookkeeping ---------------------------------------------------------------
+    def _flush(self, s: Setup, wait: bool = False) -> None:
+        steps = s.timer.flush(wait=wait)
+        s.metrics.observe_steps(steps, s.batch)
+        s.summary.add_steps(steps)
+
+    def _progress(self, s: Setup, epoch: int, taken: int, step: int, lr: float) -> None:
+        """Every FLUSH_EVERY steps: resolved timings into the metrics, and rank 0's progress line."""
+        self._flush(s)
+        s.metrics.lr.set(lr)
+        s.metrics.epoch.set(epoch + taken / s.steps_per_epoch)
+        if self.rank == 0 and time.perf_counter() - self._last_progress >= PROGRESS_SECONDS:
+            self._last_progress = time.perf_counter()
+            self.log.event(
+                "train_progress",
+                epoch=epoch + 1,
+                step=step,
+                steps_per_epoch=s.steps_per_epoch,
+                samples_per_second=s.summary.throughput(),
+                elapsed_s=round(self.clock.elapsed(), 3),
+            )
+
+    def _trace(self, s: Setup, lr: float) -> None:
+        """MLBENCH_TRACE_PARAMS: the parameters after every step (hash; values for small models)."""
+        rec = self.record
+        rec.param_sha1.append(params_sha1(s.model))
+        values = [p.detach().reshape(-1) for p in s.model.parameters()]
+        rec.param_norms.append(float(torch.cat(values).double().norm()))
+        if sum(v.numel() for v in values) <= 4096:
+            rec.param_values.append(torch.cat(values).double().cpu().tolist())
+        rec.lrs.append(lr)
+
+    # -- the end ------------------------------------------------------------------------
+    def _communication(self, s: Setup) -> CommunicationRecord:
         """The algorithm's declared bytes per step next to what the communicator counted (rank 0)."""
-        plan = getattr(self, "plan", None)
-        if plan is None:
-            return None
         steps = self.record.steps
-        measured = self.step_bytes / steps if steps and self.algorithm.counted else None
-        return plan.record(measured)
+        measured = self.step_bytes / steps if steps and s.algorithm.counted else None
+        return s.plan.record(measured)
 
-    def _finish(self, status: str) -> None:
-        summary = getattr(self, "summary", None)
-        if summary is not None:
+    def _finish(self, status: RunStatus) -> None:
+        s = self.setup
+        if s is not None:
+            summary = s.summary
             if summary.stopped_at is None:
-                summary.stop(
-                    self.record.steps,
-                    self.record.steps / max(1, getattr(self, "steps_per_epoch", 1)),
-                    self.clock.elapsed(),
-                )
-            result = summary.build(status, self.record.stop_reason or None, self._communication())
+                steps = self.record.steps
+                summary.stop(steps, steps / max(1, s.steps_per_epoch), self.clock.elapsed())
+            result = summary.build(status, self.record.stop_reason or None, self._communication(s))
             if self.rank == 0:
                 (self.out / "summary.json").write_text(result.model_dump_json(by_alias=True, indent=2))
                 self.log.event(
@@ -468,12 +549,11 @@ class Trainer:
         ranks.mkdir(parents=True, exist_ok=True)
         self.record.stop_reason = self.record.stop_reason or ("error" if status == "aborted" else status)
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(self.record.__dict__))
-        if self.opts.linger_seconds and status != "aborted" and getattr(self, "metrics", None) is not None:
+        if self.opts.linger_seconds and status != "aborted" and self.metrics is not None:
             time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape (a failing rank just exits)
-        comm = getattr(self, "comm", None)
-        if comm is not None:
+        if self.comm is not None:
             with contextlib.suppress(Exception):
-                comm.close()
+                self.comm.close()
         self.log.close()
 
 

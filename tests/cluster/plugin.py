@@ -7,7 +7,9 @@ Fixtures:
   kubeconfig (session)    path to the admin kubeconfig.
   kubectl (session)       callable running kubectl against that cluster.
   kube_api (session)      ``kubernetes.client.ApiClient`` for that cluster.
-  namespace (function)    a fresh namespace, deleted afterwards.
+  namespace (function)    a fresh namespace enforcing the ``restricted`` Pod Security Standard
+                          (enforce, warn and audit), deleted afterwards; a test that needs another
+                          level says so with ``@pytest.mark.pod_security(level, reason=...)``.
   real_node (session)     ``RealNodeInfo`` of a node that really runs pods (the local
                           cluster's ``mlbench-node-0``, or any node of an external
                           cluster that is not kwok's); skips with the reason if none.
@@ -72,9 +74,41 @@ class KubeCluster:
         )
 
 
+#: The Pod Security Standard level of the test namespaces, as of the operator's (manifests/operator/namespace.yaml)
+DEFAULT_POD_SECURITY = "restricted"
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+#: A pod (``RESTRICTED_POD_CONTEXT``) and container (``RESTRICTED_CONTAINER_CONTEXT``) securityContext that the
+#: ``restricted`` level admits, for the tests' own pods (busybox has a world-writable /tmp; UID 65534 is nobody).
+RESTRICTED_POD_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+    "runAsGroup": 65534,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER_CONTEXT: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security_labels(level: str) -> dict[str, str]:
+    """The namespace labels enforcing ``level`` (and warning and auditing on it), at the latest version."""
+    if level not in POD_SECURITY_LEVELS:
+        raise ValueError(f"Pod Security level {level!r}: one of {', '.join(POD_SECURITY_LEVELS)}")
+    prefix = "pod-security.kubernetes.io"
+    return {
+        f"{prefix}/enforce": level,
+        f"{prefix}/enforce-version": "latest",
+        f"{prefix}/warn": level,
+        f"{prefix}/audit": level,
+    }
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane (kube_cluster fixture)")
     config.addinivalue_line("markers", "realnode: needs a node that really runs pods (real_node fixture)")
+    config.addinivalue_line(
+        "markers",
+        "pod_security(level, reason): the Pod Security level of the `namespace` fixture's namespace instead of "
+        f"{DEFAULT_POD_SECURITY!r} (baseline or privileged); `reason` says why the test needs it",
+    )
 
 
 def _resolve_kubectl(external: bool) -> str:
@@ -208,16 +242,39 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float 
         time.sleep(interval)
 
 
-@pytest.fixture
-def namespace(kube_cluster: KubeCluster) -> Iterator[str]:
-    """A unique namespace (with its default ServiceAccount, so pods are
-    admitted), deleted after the test without waiting."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube_cluster.kubectl("create", "namespace", name, check=True)
+def create_namespace(cluster: KubeCluster, name: str | None = None, pod_security: str = DEFAULT_POD_SECURITY) -> str:
+    """Create (or label) namespace ``name`` (default: a unique ``t-...``) enforcing ``pod_security`` and wait for its
+    default ServiceAccount, so that pods are admitted; return its name. The caller deletes it."""
+    name = name or f"t-{uuid.uuid4().hex[:10]}"
+    body = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": pod_security_labels(pod_security)},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=True)
     wait_for(
-        lambda: kube_cluster.kubectl("-n", name, "get", "serviceaccount", "default").returncode == 0,
+        lambda: cluster.kubectl("-n", name, "get", "serviceaccount", "default").returncode == 0,
         what=f"default ServiceAccount in {name}",
     )
+    return name
+
+
+def _pod_security_level(request: pytest.FixtureRequest) -> str:
+    marker = request.node.get_closest_marker("pod_security")
+    if marker is None:
+        return DEFAULT_POD_SECURITY
+    (level,) = marker.args
+    if not str(marker.kwargs.get("reason", "")).strip():
+        pytest.fail(f"@pytest.mark.pod_security({level!r}) needs reason=...: why the test needs more than restricted")
+    return str(level)
+
+
+@pytest.fixture
+def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique namespace enforcing the ``restricted`` Pod Security Standard (another level with
+    ``@pytest.mark.pod_security(level, reason=...)``), with its default ServiceAccount, so pods are
+    admitted; deleted after the test without waiting."""
+    name = create_namespace(kube_cluster, pod_security=_pod_security_level(request))
     try:
         yield name
     finally:

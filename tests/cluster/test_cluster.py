@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from tests.cluster.cluster import DEFAULT_NODES
-from tests.cluster.plugin import KubeCluster, crd_files, get_json, wait_for
+from tests.cluster.plugin import (
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    KubeCluster,
+    crd_files,
+    get_json,
+    pod_security_labels,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -21,14 +29,24 @@ TERM_MSG = "mlbench.io/kwok-termination-message"
 
 
 def _pod(name: str, annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/mlbench/worker:test"}
+    """A pod the ``restricted`` Pod Security level admits (the test namespaces enforce it)."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "registry.invalid/mlbench/worker:test",
+        "securityContext": RESTRICTED_CONTAINER_CONTEXT,
+    }
     if "resources" in spec:
         container["resources"] = spec.pop("resources")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": {"containers": [container], "restartPolicy": "Never", **spec},
+        "spec": {
+            "containers": [container],
+            "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD_CONTEXT,
+            **spec,
+        },
     }
 
 
@@ -130,6 +148,30 @@ def test_fake_nodes_ready_with_capacity(kube_cluster: KubeCluster) -> None:
         if spec.gpus:
             assert alloc["nvidia.com/gpu"] == str(spec.gpus)
             assert labels["nvidia.com/gpu.present"] == "true"
+
+
+# ------------------------------------------------------------ Pod Security
+def _privileged_pod() -> dict[str, Any]:
+    pod = _pod("privileged")
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    return pod
+
+
+def test_namespaces_enforce_restricted_by_default(kube_cluster: KubeCluster, namespace: str) -> None:
+    labels = get_json(kube_cluster, "namespace", namespace)["metadata"]["labels"]
+    assert pod_security_labels("restricted").items() <= labels.items()
+    refused = kube_cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(_privileged_pod()))
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in refused.stderr
+    _create(kube_cluster, namespace, _pod("compliant"))  # the tests' own pods are restricted
+
+
+# a test of the opt-out itself: a privileged pod is admitted only where the test asked for it
+@pytest.mark.pod_security("privileged", reason="checks that the marker opts the namespace out of restricted")
+def test_pod_security_marker_opts_out(kube_cluster: KubeCluster, namespace: str) -> None:
+    labels = get_json(kube_cluster, "namespace", namespace)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    _create(kube_cluster, namespace, _privileged_pod())
 
 
 # ------------------------------------------------------------------ pods

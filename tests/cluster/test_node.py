@@ -23,7 +23,13 @@ import pytest
 
 from tests.cluster import images
 from tests.cluster import node as rn
-from tests.cluster.plugin import KubeCluster, get_json, wait_for
+from tests.cluster.plugin import (
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    KubeCluster,
+    get_json,
+    wait_for,
+)
 
 
 # --------------------------------------------------------- no cluster needed
@@ -119,7 +125,14 @@ def test_pv_reclaimer_only_touches_its_own_dir(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------ real node
 def _pod(name: str, node: rn.RealNodeInfo, command: str, **extra: Any) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": images.BUSYBOX_IMAGE, "command": ["sh", "-c", command]}
+    """A busybox pod on the real node that the ``restricted`` Pod Security level admits (the test namespaces
+    enforce it): it runs as nobody (65534), with the runtime's seccomp profile and no capabilities."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": images.BUSYBOX_IMAGE,
+        "command": ["sh", "-c", command],
+        "securityContext": RESTRICTED_CONTAINER_CONTEXT,
+    }
     container.update(extra.pop("container", {}))
     return {
         "apiVersion": "v1",
@@ -128,6 +141,7 @@ def _pod(name: str, node: rn.RealNodeInfo, command: str, **extra: Any) -> dict[s
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
+            "securityContext": RESTRICTED_POD_CONTEXT,
             "containers": [container],
             **node.scheduling(),
             **extra,
@@ -282,8 +296,7 @@ def test_pvc_binds_and_pod_writes_then_volume_is_recycled(
         "writer",
         real_node,
         "echo written-by-pod > /data/proof && ls -l /data",
-        container={"volumeMounts": [{"name": "data", "mountPath": "/data"}]},
-        securityContext={"runAsUser": 65534, "runAsGroup": 65534},
+        container={"volumeMounts": [{"name": "data", "mountPath": "/data"}]},  # as 65534 (the PV dir is 0777)
         volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
     )
     _apply(kube_cluster, namespace, pvc, writer)

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tests.cluster.node import RealNodeInfo
-from tests.cluster.plugin import KubeCluster
+from tests.cluster.plugin import KubeCluster, create_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = Path(__file__).resolve().parent / "deploy"
@@ -283,26 +283,7 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
         pytest.skip(f"{DATASET} is not there")
     _build_images(real_node.containerd_address)
     _install_operator(kube_cluster)
-    namespace = f"mlbench-e2e-{SESSION}"
-    kube_cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        check=True,
-        input=yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {
-                    "name": namespace,
-                    "labels": {
-                        "pod-security.kubernetes.io/enforce": "restricted",
-                        "pod-security.kubernetes.io/enforce-version": "latest",
-                    },
-                },
-            }
-        ),
-    )
+    namespace = create_namespace(kube_cluster, f"mlbench-e2e-{SESSION}")  # enforcing restricted
     scheduling = real_node.scheduling()
     _dataset_server(kube_cluster, namespace, scheduling)
     env = E2E(

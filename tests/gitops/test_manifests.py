@@ -6,6 +6,9 @@ The Flux ``healthCheckExprs`` are checked for shape only: no CEL interpreter is 
 checked: the schema of the entries (Flux 2.5's CustomHealthCheck), that they target the BenchmarkRun
 CRD's served version, that every field they read exists in the CRD's schema, and that every phase and
 condition type they compare with is one the operator writes.
+
+manifests/policy (the API server's admission policy) builds, and so does the widening overlay docs/operator.md
+shows; tests/operator/test_admission_policy.py runs the policy on the test cluster.
 """
 
 from __future__ import annotations
@@ -235,3 +238,43 @@ def test_flux_health_check_exprs_read_only_real_fields_and_values() -> None:
     assert "'Failed'" in check["failed"]
     assert all(f"'{p}'" in check["inProgress"] for p in ("Pending", "Starting", "Running"))
     assert "'Stalled'" in check["failed"]
+
+
+# ---------------------------------------------------------------- the API server's admission policy
+
+POLICY = REPO / "manifests" / "policy"
+
+
+def test_policy_kustomization_builds() -> None:
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(POLICY)}
+    assert set(objs) == {
+        ("ValidatingAdmissionPolicy", "mlbench-admission-policy"),
+        ("ValidatingAdmissionPolicyBinding", "mlbench-admission-policy"),
+    }
+    assert all(o["apiVersion"] == "admissionregistration.k8s.io/v1" for o in objs.values())
+    # cluster-scoped objects, kept apart from manifests/default (an admin's decision, Kubernetes 1.30+)
+    assert all("namespace" not in o["metadata"] for o in objs.values())
+    assert not set(objs) & {(o["kind"], o["metadata"]["name"]) for o in kustomize(REPO / "manifests" / "default")}
+
+
+def _documented_overlay() -> str:
+    """The widening overlay of docs/operator.md ("Admission policy at the API server")."""
+    text = (REPO / "docs" / "operator.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
+    (overlay,) = [b for b in blocks if "kind: Kustomization" in b and "mlbench-admission-policy" in b]
+    return str(overlay)
+
+
+@pytest.mark.parametrize("order_changed", [False, True])
+def test_documented_policy_widening_builds(tmp_path: Path, order_changed: bool) -> None:
+    overlay = _documented_overlay().replace("../mlbench/manifests/policy", os.path.relpath(POLICY, tmp_path))
+    if order_changed:  # the patch's `test` op refuses to patch another variable than it names
+        overlay = overlay.replace("value: allowedImages", "value: allowedPriorityClasses")
+    (tmp_path / "kustomization.yaml").write_text(overlay)
+    if order_changed:
+        res = subprocess.run([kubectl(), "kustomize", str(tmp_path)], check=False, capture_output=True, text=True)
+        assert res.returncode != 0
+        return
+    (policy,) = [o for o in kustomize(tmp_path) if o["kind"] == "ValidatingAdmissionPolicy"]
+    first = policy["spec"]["variables"][0]
+    assert first == {"name": "allowedImages", "expression": "['registry.example.com/ml/*', 'mlbench/mlbench-runner:*']"}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.plugin import KubeCluster, wait_for
+from tests.cluster.plugin import KubeCluster, create_namespace, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, SESSION_LABEL, OperatorProcess, Runs, _operator_kubeconfig
 from tests.operator.test_rbac_manifests import load_generator
@@ -178,8 +177,7 @@ def test_scope_table_matches_the_api_server(kube_cluster: KubeCluster) -> None:
 
 @pytest.fixture
 def other_namespace(kube_cluster: KubeCluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube_cluster.kubectl("create", "namespace", name, check=True)
+    name = create_namespace(kube_cluster)  # restricted, as the `namespace` fixture's
     try:
         yield name
     finally:

@@ -52,3 +52,39 @@ def test_reasons_are_stored_as_plain_strings() -> None:
     assert [x["reason"] for x in conds] == ["NameConflict", "Running"]
     assert Reason.OOM_KILLED == "OOMKilled"
     assert f"{Reason.OOM_KILLED}" == "OOMKilled"
+
+
+def test_typed_conditions_keep_the_transition_time_while_the_status_stays() -> None:
+    later = T0.replace(hour=13)
+    conds = c.put([], c.WORKERS_READY, "False", Reason.CREATING, "0/2", now=T0, generation=1)
+    conds = c.put(conds, c.WORKERS_READY, "False", Reason.WAITING_FOR_WORKERS, "1/2", now=later, generation=2)
+    found = c.find(conds, c.WORKERS_READY)
+    assert found is not None
+    assert (found.reason, found.message, found.observed_generation) == ("WaitingForWorkers", "1/2", 2)
+    assert found.last_transition_time == T0  # a new reason or message with the same status
+    conds = c.put(conds, c.WORKERS_READY, "True", Reason.ALL_WORKERS_READY, "2/2", now=later)
+    found = c.find(conds, c.WORKERS_READY)
+    assert found is not None
+    assert found.last_transition_time == later  # the status flipped
+    assert found.observed_generation is None
+    assert c.holds(conds, c.WORKERS_READY)
+
+
+@pytest.mark.parametrize("generation", [None, 3])
+def test_typed_and_dict_conditions_agree(generation: int | None) -> None:
+    """:func:`c.put` is :func:`c.set_condition` on typed conditions: same order, times, text and keys."""
+    steps: list[tuple[str, c.ConditionStatus, str, str]] = [
+        (c.STALLED, "False", Phase.RUNNING, ""),
+        (c.WORKERS_READY, "False", Reason.NAME_CONFLICT, "held \x1b[2J" + "x" * 40000),
+        ("Custom", "Unknown", "Other", "a foreign type sorts last"),
+        (c.FAILED, "False", Reason.IN_PROGRESS, ""),
+        (c.WORKERS_READY, "False", Reason.UNSCHEDULABLE, "0/3 nodes"),
+        (c.WORKERS_READY, "True", Reason.ALL_WORKERS_READY, "2/2"),
+    ]
+    typed: list[c.ConditionModel] = []
+    plain: list[c.Condition] = []
+    for minute, (type_, status, reason, text) in enumerate(steps):
+        now = T0.replace(minute=minute)
+        typed = c.put(typed, type_, status, reason, text, now=now, generation=generation)
+        plain = c.set_condition(plain, type_, status, reason, text, now=now, generation=generation)
+        assert [x.to_api() for x in typed] == plain

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+import types
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch)
     try:
         monkeypatch.setattr(handlers, "PROGRESS_PORT", port)
         rank0 = PodView(name="r-worker-0", role="worker", rank=0, attempt=0, ip="127.0.0.1")
-        index = {("ns", "r"): [rank0]}
+        index = _memo({("ns", "r"): [rank0]}).pods
         value = asyncio.run(handlers.scrape_rank0("ns", "r", index))
         assert value is not None
         assert value["epoch"] == 7.25
@@ -64,6 +65,17 @@ def test_wakeups_survive_a_recreated_run() -> None:
         assert not old.is_set()
 
     asyncio.run(scenario())
+
+
+def _memo(pods: dict[tuple[str, str], list[Any]]) -> Any:
+    """A memo whose ``pods`` index (as PodWatch fills it) holds these pods by run."""
+    from mlbench_operator.podview import PodChange, PodIndex
+
+    index = PodIndex()
+    for key, views in pods.items():
+        for view in views:
+            index.update(PodChange(view.uid or view.name, key, view))
+    return types.SimpleNamespace(pods=index)
 
 
 # -- RunReconciler against a fake API: ordering of writes and deletes ----------------------------------------
@@ -278,23 +290,75 @@ def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypa
     assert len([o for o in kube.created if o["kind"] == "Pod"]) == pods
 
 
-def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Defect 8: a 409 on the run's Service that belongs to another owner is not adopted."""
+def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 8: a 409 on the run's ConfigMap that belongs to another owner is not adopted: no pod is created."""
     from tests.operator.test_reconcile import admitted
 
     body, _ = admitted(h.run())
     kube = FakeKube()
-    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-old", "controller": True}]}}
+    kube.existing[("ConfigMap", "r1-config")] = {
+        "metadata": {"ownerReferences": [{"uid": "uid-old", "controller": True}]}
+    }
     rec = _reconciler(body, kube, monkeypatch, ensured=False)
     assert asyncio.run(rec.step([])) is not None
     assert not [call for call in kube.calls if call[:2] == ("create", "Pod")]
     wr = {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]
     assert wr["reason"] == "NameConflict"
     assert "uid-old" in wr["message"]
-    # our own Service from an earlier pass (409 + our uid) is fine
-    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}}
+    # our own ConfigMap from an earlier pass (409 + our uid) is fine
+    kube.existing[("ConfigMap", "r1-config")] = {
+        "metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}
+    }
     asyncio.run(rec.step([]))
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
+
+
+def test_service_comes_with_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headless Service is created once every worker is Ready, right before the launcher (not while
+    the workers start: its endpoints would be rewritten at every worker's start), and only once."""
+    from tests.operator.test_reconcile import admitted, workers
+
+    body, ctx = admitted(h.run())
+    kube = FakeKube()
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    asyncio.run(rec.step([]))
+    kinds = [call[1] for call in kube.calls if call[0] == "create"]
+    assert "Service" not in kinds
+    assert kinds.count("Pod") == 2  # the workers; the ConfigMap, Secret and NetworkPolicy before them
+    assert kinds.index("ConfigMap") < kinds.index("Pod")
+    kube.calls.clear()
+    asyncio.run(rec.step(workers(ctx, ready=False)))  # started, not Ready: still no Service
+    assert not [call for call in kube.calls if call[0] == "create"]
+    asyncio.run(rec.step(workers(ctx)))
+    created = [call[1:] for call in kube.calls if call[0] == "create"]
+    assert created == [("Service", "r1"), ("Pod", "r1-launcher")]
+    kube.calls.clear()
+    rec.pacing.recent.clear()  # as if the launcher's create was lost: asked again, the Service is not
+    asyncio.run(rec.step(workers(ctx)))
+    assert [call[1:] for call in kube.calls if call[0] == "create"] == [("Pod", "r1-launcher")]
+
+
+def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 8: a 409 on the run's Service that belongs to another owner is not adopted: no launcher, and the
+    status says why, without flapping back to "creating the launcher" at every pass."""
+    from tests.operator.test_reconcile import admitted, workers
+
+    body, ctx = admitted(h.run())
+    kube = FakeKube()
+    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-old", "controller": True}]}}
+    rec = _reconciler(body, kube, monkeypatch)
+    assert asyncio.run(rec.step(workers(ctx))) is not None
+    assert not [call for call in kube.calls if call[:2] == ("create", "Pod")]
+    wr = {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]
+    assert wr["reason"] == "NameConflict"
+    assert "uid-old" in wr["message"]
+    patches = len(kube.patches())
+    asyncio.run(rec.step(workers(ctx)))  # still there: nothing new to say
+    assert len(kube.patches()) == patches
+    # our own Service from an earlier pass (409 + our uid) is fine
+    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}}
+    asyncio.run(rec.step(workers(ctx)))
+    assert [call for call in kube.calls if call[:2] == ("create", "Pod")] == [("create", "Pod", "r1-launcher")]
 
 
 def test_stuck_terminating_pods_are_force_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,12 +409,12 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     needs: Any = handlers._needs_daemon
     body, ctx, _ = _running("Running")
     finished = {**body, "status": {**body["status"], "phase": "Failed"}}
-    index = {("ns", "r1"): workers(ctx)}
-    assert needs(body=finished, namespace="ns", name="r1", run_pods=index)
-    gone = {("ns", "r1"): [dataclasses.replace(p, terminating=True) for p in workers(ctx)]}
-    assert not needs(body=finished, namespace="ns", name="r1", run_pods=gone)
-    assert not needs(body=finished, namespace="ns", name="r1", run_pods={})
-    assert needs(body=body, namespace="ns", name="r1", run_pods={})
+    index = _memo({("ns", "r1"): workers(ctx)})
+    assert needs(body=finished, namespace="ns", name="r1", memo=index)
+    gone = _memo({("ns", "r1"): [dataclasses.replace(p, terminating=True) for p in workers(ctx)]})
+    assert not needs(body=finished, namespace="ns", name="r1", memo=gone)
+    assert not needs(body=finished, namespace="ns", name="r1", memo=_memo({}))
+    assert needs(body=body, namespace="ns", name="r1", memo=_memo({}))
 
 
 def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:

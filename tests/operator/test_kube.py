@@ -119,3 +119,83 @@ def test_liveness_fails_when_the_api_pool_is_stuck(monkeypatch: pytest.MonkeyPat
     finally:
         release.set()
         kube.close()
+
+
+class _Watch(BaseHTTPRequestHandler):
+    """A pod collection: a listing, and a watch that sends three events in two chunks (one split in two)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        _Watch.seen.append(self.path)
+        if "watch=true" not in self.path:
+            body = b'{"kind": "PodList", "metadata": {"resourceVersion": "41"}, "items": [{"metadata": {"uid": "a"}}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if "forbidden" in self.path:
+            body = b'{"kind": "Status", "message": "pods is forbidden"}'
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        lines = [
+            b'{"type": "ADDED", "object": {"metadata": {"uid": "b", "resourceVersion": "42"}}}\n',
+            b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "43"}}}\n',
+            b'{"type": "DELETED", "object": {"metadata": {"uid": "a", "resourceVersion": "44"}}}\n',
+        ]
+        data = b"".join(lines)
+        cut = len(lines[0]) + 20  # the second event arrives in two chunks
+        for chunk in (data[:cut], data[cut:]):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def watch_api() -> Iterator[Kube]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Watch)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cfg = k8s.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    kube = Kube(cfg)
+    _Watch.seen.clear()
+    yield kube
+    kube.close()
+    server.shutdown()
+    server.server_close()
+
+
+def test_list_then_watch_from_the_listing(watch_api: Kube) -> None:
+    """A listing's items and resourceVersion; then the watch from it: decoded events in the batches they
+    arrived in (a line split across chunks is joined), until the server ends the stream."""
+    items, version = watch_api.list_objects("/api/v1/pods", "app=x", "pods")
+    assert (items, version) == ([{"metadata": {"uid": "a"}}], "41")
+    responses: list[Any] = []
+    batches = list(watch_api.watch("/api/v1/pods", "app=x", version, 30, resource="pods", on_response=responses.append))
+    assert [[e["type"] for e in batch] for batch in batches] == [["ADDED"], ["BOOKMARK", "DELETED"]]
+    assert len(responses) == 1  # what a stop() shuts down
+    query = _Watch.seen[-1]
+    for part in ("watch=true", "resourceVersion=41", "allowWatchBookmarks=true", "timeoutSeconds=30"):
+        assert part in query
+
+
+def test_a_refused_watch_raises(watch_api: Kube) -> None:
+    from mlbench_operator.kube import ApiError
+
+    with pytest.raises(ApiError, match="pods is forbidden") as err:
+        list(watch_api.watch("/api/v1/pods", "forbidden", "1", 30, resource="pods"))
+    assert err.value.status == 403

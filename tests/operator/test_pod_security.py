@@ -1,18 +1,23 @@
 """Every pod the operator creates passes the ``restricted`` Pod Security Standard (checked offline).
 
 The rules follow https://kubernetes.io/docs/concepts/security/pod-security-standards/ (baseline +
-restricted, latest). The cluster test (test_cluster_datasets.py) shows the real admission plugin agrees.
+restricted, latest). The cluster test (test_cluster_datasets.py) shows the real admission plugin agrees. The
+operator's own namespace enforces restricted and its Deployment's pod passes it (offline, and by the API server).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mlbench_operator import builders, reconcile
 from mlbench_operator.builders import RunContext
 from mlbench_operator.settings import DatasetSettings
+from tests.cluster.plugin import KubeCluster, pod_security_labels
 from tests.operator import helpers as h
 
 RESTRICTED_VOLUMES = {
@@ -98,3 +103,31 @@ def test_the_checker_catches_violations() -> None:
     task["spec"]["dataset"]["volume"] = {"hostPath": {"path": "/srv/data"}}
     worker = builders.worker_pod(ctx_for(task), 0, 0)["spec"]
     assert restricted_violations(worker) == ["volume data: ['hostPath']"]
+
+
+# -- the operator's own namespace and pod ---------------------------------------------------------------------
+OPERATOR_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "operator"
+
+
+def _operator_manifest(kind: str, filename: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((OPERATOR_MANIFESTS / filename).read_text())
+    return next(d for d in docs if d and d["kind"] == kind)
+
+
+def test_the_operator_namespace_enforces_restricted_and_its_pod_passes() -> None:
+    labels = _operator_manifest("Namespace", "namespace.yaml")["metadata"]["labels"]
+    assert pod_security_labels("restricted").items() <= labels.items()
+    template = _operator_manifest("Deployment", "deployment.yaml")["spec"]["template"]
+    assert restricted_violations(template["spec"]) == []
+
+
+@pytest.mark.cluster
+def test_the_api_server_admits_the_operator_pod_where_restricted_is_enforced(
+    kube_cluster: KubeCluster, namespace: str
+) -> None:
+    template = _operator_manifest("Deployment", "deployment.yaml")["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator", **template["metadata"]}}
+    pod["spec"] = {**template["spec"], "serviceAccountName": "default"}  # its ServiceAccount lives elsewhere
+    res = kube_cluster.kubectl("-n", namespace, "create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
+    assert res.returncode == 0, res.stderr
+    assert "PodSecurity" not in res.stderr  # not even a warning

@@ -164,7 +164,12 @@ def test_main_passes_the_config_in_the_memo(no_kopf: dict[str, Any], clean_env: 
     config = memo.config
     assert isinstance(config, OperatorConfig)
     assert config == dataclasses.replace(
-        OperatorConfig(), runner_uid=None, run_selector="from=env", metrics_port=0, debounce_seconds=0.2
+        OperatorConfig(),
+        runner_uid=None,
+        run_selector="from=env",
+        metrics_port=0,
+        debounce_seconds=0.2,
+        namespaces=("team-a",),  # for the pod watches, as kopf's namespaces
     )
     assert memo.metrics_started is False
     assert no_kopf["namespaces"] == ["team-a"]
@@ -181,10 +186,26 @@ def test_main_flags_win_over_the_environment(no_kopf: dict[str, Any], clean_env:
 
 
 # -- the startup handler: uses the memo's config, or parses the environment (kopf run without main.py) --------
+class _SyncedWatch:
+    """Stands in for handlers.PodWatch: no thread, no API; listed at once."""
+
+    started: list[str | None] = []
+
+    def __init__(self, *args: Any, namespace: str | None, timeout_seconds: int) -> None:
+        self.namespace = namespace
+        self.synced = asyncio.Event()
+
+    def start(self) -> None:
+        _SyncedWatch.started.append(self.namespace)
+        self.synced.set()
+
+
 def _configure(memo: kopf.Memo, monkeypatch: pytest.MonkeyPatch) -> kopf.OperatorSettings:
     from mlbench_operator import handlers, logs
 
     monkeypatch.setattr(logs, "configure", lambda: None)
+    monkeypatch.setattr(handlers, "PodWatch", _SyncedWatch)
+    _SyncedWatch.started.clear()
     settings = kopf.OperatorSettings()
     fn: Any = getattr(handlers.configure, "__wrapped__", handlers.configure)
     asyncio.run(fn(settings=settings, memo=memo))
@@ -205,6 +226,16 @@ def test_startup_keeps_the_config_main_gave(clean_env: pytest.MonkeyPatch) -> No
     settings = _configure(memo, clean_env)
     assert memo.config is given
     assert _selector(settings) == "from=main"
+
+
+def test_startup_watches_the_pods_of_each_namespace(clean_env: pytest.MonkeyPatch) -> None:
+    """One pod watch per namespace served (one cluster-wide without any), each listed before startup ends."""
+    memo = kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0, namespaces=("a", "b")))
+    _configure(memo, clean_env)
+    assert _SyncedWatch.started == ["a", "b"]
+    assert all(watch.synced.is_set() for watch in memo.pod_watches)
+    _configure(kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0)), clean_env)
+    assert _SyncedWatch.started == [None]
 
 
 def test_startup_without_main_parses_the_environment(clean_env: pytest.MonkeyPatch) -> None:

@@ -227,7 +227,8 @@ def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pyt
     import time
 
     from mlbench_runner.data import tabular
-    from mlbench_runner.train import Options, train
+    from mlbench_runner.options import Options
+    from mlbench_runner.train import train
     from mlbench_runner.world import World
 
     from .helpers import logreg_task, make_config

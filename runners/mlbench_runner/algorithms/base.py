@@ -28,6 +28,7 @@ from mlbench_api.results import CommunicationRecord
 from mlbench_api.run import AlgorithmParameters
 from mlbench_api.task import Optimizer
 from mlbench_runner.comm import Communicator
+from mlbench_runner.flat import dense_view
 from mlbench_runner.timing import PhaseTimer
 
 
@@ -170,7 +171,7 @@ class FlatGradients:
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in params:
-            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
+            p.grad = dense_view(self.flat, offset, p)  # laid out like p (channels_last stays channels_last)
             self.views.append(self.flat[offset : offset + p.numel()])
             offset += p.numel()
 

@@ -37,7 +37,6 @@ the step's start (``start``), after the local optimizer step (``local``) and aft
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -53,9 +52,8 @@ from mlbench_runner.algorithms.base import (
     register,
     trainable,
 )
+from mlbench_runner.options import TRACE_GOSSIP
 from mlbench_runner.timing import PhaseTimer
-
-TRACE_ENV = "MLBENCH_TRACE_GOSSIP"
 
 
 def mixing_weights(topology: Topology | str, rank: int, size: int) -> dict[int, float]:
@@ -129,7 +127,7 @@ class DecentralizedSGD(DistributedAlgorithm):
         self.weights = mixing_weights(self.topology, self.comm.rank, self.comm.size)
         self.peers = [j for j in self.weights if j != self.comm.rank]
         self._saved: torch.Tensor | None = None
-        trace = os.environ.get(TRACE_ENV)
+        trace: str | None = TRACE_GOSSIP.read()  # MLBENCH_TRACE_GOSSIP, declared in mlbench_runner.options
         self._trace = Path(trace) / f"gossip-rank-{self.comm.rank}.jsonl" if trace else None
         self._trace_step = 0
         self._trace_start: list[float] = []

@@ -1,0 +1,289 @@
+"""One optimizer step, two ways: the eager reference and the fast path.
+
+Both run the same phases on one :class:`~mlbench_runner.timing.PhaseTimer` (data, forward,
+backward, the algorithm's compression and communication, optimizer), so their figures
+compare. The eager step is the readable reference: ``torch.optim.SGD`` over the model's
+parameters. The fast step computes exactly the same update over flat buffers
+(:mod:`mlbench_runner.flat`) and, on a GPU, replays three CUDA graphs, one per phase:
+
+* ``forward``: the model and the loss on static input buffers;
+* ``backward``: ``loss.backward()``, accumulating into the flat gradient buffer;
+* ``optimizer``: :meth:`FlatSGD.step` with the rate read from a device tensor.
+
+The data phase (index gather, augmentation, copy into the static inputs) and the
+algorithm's collectives stay eager, between the graphs, so communication is still timed
+as communication and no collective is ever captured (a rank that stops early cannot leave
+a graph waiting on a peer). Each phase's CUDA events are recorded outside the capture,
+around the replay. What each figure covers is in docs/runner.md.
+
+A capture is checked before it is used: from one saved state the graphs and the same
+code run eagerly take one step on a synthetic batch, and the parameters must agree to
+round-off, else the run falls back to the eager step and says why (``auto``) or stops
+(``MLBENCH_FAST_PATH=on``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from mlbench_runner.algorithms import DistributedAlgorithm
+from mlbench_runner.algorithms.base import FlatGradients
+from mlbench_runner.flat import FlatParameters, FlatSGD
+from mlbench_runner.tasks import TaskKernel
+from mlbench_runner.timing import PhaseTimer
+
+#: Warm-up iterations on a side stream before capture (cuDNN and allocator initialisation, as torch's docs ask).
+WARMUP_ITERATIONS = 3
+#: Largest relative parameter difference between one replayed and one eager step that still counts as round-off.
+VERIFY_TOLERANCE = 1e-4
+
+
+class StepPath(StrEnum):
+    """Which training step ran (recorded in the result's environment)."""
+
+    EAGER = "eager"
+    FLAT = "flat"
+    CUDA_GRAPHS = "cuda-graphs"
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    path: StepPath
+    reason: str
+
+
+def choose_path(requested: str, algorithm: str, optimizer: str, device_type: str) -> PathChoice:
+    """The step to build for ``MLBENCH_FAST_PATH`` = ``requested`` (auto, on, off).
+
+    The fast path covers the reference algorithm with SGD, the closed division's optimizer;
+    every other algorithm keeps its own eager hooks. ``on`` where it cannot apply is an input error.
+    """
+    if requested == "off":
+        return PathChoice(StepPath.EAGER, "MLBENCH_FAST_PATH=off")
+    if algorithm != "allreduce-sgd" or optimizer != "sgd":
+        reason = f"the fast path covers allreduce-sgd with sgd, not {algorithm} with {optimizer}"
+        if requested == "on":
+            raise ValueError(f"MLBENCH_FAST_PATH: on, but {reason}")
+        return PathChoice(StepPath.EAGER, reason)
+    if device_type == "cuda":
+        return PathChoice(StepPath.CUDA_GRAPHS, "forward, backward and optimizer captured as CUDA graphs")
+    return PathChoice(StepPath.FLAT, "flat parameter and gradient buffers (CUDA graphs need a GPU)")
+
+
+class Step(Protocol):
+    """One optimizer step on the batch ``idx``; returns the loss (a device tensor, read it before the next step)."""
+
+    @property
+    def path(self) -> StepPath: ...
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> torch.Tensor: ...
+
+
+def precision_context(autocast: bool) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast on CUDA (open division), without the weight-cast cache a graph replay would not refresh."""
+    if autocast:
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+class EagerStep:
+    """The reference step: ``torch.optim.SGD`` (or the algorithm's optimizer) around the algorithm's hooks."""
+
+    path = StepPath.EAGER
+
+    def __init__(
+        self,
+        kernel: TaskKernel,
+        model: nn.Module,
+        algorithm: DistributedAlgorithm,
+        *,
+        optimizer: torch.optim.Optimizer,
+        timer: PhaseTimer,
+        autocast: bool,
+    ) -> None:
+        self.kernel, self.model, self.algorithm = kernel, model, algorithm
+        self.optimizer, self.timer, self.autocast = optimizer, timer, autocast
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> torch.Tensor:
+        timer = self.timer
+        timer.start_step(step)
+        with timer.phase("data"):
+            x, y = self.kernel.train_batch(idx)
+        with timer.phase("forward"), precision_context(self.autocast):
+            loss = self.kernel.loss(self.model(x), y, self.model)
+        with timer.phase("backward"):
+            loss.backward()
+        self.algorithm.synchronize(self.model, timer)  # opens its compression and communication phases
+        with timer.phase("optimizer"):
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.algorithm.zero_grad(self.model)
+        self.algorithm.after_step(self.model, timer)
+        timer.end_step()
+        return loss.detach()
+
+
+@dataclass
+class Graphs:
+    """The captured segments and the static tensors they read and write."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    loss: torch.Tensor
+    forward: torch.cuda.CUDAGraph
+    backward: torch.cuda.CUDAGraph
+    optimizer: torch.cuda.CUDAGraph
+
+
+class FastStep:
+    """allreduce-sgd's step over flat buffers; on CUDA, after :meth:`capture`, three graph replays."""
+
+    def __init__(
+        self,
+        kernel: TaskKernel,
+        model: nn.Module,
+        algorithm: DistributedAlgorithm,
+        *,
+        grads: FlatGradients,
+        sgd_options: tuple[float, float, bool, float],
+        timer: PhaseTimer,
+        autocast: bool,
+    ) -> None:
+        lr, momentum, nesterov, weight_decay = sgd_options
+        self.kernel, self.model, self.algorithm, self.timer, self.autocast = kernel, model, algorithm, timer, autocast
+        self.params = FlatParameters(model)
+        self.sgd = FlatSGD(
+            self.params.flat, grads.flat, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
+        )
+        self.graphs: Graphs | None = None
+
+    @property
+    def path(self) -> StepPath:
+        return StepPath.CUDA_GRAPHS if self.graphs is not None else StepPath.FLAT
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with precision_context(self.autocast):
+            return self.kernel.loss(self.model(x), y, self.model)
+
+    def __call__(self, step: int, idx: torch.Tensor, lr: float) -> torch.Tensor:
+        timer, graphs = self.timer, self.graphs
+        timer.start_step(step)
+        with timer.phase("data"):
+            x, y = self.kernel.train_batch(idx)
+            if graphs is not None:
+                graphs.x.copy_(x)
+                graphs.y.copy_(y)
+        with timer.phase("forward"):
+            if graphs is not None:
+                graphs.forward.replay()
+                loss = graphs.loss
+            else:
+                loss = self._loss(x, y)
+        with timer.phase("backward"):
+            if graphs is not None:
+                graphs.backward.replay()
+            else:
+                loss.backward()
+        self.algorithm.synchronize(self.model, timer)
+        with timer.phase("optimizer"):
+            self.sgd.set_lr(lr)
+            if graphs is not None:
+                graphs.optimizer.replay()
+            else:
+                self.sgd.step()
+        timer.end_step()
+        return loss.detach()
+
+    # -- capture ------------------------------------------------------------------------
+    def _state(self) -> list[torch.Tensor]:
+        """Everything a step changes: parameters, gradients, buffers (BatchNorm), optimizer state."""
+        return [self.params.flat, self.sgd.grads, *self.sgd.state(), *self.model.buffers()]
+
+    @contextlib.contextmanager
+    def _restored(self) -> Iterator[None]:
+        """Run the block, then put back the state it changed (same storage, so graphs stay valid)."""
+        saved = [t.detach().clone() for t in self._state()]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(self._state(), saved, strict=True):
+                    t.copy_(s)
+
+    def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self._loss(x, y)
+        loss.backward()
+        self.sgd.step()
+        return loss
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Capture the three segments on the synthetic batch ``x, y``; returns the seconds it took.
+
+        The warm-up steps and the capture leave the model, gradients and optimizer state as they were.
+        """
+        start = time.perf_counter()
+        with self._restored():
+            static_x, static_y = x.clone(), y.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_ITERATIONS):
+                    self._eager_step(static_x, static_y)
+            torch.cuda.current_stream().wait_stream(side)
+            forward, backward, optimizer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(forward):
+                loss = self._loss(static_x, static_y)
+            with torch.cuda.graph(backward, pool=forward.pool()):
+                loss.backward()
+            with torch.cuda.graph(optimizer):
+                self.sgd.step()
+            torch.cuda.synchronize()
+        self.graphs = Graphs(static_x, static_y, loss, forward, backward, optimizer)
+        return time.perf_counter() - start
+
+    def verify(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
+        """Largest parameter difference (relative to the largest parameter) between one replayed and one eager step.
+
+        Both start from the current state, which is restored afterwards.
+        """
+        graphs = self.graphs
+        if graphs is None:
+            raise RuntimeError("verify() needs capture() first")
+        self.sgd.set_lr(lr)
+        with self._restored():
+            graphs.x.copy_(x)
+            graphs.y.copy_(y)
+            graphs.forward.replay()
+            graphs.backward.replay()
+            graphs.optimizer.replay()
+            replayed = self.params.flat.detach().clone()
+        with self._restored():
+            self._eager_step(x, y)
+            eager = self.params.flat.detach().clone()
+        scale = max(1.0, float(eager.abs().max()))
+        return float((replayed - eager).abs().max()) / scale
+
+
+def capture_checked(fast: FastStep, kernel: TaskKernel, batch: int, seed: int, lr: float) -> tuple[float, float]:
+    """Capture on one synthetic batch and check the graphs on another; (capture seconds, difference).
+
+    Raises when the capture fails or the replayed step is not the eager one to round-off.
+    """
+    seconds = fast.capture(*kernel.synthetic_batch(batch, seed=seed))
+    difference = fast.verify(*kernel.synthetic_batch(batch, seed=seed + 1), lr=lr)
+    if not difference <= VERIFY_TOLERANCE:  # NaN fails too
+        fast.graphs = None
+        raise RuntimeError(
+            f"a replayed step differs from the eager one by {difference:.3g} (relative; at most "
+            f"{VERIFY_TOLERANCE:g} is round-off)"
+        )
+    return seconds, difference

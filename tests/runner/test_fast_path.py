@@ -1,0 +1,293 @@
+"""The fast training step computes the eager reference's update, step for step (CPU, fp64).
+
+On CPU the fast step is the flat one (CUDA graphs need a GPU): parameters and gradients in
+one flat buffer each and the SGD update written out over them. The GPU capture itself is
+checked at run time against the same code run eagerly (``FastStep.verify``) and measured
+by benchmarks/runner_gpu_time_to_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mlbench_api.config import RunConfig
+from mlbench_api.results import RunSummary
+from mlbench_runner import train as train_module
+from mlbench_runner.algorithms import make_algorithm
+from mlbench_runner.comm import LocalCommunicator
+from mlbench_runner.data import TensorDataset
+from mlbench_runner.flat import FlatParameters, FlatSGD, dense_view
+from mlbench_runner.models import CifarResNet
+from mlbench_runner.options import Options
+from mlbench_runner.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path
+from mlbench_runner.tasks import ImageClassification
+from mlbench_runner.timing import PhaseTimer
+from mlbench_runner.train import Trainer, status_for
+from mlbench_runner.world import World
+
+from .helpers import launch_processes, logreg_task, make_config, resnet_task, write_cifar_python
+
+SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
+
+# -- which step runs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "algorithm", "optimizer", "device", "path"),
+    [
+        ("auto", "allreduce-sgd", "sgd", "cpu", StepPath.FLAT),
+        ("auto", "allreduce-sgd", "sgd", "cuda", StepPath.CUDA_GRAPHS),
+        ("on", "allreduce-sgd", "sgd", "cuda", StepPath.CUDA_GRAPHS),
+        ("off", "allreduce-sgd", "sgd", "cuda", StepPath.EAGER),
+        ("auto", "ddp", "sgd", "cuda", StepPath.EAGER),
+        ("auto", "powersgd", "sgd", "cpu", StepPath.EAGER),
+        ("auto", "allreduce-sgd", "adam", "cuda", StepPath.EAGER),
+        ("off", "powersgd", "sgd", "cpu", StepPath.EAGER),
+    ],
+)
+def test_choose_path(requested: str, algorithm: str, optimizer: str, device: str, path: StepPath) -> None:
+    choice = choose_path(requested, algorithm, optimizer, device)
+    assert choice.path is path
+    assert choice.reason
+    if path is StepPath.EAGER and requested == "auto":
+        assert algorithm in choice.reason or optimizer in choice.reason
+
+
+@pytest.mark.parametrize(("algorithm", "optimizer"), [("decentralized-sgd", "sgd"), ("allreduce-sgd", "adam")])
+def test_fast_path_on_where_it_cannot_apply_names_the_knob(algorithm: str, optimizer: str) -> None:
+    with pytest.raises(ValueError, match=r"MLBENCH_FAST_PATH: on, but .*" + algorithm):
+        choose_path("on", algorithm, optimizer, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("reason", "reached", "status"),
+    [
+        ("goal", True, "success"),
+        ("diverged", False, "aborted"),
+        ("max-steps", False, "goal-not-reached"),
+        ("max-epochs", False, "goal-not-reached"),
+        ("max-epochs", True, "success"),  # accuracy-after-time: the last evaluation meets the target
+        ("time-budget", True, "success"),
+        ("time-budget", False, "goal-not-reached"),
+    ],
+)
+def test_status_for(reason: str, reached: bool, status: str) -> None:
+    assert status_for(reason, reached) == status  # type: ignore[arg-type]
+
+
+# -- the flat buffers and the update -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("momentum", "nesterov", "weight_decay"),
+    [(0.9, True, 1e-4), (0.9, False, 1e-4), (0.0, False, 1e-3), (0.0, False, 0.0), (0.5, True, 0.0)],
+)
+def test_flat_sgd_is_torch_sgd(momentum: float, nesterov: bool, weight_decay: float) -> None:
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(16, 3, 3, 3), (16,), (10, 64), (10,)]
+    torch_params = [torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
+    flat_p = torch.cat([p.detach().reshape(-1) for p in torch_params])
+    flat_g = torch.zeros_like(flat_p)
+    ref = torch.optim.SGD(torch_params, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    sgd = FlatSGD(flat_p, flat_g, 0.1, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    for step, lr in enumerate([0.1, 0.05, 0.2, 0.01, 0.3, 0.3, 0.001, 0.1]):
+        grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+        for p, g in zip(torch_params, grads, strict=True):
+            p.grad = g.clone()
+        flat_g.copy_(torch.cat([g.reshape(-1) for g in grads]))
+        for group in ref.param_groups:
+            group["lr"] = lr
+        ref.step()
+        sgd.set_lr(lr)
+        sgd.step()
+        expected = torch.cat([p.detach().reshape(-1) for p in torch_params])
+        torch.testing.assert_close(flat_p, expected, rtol=1e-14, atol=1e-15, msg=f"step {step}")
+        assert torch.count_nonzero(flat_g) == 0, "the step leaves the gradients zeroed for the next backward"
+
+
+def test_flat_parameters_keep_values_layout_and_autograd() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.LazyLinear(4))
+    model(torch.randn(2, 3, 8, 8))
+    model = model.to(memory_format=torch.channels_last)
+    before = [(p.detach().clone(), p.stride()) for p in model.parameters()]
+    flat = FlatParameters(model)
+    base = flat.flat.data_ptr()
+    end = base + flat.flat.numel() * flat.flat.element_size()
+    for p, (value, stride) in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), value)
+        assert p.stride() == stride, "a channels_last weight stays channels_last"
+        assert base <= p.data_ptr() < end
+    flat.flat.add_(1.0)  # writing the buffer writes the model
+    assert torch.equal(next(iter(model.parameters())).detach(), before[0][0] + 1)
+    model(torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_dense_view_refuses_a_strided_tensor() -> None:
+    with pytest.raises(ValueError, match="dense"):
+        dense_view(torch.zeros(12), 0, torch.zeros(4, 6)[:, ::2])
+
+
+# -- one model, two steps: eager and flat, step for step ----------------------------------------
+
+
+def _image_data(n_train: int = 48, n_test: int = 8) -> TensorDataset:
+    rng = np.random.default_rng(0)
+    return TensorDataset(
+        kind="image",
+        x_train=rng.integers(0, 256, (n_train, 3, 32, 32), dtype=np.uint8),
+        y_train=rng.integers(0, 10, n_train),
+        x_test=rng.integers(0, 256, (n_test, 3, 32, 32), dtype=np.uint8),
+        y_test=rng.integers(0, 10, n_test),
+        mean=(125.0, 123.0, 114.0),
+        std=(63.0, 62.0, 66.0),
+    )
+
+
+def _rig(fast: bool) -> tuple[nn.Module, EagerStep | FastStep]:
+    """ResNet-20, fp64, the closed-division update; the same seeds for both paths."""
+    torch.manual_seed(0)
+    device, dtype = torch.device("cpu"), torch.float64
+    kernel = ImageClassification(_image_data(), device, dtype, torch.Generator().manual_seed(5))
+    model: nn.Module = CifarResNet(20, "m1").to(device, dtype)
+    algorithm = make_algorithm("allreduce-sgd", LocalCommunicator("gloo"))
+    model = algorithm.prepare(model)
+    timer = PhaseTimer(device)
+    sgd = (0.1, 0.9, True, 1e-4)
+    if fast:
+        grads = algorithm.grads  # type: ignore[attr-defined]
+        return model, FastStep(kernel, model, algorithm, grads=grads, sgd_options=sgd, timer=timer, autocast=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    return model, EagerStep(kernel, model, algorithm, optimizer=optimizer, timer=timer, autocast=False)
+
+
+def test_flat_step_matches_eager_step_for_step_resnet20_fp64() -> None:
+    eager_model, eager = _rig(fast=False)
+    fast_model, fast = _rig(fast=True)
+    assert fast.path is StepPath.FLAT
+    lrs = [0.01, 0.05, 0.1, 0.1, 0.01, 0.001]  # warm-up, plateau, decays: the rate changes between steps
+    for step, lr in enumerate(lrs):
+        idx = torch.arange(step * 8, (step + 1) * 8) % 48
+        loss_e, loss_f = eager(step, idx, lr), fast(step, idx, lr)
+        torch.testing.assert_close(loss_f, loss_e, rtol=1e-12, atol=0)
+        worst = max(
+            float((pf - pe).detach().abs().max())
+            for pf, pe in zip(fast_model.parameters(), eager_model.parameters(), strict=True)
+        )
+        assert worst < 1e-12, f"step {step}: parameters differ by {worst}"
+        for bf, be in zip(fast_model.buffers(), eager_model.buffers(), strict=True):
+            torch.testing.assert_close(bf, be, rtol=1e-12, atol=1e-14)
+    start = _rig(fast=False)[0].parameters()
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(fast_model.parameters(), start, strict=True))
+    assert moved > 1e-3, "the steps really trained"
+
+
+def test_flat_step_times_the_same_phases() -> None:
+    _, fast = _rig(fast=True)
+    timer = fast.timer
+    for step in range(3):
+        fast(step, torch.arange(8), 0.1)
+    steps = timer.flush(wait=True)
+    assert [s.step for s in steps] == [0, 1, 2]
+    assert {"data", "forward", "backward", "optimizer"} <= set(steps[0].phases)
+    assert all(v > 0 for v in steps[0].phases.values())
+
+
+# -- real ranks (gloo): the runner's two paths, step for step --------------------------------------
+
+
+def test_two_ranks_fast_and_eager_agree_logreg(tmp_path: Path) -> None:
+    task = logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0)
+    paths = {}
+    for mode in ("off", "on"):
+        config = make_config(task, tmp_path / mode, 2)
+        recs = launch_processes(config, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64", MLBENCH_FAST_PATH=mode)
+        assert recs[0]["param_sha1"] == recs[1]["param_sha1"], "ranks diverged"
+        paths[mode] = np.asarray(recs[0]["param_values"])
+        summary = RunSummary.model_validate_json((tmp_path / mode / "summary.json").read_text())
+        assert summary.environment.training_step == ("eager" if mode == "off" else "flat")
+    assert paths["off"].shape == (2 * 200 // 10, 12)
+    assert np.abs(paths["off"]).max() > 0.1
+    np.testing.assert_allclose(paths["on"], paths["off"], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_fast_and_eager_agree_resnet(tmp_path: Path) -> None:
+    data = write_cifar_python(tmp_path, n_train=80, n_test=20)
+    task = resnet_task(data, batch=8, epochs=2, subset=64, warmup=1, milestones=[1])
+    norms = {}
+    for mode in ("off", "auto"):
+        config = make_config(task, tmp_path / mode, 2)
+        recs = launch_processes(config, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64", MLBENCH_FAST_PATH=mode)
+        assert recs[0]["param_sha1"] == recs[1]["param_sha1"], "ranks diverged"
+        norms[mode] = np.asarray(recs[0]["param_norms"])
+    assert len(norms["off"]) == 2 * 64 // 16
+    assert len(set(norms["off"].tolist())) == len(norms["off"]), "the parameters changed every step"
+    np.testing.assert_allclose(norms["auto"], norms["off"], rtol=1e-12)
+
+
+# -- a capture that fails, or does not check out, falls back (auto) or stops (on) ----------------------
+
+
+def _single_rank_config(tmp_path: Path) -> RunConfig:
+    return make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path / "out", 1)
+
+
+@pytest.mark.parametrize(
+    ("capture", "verify", "why"),
+    [
+        (RuntimeError("operation not permitted when stream is capturing"), 0.0, "not permitted when stream"),
+        (None, 0.5, "differs from the eager one by 0.5"),
+        (None, float("nan"), "differs from the eager one by nan"),
+    ],
+)
+def test_graph_capture_failure_falls_back_to_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capture: Exception | None, verify: float, why: str
+) -> None:
+    """The glue around capture, driven on CPU: a GPU where capturing raises or replays wrongly."""
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        if capture is not None:
+            raise capture
+        return 0.25
+
+    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(FastStep, "capture", fake_capture)
+    monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: verify)
+    summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3)).run()
+    assert summary is not None
+    assert summary.environment.training_step == "eager"
+    assert why in (summary.environment.training_step_reason or "")
+    assert summary.steps == 3
+    events = (tmp_path / "out" / "events.jsonl").read_text()
+    assert '"fast_path_fallback"' in events
+
+    monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: verify)
+    with pytest.raises(RuntimeError, match=why.split(" by ", maxsplit=1)[0]):
+        Trainer(_single_rank_config(tmp_path / "on"), SINGLE, Options(max_steps=3, fast_path="on")).run()
+
+
+def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        time.sleep(0.2)
+        return 0.2
+
+    monkeypatch.setattr(FastStep, "capture", fake_capture)
+    monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
+    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3))
+    start = trainer.clock.start
+    summary = trainer.run()
+    assert summary is not None
+    assert summary.environment.training_step == "flat"  # no graphs were really made: the flat step ran them
+    assert summary.environment.capture_seconds == 0.2
+    assert trainer.clock.start == pytest.approx(start + 0.2), "capture is initialisation, outside the clock"
+    assert summary.wall_clock_seconds > 0
