@@ -16,6 +16,8 @@ control plane (tests/cluster) and reports
 * ``timeline`` (floor and run): when the observer first saw a pod (its create, give or take the
   watch's latency), and when the first, median and last pod turned Running, seconds from the start;
   ``watch_events``: the pod events the observer got (the operator's pod watch gets the same ones),
+* ``work_ratio``: the CPU seconds the run took of the cluster, the operator and this client, over the
+  floor's (on a saturated machine with nothing else running, about ``ratio``; less noisy than it),
 * ``cpu_s`` (floor and run, apply -> all Running): CPU seconds each process used (``/proc/<pid>/stat``):
   the operator, every control-plane component (pid files of the tests/cluster dir beside the
   kubeconfig), this benchmark (the floor's client threads, the observer), ``machine`` (all of the
@@ -158,6 +160,18 @@ def machine_busy_seconds() -> float:
         return 0.0
     values = [int(v) for v in cpu[:8]]  # user nice system idle iowait irq softirq steal
     return (sum(values) - values[3] - values[4]) / CLK_TCK
+
+
+def settle(max_wait: float, busy_cores: float = 0.3, window: float = 3.0) -> float:
+    """Wait (up to ``max_wait`` seconds) for a ``window`` in which the whole machine is nearly idle (at most
+    ``busy_cores`` busy: the idle cluster uses a few hundredths), so that a measurement does not start in
+    the middle of someone else's work on a shared machine; returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        before = machine_busy_seconds()
+        time.sleep(window)
+        if (machine_busy_seconds() - before) / window <= busy_cores or time.monotonic() - t0 >= max_wait:
+            return round(time.monotonic() - t0, 1)
 
 
 class CpuMeter:
@@ -525,6 +539,24 @@ class Bench:
         return dict(obj.get("status") or {})
 
 
+#: A measurement is noisy when processes other than the cluster's, the operator and this one used this share
+#: of the machine's busy CPU.
+NOISY = 0.1
+
+
+def own_cpu(cpu: dict[str, float]) -> float:
+    """CPU seconds of the cluster's processes, the operator and this benchmark (not the machine's others)."""
+    return sum(v for k, v in cpu.items() if k not in ("machine", "others", "operator_loop", "cpus"))
+
+
+def noisy(result: dict[str, Any]) -> bool:
+    def share(cpu: dict[str, float]) -> float:
+        return cpu.get("others", 0.0) / max(cpu.get("machine", 0.0), 1e-9)
+
+    cpus = [c for c in (result.get("cpu_s"), result.get("floor", {}).get("cpu_s")) if c]
+    return any(share(c) > NOISY for c in cpus)
+
+
 def cpu_line(cpu: dict[str, float]) -> str:
     names = {
         "operator": "operator",
@@ -550,6 +582,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--many", type=int, nargs=2, default=[20, 50], metavar=("RUNS", "WORKERS"))
     parser.add_argument("--no-many", action="store_true", help="skip the --many measurement")
     parser.add_argument("--observer", choices=("watch", "poll"), default="watch", help="see above")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=120,
+        metavar="SECONDS",
+        help="before each floor and each run, wait up to this long for the machine to be nearly idle (0: not)",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy the operator into PATH (see above)")
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy")
     args = parser.parse_args(argv)
@@ -609,11 +648,16 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for n in args.workers:
             for _ in range(args.repeat):
+                waited = settle(args.settle) if args.settle else 0.0
                 floor = bench.floor(n, args.timeout)  # side by side: the floor right before the run
+                waited += settle(args.settle) if args.settle else 0.0
                 res = bench.one(n, port, args.timeout, not args.no_restart, proc.pid)
+                res["settle_s"] = waited
                 res["floor_s"] = floor.pop("floor_s")
                 res["ratio"] = round(res["pods_running_s"] / res["floor_s"], 2)
                 res["floor"] = floor
+                if "cpu_s" in res and "cpu_s" in floor:  # CPU seconds of the cluster, operator and client
+                    res["work_ratio"] = round(own_cpu(res["cpu_s"]) / max(own_cpu(floor["cpu_s"]), 1e-9), 2)
                 results.append(res)
                 print(json.dumps(res), flush=True)
         many = None
@@ -625,16 +669,19 @@ def main(argv: list[str] | None = None) -> int:
             f" {'op requests':>12} {'gang restart':>13} {'restart reqs':>13}"
         )
         for r in results:
+            mark = "*" if noisy(r) else " "
             print(
-                f"{r['workers']:>8} {r['floor_s']:>6.1f}s {r['pods_running_s']:>12.1f}s {r['ratio']:>6.2f}"
+                f"{r['workers']:>8} {r['floor_s']:>6.1f}s {r['pods_running_s']:>12.1f}s {r['ratio']:>5.2f}{mark}"
                 f" {r['status_ready_s']:>12.1f}s {r['launcher_running_s']:>8.1f}s {r['operator_requests']:>12}"
                 f" {r.get('gang_restart_s', float('nan')):>12.1f}s {r.get('restart_requests', 0):>13}"
             )
+        if any(noisy(r) for r in results):
+            print(f"* other work on the machine used over {NOISY:.0%} of its CPU during the floor or the run: noisy")
         print("\nCPU seconds, start -> all Running (floor: client in 'bench'; run: the operator's):")
         for r in results:
             if "cpu_s" in r["floor"] and "cpu_s" in r:
                 print(f"{r['workers']:>8} floor: {cpu_line(r['floor']['cpu_s'])}")
-                print(f"{'':>8} run:   {cpu_line(r['cpu_s'])}")
+                print(f"{'':>8} run:   {cpu_line(r['cpu_s'])}; work ratio {r['work_ratio']:.2f}")
         if many is not None:
             print(
                 f"\n{many['runs']} runs x {many['workers']} workers applied together: all Running in "
