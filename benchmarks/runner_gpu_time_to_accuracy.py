@@ -32,7 +32,8 @@ the GPU-busy fraction (union of kernel times / wall, under the profiler), and th
 parameter difference between the fast and the eager step after those N steps from one start.
 
 ``--cpu-table`` prints the CPU side instead: 2 ranks over gloo on this machine, the eager
-and the fast (flat) step, samples/s of step time and ms/step, alternating, ``--repeats`` runs each.
+and the fast (flat) step and DDP (the comparison baseline), samples/s of step time and ms/step,
+in turn, ``--repeats`` rounds. ``--paths ddp`` adds DDP (world size 1) to the GPU table.
 
     python benchmarks/runner_gpu_time_to_accuracy.py --profile 200            # on a GPU machine
     python benchmarks/runner_gpu_time_to_accuracy.py --device cpu --max-epochs 1 --subset 512   # smoke
@@ -87,7 +88,7 @@ def closed_1a(data: str, max_epochs: int, subset: int | None, target: float) -> 
     return catalog_recipe("cifar10-resnet20", data=data, train_subset=subset, max_epochs=max_epochs, target=target)
 
 
-def make_config(spec: BenchmarkTaskSpec, device: str, out: str) -> RunConfig:
+def make_config(spec: BenchmarkTaskSpec, device: str, out: str, algorithm: str = "allreduce-sgd") -> RunConfig:
     gpu = device == "cuda"
     run = BenchmarkRun.model_validate(
         {
@@ -95,6 +96,7 @@ def make_config(spec: BenchmarkTaskSpec, device: str, out: str) -> RunConfig:
             "spec": {
                 "taskRef": {"name": "cifar10-resnet20"},
                 "workers": 1,
+                "algorithm": algorithm,
                 "backend": "nccl" if gpu else "gloo",
                 **({"resources": {"gpu": 1}} if gpu else {}),
             },
@@ -225,17 +227,29 @@ def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path) -> dict
     return rows
 
 
+#: The CPU table's rows: (label, MLBENCH_FAST_PATH, algorithm). ``ddp`` is the comparison baseline:
+#: torch DistributedDataParallel (bucketed all-reduce overlapped with backward) with the eager step.
+CPU_ROWS = (("eager", "off", "allreduce-sgd"), ("flat", "auto", "allreduce-sgd"), ("ddp", "off", "ddp"))
+
+
 def cpu_table(spec: BenchmarkTaskSpec, steps: int, ranks: int, repeats: int) -> None:
-    """The CPU side: ``ranks`` gloo ranks on this machine, eager and flat step alternating, ``repeats`` runs each."""
+    """The CPU side: ``ranks`` gloo ranks on this machine, each of :data:`CPU_ROWS` in turn, ``repeats`` rounds.
+
+    Under ddp the all-reduce runs inside ``backward`` (overlapped, not separable), so its ``comm ms``
+    is 0 and its compute column carries the communication: compare ``ms/step``.
+    """
     print(
         f"\n# CPU: {ranks} ranks over gloo, {os.cpu_count()} cores, {steps} steps of batch 32 per rank, task 1a's model"
     )
-    print(f"{'step':8} {'samples/s':>10} {'ms/step':>9} {'compute ms':>11} {'comm ms':>9}")
+    print(f"{'row':6} {'step':8} {'samples/s':>10} {'ms/step':>9} {'compute ms':>11} {'comm ms':>9}")
     with tempfile.TemporaryDirectory() as tmp:
-        for i, mode in enumerate(("off", "auto") * repeats):
-            out = Path(tmp) / f"{mode}-{i}"
+        for i, (label, mode, algorithm) in enumerate(CPU_ROWS * repeats):
+            out = Path(tmp) / f"{label}-{i}"
             run = BenchmarkRun.model_validate(
-                {"metadata": {"name": "cpu"}, "spec": {"taskRef": {"name": "t"}, "workers": ranks}}
+                {
+                    "metadata": {"name": "cpu"},
+                    "spec": {"taskRef": {"name": "t"}, "workers": ranks, "algorithm": algorithm},
+                }
             )
             config = effective_config(run, "cifar10-resnet20", spec, output_dir=str(out), metrics_port=0)
             out.mkdir(parents=True)
@@ -248,7 +262,7 @@ def cpu_table(spec: BenchmarkTaskSpec, steps: int, ranks: int, repeats: int) -> 
                 raise SystemExit("\n".join(lines[-30:]))
             r = RunSummary.model_validate_json((out / "summary.json").read_text())
             print(
-                f"{r.environment.training_step or mode:8} {r.samples_per_second:>10.1f} "
+                f"{label:6} {r.environment.training_step or mode:8} {r.samples_per_second:>10.1f} "
                 f"{1e3 * r.train_seconds / r.steps:>9.1f} {1e3 * r.compute_seconds / r.steps:>11.1f} "
                 f"{1e3 * r.communication_seconds / r.steps:>9.1f}",
                 flush=True,
@@ -382,9 +396,15 @@ def main() -> None:
     p.add_argument("--data", default=str(shared_cifar10()))
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers for the plain path")
     p.add_argument("--bf16", action="store_true", help="runner with bf16 autocast + channels_last (open division)")
-    p.add_argument("--paths", nargs="+", choices=("fast", "eager", "plain"), default=["fast", "eager", "plain"])
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        choices=("fast", "eager", "ddp", "plain"),
+        default=["fast", "eager", "plain"],
+        help="ddp: the runner with algorithm ddp (torch DistributedDataParallel, eager step), world size 1",
+    )
     p.add_argument("--profile", type=int, metavar="N", help="also the step table over N steps (GPU)")
-    p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks, eager vs flat step)")
+    p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks: eager, flat, ddp)")
     p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
     p.add_argument("--ranks", type=int, default=2, help="--cpu-table: ranks")
     p.add_argument("--repeats", type=int, default=2, help="--cpu-table: runs of each step, alternating")
@@ -402,7 +422,8 @@ def main() -> None:
     profile: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.paths:
-            config = make_config(spec, args.device, str(Path(tmp) / path))
+            algorithm = "ddp" if path == "ddp" else "allreduce-sgd"
+            config = make_config(spec, args.device, str(Path(tmp) / path), algorithm)
             if path == "plain":
                 results[path] = run_plain(config, device, args.workers)
             else:

@@ -52,6 +52,9 @@ EVAL_BATCH = {"cpu": 500, "cuda": 2500}
 FLUSH_EVERY = 25
 PROGRESS_SECONDS = 5.0
 
+#: The fallback reason on a rank whose own capture passed: all ranks run one path.
+OTHER_RANK_CAPTURE_FAILED = "another rank's CUDA graph capture failed, eager instead"
+
 
 @dataclass
 class RankRecord:
@@ -310,15 +313,17 @@ class Trainer:
             )
             if choice.path is StepPath.FLAT:
                 return fast, ExecutionRecord(choice.path, choice.reason)
+            failure = ""
             try:
                 capture_seconds, difference = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
             except Exception as exc:
                 if self.opts.fast_path == "on":
                     raise
-                choice = PathChoice(
-                    StepPath.EAGER, f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}"
-                )
-                self.log.event("fast_path_fallback", reason=choice.reason)
+                failure = f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}"
+            # Every rank takes the same path: one whose capture failed sends the others to eager too.
+            if self._any_rank(device, bool(failure)):
+                choice = PathChoice(StepPath.EAGER, failure or OTHER_RANK_CAPTURE_FAILED)
+                self.log.warning("fast_path_fallback", reason=choice.reason)  # every rank: its own cause
             else:
                 # Capture warms up on synthetic batches (no data is read): initialisation, as MLPerf's compile time.
                 self.clock.exclude(capture_seconds)
@@ -331,8 +336,13 @@ class Trainer:
     # -- collective helpers -----------------------------------------------------------
     def _any(self, s: Setup, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank."""
-        t = torch.tensor([1.0 if flag else 0.0], device=s.device)
-        s.comm.all_reduce_sum_(t)
+        return self._any_rank(s.device, flag)
+
+    def _any_rank(self, device: torch.device, flag: bool) -> bool:
+        """:meth:`_any` before the set-up exists (the communicator does)."""
+        assert self.comm is not None
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+        self.comm.all_reduce_sum_(t)
         return bool(t.item() > 0)
 
     def _budget_exceeded(self, s: Setup) -> bool:

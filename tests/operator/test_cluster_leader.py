@@ -169,6 +169,8 @@ def test_one_of_two_leads_and_the_standby_takes_over_a_killed_leader(election: E
     standby = next(p for p in procs if p is not leader)
     assert logged(leader, "leader_acquired")
     assert logged(leader, "operator_started")  # kopf runs in the leader
+    # a standby whose first create lost the race (409) names the holder one retry period later
+    wait_for(lambda: logged(standby, "leader_standby"), timeout=10, what="the standby to log leader_standby")
     assert logged(standby, "leader_standby")[0]["holder"] == identity(leader)
     assert not logged(standby, "operator_started")  # and not in the standby
     assert healthy(liveness_url(standby))  # which is alive all the same
@@ -196,6 +198,7 @@ def test_one_of_two_leads_and_the_standby_takes_over_a_killed_leader(election: E
     # its last renewal (at most one retry period before the kill) counts for a whole lease
     assert lease_seconds - 2 * retry - 0.5 <= took <= lease_seconds + 6, took
     assert election.leader([standby]) is standby
+    wait_for(lambda: logged(standby, "leader_acquired"), timeout=5, what="the new leader to log leader_acquired")
     acquired = logged(standby, "leader_acquired")
     assert [(a["reason"], a["previous_holder"]) for a in acquired] == [("expired", identity(leader))]
     lease = election.lease()
@@ -235,6 +238,7 @@ def test_sigterm_releases_the_lease_for_an_immediate_handover(election: Election
     took = time.monotonic() - stopped_at
     print(f"SIGTERMed leader: the standby took over after {took:.1f}s (lease 30s)")
     assert took < 15, took  # well within the 30 s a dead leader's Lease would hold
+    wait_for(lambda: logged(standby, "leader_acquired"), timeout=5, what="the new leader to log leader_acquired")
     assert [a["reason"] for a in logged(standby, "leader_acquired")] == ["released"]
     assert election.leader([standby]) is standby
     lease = election.lease()

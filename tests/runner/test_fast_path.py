@@ -8,6 +8,9 @@ by benchmarks/runner_gpu_time_to_accuracy.py.
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import socket
 import time
 from pathlib import Path
 
@@ -291,3 +294,48 @@ def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeyp
     assert summary.environment.capture_seconds == 0.2
     assert trainer.clock.start == pytest.approx(start + 0.2), "capture is initialisation, outside the clock"
     assert summary.wall_clock_seconds > 0
+
+
+def _rank_whose_capture_may_fail(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks in a spawned process: rank 1's capture raises, rank 0's succeeds."""
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        if rank == 1:
+            raise RuntimeError("rank 1: capture refused")
+        return 0.25
+
+    train_module.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
+    FastStep.capture = fake_capture  # type: ignore[method-assign]
+    FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
+    config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
+    world = World(rank, 2, rank, 2, "127.0.0.1", port, "env")
+    Trainer(config, world, Options(max_steps=3)).run()
+
+
+@pytest.mark.timeout(180)
+def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ranks never run different steps: the fallback is agreed with one all-reduce after capture."""
+    config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
+    (tmp_path / "config.json").write_text(config.dump())
+    ctx = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=(r, port, str(tmp_path))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+        assert p.exitcode == 0
+    summary = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
+    assert summary.environment.training_step == "eager"
+    assert summary.environment.training_step_reason == train_module.OTHER_RANK_CAPTURE_FAILED
+    # every rank logs its own cause (rank 0 also into events.jsonl)
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    fallbacks = {e.get("rank"): e["reason"] for e in lines if e.get("event") == "fast_path_fallback"}
+    assert '"fast_path_fallback"' in (tmp_path / "events.jsonl").read_text()
+    assert "rank 1: capture refused" in fallbacks[1]
+    assert fallbacks[0] == train_module.OTHER_RANK_CAPTURE_FAILED
+    assert summary.steps == 3
