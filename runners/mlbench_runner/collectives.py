@@ -55,6 +55,7 @@ from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, Coll
 from mlbench_runner.comm import Communicator, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
+from mlbench_runner.options import Options
 from mlbench_runner.world import World, detect_world
 
 #: The float32 buffers' element type.
@@ -351,8 +352,11 @@ def device_name(device: torch.device) -> str:
     return device_description(device)
 
 
-def run_collectives(config: RunConfig, world: World | None = None) -> RunSummary | None:
-    """Time this rank's part of the sweep; rank 0 writes and returns the RunSummary (others return None)."""
+def run_collectives(config: RunConfig, world: World | None = None, opts: Options | None = None) -> RunSummary | None:
+    """Time this rank's part of the sweep; rank 0 writes and returns the RunSummary (others return None).
+
+    ``opts`` (default: the ``MLBENCH_*`` knobs of the environment) gives the threads and the metrics linger.
+    """
     from mlbench_runner.train import available_cpus, pick_device
 
     start = time.perf_counter()
@@ -365,7 +369,8 @@ def run_collectives(config: RunConfig, world: World | None = None) -> RunSummary
     world = world or detect_world()
     if config.world_size != world.size:
         raise ValueError(f"worldSize: the config says {config.world_size} ranks but {world.size} were started")
-    threads = int(os.environ.get("MLBENCH_THREADS") or 0) or max(1, available_cpus() // max(1, world.local_size))
+    opts = opts or Options.from_env()
+    threads = opts.threads or max(1, available_cpus() // max(1, world.local_size))
     torch.set_num_threads(threads)
     out = Path(config.output_dir)
     log = EventLog(world.rank, out)
@@ -424,9 +429,8 @@ def run_collectives(config: RunConfig, world: World | None = None) -> RunSummary
             (out / "summary.json").write_text(summary.model_dump_json(by_alias=True, indent=2))
             log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, wall_clock_s=wall)
             log.event("run_summary", summary=json.loads(summary.termination_message()))
-        linger = float(os.environ.get("MLBENCH_METRICS_LINGER_SECONDS", "0") or 0)
-        if linger:
-            time.sleep(linger)  # let Prometheus take a last scrape
+        if opts.linger_seconds:
+            time.sleep(opts.linger_seconds)  # let Prometheus take a last scrape
         return summary if world.rank == 0 else None
     except BaseException as exc:
         log.error("run_error", error=f"{type(exc).__name__}: {exc}")

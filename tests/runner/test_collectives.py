@@ -437,6 +437,17 @@ def test_the_sweep_serves_its_metrics(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [r.bytes for r in summary.collectives.rows] == [4, 16, 64]
 
 
+@pytest.mark.parametrize(("variable", "value"), [("MLBENCH_THREADS", "0"), ("MLBENCH_METRICS_LINGER_SECONDS", "soon")])
+def test_a_bad_knob_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """The collective benchmark reads its knobs through options.KNOBS, as training does."""
+    monkeypatch.setenv(variable, value)
+    config = make_config(collectives_task(operations=["all-reduce"], maxBytes=64), tmp_path, 1)
+    with pytest.raises(ValueError, match=variable):
+        coll.run_collectives(config, World(0, 1, 0, 1, "127.0.0.1", 0, "single"))
+
+
 def test_format_table_lists_every_row() -> None:
     rows = [
         CollectiveMeasurement(
