@@ -11,7 +11,8 @@
 
 Closed-division 1a recipe with k = 1: ResNet-20 m1, batch 32, lr 0.1/256 x 32, momentum
 0.9 Nesterov, weight decay 1e-4, x0.1 at epochs 82 and 109, at most 164 epochs; fp32 (TF32
-inside cuDNN convolutions, PyTorch's default); the clock starts before the data is loaded
+inside cuDNN convolutions, PyTorch's default); cuDNN autotunes its convolution algorithms on
+every path (``--cudnn-benchmark 0``: its heuristics, on every path); the clock starts before the data is loaded
 and includes every per-epoch test evaluation; CUDA-graph capture (on synthetic batches) is
 initialisation and left out, as MLPerf allows for compilation. Data: the JPEG copy of
 CIFAR-10 (decoded once into the runner's cache; that one-time decode is left out of every
@@ -28,7 +29,8 @@ host gaps between kernels) is shown separately as ``device s/epoch``.
 steps: ms/step (synchronised wall clock, with the phase timer's CUDA events on and off: the
 instrumentation's cost), CUDA launches per step (runtime calls that start GPU work: kernel
 and graph launches, copies, memsets) and kernels per step (GPU activities the profiler saw),
-the GPU-busy fraction (union of kernel times / wall, under the profiler), and the largest
+the GPU-busy fraction (union of kernel times / wall, under the profiler), the fast step's ms/step
+with the other cuDNN choice (what autotuning is worth), and the largest
 parameter difference between the fast and the eager step after those N steps from one start.
 
 ``--cpu-table`` prints the CPU side instead: 2 ranks over gloo on this machine, the eager
@@ -118,12 +120,13 @@ def epoch_walls(events_file: Path) -> list[float]:
     return walls
 
 
-def runner_options(fast: bool, bf16: bool, phase_timing: bool = True) -> Options:
+def runner_options(fast: bool, bf16: bool, phase_timing: bool = True, cudnn_benchmark: bool = True) -> Options:
     return Options(
         precision="bf16" if bf16 else "fp32",
         channels_last=bf16,
         fast_path="auto" if fast else "off",
         phase_timing=phase_timing,
+        cudnn_benchmark=cudnn_benchmark,
     )
 
 
@@ -151,6 +154,7 @@ def run_runner(config: RunConfig, opts: Options) -> dict[str, object]:
         "training_step_reason": env.training_step_reason,
         "capture_s": env.capture_seconds,
         "tf32": env.tf32,
+        "cudnn_benchmark": env.cudnn_benchmark,
     }
 
 
@@ -195,15 +199,19 @@ def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path)
     return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
 
 
-def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path) -> dict[str, dict[str, Any]]:
-    """The runner's two steps side by side on one device, plus their parameter difference after ``n`` steps."""
+def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path, cudnn: bool) -> dict[str, dict[str, Any]]:
+    """The runner's two steps side by side on one device, plus their parameter difference after ``n`` steps.
+
+    The fast step is also timed with the other cuDNN choice (``cudnn``: autotuned algorithms or cuDNN's
+    heuristics), which is what autotuning is worth.
+    """
     rows: dict[str, dict[str, Any]] = {}
     setups: dict[str, Setup] = {}
     lr = config.lr.initial_lr
     for name, fast in (("fast", True), ("eager", False)):
         for timing in (True, False):
             torch.manual_seed(0)
-            s = Trainer(config, SINGLE, runner_options(fast, bf16, timing))._setup()
+            s = Trainer(config, SINGLE, runner_options(fast, bf16, timing, cudnn))._setup()
             order = torch.randperm(
                 s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1)
             )
@@ -214,9 +222,13 @@ def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path) -> dict
                 rows[name] = row
             else:
                 rows[name]["ms_per_step_untimed"] = ms
+    s = Trainer(config, SINGLE, runner_options(True, bf16, True, not cudnn))._setup()
+    order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
+    rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
+    rows["fast"]["cudnn_benchmark"] = cudnn
     # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
     for name, fast in (("fast", True), ("eager", False)):
-        s = Trainer(config, SINGLE, runner_options(fast, bf16))._setup()
+        s = Trainer(config, SINGLE, runner_options(fast, bf16, cudnn_benchmark=cudnn))._setup()
         order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
         _steps(s, order, 0, n, lr)
         setups[name] = s
@@ -294,7 +306,8 @@ class PlainCifar(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.from_numpy(np.ascontiguousarray(img)), int(self.y[i])
 
 
-def run_plain(config: RunConfig, device: torch.device, workers: int) -> dict[str, object]:
+def run_plain(config: RunConfig, device: torch.device, workers: int, cudnn: bool) -> dict[str, object]:
+    torch.backends.cudnn.benchmark = cudnn  # the runner's choice, so the paths differ only in the step
     start = time.perf_counter()
     task = config.task
     data = load_dataset(task.dataset)
@@ -379,6 +392,11 @@ def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
             f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {100 * r['gpu_busy']:>8.1f}%"
         )
     fast = rows["fast"]
+    chosen, other = ("autotuned", "heuristic") if fast["cudnn_benchmark"] else ("heuristic", "autotuned")
+    print(
+        f"fast step with cuDNN's {other} algorithms instead of its {chosen} ones: "
+        f"{fast['ms_per_step_other_cudnn']:.3f} ms/step (timed)"
+    )
     print(
         f"largest parameter difference fast vs eager after {n} steps from one start: "
         f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
@@ -403,6 +421,13 @@ def main() -> None:
         default=["fast", "eager", "plain"],
         help="ddp: the runner with algorithm ddp (torch DistributedDataParallel, eager step), world size 1",
     )
+    p.add_argument(
+        "--cudnn-benchmark",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="1: cuDNN autotunes its convolution algorithms on every path (the runner's MLBENCH_CUDNN_BENCHMARK)",
+    )
     p.add_argument("--profile", type=int, metavar="N", help="also the step table over N steps (GPU)")
     p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks: eager, flat, ddp)")
     p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
@@ -425,15 +450,22 @@ def main() -> None:
             algorithm = "ddp" if path == "ddp" else "allreduce-sgd"
             config = make_config(spec, args.device, str(Path(tmp) / path), algorithm)
             if path == "plain":
-                results[path] = run_plain(config, device, args.workers)
+                results[path] = run_plain(config, device, args.workers, bool(args.cudnn_benchmark))
             else:
-                results[path] = run_runner(config, runner_options(path == "fast", args.bf16))
+                opts = runner_options(path == "fast", args.bf16, cudnn_benchmark=bool(args.cudnn_benchmark))
+                results[path] = run_runner(config, opts)
             print(f"{path}:", json.dumps(results[path]), flush=True)
         if args.profile and args.device == "cuda":
             profile = step_profile(
-                make_config(spec, args.device, str(Path(tmp) / "profile")), args.bf16, args.profile, Path(tmp)
+                make_config(spec, args.device, str(Path(tmp) / "profile")),
+                args.bf16,
+                args.profile,
+                Path(tmp),
+                bool(args.cudnn_benchmark),
             )
     tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
+    if args.device == "cuda":
+        tf32 += f"; cuDNN {'autotuned' if args.cudnn_benchmark else 'heuristic'} algorithms"
     division = "open (bf16 autocast + channels_last)" if args.bf16 else f"closed (fp32{tf32})"
     print(
         f"\n# task 1a recipe (k=1, b=32), {division}, target {args.target:.0%}, device {name}, data: JPEG copy of "

@@ -136,6 +136,11 @@ class Environment(ApiModel):
         default=None,
         description="GPU only: where TensorFloat-32 was allowed (cudnn: inside convolutions, PyTorch's default).",
     )
+    cudnn_benchmark: bool | None = Field(
+        default=None,
+        description="GPU only: cuDNN timed its convolution algorithms per shape and kept the fastest "
+        "(MLBENCH_CUDNN_BENCHMARK); false: its heuristic choice.",
+    )
 
 
 class EpochRecord(ApiModel):

@@ -122,6 +122,16 @@ KNOBS: tuple[Knob, ...] = (
         choices=("auto", "on", "off"),
     ),
     Knob(
+        "MLBENCH_CUDNN_BENCHMARK",
+        "cudnn_benchmark",
+        "GPU: 1 lets cuDNN time its convolution algorithms at each shape's first use and keep the fastest "
+        "(the shapes are fixed; that first use is in the capture's warm-up or the first steps); 0 keeps its "
+        "heuristic choice",
+        default="1",
+        choices=("0", "1"),
+        convert=_flag,
+    ),
+    Knob(
         "MLBENCH_PHASE_TIMING",
         "phase_timing",
         "0: no per-phase timing at all (only to measure the timer's own cost)",
@@ -174,6 +184,7 @@ class Options:
     precision: str = "fp32"
     channels_last: bool = False
     fast_path: str = "auto"
+    cudnn_benchmark: bool = True
     phase_timing: bool = True
     max_steps: int | None = None
     trace_params: bool = False

@@ -123,6 +123,7 @@ class SummaryBuilder:
             training_step_reason=self.execution.reason if self.execution else None,
             capture_seconds=self.execution.capture_seconds if self.execution else None,
             tf32=tf32_label(self.device),
+            cudnn_benchmark=torch.backends.cudnn.benchmark if self.device.type == "cuda" else None,
         )
         goal_reached = self.time_to_goal is not None if status != "aborted" else False
         if self.config.task.goal.mode.value == "accuracy-after-time":

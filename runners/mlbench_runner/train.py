@@ -189,6 +189,10 @@ class Trainer:
     def _setup(self) -> Setup:
         cfg, opts = self.config, self.opts
         device = pick_device(cfg, self.world)
+        if device.type == "cuda":
+            # Shapes repeat (every step's batch, every evaluation's), so timing cuDNN's algorithms once per shape pays;
+            # the fast path does that in the capture's warm-up, before any graph is captured.
+            torch.backends.cudnn.benchmark = opts.cudnn_benchmark
         comm = self.comm = make_communicator(self.world, cfg.backend.value, cfg.algorithm.value == "ddp")
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
         torch.manual_seed(cfg.seed)
