@@ -9,14 +9,15 @@
    eager fp32 (what torchvision's CIFAR10 + transforms would do; torchvision itself is
    not needed).
 
-Closed-division 1a recipe with k = 1: ResNet-20 m1, batch 32, lr 0.1/256 x 32, momentum
-0.9 Nesterov, weight decay 1e-4, x0.1 at epochs 82 and 109, at most 164 epochs; fp32 (TF32
-inside cuDNN convolutions, PyTorch's default); cuDNN autotunes its convolution algorithms on
-every path (``--cudnn-benchmark 0``: its heuristics, on every path); the clock starts before the data is loaded
-and includes every per-epoch test evaluation; CUDA-graph capture (on synthetic batches) is
-initialisation and left out, as MLPerf allows for compilation. Data: the JPEG copy of
-CIFAR-10 (decoded once into the runner's cache; that one-time decode is left out of every
-path's clock, as in the runner).
+Closed-division 1a recipe with k = 1: ResNet-20 m1, batch 32, lr 0.1/256 x 32, momentum 0.9
+Nesterov, weight decay 1e-4, x0.1 at epochs 82 and 109, at most 164 epochs; fp32 (TF32 inside
+cuDNN convolutions, PyTorch's default); cuDNN autotunes its convolution algorithms on every
+path (``--cudnn-benchmark 0``: its heuristics, on every path); the runner's collectives go
+through nccl even at world size 1 (``--process-group 0``: skipped, as a 1-worker run does); the
+clock starts before the data is loaded and includes every per-epoch test evaluation; CUDA-graph
+capture (on synthetic batches) is initialisation and left out, as MLPerf allows for
+compilation. Data: the JPEG copy of CIFAR-10 (decoded once into the runner's cache; that
+one-time decode is left out of every path's clock, as in the runner).
 
 All paths are compared on the same kind of time, host wall clock with the GPU
 synchronised at the epoch boundaries: ``wall s/epoch (train)`` is an epoch's training
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -120,14 +122,18 @@ def epoch_walls(events_file: Path) -> list[float]:
     return walls
 
 
-def runner_options(fast: bool, bf16: bool, phase_timing: bool = True, cudnn_benchmark: bool = True) -> Options:
+def base_options(bf16: bool, cudnn_benchmark: bool, process_group: bool) -> Options:
+    """The knobs every runner path of one invocation shares."""
     return Options(
         precision="bf16" if bf16 else "fp32",
         channels_last=bf16,
-        fast_path="auto" if fast else "off",
-        phase_timing=phase_timing,
         cudnn_benchmark=cudnn_benchmark,
+        process_group=process_group,
     )
+
+
+def runner_options(base: Options, fast: bool, phase_timing: bool = True) -> Options:
+    return dataclasses.replace(base, fast_path="auto" if fast else "off", phase_timing=phase_timing)
 
 
 def run_runner(config: RunConfig, opts: Options) -> dict[str, object]:
@@ -199,10 +205,10 @@ def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path)
     return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
 
 
-def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path, cudnn: bool) -> dict[str, dict[str, Any]]:
+def step_profile(config: RunConfig, base: Options, n: int, trace_dir: Path) -> dict[str, dict[str, Any]]:
     """The runner's two steps side by side on one device, plus their parameter difference after ``n`` steps.
 
-    The fast step is also timed with the other cuDNN choice (``cudnn``: autotuned algorithms or cuDNN's
+    The fast step is also timed with the other cuDNN choice (autotuned algorithms or cuDNN's
     heuristics), which is what autotuning is worth.
     """
     rows: dict[str, dict[str, Any]] = {}
@@ -211,7 +217,7 @@ def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path, cudnn: 
     for name, fast in (("fast", True), ("eager", False)):
         for timing in (True, False):
             torch.manual_seed(0)
-            s = Trainer(config, SINGLE, runner_options(fast, bf16, timing, cudnn))._setup()
+            s = Trainer(config, SINGLE, runner_options(base, fast, timing))._setup()
             order = torch.randperm(
                 s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1)
             )
@@ -222,13 +228,14 @@ def step_profile(config: RunConfig, bf16: bool, n: int, trace_dir: Path, cudnn: 
                 rows[name] = row
             else:
                 rows[name]["ms_per_step_untimed"] = ms
-    s = Trainer(config, SINGLE, runner_options(True, bf16, True, not cudnn))._setup()
+    other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
+    s = Trainer(config, SINGLE, runner_options(other, True))._setup()
     order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
     rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
-    rows["fast"]["cudnn_benchmark"] = cudnn
+    rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
     # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
     for name, fast in (("fast", True), ("eager", False)):
-        s = Trainer(config, SINGLE, runner_options(fast, bf16, cudnn_benchmark=cudnn))._setup()
+        s = Trainer(config, SINGLE, runner_options(base, fast))._setup()
         order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
         _steps(s, order, 0, n, lr)
         setups[name] = s
@@ -428,6 +435,14 @@ def main() -> None:
         default=1,
         help="1: cuDNN autotunes its convolution algorithms on every path (the runner's MLBENCH_CUDNN_BENCHMARK)",
     )
+    p.add_argument(
+        "--process-group",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="1: the runner's collectives go through nccl even at world size 1 (MLBENCH_PROCESS_GROUP); "
+        "0: skipped, as a 1-worker run does",
+    )
     p.add_argument("--profile", type=int, metavar="N", help="also the step table over N steps (GPU)")
     p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks: eager, flat, ddp)")
     p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
@@ -445,6 +460,7 @@ def main() -> None:
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     profile: dict[str, dict[str, Any]] = {}
+    base = base_options(args.bf16, bool(args.cudnn_benchmark), bool(args.process_group))
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.paths:
             algorithm = "ddp" if path == "ddp" else "allreduce-sgd"
@@ -452,16 +468,11 @@ def main() -> None:
             if path == "plain":
                 results[path] = run_plain(config, device, args.workers, bool(args.cudnn_benchmark))
             else:
-                opts = runner_options(path == "fast", args.bf16, cudnn_benchmark=bool(args.cudnn_benchmark))
-                results[path] = run_runner(config, opts)
+                results[path] = run_runner(config, runner_options(base, path == "fast"))
             print(f"{path}:", json.dumps(results[path]), flush=True)
         if args.profile and args.device == "cuda":
             profile = step_profile(
-                make_config(spec, args.device, str(Path(tmp) / "profile")),
-                args.bf16,
-                args.profile,
-                Path(tmp),
-                bool(args.cudnn_benchmark),
+                make_config(spec, args.device, str(Path(tmp) / "profile")), base, args.profile, Path(tmp)
             )
     tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
     if args.device == "cuda":
@@ -471,6 +482,9 @@ def main() -> None:
         f"\n# task 1a recipe (k=1, b=32), {division}, target {args.target:.0%}, device {name}, data: JPEG copy of "
         f"CIFAR-10{f', first {args.subset} train images' if args.subset else ''}, max {args.max_epochs} epochs"
     )
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    collectives = f"through {backend} at world size 1" if args.process_group else "skipped at world size 1"
+    print(f"runner's collectives (all-reduce of the gradients, stopping decisions): {collectives}")
     print(
         f"{'path':8} {'step':12} {'time-to-goal':>13} {'wall':>8} {'epochs':>7} {'best acc':>9} "
         f"{'wall s/epoch (train)':>21} {'wall s/epoch (+eval)':>21} {'device s/epoch':>15}"

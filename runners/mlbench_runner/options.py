@@ -132,6 +132,15 @@ KNOBS: tuple[Knob, ...] = (
         convert=_flag,
     ),
     Knob(
+        "MLBENCH_PROCESS_GROUP",
+        "process_group",
+        "1: a torch.distributed process group even for one rank, so a world-size-1 run's collectives go "
+        "through its backend (gloo, nccl) instead of being skipped (benchmarks: the nccl path on one GPU)",
+        default="0",
+        choices=("0", "1"),
+        convert=_flag,
+    ),
+    Knob(
         "MLBENCH_PHASE_TIMING",
         "phase_timing",
         "0: no per-phase timing at all (only to measure the timer's own cost)",
@@ -185,6 +194,7 @@ class Options:
     channels_last: bool = False
     fast_path: str = "auto"
     cudnn_benchmark: bool = True
+    process_group: bool = False
     phase_timing: bool = True
     max_steps: int | None = None
     trace_params: bool = False

@@ -193,7 +193,8 @@ class Trainer:
             # Shapes repeat (every step's batch, every evaluation's), so timing cuDNN's algorithms once per shape pays;
             # the fast path does that in the capture's warm-up, before any graph is captured.
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark
-        comm = self.comm = make_communicator(self.world, cfg.backend.value, cfg.algorithm.value == "ddp")
+        process_group = cfg.algorithm.value == "ddp" or opts.process_group  # DDP needs one even alone
+        comm = self.comm = make_communicator(self.world, cfg.backend.value, process_group)
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
         torch.manual_seed(cfg.seed)
         # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,

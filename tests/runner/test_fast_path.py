@@ -23,7 +23,7 @@ from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_runner import train as train_module
 from mlbench_runner.algorithms import make_algorithm
-from mlbench_runner.comm import LocalCommunicator
+from mlbench_runner.comm import LocalCommunicator, TorchCommunicator
 from mlbench_runner.data import TensorDataset
 from mlbench_runner.flat import FlatParameters, FlatSGD, dense_view
 from mlbench_runner.models import CifarResNet
@@ -294,6 +294,27 @@ def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeyp
     assert summary.environment.capture_seconds == 0.2
     assert trainer.clock.start == pytest.approx(start + 0.2), "capture is initialisation, outside the clock"
     assert summary.wall_clock_seconds > 0
+
+
+def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(tmp_path: Path) -> None:
+    """MLBENCH_PROCESS_GROUP=1: world size 1 still all-reduces through gloo (on a GPU: nccl), same result."""
+    runs = {}
+    for process_group in (False, True):
+        trainer = Trainer(
+            _single_rank_config(tmp_path / str(process_group)),
+            SINGLE,
+            Options(max_steps=5, trace_params=True, process_group=process_group),
+        )
+        runs[process_group] = (trainer, trainer.run())
+    alone, grouped = runs[False], runs[True]
+    assert isinstance(alone[0].comm, LocalCommunicator)
+    assert isinstance(grouped[0].comm, TorchCommunicator)
+    assert not torch.distributed.is_initialized(), "the run closes its process group"
+    assert alone[1] is not None
+    assert grouped[1] is not None
+    assert grouped[1].environment.training_step == alone[1].environment.training_step == "flat"
+    assert grouped[1].steps == alone[1].steps == 5
+    assert grouped[0].record.param_sha1 == alone[0].record.param_sha1  # an all-reduce over one rank changes nothing
 
 
 def _rank_whose_capture_may_fail(rank: int, port: int, out: str) -> None:

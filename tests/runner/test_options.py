@@ -59,6 +59,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("MLBENCH_FAST_PATH", "on", "on"),
     ("MLBENCH_FAST_PATH", "off", "off"),
     ("MLBENCH_CUDNN_BENCHMARK", "0", False),
+    ("MLBENCH_PROCESS_GROUP", "1", True),
     ("MLBENCH_PHASE_TIMING", "0", False),
     ("MLBENCH_MAX_STEPS", "7", 7),
     ("MLBENCH_TRACE_PARAMS", "1", True),
