@@ -4,6 +4,8 @@
    forward, backward and optimizer replayed as CUDA graphs over flat buffers; see
    docs/runner.md), data as uint8 tensors on the GPU, batch-level augmentation on the GPU.
 2. ``eager``: the same Trainer with the eager reference step (``MLBENCH_FAST_PATH=off``).
+   (``--paths compiled`` adds ``fast`` with its model through ``torch.compile`` before capture,
+   ``MLBENCH_COMPILE=1``; compiling is initialisation, outside the clock, as MLPerf allows.)
 3. ``plain``: the same recipe written the usual way: a per-sample ``Dataset`` doing
    pad/crop/flip/normalise in numpy, a ``DataLoader`` (shuffle, workers, pinned memory),
    eager fp32 (what torchvision's CIFAR10 + transforms would do; torchvision itself is
@@ -161,6 +163,7 @@ def run_runner(config: RunConfig, opts: Options) -> dict[str, object]:
         "capture_s": env.capture_seconds,
         "tf32": env.tf32,
         "cudnn_benchmark": env.cudnn_benchmark,
+        "compiled": env.compiled,
     }
 
 
@@ -424,9 +427,10 @@ def main() -> None:
     p.add_argument(
         "--paths",
         nargs="+",
-        choices=("fast", "eager", "ddp", "plain"),
+        choices=("fast", "compiled", "eager", "ddp", "plain"),
         default=["fast", "eager", "plain"],
-        help="ddp: the runner with algorithm ddp (torch DistributedDataParallel, eager step), world size 1",
+        help="compiled: fast with its model through torch.compile (MLBENCH_COMPILE); ddp: the runner with "
+        "algorithm ddp (torch DistributedDataParallel, eager step), world size 1",
     )
     p.add_argument(
         "--cudnn-benchmark",
@@ -468,7 +472,8 @@ def main() -> None:
             if path == "plain":
                 results[path] = run_plain(config, device, args.workers, bool(args.cudnn_benchmark))
             else:
-                results[path] = run_runner(config, runner_options(base, path == "fast"))
+                opts = runner_options(base, path in ("fast", "compiled"))
+                results[path] = run_runner(config, dataclasses.replace(opts, compile=path == "compiled"))
             print(f"{path}:", json.dumps(results[path]), flush=True)
         if args.profile and args.device == "cuda":
             profile = step_profile(
@@ -501,8 +506,9 @@ def main() -> None:
     print("wall = synchronised host wall clock (same kind for every path); device = runner's CUDA-event time")
     for path, r in results.items():
         if r.get("training_step_reason"):
-            capture = f"; capture {float(r['capture_s']):.2f} s" if r.get("capture_s") else ""  # type: ignore[arg-type]
-            print(f"{path}: {r['training_step']} ({r['training_step_reason']}{capture})")
+            capture = f"; warm-up and capture {float(r['capture_s']):.2f} s" if r.get("capture_s") else ""  # type: ignore[arg-type]
+            compiled = ", torch.compile" if r.get("compiled") else ""
+            print(f"{path}: {r['training_step']}{compiled} ({r['training_step_reason']}{capture})")
     if (
         "fast" in results
         and "plain" in results

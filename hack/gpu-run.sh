@@ -2,7 +2,7 @@
 # On the GPU device machine (after hack/gpu-bundle.sh here; carry .whl and .gpudata):
 #
 #   bash hack/gpu-run.sh smoke          # ~2 min: fast and eager paths, 1 epoch on 4096 images, step profile 50
-#   bash hack/gpu-run.sh full           # fast and plain to 80 % side by side (the issue's ratio), step profile 200
+#   bash hack/gpu-run.sh full           # fast, compiled and plain to 80 % side by side (the issue's ratio), profile 200
 #   bash hack/gpu-run.sh open           # the open division: fast with bf16 autocast + channels_last, step profile 200
 #   bash hack/gpu-run.sh eager ddp      # chosen paths to 80 % (fast, eager, ddp, plain), no profile
 #
@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee "$out/gp
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$out/gpu.txt"
 case $mode in
   smoke) "${bench[@]}" --max-epochs 1 --subset 4096 --paths fast eager --profile 50 --output "$out/smoke.json" "${extra[@]}" ;;
-  full) "${bench[@]}" --paths fast plain --profile 200 --output "$out/tta.json" "${extra[@]}" ;;
+  full) "${bench[@]}" --paths fast compiled plain --profile 200 --output "$out/tta.json" "${extra[@]}" ;;
   open) "${bench[@]}" --paths fast --bf16 --profile 200 --output "$out/tta-open.json" "${extra[@]}" ;;
   *) "${bench[@]}" --paths "$mode" "${paths[@]}" --output "$out/tta-$mode.json" "${extra[@]}" ;;
 esac 2>&1 | tee "$out/log.txt"

@@ -122,6 +122,15 @@ KNOBS: tuple[Knob, ...] = (
         choices=("auto", "on", "off"),
     ),
     Knob(
+        "MLBENCH_COMPILE",
+        "compile",
+        "1: the fast step's model goes through torch.compile (fixed shapes) before it is warmed up and "
+        "captured; compiling is initialisation, outside the clock (the eager reference step is never compiled)",
+        default="0",
+        choices=("0", "1"),
+        convert=_flag,
+    ),
+    Knob(
         "MLBENCH_CUDNN_BENCHMARK",
         "cudnn_benchmark",
         "GPU: 1 lets cuDNN time its convolution algorithms at each shape's first use and keep the fastest "
@@ -193,6 +202,7 @@ class Options:
     precision: str = "fp32"
     channels_last: bool = False
     fast_path: str = "auto"
+    compile: bool = False
     cudnn_benchmark: bool = True
     process_group: bool = False
     phase_timing: bool = True

@@ -44,6 +44,7 @@ class ExecutionRecord:
     reason: str
     capture_seconds: float | None = None
     verify_difference: float | None = None
+    compiled: bool = False  #: the fast step's model ran through torch.compile
 
 
 def tf32_label(device: torch.device) -> str | None:
@@ -122,6 +123,7 @@ class SummaryBuilder:
             training_step=self.execution.path if self.execution else None,
             training_step_reason=self.execution.reason if self.execution else None,
             capture_seconds=self.execution.capture_seconds if self.execution else None,
+            compiled=self.execution.compiled if self.execution else None,
             tf32=tf32_label(self.device),
             cudnn_benchmark=torch.backends.cudnn.benchmark if self.device.type == "cuda" else None,
         )

@@ -58,6 +58,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("MLBENCH_FAST_PATH", "auto", "auto"),
     ("MLBENCH_FAST_PATH", "on", "on"),
     ("MLBENCH_FAST_PATH", "off", "off"),
+    ("MLBENCH_COMPILE", "1", True),
     ("MLBENCH_CUDNN_BENCHMARK", "0", False),
     ("MLBENCH_PROCESS_GROUP", "1", True),
     ("MLBENCH_PHASE_TIMING", "0", False),
