@@ -175,23 +175,30 @@ def _steps(s: Setup, order: torch.Tensor, first: int, n: int, lr: float) -> torc
     return loss
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _ms_per_step(s: Setup, order: torch.Tensor, n: int, lr: float) -> float:
     _steps(s, order, 0, 20, lr)  # warm-up (and, for the fast step, the first replays)
-    torch.cuda.synchronize()
+    _sync(s.device)
     t0 = time.perf_counter()
     _steps(s, order, 20, n, lr)
-    torch.cuda.synchronize()
+    _sync(s.device)
     s.timer.flush(wait=True)
     return 1e3 * (time.perf_counter() - t0) / n
 
 
 def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path) -> dict[str, float]:
     """Launches and kernels per step, and the GPU-busy fraction, from a Kineto trace of ``n`` steps."""
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if s.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         t0 = time.perf_counter()
         _steps(s, order, 0, n, lr)
-        torch.cuda.synchronize()
+        _sync(s.device)
         wall_us = 1e6 * (time.perf_counter() - t0)
     s.timer.flush(wait=True)
     prof.export_chrome_trace(str(trace))
@@ -208,34 +215,41 @@ def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path)
     return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
 
 
-def step_profile(config: RunConfig, base: Options, n: int, trace_dir: Path) -> dict[str, dict[str, Any]]:
-    """The runner's two steps side by side on one device, plus their parameter difference after ``n`` steps.
+def step_profile(
+    config: RunConfig, base: Options, n: int, trace_dir: Path, compiled: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The runner's steps side by side on one device, and the fast and eager parameters' difference after ``n`` steps.
 
-    The fast step is also timed with the other cuDNN choice (autotuned algorithms or cuDNN's
-    heuristics), which is what autotuning is worth.
+    The rows: ``fast``, ``eager`` and (``compiled``) the fast step with torch.compile. The fast step is
+    also timed with the other cuDNN choice (autotuned algorithms or cuDNN's heuristics), which is what
+    autotuning is worth. On CPU (a smoke run of this code) there are no kernels to count.
     """
     rows: dict[str, dict[str, Any]] = {}
     setups: dict[str, Setup] = {}
     lr = config.lr.initial_lr
-    for name, fast in (("fast", True), ("eager", False)):
+    variants = [("fast", runner_options(base, True)), ("eager", runner_options(base, False))]
+    if compiled:
+        variants.append(("compiled", dataclasses.replace(runner_options(base, True), compile=True)))
+    for name, opts in variants:
         for timing in (True, False):
             torch.manual_seed(0)
-            s = Trainer(config, SINGLE, runner_options(base, fast, timing))._setup()
+            s = Trainer(config, SINGLE, dataclasses.replace(opts, phase_timing=timing))._setup()
             order = torch.randperm(
                 s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1)
             )
             ms = _ms_per_step(s, order, n, lr)
             if timing:
-                row = {"path": s.step.path.value, "ms_per_step": ms}
+                row = {"path": s.step.path.value + ("+compile" if opts.compile else ""), "ms_per_step": ms}
                 row.update(_trace_counts(s, order, min(n, 50), lr, trace_dir / f"{name}.json"))
                 rows[name] = row
             else:
                 rows[name]["ms_per_step_untimed"] = ms
-    other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
-    s = Trainer(config, SINGLE, runner_options(other, True))._setup()
-    order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
-    rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
-    rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
+    if s.device.type == "cuda":  # the other cuDNN choice
+        other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
+        s = Trainer(config, SINGLE, runner_options(other, True))._setup()
+        order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
+        rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
+        rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
     # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
     for name, fast in (("fast", True), ("eager", False)):
         s = Trainer(config, SINGLE, runner_options(base, fast))._setup()
@@ -393,20 +407,21 @@ def run_plain(config: RunConfig, device: torch.device, workers: int, cudnn: bool
 def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
     print(f"\n# the runner's step, {n} steps after 20 warm-up steps (batch 32, ResNet-20)")
     print(
-        f"{'step':12} {'ms/step':>8} {'untimed':>8} {'timing cost':>11} {'launches':>9} {'kernels':>8} {'GPU busy':>9}"
+        f"{'step':20} {'ms/step':>8} {'untimed':>8} {'timing cost':>11} {'launches':>9} {'kernels':>8} {'GPU busy':>9}"
     )
     for r in rows.values():
         cost = r["ms_per_step"] / r["ms_per_step_untimed"] - 1
         print(
-            f"{r['path']:12} {r['ms_per_step']:>8.3f} {r['ms_per_step_untimed']:>8.3f} {100 * cost:>10.1f}% "
+            f"{r['path']:20} {r['ms_per_step']:>8.3f} {r['ms_per_step_untimed']:>8.3f} {100 * cost:>10.1f}% "
             f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {100 * r['gpu_busy']:>8.1f}%"
         )
     fast = rows["fast"]
-    chosen, other = ("autotuned", "heuristic") if fast["cudnn_benchmark"] else ("heuristic", "autotuned")
-    print(
-        f"fast step with cuDNN's {other} algorithms instead of its {chosen} ones: "
-        f"{fast['ms_per_step_other_cudnn']:.3f} ms/step (timed)"
-    )
+    if "ms_per_step_other_cudnn" in fast:
+        chosen, other = ("autotuned", "heuristic") if fast["cudnn_benchmark"] else ("heuristic", "autotuned")
+        print(
+            f"fast step with cuDNN's {other} algorithms instead of its {chosen} ones: "
+            f"{fast['ms_per_step_other_cudnn']:.3f} ms/step (timed)"
+        )
     print(
         f"largest parameter difference fast vs eager after {n} steps from one start: "
         f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
@@ -447,7 +462,9 @@ def main() -> None:
         help="1: the runner's collectives go through nccl even at world size 1 (MLBENCH_PROCESS_GROUP); "
         "0: skipped, as a 1-worker run does",
     )
-    p.add_argument("--profile", type=int, metavar="N", help="also the step table over N steps (GPU)")
+    p.add_argument(
+        "--profile", type=int, metavar="N", help="also the step table over N steps (on CPU: a smoke run of it)"
+    )
     p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks: eager, flat, ddp)")
     p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
     p.add_argument("--ranks", type=int, default=2, help="--cpu-table: ranks")
@@ -475,9 +492,13 @@ def main() -> None:
                 opts = runner_options(base, path in ("fast", "compiled"))
                 results[path] = run_runner(config, dataclasses.replace(opts, compile=path == "compiled"))
             print(f"{path}:", json.dumps(results[path]), flush=True)
-        if args.profile and args.device == "cuda":
+        if args.profile:
             profile = step_profile(
-                make_config(spec, args.device, str(Path(tmp) / "profile")), base, args.profile, Path(tmp)
+                make_config(spec, args.device, str(Path(tmp) / "profile")),
+                base,
+                args.profile,
+                Path(tmp),
+                compiled="compiled" in args.paths,
             )
     tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
     if args.device == "cuda":

@@ -27,6 +27,6 @@ if [ ! -e "$env_dir/.complete" ]; then
 fi
 [ -d .whl ] && [ -d .gpudata ] || bash hack/gpu-bundle.sh
 out=${OUT:-$(mktemp -d)}
-PATH=$env_dir/bin:$PATH OUT=$out bash hack/gpu-run.sh fast eager plain -- \
-  --device cpu --max-epochs 1 --subset 512 --workers 0
+PATH=$env_dir/bin:$PATH OUT=$out bash hack/gpu-run.sh fast compiled eager plain -- \
+  --device cpu --max-epochs 1 --subset 512 --workers 0 --profile 3
 echo "gpu-rehearse: torch $torch_version, Python $py: the log and JSON are in $out"
