@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -210,6 +211,33 @@ def _admitted_context(
         return Rejection(Reason.INVALID_CONFIG, f"the effective configuration is invalid: {_short(err)}")
 
 
+class ReportedOnce:
+    """The stored values that do not validate and were already logged, per run (bounded, oldest forgotten).
+
+    A bad stored field stays until a pass rewrites it, and every pass parses the status: without
+    this its warning would repeat on every pass, burying everything else in the log.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def first(self, run: str, part: str, value: Any) -> bool:
+        """True the first time ``run``'s ``part`` is seen holding ``value``."""
+        key = (run, part, json.dumps(value, sort_keys=True, default=str))
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        return True
+
+
+#: The operator's one record of what it has logged as unparsed.
+REPORTED = ReportedOnce()
+
+
 @dataclass(frozen=True)
 class StoredStatus:
     """A run's stored status, parsed into the typed model as far as it validates.
@@ -234,8 +262,9 @@ class StoredStatus:
         return BenchmarkRunStatus.model_validate(self.valid)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None, *, report: bool = True) -> StoredStatus:
-        """``report``: log what does not validate (off where the same status was just parsed and logged)."""
+    def parse(cls, raw: Mapping[str, Any] | None, *, report: bool = True, run: str | None = None) -> StoredStatus:
+        """``report``: log what does not validate (off where the same status was just parsed and logged);
+        with ``run`` (the run's uid), each bad value only the first time it is seen in that run."""
         raw = dict(raw or {})
         try:
             return cls(raw, raw, BenchmarkRunStatus.model_validate(raw))
@@ -246,16 +275,22 @@ class StoredStatus:
         bad_conditions: list[Any] = []
         for key, value in raw.items():
             if key == "conditions" and isinstance(value, list):
-                value, bad_conditions = _split_conditions(value, report)
+                value, bad_conditions = _split_conditions(value, report, run)
             problem = _field_problem(key, value)
             if problem is None:
                 good[key] = value
                 continue
             unparsed[key] = raw[key]
             bad_conditions = [] if key == "conditions" else bad_conditions  # the whole list is kept
-            if report:
+            if report and (run is None or REPORTED.first(run, key, raw[key])):
                 log.warning("status_field_unparsed", field=key, error=problem, kept="as stored")
         return cls(raw, good, BenchmarkRunStatus.model_validate(good), unparsed, tuple(bad_conditions))
+
+
+def _uid(body: Mapping[str, Any]) -> str | None:
+    """The run's uid (None for a body without one: then every pass reports)."""
+    uid = (body.get("metadata") or {}).get("uid")
+    return str(uid) if uid else None
 
 
 def _field_problem(key: str, value: Any) -> str | None:
@@ -267,7 +302,7 @@ def _field_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def _split_conditions(items: list[Any], report: bool) -> tuple[list[Any], list[Any]]:
+def _split_conditions(items: list[Any], report: bool, run: str | None) -> tuple[list[Any], list[Any]]:
     """(the stored conditions that validate, those that do not)."""
     good: list[Any] = []
     bad: list[Any] = []
@@ -276,7 +311,7 @@ def _split_conditions(items: list[Any], report: bool) -> tuple[list[Any], list[A
             ConditionModel.model_validate(item)
         except ValidationError as err:
             bad.append(item)
-            if report:
+            if report and (run is None or REPORTED.first(run, "conditions", item)):
                 kind = item.get("type") if isinstance(item, Mapping) else None
                 log.warning("status_condition_unparsed", type=kind, error=_short(err, 512), kept="as stored")
         else:
@@ -311,7 +346,7 @@ class _Status:
     def of(cls, body: Mapping[str, Any], now: datetime) -> _Status:
         """The next status of the run ``body``: it reflects the run's current generation."""
         generation = (body.get("metadata") or {}).get("generation")
-        return cls.following(StoredStatus.parse(body.get("status")), now, generation)
+        return cls.following(StoredStatus.parse(body.get("status"), run=_uid(body)), now, generation)
 
     @classmethod
     def following(cls, prev: StoredStatus, now: datetime, generation: int | None) -> _Status:
@@ -698,7 +733,7 @@ class PlanInput:
     @classmethod
     def of(cls, body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> PlanInput:
         own, foreign = _own(pods, ctx.uid)
-        stored = StoredStatus.parse(body.get("status"))
+        stored = StoredStatus.parse(body.get("status"), run=_uid(body))
         restarts = stored.model.restarts or 0
         current = tuple(p for p in own if p.attempt == restarts)
         total = ctx.spec.workers

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -132,6 +133,41 @@ def test_a_stored_status_that_does_not_validate_is_parsed_as_far_as_it_does() ->
         ("status_condition_unparsed", "Custom"),
     }
     assert all(e["log_level"] == "warning" and e["error"] for e in logged)
+
+
+def test_a_bad_stored_value_is_logged_once_per_run_not_on_every_pass() -> None:
+    body, ctx = admitted(h.run())
+    legacy = _legacy(body)
+    legacy["metadata"] = {**legacy["metadata"], "uid": f"uid-{uuid.uuid4()}"}
+    with capture_logs() as first:
+        reconcile.plan(legacy, ctx, [], T0)
+    with capture_logs() as again:
+        reconcile.plan(legacy, ctx, [], T0 + timedelta(seconds=5))
+    unparsed = {"status_field_unparsed", "status_condition_unparsed"}
+    reported = sorted((e["event"], e.get("field") or e.get("type")) for e in first if e["event"] in unparsed)
+    assert reported == [
+        ("status_condition_unparsed", "Custom"),
+        ("status_field_unparsed", "legacyField"),
+        ("status_field_unparsed", "restarts"),
+        ("status_field_unparsed", "results"),
+    ], "each once"
+    assert not [e for e in again if e["event"] in unparsed], "the next pass is quiet"
+    changed = {**legacy, "status": {**legacy["status"], "legacyField": {"anything": False}}}
+    with capture_logs() as after_change:
+        reconcile.plan(changed, ctx, [], T0 + timedelta(seconds=10))
+    assert [e.get("field") for e in after_change if e["event"] in unparsed] == ["legacyField"], "a new value is news"
+    other_run = {**legacy, "metadata": {**legacy["metadata"], "uid": f"uid-{uuid.uuid4()}"}}
+    with capture_logs() as other:
+        reconcile.plan(other_run, ctx, [], T0)
+    assert len([e for e in other if e["event"] in unparsed]) == 4, "another run's status is its own"
+
+
+def test_reported_once_forgets_the_oldest_beyond_its_bound() -> None:
+    seen = reconcile.ReportedOnce(size=2)
+    assert [seen.first("r", "a", 1), seen.first("r", "a", 1), seen.first("r", "b", 1)] == [True, False, True]
+    assert seen.first("r", "c", {"x": [1]})  # the third entry pushes out ("r", "a", 1)
+    assert seen.first("r", "a", 1)
+    assert not seen.first("r", "c", {"x": [1]})
 
 
 def test_reconciliation_goes_on_and_keeps_what_it_does_not_set() -> None:
