@@ -134,8 +134,16 @@ def base_options(bf16: bool, cudnn_benchmark: bool, process_group: bool) -> Opti
     )
 
 
-def runner_options(base: Options, fast: bool, phase_timing: bool = True) -> Options:
-    return dataclasses.replace(base, fast_path="auto" if fast else "off", phase_timing=phase_timing)
+def runner_options(base: Options, path: str) -> Options:
+    """The knobs of one runner path: ``fast`` and ``compiled`` take the fast step (``compiled`` through
+    torch.compile), ``eager`` and ``ddp`` the eager reference step."""
+    fast = path in ("fast", "compiled")
+    return dataclasses.replace(base, fast_path="auto" if fast else "off", compile=path == "compiled")
+
+
+def _order(s: Setup) -> torch.Tensor:
+    """One fixed permutation of the training set, the same for every step table row."""
+    return torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
 
 
 def run_runner(config: RunConfig, opts: Options) -> dict[str, object]:
@@ -227,16 +235,13 @@ def step_profile(
     rows: dict[str, dict[str, Any]] = {}
     setups: dict[str, Setup] = {}
     lr = config.lr.initial_lr
-    variants = [("fast", runner_options(base, True)), ("eager", runner_options(base, False))]
-    if compiled:
-        variants.append(("compiled", dataclasses.replace(runner_options(base, True), compile=True)))
-    for name, opts in variants:
+    device = torch.device("cpu")
+    for name in ("fast", "eager", "compiled") if compiled else ("fast", "eager"):
+        opts = runner_options(base, name)
         for timing in (True, False):
             torch.manual_seed(0)
             s = Trainer(config, SINGLE, dataclasses.replace(opts, phase_timing=timing))._setup()
-            order = torch.randperm(
-                s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1)
-            )
+            device, order = s.device, _order(s)
             ms = _ms_per_step(s, order, n, lr)
             if timing:
                 row = {"path": s.step.path.value + ("+compile" if opts.compile else ""), "ms_per_step": ms}
@@ -244,17 +249,15 @@ def step_profile(
                 rows[name] = row
             else:
                 rows[name]["ms_per_step_untimed"] = ms
-    if s.device.type == "cuda":  # the other cuDNN choice
+    if device.type == "cuda":  # the other cuDNN choice
         other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
-        s = Trainer(config, SINGLE, runner_options(other, True))._setup()
-        order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
-        rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
+        s = Trainer(config, SINGLE, runner_options(other, "fast"))._setup()
+        rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, _order(s), n, lr)
         rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
     # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
-    for name, fast in (("fast", True), ("eager", False)):
-        s = Trainer(config, SINGLE, runner_options(base, fast))._setup()
-        order = torch.randperm(s.kernel.n_train, device=s.device, generator=torch.Generator(s.device).manual_seed(1))
-        _steps(s, order, 0, n, lr)
+    for name in ("fast", "eager"):
+        s = Trainer(config, SINGLE, runner_options(base, name))._setup()
+        _steps(s, _order(s), 0, n, lr)
         setups[name] = s
     fast_p = torch.cat([p.detach().reshape(-1) for p in setups["fast"].model.parameters()])
     eager_p = torch.cat([p.detach().reshape(-1) for p in setups["eager"].model.parameters()])
@@ -489,8 +492,7 @@ def main() -> None:
             if path == "plain":
                 results[path] = run_plain(config, device, args.workers, bool(args.cudnn_benchmark))
             else:
-                opts = runner_options(base, path in ("fast", "compiled"))
-                results[path] = run_runner(config, dataclasses.replace(opts, compile=path == "compiled"))
+                results[path] = run_runner(config, runner_options(base, path))
             print(f"{path}:", json.dumps(results[path]), flush=True)
         if args.profile:
             profile = step_profile(
