@@ -31,7 +31,6 @@ event the launcher turns into the termination message, exactly as a training run
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -52,7 +51,7 @@ from mlbench_api.results import (
     RunSummary,
 )
 from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
-from mlbench_runner.comm import Communicator, make_communicator
+from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
 from mlbench_runner.options import Options
@@ -376,6 +375,7 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
     log = EventLog(world.rank, out)
     comm: Communicator | None = None
     metrics: CollectiveMetrics | None = None
+    ended = False  # the sweep ran to its end on this rank (the peers did too: it ends collectively)
     try:
         device = pick_device(config, world)
         comm = make_communicator(world, config.backend.value)
@@ -431,6 +431,7 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
             log.event("run_summary", summary=json.loads(summary.termination_message()))
         if opts.linger_seconds:
             time.sleep(opts.linger_seconds)  # let Prometheus take a last scrape
+        ended = True
         return summary if world.rank == 0 else None
     except BaseException as exc:
         log.error("run_error", error=f"{type(exc).__name__}: {exc}")
@@ -438,9 +439,8 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
             log.event("run_stop", status="aborted", stop_reason="error")
         raise
     finally:
-        if comm is not None:
-            with contextlib.suppress(Exception):
-                comm.close()
+        if comm is not None and (error := close_quietly(comm, orderly=ended)):
+            log.warning("communicator_close_failed", error=error)
         log.close()
 
 

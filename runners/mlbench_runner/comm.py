@@ -51,8 +51,8 @@ class Communicator(ABC):
     @abstractmethod
     def barrier(self) -> None: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the transport."""
+    def close(self, orderly: bool = True) -> None:  # noqa: B027 - optional hook
+        """Release the transport. ``orderly``: this rank ends normally, so it may wait for its peers first."""
 
     def transport(self) -> Communicator:
         """The communicator that really moves the data (a wrapper returns what it wraps)."""
@@ -61,6 +61,11 @@ class Communicator(ABC):
 
 def payload_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+#: How long a rank that ends normally waits at the closing barrier for its peers (gloo) before it
+#: leaves anyway: they all end within moments of each other, after the same collective stop.
+CLOSE_BARRIER_SECONDS = 60.0
 
 
 class TorchCommunicator(Communicator):
@@ -99,8 +104,24 @@ class TorchCommunicator(Communicator):
     def barrier(self) -> None:
         dist.barrier()
 
-    def close(self) -> None:
-        if dist.is_initialized():
+    def close(self, orderly: bool = True) -> None:
+        """Leave the process group; when ``orderly`` with peers, meet them at a bounded barrier first.
+
+        Why the barrier: ``destroy_process_group`` tears down gloo's connections, and a rank that did
+        so (and exited) while a peer was still in its own teardown was seen once to take that peer
+        down at exit with ``terminate called without an active exception``. Meeting first means no
+        rank leaves before every rank is done with its collectives. A rank that is aborting skips it:
+        its peers may never come, and it must not hold them for the barrier's timeout.
+        """
+        if not dist.is_initialized():
+            return
+        try:
+            if orderly and self.size > 1:
+                if self.name == "gloo":
+                    dist.monitored_barrier(timeout=timedelta(seconds=CLOSE_BARRIER_SECONDS), wait_all_ranks=True)
+                else:
+                    dist.barrier()
+        finally:
             dist.destroy_process_group()
 
 
@@ -211,8 +232,8 @@ class CountingCommunicator(Communicator):
     def barrier(self) -> None:
         self.inner.barrier()
 
-    def close(self) -> None:
-        self.inner.close()
+    def close(self, orderly: bool = True) -> None:
+        self.inner.close(orderly)
 
     def transport(self) -> Communicator:
         return self.inner.transport()
@@ -238,3 +259,13 @@ def make_communicator(world: World, backend: str, process_group: bool = False) -
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend: nccl needs a GPU and none is visible")
     return TorchCommunicator(world, backend)
+
+
+def close_quietly(comm: Communicator, orderly: bool) -> str | None:
+    """Close ``comm``; what went wrong comes back as text to log, not raised: the rank ends either way
+    and its record is written, but a silent failure here is the one a crash at exit leaves no trace of."""
+    try:
+        comm.close(orderly)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

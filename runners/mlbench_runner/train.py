@@ -32,7 +32,7 @@ from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import partition
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
-from mlbench_runner.comm import Communicator, CountingCommunicator, make_communicator
+from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, make_communicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
@@ -578,9 +578,8 @@ class Trainer:
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(self.record.__dict__))
         if self.opts.linger_seconds and status != "aborted" and self.metrics is not None:
             time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape (a failing rank just exits)
-        if self.comm is not None:
-            with contextlib.suppress(Exception):
-                self.comm.close()
+        if self.comm is not None and (error := close_quietly(self.comm, orderly=status != "aborted")):
+            self.log.warning("communicator_close_failed", error=error)
         self.log.close()
 
 
