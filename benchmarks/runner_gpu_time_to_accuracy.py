@@ -28,13 +28,17 @@ from before data loading to the end of the evaluation that met the target. The r
 ``trainSeconds`` (the sum of its CUDA-event phase times: *device* time, which leaves out
 host gaps between kernels) is shown separately as ``device s/epoch``.
 
-``--profile N`` adds, for the runner's two steps, a step table over N steps after 20 warm-up
-steps: ms/step (synchronised wall clock, with the phase timer's CUDA events on and off: the
+``--profile N`` adds a step table over N steps after 20 warm-up steps for the runner's steps
+(fast and eager, compiled too when ``--paths`` has it, or the rows ``--profile-paths`` names):
+ms/step (synchronised wall clock, with the phase timer's CUDA events on and off: the
 instrumentation's cost), CUDA launches per step (runtime calls that start GPU work: kernel
 and graph launches, copies, memsets) and kernels per step (GPU activities the profiler saw),
 the GPU-busy fraction (union of kernel times / wall, under the profiler), the fast step's ms/step
 with the other cuDNN choice (what autotuning is worth), and the largest
 parameter difference between the fast and the eager step after those N steps from one start.
+
+``--output`` is rewritten after every path and after the profile, so a run cut short (the device's
+time limit) keeps what it measured.
 
 ``--cpu-table`` prints the CPU side instead: 2 ranks over gloo on this machine, the eager
 and the fast (flat) step and DDP (the comparison baseline), samples/s of step time and ms/step,
@@ -55,6 +59,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,20 +228,26 @@ def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path)
     return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
 
 
+#: The step table's possible rows, in its order.
+PROFILE_PATHS = ("fast", "eager", "compiled")
+
+
 def step_profile(
-    config: RunConfig, base: Options, n: int, trace_dir: Path, compiled: bool = False
+    config: RunConfig, base: Options, n: int, trace_dir: Path, names: Sequence[str] = ("fast", "eager")
 ) -> dict[str, dict[str, Any]]:
     """The runner's steps side by side on one device, and the fast and eager parameters' difference after ``n`` steps.
 
-    The rows: ``fast``, ``eager`` and (``compiled``) the fast step with torch.compile. The fast step is
-    also timed with the other cuDNN choice (autotuned algorithms or cuDNN's heuristics), which is what
-    autotuning is worth. On CPU (a smoke run of this code) there are no kernels to count.
+    The rows, of ``names``: ``fast``, ``eager`` and ``compiled`` (the fast step with torch.compile). With
+    ``fast`` among them, the fast step is also timed with the other cuDNN choice (autotuned algorithms or
+    cuDNN's heuristics), which is what autotuning is worth; with ``fast`` and ``eager``, their parameters
+    are compared after ``n`` steps from one start. On CPU (a smoke run of this code) there are no kernels
+    to count.
     """
     rows: dict[str, dict[str, Any]] = {}
     setups: dict[str, Setup] = {}
     lr = config.lr.initial_lr
     device = torch.device("cpu")
-    for name in ("fast", "eager", "compiled") if compiled else ("fast", "eager"):
+    for name in names:
         opts = runner_options(base, name)
         for timing in (True, False):
             torch.manual_seed(0)
@@ -249,11 +260,13 @@ def step_profile(
                 rows[name] = row
             else:
                 rows[name]["ms_per_step_untimed"] = ms
-    if device.type == "cuda":  # the other cuDNN choice
+    if device.type == "cuda" and "fast" in rows:  # the other cuDNN choice
         other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
         s = Trainer(config, SINGLE, runner_options(other, "fast"))._setup()
         rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, _order(s), n, lr)
         rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
+    if not {"fast", "eager"} <= rows.keys():
+        return rows
     # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
     for name in ("fast", "eager"):
         s = Trainer(config, SINGLE, runner_options(base, name))._setup()
@@ -418,17 +431,18 @@ def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
             f"{r['path']:20} {r['ms_per_step']:>8.3f} {r['ms_per_step_untimed']:>8.3f} {100 * cost:>10.1f}% "
             f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {100 * r['gpu_busy']:>8.1f}%"
         )
-    fast = rows["fast"]
+    fast = rows.get("fast", {})
     if "ms_per_step_other_cudnn" in fast:
         chosen, other = ("autotuned", "heuristic") if fast["cudnn_benchmark"] else ("heuristic", "autotuned")
         print(
             f"fast step with cuDNN's {other} algorithms instead of its {chosen} ones: "
             f"{fast['ms_per_step_other_cudnn']:.3f} ms/step (timed)"
         )
-    print(
-        f"largest parameter difference fast vs eager after {n} steps from one start: "
-        f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
-    )
+    if "max_param_difference" in fast:
+        print(
+            f"largest parameter difference fast vs eager after {n} steps from one start: "
+            f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
+        )
     print("ms/step: synchronised wall clock; untimed: the phase timer's CUDA events off (MLBENCH_PHASE_TIMING=0);")
     print("launches: CUDA runtime calls that start GPU work; kernels and GPU busy: from the profiler's trace")
 
@@ -468,6 +482,12 @@ def main() -> None:
     p.add_argument(
         "--profile", type=int, metavar="N", help="also the step table over N steps (on CPU: a smoke run of it)"
     )
+    p.add_argument(
+        "--profile-paths",
+        nargs="+",
+        choices=PROFILE_PATHS,
+        help="--profile: its rows (default: fast and eager, and compiled when --paths has it)",
+    )
     p.add_argument("--cpu-table", action="store_true", help="only the CPU table (2 gloo ranks: eager, flat, ddp)")
     p.add_argument("--steps", type=int, default=60, help="--cpu-table: steps per run")
     p.add_argument("--ranks", type=int, default=2, help="--cpu-table: ranks")
@@ -485,6 +505,14 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     profile: dict[str, dict[str, Any]] = {}
     base = base_options(args.bf16, bool(args.cudnn_benchmark), bool(args.process_group))
+
+    def save() -> None:
+        """Write what is measured so far: a run cut short by the device's time limit keeps its figures."""
+        if args.output:
+            Path(args.output).write_text(
+                json.dumps({"device": name, "args": vars(args), "results": results, "profile": profile}, indent=2)
+            )
+
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.paths:
             algorithm = "ddp" if path == "ddp" else "allreduce-sgd"
@@ -494,14 +522,16 @@ def main() -> None:
             else:
                 results[path] = run_runner(config, runner_options(base, path))
             print(f"{path}:", json.dumps(results[path]), flush=True)
+            save()
         if args.profile:
             profile = step_profile(
                 make_config(spec, args.device, str(Path(tmp) / "profile")),
                 base,
                 args.profile,
                 Path(tmp),
-                compiled="compiled" in args.paths,
+                args.profile_paths or [p for p in PROFILE_PATHS if p in ("fast", "eager", *args.paths)],
             )
+            save()
     tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
     if args.device == "cuda":
         tf32 += f"; cuDNN {'autotuned' if args.cudnn_benchmark else 'heuristic'} algorithms"
@@ -542,10 +572,6 @@ def main() -> None:
         print(f"time to goal, plain / fast: {ratio:.2f}x")
     if profile:
         print_profile(profile, args.profile)
-    if args.output:
-        Path(args.output).write_text(
-            json.dumps({"device": name, "args": vars(args), "results": results, "profile": profile}, indent=2)
-        )
 
 
 if __name__ == "__main__":

@@ -26,4 +26,4 @@ for n in 39 35 34 31 28 27 24 17; do platforms+=(--platform "manylinux_2_${n}_x8
   "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d .whl $packages
 cp "${MLBENCH_DATA_DIR:-../shared/datasets}/cifar10-jpeg.tar.gz" .gpudata/
 du -sh .whl .gpudata
-echo "carry: [\".whl\", \".gpudata\"]   command: bash hack/gpu-run.sh smoke   (then: full, or a path list)"
+echo "carry: [\".whl\", \".gpudata\"]   command: bash hack/gpu-run.sh lease   (timeout_s 600; one call, all stages)"
