@@ -38,7 +38,8 @@ with the other cuDNN choice (what autotuning is worth), and the largest
 parameter difference between the fast and the eager step after those N steps from one start.
 
 ``--output`` is rewritten after every path and after the profile, so a run cut short (the device's
-time limit) keeps what it measured.
+time limit) keeps what it measured; ``--report`` prints the tables of such files again, and one
+line per path over all of them.
 
 ``--cpu-table`` prints the CPU side instead: 2 ranks over gloo on this machine, the eager
 and the fast (flat) step and DDP (the comparison baseline), samples/s of step time and ms/step,
@@ -447,6 +448,71 @@ def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
     print("launches: CUDA runtime calls that start GPU work; kernels and GPU busy: from the profiler's trace")
 
 
+def _time_to_goal(r: dict[str, Any]) -> str:
+    return f"{r['time_to_goal_s']:.1f}s" if r["time_to_goal_s"] is not None else "not reached"
+
+
+def print_results(saved: dict[str, Any]) -> None:
+    """The side-by-side table of one invocation (and its step table), from its saved record."""
+    args, results, name = saved["args"], saved["results"], saved["device"]
+    cuda = args["device"] == "cuda"
+    tf32 = "; TF32 inside cuDNN convolutions" if cuda else ""
+    if cuda:
+        tf32 += f"; cuDNN {'autotuned' if args['cudnn_benchmark'] else 'heuristic'} algorithms"
+    division = "open (bf16 autocast + channels_last)" if args["bf16"] else f"closed (fp32{tf32})"
+    subset = f", first {args['subset']} train images" if args["subset"] else ""
+    print(
+        f"\n# task 1a recipe (k=1, b=32), {division}, target {args['target']:.0%}, device {name}, data: JPEG copy of "
+        f"CIFAR-10{subset}, max {args['max_epochs']} epochs"
+    )
+    backend = "nccl" if cuda else "gloo"
+    collectives = f"through {backend} at world size 1" if args["process_group"] else "skipped at world size 1"
+    print(f"runner's collectives (all-reduce of the gradients, stopping decisions): {collectives}")
+    print(
+        f"{'path':8} {'step':12} {'time-to-goal':>13} {'wall':>8} {'epochs':>7} {'best acc':>9} "
+        f"{'wall s/epoch (train)':>21} {'wall s/epoch (+eval)':>21} {'device s/epoch':>15}"
+    )
+    for path, r in results.items():
+        ttg, dev = _time_to_goal(r), r["device_train_s_per_epoch"]
+        print(
+            f"{path:8} {r.get('training_step') or '-'!s:12} {ttg:>13} {r['wall_s']:>7.1f}s "
+            f"{r['epochs']:>7.0f} {100 * (r['best_accuracy'] or 0):>8.2f}% "
+            f"{r['wall_train_s_per_epoch']:>21.2f} {r['wall_s_per_epoch']:>21.2f} "
+            f"{'-' if dev is None else f'{dev:.2f}':>15}"
+        )
+    print("wall = synchronised host wall clock (same kind for every path); device = runner's CUDA-event time")
+    for path, r in results.items():
+        if r.get("training_step_reason"):
+            capture = f"; warm-up and capture {r['capture_s']:.2f} s" if r.get("capture_s") else ""
+            compiled = ", torch.compile" if r.get("compiled") else ""
+            print(f"{path}: {r['training_step']}{compiled} ({r['training_step_reason']}{capture})")
+    fast, plain = results.get("fast", {}), results.get("plain", {})
+    if fast.get("time_to_goal_s") and plain.get("time_to_goal_s"):
+        print(f"time to goal, plain / fast: {plain['time_to_goal_s'] / fast['time_to_goal_s']:.2f}x")
+    if saved["profile"]:
+        print_profile(saved["profile"], args["profile"])
+
+
+def print_report(files: Sequence[Path]) -> None:
+    """Each saved invocation's tables (``--output`` files, e.g. one per stage of ``hack/gpu-run.sh lease``),
+    then one line per path over all of them: what the issue's table needs, in one place."""
+    records = [(f.stem, json.loads(f.read_text())) for f in files]
+    for _, saved in records:
+        print_results(saved)
+    print(f"\n# all runs: {', '.join(f.name for f in files)}")
+    print(
+        f"{'run':10} {'path':8} {'step':12} {'division':8} {'time-to-goal':>13} {'epochs':>7} {'s/epoch (+eval)':>16}"
+    )
+    for stem, saved in records:
+        division = "open" if saved["args"]["bf16"] else "closed"
+        for path, r in saved["results"].items():
+            step = r.get("training_step") or "-"
+            print(
+                f"{stem:10} {path:8} {step:12} {division:8} {_time_to_goal(r):>13} {r['epochs']:>7.0f} "
+                f"{r['wall_s_per_epoch']:>16.2f}"
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -493,7 +559,13 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2, help="--cpu-table: ranks")
     p.add_argument("--repeats", type=int, default=2, help="--cpu-table: runs of each step, alternating")
     p.add_argument("--output", help="also write the figures as JSON here")
+    p.add_argument(
+        "--report", nargs="+", type=Path, metavar="JSON", help="only print the tables of saved --output files"
+    )
     args = p.parse_args()
+    if args.report:
+        print_report(args.report)
+        return
     spec = closed_1a(args.data, args.max_epochs, args.subset, args.target)
     if args.cpu_table:
         cpu_table(spec, args.steps, args.ranks, args.repeats)
@@ -506,12 +578,16 @@ def main() -> None:
     profile: dict[str, dict[str, Any]] = {}
     base = base_options(args.bf16, bool(args.cudnn_benchmark), bool(args.process_group))
 
+    def saved() -> dict[str, Any]:
+        """What is measured so far, as ``--output`` holds it and ``--report`` reads it."""
+        return {"device": name, "args": vars(args), "results": results, "profile": profile}
+
     def save() -> None:
         """Write what is measured so far: a run cut short by the device's time limit keeps its figures."""
-        if args.output:
-            Path(args.output).write_text(
-                json.dumps({"device": name, "args": vars(args), "results": results, "profile": profile}, indent=2)
-            )
+        if args.output:  # whole or not at all: the stage may be stopped at any moment
+            part = Path(args.output + ".part")
+            part.write_text(json.dumps(saved(), indent=2))
+            part.replace(args.output)
 
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.paths:
@@ -532,46 +608,7 @@ def main() -> None:
                 args.profile_paths or [p for p in PROFILE_PATHS if p in ("fast", "eager", *args.paths)],
             )
             save()
-    tf32 = "; TF32 inside cuDNN convolutions" if args.device == "cuda" else ""
-    if args.device == "cuda":
-        tf32 += f"; cuDNN {'autotuned' if args.cudnn_benchmark else 'heuristic'} algorithms"
-    division = "open (bf16 autocast + channels_last)" if args.bf16 else f"closed (fp32{tf32})"
-    print(
-        f"\n# task 1a recipe (k=1, b=32), {division}, target {args.target:.0%}, device {name}, data: JPEG copy of "
-        f"CIFAR-10{f', first {args.subset} train images' if args.subset else ''}, max {args.max_epochs} epochs"
-    )
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    collectives = f"through {backend} at world size 1" if args.process_group else "skipped at world size 1"
-    print(f"runner's collectives (all-reduce of the gradients, stopping decisions): {collectives}")
-    print(
-        f"{'path':8} {'step':12} {'time-to-goal':>13} {'wall':>8} {'epochs':>7} {'best acc':>9} "
-        f"{'wall s/epoch (train)':>21} {'wall s/epoch (+eval)':>21} {'device s/epoch':>15}"
-    )
-    for path, r in results.items():
-        ttg = f"{r['time_to_goal_s']:.1f}s" if r["time_to_goal_s"] is not None else "not reached"
-        dev = r["device_train_s_per_epoch"]
-        print(
-            f"{path:8} {r.get('training_step') or '-'!s:12} {ttg:>13} {float(r['wall_s']):>7.1f}s "  # type: ignore[arg-type]
-            f"{float(r['epochs']):>7.0f} {100 * float(r['best_accuracy'] or 0):>8.2f}% "  # type: ignore[arg-type]
-            f"{float(r['wall_train_s_per_epoch']):>21.2f} {float(r['wall_s_per_epoch']):>21.2f} "  # type: ignore[arg-type]
-            f"{'-' if dev is None else f'{float(dev):.2f}':>15}"  # type: ignore[arg-type]
-        )
-    print("wall = synchronised host wall clock (same kind for every path); device = runner's CUDA-event time")
-    for path, r in results.items():
-        if r.get("training_step_reason"):
-            capture = f"; warm-up and capture {float(r['capture_s']):.2f} s" if r.get("capture_s") else ""  # type: ignore[arg-type]
-            compiled = ", torch.compile" if r.get("compiled") else ""
-            print(f"{path}: {r['training_step']}{compiled} ({r['training_step_reason']}{capture})")
-    if (
-        "fast" in results
-        and "plain" in results
-        and results["fast"]["time_to_goal_s"]
-        and results["plain"]["time_to_goal_s"]
-    ):
-        ratio = float(results["plain"]["time_to_goal_s"]) / float(results["fast"]["time_to_goal_s"])  # type: ignore[arg-type]
-        print(f"time to goal, plain / fast: {ratio:.2f}x")
-    if profile:
-        print_profile(profile, args.profile)
+    print_results(saved())
 
 
 if __name__ == "__main__":

@@ -79,3 +79,9 @@ for stage in "${stages[@]}"; do
     exit 3
   fi
 done
+
+# Last, so that the reply's tail holds it: every stage's tables and one line per path over all of them.
+saved=()
+for stage in "${stages[@]}"; do [ -s "$out/$stage.json" ] && saved+=("$out/$stage.json"); done
+[ ${#saved[@]} -gt 0 ] && python3 benchmarks/runner_gpu_time_to_accuracy.py --report "${saved[@]}" 2>&1 | tee -a "$out/log.txt"
+echo "## done at $((SECONDS - start)) s"
