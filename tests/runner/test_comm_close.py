@@ -12,6 +12,7 @@ import multiprocessing
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch.distributed as dist
@@ -20,24 +21,29 @@ from mlbench_runner import comm as comm_module
 from mlbench_runner.comm import TorchCommunicator, close_quietly
 from mlbench_runner.world import World, free_port
 
-#: scenario: (rank 0 orderly, rank 1 orderly, rank 1's delay before it closes, the barrier's timeout)
+
+class Scenario(NamedTuple):
+    orderly: tuple[bool, bool]  #: each rank's ``close(orderly)``
+    delay: float  #: rank 1's delay before it closes
+    timeout: float  #: the closing barrier's
+
+
 SCENARIOS = {
-    "both end normally": (True, True, 1.0, 60.0),
-    "rank 0 aborts": (False, True, 2.0, 3.0),
-    "rank 1 never comes in time": (True, False, 4.0, 1.0),
+    "both end normally": Scenario((True, True), 1.0, 60.0),
+    "rank 0 aborts": Scenario((False, True), 2.0, 3.0),
+    "rank 1 never comes in time": Scenario((True, False), 4.0, 1.0),
 }
 
 
 def _rank(rank: int, port: int, out: str, scenario: str) -> None:
-    orderly = SCENARIOS[scenario][rank]
-    delay, timeout = SCENARIOS[scenario][2:]
+    orderly, delay, timeout = SCENARIOS[scenario]
     comm_module.CLOSE_BARRIER_SECONDS = timeout
     folder = Path(out)
     comm = TorchCommunicator(World(rank, 2, rank, 2, "127.0.0.1", port, "env"), "gloo")
     if rank == 1:
         time.sleep(delay)
         (folder / "rank1-closing").touch()
-    error = close_quietly(comm, orderly)
+    error = close_quietly(comm, orderly[rank])
     record = {
         "error": error,
         "peer_was_closing": (folder / "rank1-closing").exists(),
