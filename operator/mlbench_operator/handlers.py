@@ -38,7 +38,8 @@ import kopf
 
 from mlbench_api import bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_operator import builders, datasets, logs, netpol, progress, reconcile, results, sshkeys
+from mlbench_api.sweep import LABEL_SWEEP
+from mlbench_operator import builders, datasets, logs, netpol, progress, reconcile, results, sshkeys, sweeps
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
@@ -48,6 +49,9 @@ from mlbench_operator.podview import PodChange, PodIndex, PodView, RunKey
 from mlbench_operator.settings import OperatorConfig, SettingsError
 
 PLURAL = "benchmarkruns"
+#: A sweep's run whose TTL expired before the sweep wrote down how it ended: look again this often
+#: (the run's last phase change wakes the sweep at once, so this is rarely more than one wait).
+SWEEP_RECORD_POLL_SECONDS = 1.0
 #: While a dataset is fetched: look again this often even without a Job event.
 DATASET_POLL_SECONDS = 10.0
 #: Rank 0's metrics port on worker 0 (RunConfig.metricsPort + local rank 0).
@@ -885,17 +889,33 @@ async def expire_run(
     whenever the filter starts to match, so a TTL added (or changed) after the run finished counts."""
     kube: Kube = memo.kube
     resync = config_of(memo).resync_seconds
+    waited = False
     while not stopped:
         ttl = (body.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
         left = reconcile.ttl_expired(body.get("status") or {}, ttl, _now())
         if left is None:  # not finished / no TTL any more: kopf stops us on the next event
             await stopped.wait(resync)
             continue
-        if left <= 0:
-            log.info("run_ttl_expired", run=name, namespace=namespace, ttl=ttl)
-            await kube.run(kube.delete_run, namespace or "", name)
-            return
-        await stopped.wait(min(left, 60.0))  # the live body may change the TTL meanwhile
+        if left > 0:
+            await stopped.wait(min(left, 60.0))  # the live body may change the TTL meanwhile
+            continue
+        if not await _sweep_recorded(kube, namespace or "", body):
+            if not waited:
+                log.info("run_ttl_waits_for_sweep", run=name, namespace=namespace, ttl=ttl)
+                waited = True
+            await stopped.wait(SWEEP_RECORD_POLL_SECONDS)
+            continue
+        log.info("run_ttl_expired", run=name, namespace=namespace, ttl=ttl)
+        await kube.run(kube.delete_run, namespace or "", name)
+        return
+
+
+async def _sweep_recorded(kube: Kube, namespace: str, body: kopf.Body) -> bool:
+    """A sweep's run: whether its sweep has written down how it ended (see :func:`.sweeps.outcome_recorded`)."""
+    sweep_name = (body.get("metadata", {}).get("labels") or {}).get(LABEL_SWEEP)
+    if not sweep_name:
+        return True
+    return sweeps.outcome_recorded(await kube.run(kube.get, "BenchmarkSweep", namespace, sweep_name), body)
 
 
 # -- progress ------------------------------------------------------------------------------------------------

@@ -33,9 +33,14 @@ _PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Job": "jobs",
     "NetworkPolicy": "networkpolicies",
+    "BenchmarkSweep": "benchmarksweeps",
 }
 #: API group/version of the kinds outside core/v1.
-_GROUPS = {"Job": "/apis/batch/v1", "NetworkPolicy": "/apis/networking.k8s.io/v1"}
+_GROUPS = {
+    "Job": "/apis/batch/v1",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1",
+    "BenchmarkSweep": f"/apis/{GROUP}/{VERSION}",
+}
 
 
 def _collection(obj_or_kind: dict[str, Any] | str, namespace: str) -> tuple[str, str]:

@@ -95,6 +95,25 @@ def observe(runs: Iterable[Mapping[str, Any]], sweep_uid: str) -> dict[str, Obse
     return out
 
 
+def outcome_recorded(sweep: Mapping[str, Any] | None, run: Mapping[str, Any]) -> bool:
+    """Whether the finished ``run`` can be deleted without its sweep losing its outcome.
+
+    False only while the sweep that controls the run exists, is unfinished and has not yet written
+    the run's final phase into ``status.runs``: deleted then (its ttlSecondsAfterFinished), the run
+    would look to the sweep like an unfinished run that disappeared, and be created again.
+    """
+    if sweep is None or controller_uid(run) != (sweep.get("metadata") or {}).get("uid"):
+        return True
+    status = sweep.get("status") or {}
+    name = str((run.get("metadata") or {}).get("name"))
+    return bool(status.get("completionTime")) or recorded_phases(status).get(name) in TERMINAL
+
+
+def recorded_phases(status: Mapping[str, Any]) -> dict[str, Any]:
+    """``status.runs`` by run name: each run's last phase the sweep wrote down."""
+    return {e.get("name"): e.get("phase") for e in status.get("runs") or []}
+
+
 def owner_reference(sweep: Mapping[str, Any]) -> dict[str, Any]:
     """Controller owner reference: deleting the sweep garbage-collects its runs."""
     meta = sweep["metadata"]
@@ -243,7 +262,7 @@ def decide(
     except ValueError as err:
         return _invalid(old, status, str(err), now)
 
-    previous = {e.get("name"): e.get("phase") for e in old.get("runs") or []}
+    previous = recorded_phases(old)
     phases = _phases(runs, observed, previous)
     events: list[Event] = [
         ("Warning", SweepReason.RUN_FAILED.value, f"run {name} failed")

@@ -171,6 +171,24 @@ def test_finished_runs_deleted_by_their_ttl_are_not_created_again(runs: Runs) ->
     assert counts(sweep_status(runs, name)) == (3, 0, 0, 3, 0)  # remembered, and not run again
 
 
+def test_a_ttl_of_zero_waits_for_the_sweep_to_record_the_end(runs: Runs) -> None:
+    """A run deleted the moment it finishes must not look to its sweep like one that vanished while running
+    (which the sweep would create again): the TTL waits until the sweep has written down how it ended."""
+    name = "ttl0-study"
+    seeds = (1, 2, 3)
+    body = sweep_body(name, {"seeds": list(seeds)}, max_concurrent=3)
+    body["spec"]["template"]["runPolicy"]["ttlSecondsAfterFinished"] = 0
+    runs.apply(body)
+    wait_sweep(runs, name, lambda s: counts(s) == (3, 0, 3, 0, 0), "all three runs")
+    for seed in seeds:
+        run = f"{name}-s{seed}"
+        runs.wait_phase(run, "Running")
+        runs.finish_launcher(run, 0, h.summary(run, world_size=1).termination_message())
+    status = wait_sweep(runs, name, lambda s: s.get("completionTime"), "the sweep finished")
+    assert counts(status) == (3, 0, 0, 3, 0), "a run was created again after its TTL deleted it"
+    wait_for(lambda: sweep_runs(runs, name) == {}, timeout=30, what="the runs deleted by their TTL")
+
+
 def test_the_api_server_refuses_invalid_sweeps_naming_the_field(runs: Runs) -> None:
     cases = [
         (sweep_body("nccl", {"backends": ["gloo", "nccl"]}, 1), "spec.matrix.backends", "nccl needs"),

@@ -263,6 +263,36 @@ def test_observe_keeps_only_the_runs_this_sweep_controls() -> None:
     assert got == {W1S1: Observed(W1S1, "Running"), W2S1: Observed(W2S1, None, deleting=True)}
 
 
+def _owned(name: str, uid: str = UID) -> dict[str, Any]:
+    return {"metadata": {"name": name, "ownerReferences": [{"uid": uid, "controller": True}]}}
+
+
+@pytest.mark.parametrize(
+    ("the_sweep", "run", "deletable"),
+    [
+        pytest.param(None, _owned(W1S1), True, id="the sweep is gone"),
+        pytest.param(sweep(status=recorded(w1s1="Succeeded")), _owned(W1S1), True, id="recorded succeeded"),
+        pytest.param(sweep(status=recorded(w1s1="Failed")), _owned(W1S1), True, id="recorded failed"),
+        pytest.param(sweep(status=recorded(w1s1="Running")), _owned(W1S1), False, id="still running in the status"),
+        pytest.param(sweep(status=recorded()), _owned(W1S1), False, id="not in the status yet"),
+        pytest.param(sweep(), _owned(W1S1), False, id="no status yet"),
+        pytest.param(
+            sweep(status={**recorded(w1s1="Running"), "completionTime": "2026-01-01T12:00:00Z"}),
+            _owned(W1S1),
+            True,
+            id="the sweep has finished",
+        ),
+        pytest.param(sweep(status=recorded(w1s1="Running")), _owned(W1S1, "other"), True, id="another sweep's run"),
+        pytest.param(sweep(status=recorded(w1s1="Running")), {"metadata": {"name": W1S1}}, True, id="no owner"),
+    ],
+)
+def test_a_ttl_deletes_a_sweeps_run_only_once_the_sweep_recorded_its_end(
+    the_sweep: dict[str, Any] | None, run: dict[str, Any], deletable: bool
+) -> None:
+    """Else the sweep would see an unfinished run disappear and create it again."""
+    assert sweeps.outcome_recorded(the_sweep, run) is deletable
+
+
 def test_run_objects_are_owned_by_the_sweep_and_carry_its_labels() -> None:
     body = sweep(2)
     (first, *_) = sweeps.decide(body, {}, T0).create
