@@ -107,11 +107,12 @@ class TorchCommunicator(Communicator):
     def close(self, orderly: bool = True) -> None:
         """Leave the process group; when ``orderly`` with peers, meet them at a bounded barrier first.
 
-        Why the barrier: ``destroy_process_group`` tears down gloo's connections, and a rank that did
-        so (and exited) while a peer was still in its own teardown was seen once to take that peer
-        down at exit with ``terminate called without an active exception``. Meeting first means no
-        rank leaves before every rank is done with its collectives. A rank that is aborting skips it:
-        its peers may never come, and it must not hold them for the barrier's timeout.
+        Why the barrier: no rank leaves (and rank 0, exiting, takes the TCPStore with it) before every
+        rank is done with its collectives. A rank that ends without a successful
+        ``destroy_process_group`` dies at exit with gloo's ``terminate called without an active
+        exception`` (seen once in CI): the caller logs a failed close rather than hide it. A rank
+        that is aborting skips the barrier: its peers may never come, and it must not hold them for
+        the barrier's timeout.
         """
         if not dist.is_initialized():
             return
