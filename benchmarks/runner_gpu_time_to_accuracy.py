@@ -130,13 +130,14 @@ def epoch_walls(events_file: Path) -> list[float]:
     return walls
 
 
-def base_options(bf16: bool, cudnn_benchmark: bool, process_group: bool) -> Options:
-    """The knobs every runner path of one invocation shares."""
+def base_options(bf16: bool, cudnn_benchmark: bool, process_group: bool, fast_path: str = "auto") -> Options:
+    """The knobs every runner path of one invocation shares (``fast_path``: what the fast paths ask for)."""
     return Options(
         precision="bf16" if bf16 else "fp32",
         channels_last=bf16,
         cudnn_benchmark=cudnn_benchmark,
         process_group=process_group,
+        fast_path=fast_path,
     )
 
 
@@ -144,7 +145,7 @@ def runner_options(base: Options, path: str) -> Options:
     """The knobs of one runner path: ``fast`` and ``compiled`` take the fast step (``compiled`` through
     torch.compile), ``eager`` and ``ddp`` the eager reference step."""
     fast = path in ("fast", "compiled")
-    return dataclasses.replace(base, fast_path="auto" if fast else "off", compile=path == "compiled")
+    return dataclasses.replace(base, fast_path=base.fast_path if fast else "off", compile=path == "compiled")
 
 
 def _order(s: Setup) -> torch.Tensor:
@@ -546,6 +547,13 @@ def main() -> None:
         "0: skipped, as a 1-worker run does",
     )
     p.add_argument(
+        "--fast-path",
+        choices=("auto", "on"),
+        default="auto",
+        help="the fast and compiled paths' MLBENCH_FAST_PATH: auto falls back to the eager step when capture "
+        "fails (and says so); on stops with the error instead (a fallback would only measure the eager step again)",
+    )
+    p.add_argument(
         "--profile", type=int, metavar="N", help="also the step table over N steps (on CPU: a smoke run of it)"
     )
     p.add_argument(
@@ -576,7 +584,7 @@ def main() -> None:
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     profile: dict[str, dict[str, Any]] = {}
-    base = base_options(args.bf16, bool(args.cudnn_benchmark), bool(args.process_group))
+    base = base_options(args.bf16, bool(args.cudnn_benchmark), bool(args.process_group), args.fast_path)
 
     def saved() -> dict[str, Any]:
         """What is measured so far, as ``--output`` holds it and ``--report`` reads it."""
