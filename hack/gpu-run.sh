@@ -7,7 +7,7 @@
 #
 # A session has 15 minutes of device time in all, machine start included, and one call may run
 # 10 minutes: the whole plan is one call, most important first, under a deadline of
-# MLBENCH_GPU_SECONDS (default 540) from the start of this script. A stage that would not end
+# MLBENCH_GPU_SECONDS (default 560) from the start of this script. A stage that would not end
 # before the deadline (its estimate, below) is skipped and says so; the stage running at the
 # deadline is stopped. Stages (estimated seconds on an H100):
 #   smoke     60  fast step 1 epoch on 4096 images, 20-step profile and parity; the gate: if the fast
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--help" ] || [ $# -eq 0 ]; then awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0; fi
 start=$SECONDS
-deadline=$((start + ${MLBENCH_GPU_SECONDS:-540}))
+deadline=$((start + ${MLBENCH_GPU_SECONDS:-560}))
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
 export PYTHONPATH=/tmp/site:crds:operator:runners MLBENCH_DATA_DIR=$PWD/.gpudata PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
