@@ -30,11 +30,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:crds:operator:runners MLBENCH_DATA_DIR=$PWD/.gpudata PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
+order=(smoke core compiled open eager ddp)  # the lease, most important first
 stages=()
 extra=()
 while [ $# -gt 0 ]; do
   if [ "$1" = "--" ]; then shift; extra=("$@"); break; fi
-  if [ "$1" = lease ]; then stages+=(smoke core compiled open eager ddp); else stages+=("$1"); fi
+  if [ "$1" = lease ]; then stages+=("${order[@]}"); else stages+=("$1"); fi
   shift
 done
 declare -A need=([smoke]=60 [core]=300 [compiled]=110 [open]=60 [eager]=45 [ddp]=45)
@@ -63,7 +64,7 @@ PYEOF
 }
 
 for stage in "${stages[@]}"; do
-  if [ -z "${opts[$stage]:-}" ]; then echo "gpu-run: unknown stage $stage (smoke core compiled open eager ddp lease)" >&2; exit 2; fi
+  if [ -z "${opts[$stage]:-}" ]; then echo "gpu-run: unknown stage $stage (${order[*]} lease)" >&2; exit 2; fi
   left=$((deadline - SECONDS))
   if [ "$left" -lt "${need[$stage]}" ]; then
     echo "## $stage skipped: ${left} s left before the deadline, it needs about ${need[$stage]} s" | tee -a "$out/log.txt"
