@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import CommunicationRecord, Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary
+from mlbench_api.results import (
+    CommunicationRecord,
+    Environment,
+    EpochRecord,
+    PhaseTotals,
+    RunStatus,
+    RunSummary,
+    StopReason,
+)
 from mlbench_runner.timing import PHASES, StepTiming
 from mlbench_runner.world import World
 
@@ -99,7 +107,7 @@ class SummaryBuilder:
         self.stopped_at = (steps, epochs, wall)
 
     def build(
-        self, status: RunStatus, stop_reason: str | None = None, communication: CommunicationRecord | None = None
+        self, status: RunStatus, stop_reason: StopReason | None = None, communication: CommunicationRecord | None = None
     ) -> RunSummary:
         steps, epochs, wall = self.stopped_at or (0, 0.0, 0.0)
         t = self.totals

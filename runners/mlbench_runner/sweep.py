@@ -15,9 +15,14 @@ import sys
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from mlbench_api.errors import InvalidObject
+from mlbench_api.results import RunSummary
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, parse_sweep
+
+#: The outcomes of a local run that count as done (the exit code is 0 when every run has one).
+DONE = ("succeeded", "kept")
 
 
 class SweepInputError(Exception):
@@ -51,6 +56,29 @@ def render(sweep: BenchmarkSweep, runs: list[SweepRun], namespace: str | None, s
     return header + yaml.safe_dump_all([r.to_api(ns) for r in runs], sort_keys=False, explicit_start=True)
 
 
+def resumable(folder: Path) -> tuple[str | None, str]:
+    """What ``--resume`` does with an earlier run's folder: (its outcome when kept, else None; why).
+
+    A run is kept only when it ended by its own decision: its summary says success or
+    goal-not-reached, or it diverged (the same seed diverges again, and MLPerf scores it as a run
+    that did not converge; it stays a failed run). A run that was interrupted or crashed (aborted for
+    an error), or left no readable summary, runs again: that is what ``--resume`` is for.
+    """
+    file = folder / "summary.json"
+    try:
+        summary = RunSummary.model_validate_json(file.read_text())
+    except FileNotFoundError:
+        return None, "no summary.json yet"
+    except (OSError, ValidationError) as exc:
+        return None, f"{file} is not a readable summary ({type(exc).__name__})"
+    ended = f"{file} says {summary.status} ({summary.stop_reason or 'no stop reason'})"
+    if summary.status != "aborted":
+        return "kept", ended
+    if summary.stop_reason == "diverged":
+        return "kept: diverged", ended
+    return None, ended
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="mlbench sweep",
@@ -60,7 +88,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--local", action="store_true", help="run the runs here, one after another")
     p.add_argument("-n", "--namespace", help="metadata.namespace of the printed runs (default: the sweep's)")
     p.add_argument("--output", help="study directory, one sub-directory per run (default ./mlbench-results/<sweep>)")
-    p.add_argument("--resume", action="store_true", help="skip runs whose <output>/<run>/summary.json exists")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep runs that ended on their own (their <output>/<run>/summary.json says so); run the rest",
+    )
     p.add_argument("--task-file", help="BenchmarkTask YAML to use instead of the catalog")
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")
     p.add_argument("--data-dir", help="where to look for datasets whose path does not exist here")
@@ -70,7 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun]) -> int:
     """Each run through ``mlbench run --local``; 0 when every run succeeded."""
-    from mlbench_runner import local, report
+    from mlbench_runner import report
 
     out = Path(args.output or Path("mlbench-results") / sweep.metadata.name).resolve()
     stop = sweep.spec.failure_policy is FailurePolicy.STOP
@@ -83,20 +115,11 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
             f"backend={p.backend.value} seed={p.seed}",
             flush=True,
         )
-        if args.resume and (folder / "summary.json").exists():
-            print(f"  skipped: {folder / 'summary.json'} exists (--resume)", flush=True)
-            outcomes[run.name] = "kept"
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        run_file = folder / "run.yaml"
-        run_file.write_text(yaml.safe_dump(run.to_api(), sort_keys=False))
-        argv = [str(run_file), "--local", "--output", str(folder), "--launcher", args.launcher]
-        argv += ["--task-file", args.task_file] if args.task_file else []
-        argv += ["--data-dir", args.data_dir] if args.data_dir else []
-        argv += ["--quiet"] if args.quiet else []
-        code = local.main(argv)
-        outcomes[run.name] = "succeeded" if code == 0 else f"failed (exit {code})"
-        if code != 0 and stop:
+        kept, why = resumable(folder) if args.resume else (None, "")
+        if why:
+            print(f"  {'skipped' if kept else 'runs'}: {why} (--resume)", flush=True)
+        outcomes[run.name] = kept or run_one(args, run, folder)
+        if outcomes[run.name] not in DONE and stop:
             print(f"run {run.name} failed and failurePolicy is Stop: the other runs are not started", flush=True)
             break
     summaries = []
@@ -113,7 +136,22 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
         print(report.format_table(summaries))
     print(f"\nresults in {out}; score the study with: mlbench results {out}")
     done = len(outcomes) == len(runs)
-    return 0 if done and all(o in ("succeeded", "kept") for o in outcomes.values()) else 1
+    return 0 if done and all(o in DONE for o in outcomes.values()) else 1
+
+
+def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
+    """One run through ``mlbench run <run.yaml> --local`` into ``folder``; its outcome."""
+    from mlbench_runner import local
+
+    folder.mkdir(parents=True, exist_ok=True)
+    run_file = folder / "run.yaml"
+    run_file.write_text(yaml.safe_dump(run.to_api(), sort_keys=False))
+    argv = [str(run_file), "--local", "--output", str(folder), "--launcher", args.launcher]
+    argv += ["--task-file", args.task_file] if args.task_file else []
+    argv += ["--data-dir", args.data_dir] if args.data_dir else []
+    argv += ["--quiet"] if args.quiet else []
+    code = local.main(argv)
+    return "succeeded" if code == 0 else f"failed (exit {code})"
 
 
 def main(argv: list[str] | None = None) -> int:

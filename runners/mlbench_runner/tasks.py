@@ -15,6 +15,9 @@ from torch import nn
 from mlbench_runner.augment import crop_flip, normalize
 from mlbench_runner.data import TensorDataset
 
+#: Dtypes whose logits the loss takes in fp32.
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
 
 class TaskKernel(ABC):
     """Batch, loss and accuracy for one task family."""
@@ -81,7 +84,8 @@ class ImageClassification(TaskKernel):
         return x.contiguous(memory_format=self.memory_format), y
 
     def loss(self, output: torch.Tensor, target: torch.Tensor, model: nn.Module) -> torch.Tensor:
-        return F.cross_entropy(output.float(), target)
+        # bf16 autocast's logits: the loss in fp32. fp64 (the equivalence tests) must stay fp64.
+        return F.cross_entropy(output.float() if output.dtype in LOW_PRECISION else output, target)
 
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return (output.argmax(dim=1) == target).sum()

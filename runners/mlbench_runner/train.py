@@ -62,7 +62,7 @@ class RankRecord:
 
     rank: int
     steps: int = 0
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None  #: set by ``_stop``, or by ``_finish`` when an exception ended the run
     epochs_completed: int = 0
     param_sha1: list[str] = field(default_factory=list)
     param_values: list[list[float]] = field(default_factory=list)  # only for models of <= 4096 numbers
@@ -554,12 +554,14 @@ class Trainer:
 
     def _finish(self, status: RunStatus) -> None:
         s = self.setup
+        if self.record.stop_reason is None:  # an exception (or Ctrl-C) ended the run before any stop decision
+            self.record.stop_reason = "setup-failed" if s is None else "error"
         if s is not None:
             summary = s.summary
             if summary.stopped_at is None:
                 steps = self.record.steps
                 summary.stop(steps, steps / max(1, s.steps_per_epoch), self.clock.elapsed())
-            result = summary.build(status, self.record.stop_reason or None, self._communication(s))
+            result = summary.build(status, self.record.stop_reason, self._communication(s))
             if self.rank == 0:
                 (self.out / "summary.json").write_text(result.model_dump_json(by_alias=True, indent=2))
                 self.log.event(
@@ -571,10 +573,9 @@ class Trainer:
                 )
                 self.log.event("run_summary", summary=json.loads(result.termination_message()))
         else:
-            self.log.event("run_stop", status=status, stop_reason="setup-failed")
+            self.log.event("run_stop", status=status, stop_reason=self.record.stop_reason)
         ranks = self.out / "ranks"
         ranks.mkdir(parents=True, exist_ok=True)
-        self.record.stop_reason = self.record.stop_reason or ("error" if status == "aborted" else status)
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(self.record.__dict__))
         if self.opts.linger_seconds and status != "aborted" and self.metrics is not None:
             time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape (a failing rank just exits)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mlbench_api.config import RunConfig
@@ -152,6 +153,26 @@ def _image_data(n_train: int = 48, n_test: int = 8) -> TensorDataset:
         mean=(125.0, 123.0, 114.0),
         std=(63.0, 62.0, 66.0),
     )
+
+
+@pytest.mark.parametrize(
+    ("logits", "loss", "rtol"),
+    [
+        (torch.float64, torch.float64, 1e-15),
+        (torch.float32, torch.float32, 1e-6),
+        (torch.bfloat16, torch.float32, 1e-2),
+    ],
+)
+def test_the_image_loss_is_taken_in_the_logits_precision_at_least_fp32(
+    logits: torch.dtype, loss: torch.dtype, rtol: float
+) -> None:
+    """bf16 autocast's logits are lifted to fp32 for the loss; fp64 (the equivalence tests) is not cut to fp32."""
+    kernel = ImageClassification(_image_data(), torch.device("cpu"), torch.float64, torch.Generator().manual_seed(5))
+    output = torch.randn(4, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    target = torch.arange(4)
+    value = kernel.loss(output.to(logits), target, nn.Identity())
+    assert value.dtype == loss
+    torch.testing.assert_close(value.double(), F.cross_entropy(output, target), rtol=rtol, atol=0)
 
 
 def _rig(fast: bool, compile: bool = False) -> tuple[nn.Module, EagerStep | FastStep]:

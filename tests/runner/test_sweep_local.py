@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from mlbench_api.sweep import LABEL_SWEEP
 from mlbench_runner import report, sweep
 
 from .helpers import REPO, logreg_task, write_yaml
+from .test_report import fake_run
 
 pytestmark = pytest.mark.timeout(300)
 RUNS = ["lr-study-w1-s1", "lr-study-w1-s2", "lr-study-w2-s1", "lr-study-w2-s2"]
@@ -59,9 +61,44 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     assert report.main([str(out / name) for name in RUNS]) == 0
     table = capsys.readouterr().out
     assert all(name in table for name in RUNS)
-    # --resume keeps what is there
+    # --resume keeps the runs that ended on their own and runs the rest again: one was interrupted, one never wrote
+    interrupted = out / RUNS[1] / "summary.json"
+    interrupted.write_text(_with(interrupted, status="aborted", stopReason="error"))
+    (out / RUNS[2] / "summary.json").unlink()
     assert sweep.main([*args, "--resume"]) == 0
-    assert capsys.readouterr().out.count("skipped:") == 4
+    text = capsys.readouterr().out
+    assert text.count("skipped:") == 2, text
+    assert f"runs: {interrupted} says aborted (error) (--resume)" in text
+    assert f"{RUNS[1]}: succeeded" in text
+    assert f"{RUNS[2]}: succeeded" in text
+    assert RunSummary.model_validate_json(interrupted.read_text()).status != "aborted"
+
+
+def _with(summary: Path, **fields: Any) -> str:
+    """The summary file's text with some of its fields changed."""
+    return json.dumps({**json.loads(summary.read_text()), **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "kept", "why"),
+    [
+        (None, None, "no summary.json yet"),
+        ({"status": "success", "stopReason": "goal"}, "kept", "says success (goal)"),
+        ({"status": "goal-not-reached", "stopReason": "max-epochs"}, "kept", "says goal-not-reached (max-epochs)"),
+        ({"status": "aborted", "stopReason": "diverged"}, "kept: diverged", "says aborted (diverged)"),
+        ({"status": "aborted", "stopReason": "error"}, None, "says aborted (error)"),
+        ({"status": "aborted", "stopReason": None}, None, "says aborted (no stop reason)"),
+        ({"status": "finished"}, None, "is not a readable summary (ValidationError)"),
+    ],
+)
+def test_resume_keeps_only_runs_that_ended_on_their_own(
+    tmp_path: Path, fields: dict[str, Any] | None, kept: str | None, why: str
+) -> None:
+    run = tmp_path / "run"
+    if fields is not None:
+        run = fake_run(tmp_path, "run", ttg=10.0)
+        (run / "summary.json").write_text(_with(run / "summary.json", **fields))
+    assert sweep.resumable(run) == (kept, why if fields is None else f"{run / 'summary.json'} {why}")
 
 
 def test_failure_policy_stop_stops_here_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,57 @@
+"""How a run ends: the status and stop reason its summary and rank record carry, however it stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlbench_api.results import RunSummary
+from mlbench_runner.options import Options
+from mlbench_runner.train import Trainer
+from mlbench_runner.world import World
+
+from .helpers import logreg_task, make_config
+
+SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _raise(*_args: object, **_kwargs: object) -> None:
+    raise Boom("injected")
+
+
+@pytest.mark.parametrize(
+    ("broken", "ended", "summary_written"),
+    [
+        (None, ("goal-not-reached", "max-epochs"), True),  # stopped on its own: its own reason
+        ("_end_epoch", ("aborted", "error"), True),  # raised after set-up: the summary says "error"
+        ("_setup", ("aborted", "setup-failed"), False),  # raised in set-up: no summary, the record says so
+    ],
+)
+def test_the_stop_reason_names_how_the_run_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str | None, ended: tuple[str, str], summary_written: bool
+) -> None:
+    """Status and stop reason (summary, ``run_stop`` event, rank record) for each way a run can end."""
+    out = tmp_path / "out"
+    config = make_config(logreg_task(batch=10, epochs=2, train=100, features=8), out, 1)
+    if broken is not None:
+        monkeypatch.setattr(Trainer, broken, _raise)
+    trainer = Trainer(config, SINGLE, Options())
+    if broken is None:
+        trainer.run()
+    else:
+        with pytest.raises(Boom):
+            trainer.run()
+
+    assert json.loads((out / "ranks" / "rank-0.json").read_text())["stop_reason"] == ended[1]
+    stops = [e for e in map(json.loads, (out / "events.jsonl").read_text().splitlines()) if e["event"] == "run_stop"]
+    assert [(e["status"], e["stop_reason"]) for e in stops] == [ended]
+    assert (out / "summary.json").exists() is summary_written
+    if summary_written:
+        summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+        assert (summary.status, summary.stop_reason) == ended
