@@ -7,12 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mlbench_api.results import RunSummary
 from mlbench_api.task import Algorithm
-from mlbench_runner.algorithms import registered
+from mlbench_runner.algorithms import make_algorithm, registered
+from mlbench_runner.timing import PhaseTimer
 
 from .helpers import launch_processes, logreg_task, make_config
+from .test_decentralized import StubComm, small_model
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,3 +77,22 @@ def test_one_rank_sends_nothing(tmp_path: Path) -> None:
     c = summary(tmp_path).communication
     assert c is not None
     assert (c.collectives, c.bytes_per_step, c.measured_bytes_per_step) == ([], 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "bucketing"), [(n, b) for n in ("allreduce-sgd", "centralized-adam") for b in ("by-model", "by-layer")]
+)
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_all_reduce_family_times_its_average_as_compute(name: str, bucketing: str, k: int) -> None:
+    """The sum is communication; dividing it by k is a local kernel, timed as compression (compute)."""
+    model = small_model()
+    algo = make_algorithm(name, StubComm(0, k, peer_value=2.0), bucketing)
+    algo.prepare(model)
+    for p in model.parameters():
+        p.grad.fill_(5.0)  # type: ignore[union-attr]
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start_step(0)
+    algo.synchronize(model, timer)
+    timer.end_step()
+    assert set(timer.flush()[0].phases) == ({"communication", "compression"} if k > 1 else set())
+    assert all(bool((p.grad == (5.0 + 2.0 * (k - 1)) / k).all()) for p in model.parameters())  # type: ignore[union-attr]

@@ -43,6 +43,7 @@ class AllReduceSGD(DistributedAlgorithm):
                     self.comm.all_reduce_sum_(view)
             else:
                 self.comm.all_reduce_sum_(self.grads.flat)
+        with timer.phase("compression"):  # the average is a local kernel: compute, not communication
             self.grads.flat.div_(self.comm.size)
 
     def plan(self, model: nn.Module) -> CommunicationPlan:
