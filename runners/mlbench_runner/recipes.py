@@ -32,7 +32,13 @@ def catalog_recipe(
     batch: int | None = None,
     target: float | None = None,
 ) -> BenchmarkTaskSpec:
-    """Task ``name`` from the catalog with the data at ``data``; shortened only when asked."""
+    """Task ``name`` from the catalog with the data at ``data``; shortened only when asked.
+
+    ``max_epochs`` drops the milestones past the end, and the warm-up is cut to end before it (a
+    task's warm-up must be shorter than its maxEpochs): a run of N epochs warms up over at most N - 1.
+    With k > 1 its first epochs then follow a steeper rate than the full recipe's; with k = 1 (the
+    GPU benchmark) the warm-up starts at the peak rate, so nothing changes.
+    """
     spec = get_task(name).spec.to_api()
     dataset, training, goal = spec["dataset"], spec["training"], spec["goal"]
     if data is not None:
