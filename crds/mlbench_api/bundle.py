@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mlbench_api.results import RunSummary
+from mlbench_api.run import MAX_RESULT_FILES
 
 EVENT = "run_results"
 SCHEMA = "mlbench.io/results/v1"
@@ -42,7 +43,8 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 GZ = ".gz"
 #: A file's key: a ConfigMap key (no path), gzip suffix.
 _FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.gz$")
-MAX_FILES = 8
+#: Files a bundle may carry: what ``status.results`` may list (:data:`mlbench_api.run.MAX_RESULT_FILES`).
+MAX_FILES = MAX_RESULT_FILES
 #: Events that say the least per byte; dropped first when the event log is over budget.
 CHATTY_EVENTS = ("train_progress",)
 
@@ -171,7 +173,26 @@ def parse_line(line: str) -> Bundle | None:
         compressed = {str(k): base64.b64decode(str(v), validate=True) for k, v in files.items()}
     except binascii.Error as exc:
         raise BundleError(f"a results file is not base64: {exc}") from exc
-    return from_compressed(compressed, [str(t) for t in data.get("truncated") or []])
+    found = from_compressed(compressed)
+    return Bundle(found.files, _truncated(data.get("truncated"), found.files))
+
+
+def _truncated(value: object, files: Mapping[str, bytes]) -> tuple[str, ...]:
+    """A results line's ``truncated``: distinct names of its files, or of a known file :func:`fit` dropped
+    whole, at most :data:`MAX_FILES` (the CRD's bound on ``status.results.truncated``). Anything else would
+    reach a status write that the API server refuses after the run has finished."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise BundleError("truncated: must be a list of file names")
+    if len(value) > MAX_FILES:
+        raise BundleError(f"truncated: {len(value)} entries (at most {MAX_FILES})")
+    if len(set(value)) != len(value):
+        raise BundleError("truncated: a file is named twice")
+    unknown = sorted(set(value) - set(files) - set(FILES))
+    if unknown:
+        raise BundleError(f"truncated: {unknown[0]!r} is not a file of the results")
+    return tuple(value)
 
 
 def from_log(text: str) -> Bundle | None:

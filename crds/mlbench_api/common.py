@@ -23,7 +23,9 @@ DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 #: DNS-1123 subdomain, the usual object name.
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-_QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i?|[munkMGTPE])?$"
+#: Kubernetes' quantity grammar (k8s.io/apimachinery resource.Quantity): a number, then at most one suffix,
+#: binary SI (Ki Mi Gi Ti Pi Ei), decimal SI (n u m k M G T P E: a lowercase k, no K) or a decimal exponent (e3, E-2).
+_QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$"
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, Any]:
@@ -96,6 +98,10 @@ MAX_INT32 = 2**31 - 1
 
 ShortString = Annotated[str, Field(max_length=253)]
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
+#: Longest label value: a name that becomes one (a task's, as the ``mlbench.io/task`` label of its runs' pods).
+MAX_LABEL_VALUE = 63
+#: An object name that is also used as a label value: a DNS-1123 subdomain of at most 63 characters.
+LabelName = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_VALUE, pattern=DNS1123_SUBDOMAIN)]
 
 
 class Condition(ApiModel):

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from mlbench_api.common import GROUP, VERSION, cel
+from mlbench_api.common import GROUP, MAX_LABEL_VALUE, VERSION, cel
 from mlbench_api.run import MAX_RUN_NAME, BenchmarkRunSpec, BenchmarkRunStatus
 from mlbench_api.sweep import BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTaskSpec
@@ -202,6 +202,14 @@ KINDS: list[CrdSpec] = [
         scope="Cluster",
         spec_model=BenchmarkTaskSpec,
         description="BenchmarkTask is what to train, with which hyperparameters, to which goal.",
+        root_rules=[
+            cel(
+                f"size(self.metadata.name) <= {MAX_LABEL_VALUE}",
+                f"metadata.name must be at most {MAX_LABEL_VALUE} characters as runs label their pods with it "
+                "(mlbench.io/task)",
+                reason="FieldValueInvalid",
+            ),
+        ],
         printer_columns=[
             _col("Division", ".spec.division"),
             _col("Model", ".spec.model.name"),

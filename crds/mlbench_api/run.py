@@ -20,7 +20,7 @@ from mlbench_api.common import (
     ApiModel,
     Condition,
     Finite,
-    Name,
+    LabelName,
     ObjectMeta,
     Quantity,
     SafeInt,
@@ -31,6 +31,9 @@ from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, ModelS
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4
 MAX_WORKERS = 1024
+#: Most files a run's kept results may name (status.results.files and .truncated); the results bundle
+#: (mlbench_api.bundle) refuses more, so a launcher's line can never produce a status the API server refuses.
+MAX_RESULT_FILES = 8
 
 
 class Backend(StrEnum):
@@ -142,8 +145,9 @@ class GoalSelection(StrEnum):
 class TaskRef(ApiModel):
     """The BenchmarkTask a run executes."""
 
-    name: Name
-    """Name of the (cluster-scoped) BenchmarkTask; its spec is copied into status.taskSnapshot at admission."""
+    name: LabelName
+    """Name of the (cluster-scoped) BenchmarkTask; its spec is copied into status.taskSnapshot at admission. At most
+    63 characters: it labels the run's pods (mlbench.io/task), and a label value is no longer."""
 
 
 class Resources(ApiModel):
@@ -447,11 +451,11 @@ class ResultsRef(ApiModel):
     """
 
     config_map: str | None = Field(default=None, description="ConfigMap holding the gzip files (binaryData).")
-    files: Annotated[list[str], Field(max_length=8)] | None = None
+    files: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = None
     """Keys of the ConfigMap's binaryData, e.g. summary.json.gz, events.jsonl.gz, config.json.gz."""
     compressed_bytes: Annotated[int, Field(ge=0)] | None = None
     """Total size of the kept files, gzip-compressed, in bytes."""
-    truncated: Annotated[list[str], Field(max_length=8)] | None = Field(
+    truncated: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = Field(
         default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only)."
     )
     collected_at: datetime | None = None
@@ -459,6 +463,9 @@ class ResultsRef(ApiModel):
     message: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Why no results were kept (e.g. the launcher never ran mpirun)."
     )
+    failing_since: datetime | None = None
+    """When reading the launcher's log (or keeping its files) first failed (RFC 3339); the operator retries
+    for MLBENCH_RESULTS_WAIT_SECONDS (60 s) from then before it records why nothing was kept."""
 
 
 class BenchmarkRunStatus(ApiModel):

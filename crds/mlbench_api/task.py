@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlbench_api.common import API_VERSION, ApiModel, FreeForm, ObjectMeta, cel
+from mlbench_api.common import API_VERSION, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel
 
 
 class Division(StrEnum):
@@ -112,6 +112,25 @@ class DatasetSource(ApiModel):
     )
 
 
+#: A core/v1 VolumeSource, passed through (free-form) but for ``name``, declared only so that CEL can refuse it:
+#: the operator names the workers' data volume itself.
+VolumeSource = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {
+                "name": {
+                    "type": "string",
+                    "description": "Not allowed: a VolumeSource has no name (the operator calls the volume data).",
+                }
+            },
+        }
+    ),
+]
+
+
 class DatasetSpec(ApiModel):
     """Where the data lives in the cluster, or how to generate it."""
 
@@ -122,6 +141,11 @@ class DatasetSpec(ApiModel):
                     "self.format == 'synthetic' ? has(self.synthetic) : has(self.path)",
                     "a synthetic dataset needs 'synthetic', any other format needs 'path'",
                     ".format",
+                ),
+                cel(
+                    "!has(self.volume) || !has(self.volume.name)",
+                    "volume.name must not be set: volume is a VolumeSource, the operator names the volume itself",
+                    ".volume.name",
                 ),
                 cel(
                     "!(has(self.source) && has(self.volume))",
@@ -147,7 +171,7 @@ class DatasetSpec(ApiModel):
     path: Annotated[str, Field(max_length=4096)] | None = None
     """Where the workers read the data (a file or folder; the volume is mounted at /data). Required unless format is
     synthetic; with source, must lie under /data/."""
-    volume: FreeForm | None = Field(
+    volume: VolumeSource | None = Field(
         default=None,
         description="A core/v1 VolumeSource (e.g. nfs, persistentVolumeClaim) mounted read-only at /data on every "
         "worker; exclusive with source.",
@@ -171,6 +195,11 @@ class DatasetSpec(ApiModel):
             raise ValueError("synthetic: a synthetic dataset needs 'synthetic'")
         if self.format is not DatasetFormat.SYNTHETIC and self.path is None:
             raise ValueError("path: this dataset format needs 'path'")
+        if self.volume is not None and "name" in self.volume:
+            # {"name": "data", **volume} would rename the pod's volume away from its mount (a 422 on every create)
+            raise ValueError(
+                "volume.name: must not be set: volume is a VolumeSource, the operator names the volume itself"
+            )
         if self.source is not None and self.volume is not None:
             raise ValueError(
                 "source: source and volume are mutually exclusive: a sourced dataset lives in the "
@@ -660,3 +689,13 @@ class BenchmarkTask(ApiModel):
     kind: Literal["BenchmarkTask"] = "BenchmarkTask"
     metadata: ObjectMeta
     spec: BenchmarkTaskSpec
+
+    @model_validator(mode="after")
+    def _name(self) -> Self:
+        # A run's pods carry the task's name as a label value: a longer name could be stored but never run.
+        if len(self.metadata.name) > MAX_LABEL_VALUE:
+            raise ValueError(
+                f"metadata.name: at most {MAX_LABEL_VALUE} characters, as runs label their pods with it "
+                "(mlbench.io/task)"
+            )
+        return self

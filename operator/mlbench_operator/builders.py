@@ -277,7 +277,7 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
             volumes.append({"name": "data", "persistentVolumeClaim": claim})
             mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
         elif dataset is not None and dataset.volume:
-            volumes.append({"name": "data", **dataset.volume})
+            volumes.append({**dataset.volume, "name": "data"})  # the task model refuses a name of its own
             mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
     return volumes, mounts
 

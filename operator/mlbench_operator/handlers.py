@@ -423,6 +423,13 @@ class _Refused(Exception):
         self.failures = failures
 
 
+class StatusRefused(kopf.TemporaryError):
+    """The API server refused a status write (422); what was written instead is in the message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, delay=0.1)
+
+
 class RunReconciler:
     """The state of one run's daemon: only caches; truth is re-read from the run and the pods."""
 
@@ -461,8 +468,10 @@ class RunReconciler:
 
     async def patch(self, new: dict[str, Any]) -> None:
         """Write the status (as :func:`reconcile.finalize` completes it). A 422 (a value the API server
-        cannot store) ends the run as Failed/InvalidResult with a minimal status instead of retrying
-        the same refused write forever; the pass then stops, and the next one cleans up."""
+        cannot store) ends an unfinished run as Failed/InvalidResult with a minimal status instead of
+        retrying the same refused write forever; a finished run keeps its phase and outcome, the refused
+        part dropped or recorded (:func:`results.refused_write`). Either way :class:`StatusRefused`
+        stops the pass, and the next one goes on (cleans up)."""
         now = _now()
         changes = reconcile.status_patch(self.status, reconcile.finalize(new, now))
         if not changes:
@@ -472,14 +481,26 @@ class RunReconciler:
         except ApiError as err:
             if err.status != 422:
                 raise
-            fallback = reconcile.status_patch(self.status, reconcile.unstorable_status(self.status, err.detail, now))
-            await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, fallback)
-            self.status = {**self.status, **fallback}
+            finished = self.status.get("phase") in reconcile.TERMINAL
+            instead = (
+                results.refused_write(changes, err.detail, now)
+                if finished
+                else reconcile.unstorable_status(self.status, err.detail, now)
+            )
+            fallback = reconcile.status_patch(self.status, instead)
+            if fallback:
+                await self.kube.run(self.kube.patch_run_status, self.namespace, self.name, fallback)
+            # A finished run's refused changes are dropped for good: our copy takes them as written, so
+            # that the next pass does not send them again (every 0.1 s, an Event each time).
+            self.status = {**self.status, **(changes if finished else {}), **fallback}
+            self.log.warning("status_refused", detail=err.detail[:500], keys=sorted(changes), finished=finished)
+            if finished:
+                text = f"a status write was refused (HTTP 422) and dropped: {err.detail}"
+                self.event("Warning", "StatusRefused", text)
+                phase = self.status.get("phase")
+                raise StatusRefused(f"the status was refused (422); the {phase} run keeps its phase") from err
             self.event("Warning", c.Reason.INVALID_RESULT, self.status["message"])
-            self.log.warning("status_refused", detail=err.detail[:500], keys=sorted(changes))
-            raise kopf.TemporaryError(
-                "the status was refused (422); the run failed with InvalidResult", delay=0.1
-            ) from err
+            raise StatusRefused("the status was refused (422); the run failed with InvalidResult") from err
         self.status = {**self.status, **changes}
 
     async def step(self, pods: list[PodView]) -> float | None:
@@ -497,6 +518,8 @@ class RunReconciler:
         live = (self.body.get("status") or {}).get("progress")
         if live is not None:  # written by the scrape timer, not by us: the planner's NoProgress reads it
             self.status["progress"] = live
+        else:  # none, or cleared by a gang restart: a copy read before the watch echoed that must not linger
+            self.status.pop("progress", None)
         ctx = await self.run_context(now, pods)
         if isinstance(ctx, _Stop):
             return ctx.delay
@@ -625,7 +648,11 @@ class RunReconciler:
         if refused:
             return refused
         if errors:
-            raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=5)
+            delay = 5.0
+            if any(isinstance(e, ApiError) and (e.status == 429 or e.status >= 500) for e in errors):
+                # an overloaded or failing API server: the 403 backoff, which a pod event does not cut short
+                delay = pacing.creates_refused(time.monotonic())
+            raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
         pacing.creates_succeeded()
         return []
 
@@ -792,30 +819,53 @@ class RunReconciler:
         """Copy the launcher's results line into the ``<run>-results`` ConfigMap (once; see .results).
 
         Never raises for a problem with the log or the ConfigMap: those retry within the policy's
-        window and then give up, so the cleanup is never blocked by the results.
+        window and then give up, so the cleanup is never blocked by the results. A status write the
+        API server refuses is not such a problem and is not reported as one: it raises
+        :class:`StatusRefused` (see :meth:`patch`).
         """
         uid = self.body["metadata"].get("uid", "")
         pod = results.launcher(pods, uid)
         decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
-            try:
-                text = await self.kube.run(
-                    self.kube.read_log, self.namespace, pod.name, n.LAUNCHER_CONTAINER, results.TAIL_LINES
-                )
-                found, why = results.from_log(text)
-                if found is None:
-                    decision = results.Decision(results.Action.GIVE_UP, why)
-                else:
-                    decision = await self.store_results(found, uid, now)
-            except Exception as err:  # the API, the kubelet or the network: retried, then given up
-                gone = isinstance(err, ApiError) and err.status == 404
-                detail = err.detail if isinstance(err, ApiError) else f"{type(err).__name__}: {err}"
-                decision = results.after_read_error(self.status, pod, detail[:500], gone, now, wait=self.results_wait)
+            decision = await self.collect(pod, uid, now)
         if decision.action is results.Action.GIVE_UP:
-            await self.patch({**self.status, "results": results.missing_status(decision.message, now)})
+            missing = self.results_record(results.missing_status(decision.message, now))
+            await self.patch({**self.status, "results": missing})
             if pod is not None:  # a run that never launched has nothing to lose: no Event
                 self.event("Warning", "ResultsNotKept", decision.message)
             self.log.warning("results_not_kept", message=decision.message)
+        return decision
+
+    def results_record(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """``status.results`` = ``outcome``, keeping ``failingSince`` (the status is a merge patch: it stays
+        stored anyway, and our copy must say what is stored)."""
+        since = (self.status.get("results") or {}).get("failingSince")
+        return {"failingSince": since, **outcome} if since else outcome
+
+    async def collect(self, pod: PodView, uid: str, now: datetime) -> results.Decision:
+        """Read the launcher's log and keep its results line; a failure is retried (see :meth:`retry_later`)."""
+        try:
+            text = await self.kube.run(
+                self.kube.read_log, self.namespace, pod.name, n.LAUNCHER_CONTAINER, results.TAIL_LINES
+            )
+        except Exception as err:  # the API, the kubelet or the network: retried, then given up
+            return await self.retry_later(err, results.READING_LOG, now)
+        found, why = results.from_log(text)
+        if found is None:
+            return results.Decision(results.Action.GIVE_UP, why)
+        return await self.store_results(found, uid, now)
+
+    async def retry_later(self, err: Exception, doing: str, now: datetime) -> results.Decision:
+        """A failed attempt at the results: WAIT (the first failure's time recorded in
+        ``status.results.failingSince``, so the window survives an operator restart) or GIVE_UP."""
+        gone = doing == results.READING_LOG and isinstance(err, ApiError) and err.status == 404
+        detail = err.detail if isinstance(err, ApiError) else f"{type(err).__name__}: {err}"
+        decision = results.after_error(self.status, detail[:500], gone, now, doing=doing, wait=self.results_wait)
+        if decision.action is results.Action.WAIT:
+            self.log.info("results_retry", doing=doing, error=detail[:300], retry_in=decision.retry_after)
+            retrying = results.retrying_status(self.status, now)
+            if (self.status.get("results") or {}) != retrying:
+                await self.patch({**self.status, "results": retrying})
         return decision
 
     async def store_results(self, found: bundle.Bundle, uid: str, now: datetime) -> results.Decision:
@@ -825,6 +875,22 @@ class RunReconciler:
         if found.compressed_size() > bundle.BUDGET_BYTES:  # a launcher of another version: never sent as is
             size = found.compressed_size()
             return results.Decision(results.Action.GIVE_UP, f"the results are {size} bytes compressed, over the limit")
+        try:
+            refused = await self.create_results_config_map(obj, uid)
+        except Exception as err:  # 429, 5xx, a timeout, deleted in between: retried, then given up
+            return await self.retry_later(err, f"keep the results in ConfigMap {name}", now)
+        if refused is not None:
+            return refused
+        await self.patch({**self.status, "results": self.results_record(results.kept_status(self.name, found, now))})
+        message = f"results kept in ConfigMap {name} ({found.compressed_size()} bytes compressed)"
+        self.event("Normal", "ResultsKept", message)
+        self.log.info("results_kept", config_map=name, bytes=found.compressed_size(), truncated=found.truncated)
+        return results.Decision(results.Action.NONE)
+
+    async def create_results_config_map(self, obj: dict[str, Any], uid: str) -> results.Decision | None:
+        """Create ``<run>-results``: None when it exists and is this run's, a GIVE_UP when it never will be;
+        raises what a retry may get past."""
+        name = obj["metadata"]["name"]
         try:
             created = await self.kube.run(self.kube.create, obj)
         except ApiError as err:
@@ -837,11 +903,7 @@ class RunReconciler:
                 raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict", delay=1)
             if reconcile.controller_uid(existing) != uid:
                 return results.Decision(results.Action.GIVE_UP, f"ConfigMap {name} exists and is not this run's")
-        await self.patch({**self.status, "results": results.kept_status(self.name, found, now)})
-        message = f"results kept in ConfigMap {name} ({found.compressed_size()} bytes compressed)"
-        self.event("Normal", "ResultsKept", message)
-        self.log.info("results_kept", config_map=name, bytes=found.compressed_size(), truncated=found.truncated)
-        return results.Decision(results.Action.NONE)
+        return None
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=_needs_daemon, cancellation_backoff=5, cancellation_timeout=5)
@@ -923,9 +985,10 @@ def _is_running(status: kopf.Status, **_: Any) -> bool:
     return status.get("phase") == "Running"
 
 
-async def scrape_rank0(namespace: str, name: str, pods: PodIndex) -> dict[str, Any] | None:
-    """``status.progress`` from rank 0 (worker 0); None when unreachable (kwok, start-up) or empty."""
-    rank0 = next((p for p in pods.get((namespace, name)) if p.rank == 0 and p.ip), None)
+async def scrape_rank0(namespace: str, name: str, pods: PodIndex, uid: str, attempt: int) -> dict[str, Any] | None:
+    """``status.progress`` from rank 0 (worker 0 of the run's current attempt, :func:`reconcile.rank0`); None
+    when unreachable (kwok, start-up) or empty."""
+    rank0 = reconcile.rank0(pods.get((namespace, name)), uid, attempt)
     if rank0 is None or rank0.ip is None:
         return None
     return await progress.scrape(rank0.ip, PROGRESS_PORT, _now())
@@ -941,10 +1004,18 @@ PROGRESS_SECONDS = float(os.environ.get("MLBENCH_PROGRESS_SECONDS", "30"))
     GROUP, VERSION, PLURAL, interval=PROGRESS_SECONDS, initial_delay=min(15.0, PROGRESS_SECONDS), when=_is_running
 )
 async def scrape_progress(
-    *, namespace: str | None, name: str, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    *,
+    namespace: str | None,
+    name: str,
+    uid: str | None,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Live progress while Running; an unreachable endpoint just means no update."""
-    value = await scrape_rank0(namespace or "", name, memo.get("pods") or PodIndex())
+    attempt = status.get("restarts") or 0
+    value = await scrape_rank0(namespace or "", name, memo.get("pods") or PodIndex(), uid or "", int(attempt))
     if value is not None:
         patch.status["progress"] = progress.advance(status.get("progress"), value, _now())
 

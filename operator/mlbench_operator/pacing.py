@@ -7,8 +7,8 @@ what we can see:
 
 * the create grace: a pod we asked for moments ago that the watch has not delivered yet is not
   asked for again (the index lags the API server; re-creating would be a storm of 409s);
-* the create backoff: pod creates refused with 403 (quota, policy) wait 5 s, doubling to 120 s,
-  and a pod event does not shorten the wait (a refused world still sends pod events);
+* the create backoff: pod creates refused with 403 (quota, policy), or failing with 429/5xx, wait 5 s,
+  doubling to 120 s, and a pod event does not shorten the wait (a refused world still sends pod events);
 * the stale-delete grace: a stale world (a gang restart) is deleted at most once per 10 s, since
   its pods show up Terminating only a little later and would otherwise be deleted again.
 

@@ -556,6 +556,21 @@ def _own(pods: Iterable[PodView], uid: str) -> tuple[list[PodView], list[PodView
     return mine, foreign
 
 
+def rank0(pods: Iterable[PodView], uid: str, attempt: int) -> PodView | None:
+    """The worker whose metrics feed ``status.progress``: rank 0 of the current attempt, this run's own (the
+    planner's rule, :func:`_own`), with an IP. Not a foreign pod with the run's labels (a deleted run of the
+    same name), nor the previous attempt's rank 0 still terminating after a gang restart."""
+    mine, _ = _own(pods, uid)
+    return next(
+        (
+            p
+            for p in mine
+            if p.role == n.ROLE_WORKER and p.rank == 0 and p.attempt == attempt and p.ip and not p.terminating
+        ),
+        None,
+    )
+
+
 def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[str]:
     """A finished run's pods that its cleanPodPolicy still wants deleted (empty: cleanup done).
 
@@ -914,6 +929,9 @@ def gang_failure(inp: PlanInput) -> Plan | None:
     st.new.phase = Phase.PENDING
     st.say(text)
     st.new.workers = WorkerCounts(ready=0, total=inp.total)
+    # status.progress was the failed attempt's rank 0: its stepChangedAt would flag the next attempt Stalled
+    # (NoProgress) as soon as it runs, before its first scrape. Cleared (null in the merge patch).
+    st.new.progress = None
     st.cond(c.WORKERS_READY, "False", Reason.RESTARTING, text)
     st.cond(c.RUNNING, "False", Reason.RESTARTING, text)
     st.cond(c.RESTARTED, "True", reason, text)

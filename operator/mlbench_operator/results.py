@@ -4,7 +4,10 @@ The launcher prints rank 0's results as its last log line (:mod:`mlbench_api.bun
 copies them into the ConfigMap ``<run>-results`` before the cleanup may delete the launcher. These
 are the pure decisions; :meth:`mlbench_operator.handlers.RunReconciler.keep_results` executes them.
 The outcome is recorded once in ``status.results`` (the ConfigMap's name, or why there is none), so a
-restarted operator neither collects twice nor forgets to collect.
+restarted operator neither collects twice nor forgets to collect. Until then ``status.results`` may hold
+only ``failingSince``: when reading the log (or keeping the files) first failed, so that the retry window
+counts from the first failure even across an operator restart, not from the launcher's end (an operator
+that was down for longer than the window would otherwise give up at its first transient error).
 """
 
 from __future__ import annotations
@@ -62,9 +65,16 @@ def _seconds_since(value: str | None, now: datetime) -> float:
     return 0.0 if when is None else max((now - when).total_seconds(), 0.0)
 
 
+def recorded(status: Mapping[str, Any]) -> bool:
+    """Whether the outcome is recorded for good: the ConfigMap, or why there is none (``failingSince``
+    alone is a retry in progress)."""
+    ref = status.get("results") or {}
+    return bool(ref.get("configMap") or ref.get("message"))
+
+
 def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime, wait: float = WAIT_SECONDS) -> Decision:
     """What to do about a run's results in this pass (``wait``: :data:`WAIT_SECONDS`, a setting)."""
-    if status.get("results") or status.get("phase") not in TERMINAL:
+    if recorded(status) or status.get("phase") not in TERMINAL:
         return Decision(Action.NONE)
     if pod is None:
         return Decision(Action.GIVE_UP, "no launcher ran (the run ended before it started): nothing to keep")
@@ -80,16 +90,42 @@ def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime, wait: 
     )
 
 
-def after_read_error(
-    status: Mapping[str, Any], pod: PodView, error: str, gone: bool, now: datetime, *, wait: float = WAIT_SECONDS
+#: What failed, as the give-up message says it.
+READING_LOG = "read the launcher's log"
+
+
+def failing_since(status: Mapping[str, Any], now: datetime) -> str:
+    """``status.results.failingSince`` to record at a failed attempt: the first failure's time, kept."""
+    since = (status.get("results") or {}).get("failingSince")
+    return since if isinstance(since, str) and since else timestamp(now)  # the CRD checks its format
+
+
+def after_error(
+    status: Mapping[str, Any],
+    error: str,
+    gone: bool,
+    now: datetime,
+    *,
+    doing: str = READING_LOG,
+    wait: float = WAIT_SECONDS,
 ) -> Decision:
-    """The launcher's log could not be read: retry for a while (a kubelet restarting), unless it is gone."""
+    """Reading the launcher's log (or keeping its files: ``doing``) failed: retry for ``wait`` seconds
+    from the *first* failure (``status.results.failingSince``; none yet: this one), unless the log is gone.
+
+    Not from the launcher's end: after an operator outage longer than the window, a single transient
+    error (a timeout) would otherwise lose the results for good.
+    """
     if gone:
         return Decision(Action.GIVE_UP, f"the launcher's log is gone: {error}")
-    waited = _seconds_since(pod.finished_at or status.get("completionTime"), now)
+    waited = _seconds_since(failing_since(status, now), now)
     if waited < wait:
         return Decision(Action.WAIT, retry_after=min(5.0, wait - waited + 0.1))
-    return Decision(Action.GIVE_UP, f"cannot read the launcher's log: {error}")
+    return Decision(Action.GIVE_UP, f"cannot {doing} (retried for {waited:.0f}s): {error}")
+
+
+def retrying_status(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """``status.results`` while a failed attempt is retried: when the first one failed (see :func:`after_error`)."""
+    return {"failingSince": failing_since(status, now)}
 
 
 def from_log(text: str) -> tuple[bundle.Bundle | None, str]:
@@ -119,6 +155,20 @@ def kept_status(run: str, found: bundle.Bundle, now: datetime) -> dict[str, Any]
 def missing_status(message: str, now: datetime) -> dict[str, Any]:
     """``status.results`` when nothing could be kept: said once, never retried."""
     return {"message": message[:4096], "collectedAt": timestamp(now)}
+
+
+def refused_write(changes: Mapping[str, Any], detail: str, now: datetime) -> dict[str, Any]:
+    """What to write instead of a status write the API server refused (422) once the run has finished.
+
+    The run's outcome is stored already and stands: a refused recount or message after it is dropped,
+    never turned into Failed/InvalidResult (that is for a refused *final* write, see
+    :func:`mlbench_operator.reconcile.unstorable_status`). A refused ``status.results`` becomes a short
+    message saying so, which ends the collection: it is not retried with the same refused value.
+    """
+    if "results" not in changes:
+        return {}
+    why = c.clean(f"the API server refused status.results (HTTP 422): {detail}")
+    return {"results": missing_status(why[:1024], now)}
 
 
 def log_tail(text: str, limit: int) -> str:

@@ -171,7 +171,13 @@ def runner_uid(env: Mapping[str, str]) -> int | None:
     except ValueError:
         raise SettingsError(f"MLBENCH_RUNNER_UID={raw!r} is not a UID (an integer) or 'image'") from None
     if value < 0:
-        raise SettingsError(f"MLBENCH_RUNNER_UID={raw!r} must be at least 0")
+        raise SettingsError(f"MLBENCH_RUNNER_UID={raw!r} must be at least 1")
+    if value == 0:
+        # pods with a UID get runAsNonRoot: true, which the kubelet refuses for UID 0, forever
+        raise SettingsError(
+            "MLBENCH_RUNNER_UID=0 is root, but runner pods run with runAsNonRoot: true (the kubelet would refuse "
+            "to start them); use a non-root UID, or 'image' to keep the image's own user (e.g. root)"
+        )
     return value
 
 

@@ -125,11 +125,37 @@ def _line(**overrides: Any) -> str:
         (_line(files={"../summary.json.gz": base64.b64encode(gzip.compress(b"x")).decode()}), "unexpected file"),
         (_line(files={"summary.json": base64.b64encode(gzip.compress(b"{}")).decode()}), "unexpected file"),
         ('{"event": "run_results", "schema": ', "not JSON"),
+        # truncated becomes status.results.truncated after the run finished: what the CRD refuses never passes
+        (_line(truncated=[bundle.EVENTS] * 9), "truncated: 9 entries"),
+        (_line(truncated=[bundle.EVENTS, bundle.EVENTS]), "named twice"),
+        (_line(truncated=["other.txt"]), "'other.txt' is not a file"),
+        (_line(truncated="events.jsonl"), "list of file names"),
+        (_line(truncated=[1]), "list of file names"),
     ],
 )
 def test_malformed_results_lines_say_what_is_wrong(line: str, error: str) -> None:
     with pytest.raises(bundle.BundleError, match=error):
         bundle.parse_line(line)
+
+
+@pytest.mark.parametrize(
+    ("truncated", "files"),
+    [
+        ([], {}),
+        ([bundle.EVENTS], {bundle.EVENTS: b"{}\n"}),
+        ([bundle.EVENTS], {bundle.SUMMARY: b"{}"}),  # fit() dropped the whole event log
+        (list(bundle.FILES), {}),
+    ],
+)
+def test_valid_truncation_lists_fit_the_status(truncated: list[str], files: dict[str, bytes]) -> None:
+    """Whatever parse_line accepts, status.results can store (the bound is the API type's)."""
+    from mlbench_api.run import ResultsRef
+
+    compressed = {k + bundle.GZ: base64.b64encode(gzip.compress(v)).decode() for k, v in files.items()}
+    found = bundle.parse_line(_line(truncated=truncated, files=compressed))
+    assert found is not None
+    assert found.truncated == tuple(truncated)
+    ResultsRef.model_validate({"files": sorted(found.files), "truncated": list(found.truncated)})
 
 
 @pytest.mark.parametrize("line", ["", "plain output", '{"event": "epoch_stop"}', '{"event": "run_summary"}'])

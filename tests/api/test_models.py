@@ -89,3 +89,86 @@ def test_ddp_with_mpi_names_the_field_in_a_whole_run() -> None:
     with pytest.raises(InvalidObject) as info:
         parse_run(doc)
     assert info.value.problems == ["spec.algorithm: ddp needs backend gloo or nccl (torch.distributed), not mpi"]
+
+
+@pytest.mark.parametrize(
+    ("quantity", "valid"),
+    [
+        ("2", True),
+        ("500m", True),
+        ("1.5", True),
+        (".5", True),
+        ("8Gi", True),
+        ("1Ki", True),
+        ("1Ei", True),
+        ("100k", True),  # decimal SI kilo is a lowercase k
+        ("1M", True),
+        ("1E", True),  # exa
+        ("10n", True),
+        ("10u", True),
+        ("1e3", True),  # decimal exponent
+        ("1E-2", True),
+        ("+4", True),
+        ("1K", False),  # Kubernetes has no K: k or Ki
+        ("1Mb", False),
+        ("1mi", False),
+        ("1ki", False),
+        ("1KiB", False),
+        ("Gi", False),
+        ("1 Gi", False),
+        ("-1", False),
+    ],
+)
+def test_resource_quantities_follow_the_kubernetes_grammar(quantity: str, valid: bool) -> None:
+    data = {"taskRef": {"name": "t"}, "resources": {"memory": quantity}}
+    if valid:
+        BenchmarkRunSpec.model_validate(data)
+    else:
+        assert _problems(BenchmarkRunSpec, data)[0].startswith("resources.memory: ")
+
+
+@pytest.mark.parametrize(("length", "valid"), [(1, True), (63, True), (64, False), (253, False)])
+def test_task_ref_name_fits_a_label_value(length: int, valid: bool) -> None:
+    """taskRef.name becomes the mlbench.io/task label of the run's pods: a longer one fails every create."""
+    data = {"taskRef": {"name": "t" * length}}
+    if valid:
+        BenchmarkRunSpec.model_validate(data)
+    else:
+        assert _problems(BenchmarkRunSpec, data) == ["taskRef.name: String should have at most 63 characters"]
+
+
+def test_a_task_name_longer_than_a_label_value_is_refused() -> None:
+    from mlbench_api.task import BenchmarkTask
+    from tests.operator import helpers as h
+
+    task = h.task()
+    task["metadata"]["name"] = "t" * 63
+    BenchmarkTask.model_validate(task)
+    task["metadata"]["name"] = "t" * 64
+    assert _problems(BenchmarkTask, task) == [
+        "metadata.name: at most 63 characters, as runs label their pods with it (mlbench.io/task)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("volume", "problem"),
+    [
+        ({"nfs": {"server": "s", "path": "/x"}}, None),
+        (
+            {"name": "x", "nfs": {"server": "s", "path": "/x"}},
+            "dataset.volume.name: must not be set: volume is a VolumeSource, the operator names the volume itself",
+        ),
+        ({"name": "data", "emptyDir": {}}, "dataset.volume.name: must not be set"),
+    ],
+)
+def test_dataset_volume_has_no_name(volume: dict[str, Any], problem: str | None) -> None:
+    """The operator mounts the volume named data; a name of its own would rename it away from its mount."""
+    from mlbench_api.task import BenchmarkTaskSpec
+    from tests.operator import helpers as h
+
+    spec = h.task()["spec"]
+    spec["dataset"] = {"name": "epsilon", "format": "libsvm", "path": "/data/epsilon", "volume": volume}
+    if problem is None:
+        BenchmarkTaskSpec.model_validate(spec)
+    else:
+        assert _problems(BenchmarkTaskSpec, spec)[0].startswith(problem)

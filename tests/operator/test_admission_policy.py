@@ -244,7 +244,7 @@ CASES = [
     # a task: its runner.image and dataset.volume
     task("task-compliant", True),
     task("task-pvc", True, volume={"persistentVolumeClaim": {"claimName": "data", "readOnly": True}}),
-    task("task-nfs-named", True, volume={"name": "data", "nfs": {"server": "nfs.example.com", "path": "/x"}}),
+    task("task-nfs", True, volume={"nfs": {"server": "nfs.example.com", "path": "/x"}}),
     task("task-image", False, "spec.runner.image", image="evil.example.com/runner:1"),
     task("task-hostpath", False, "spec.dataset.volume", volume={"hostPath": {"path": "/"}}),
     task("task-iscsi", False, "spec.dataset.volume", volume={"iscsi": {"targetPortal": "x", "iqn": "y", "lun": 0}}),

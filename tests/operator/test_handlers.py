@@ -37,16 +37,19 @@ def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch)
     server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
     try:
         monkeypatch.setattr(handlers, "PROGRESS_PORT", port)
-        rank0 = PodView(name="r-worker-0", role="worker", rank=0, attempt=0, ip="127.0.0.1")
+        rank0 = PodView(name="r-worker-0", role="worker", rank=0, attempt=0, ip="127.0.0.1", owner_uid="u1")
         index = _memo({("ns", "r"): [rank0]}).pods
-        value = asyncio.run(handlers.scrape_rank0("ns", "r", index))
+        value = asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 0))
         assert value is not None
         assert value["epoch"] == 7.25
         assert value["lastAccuracy"] == 0.61
         # unreachable (another port) or no rank 0 yet: no progress, nothing raises
-        assert asyncio.run(handlers.scrape_rank0("ns", "other", index)) is None
+        assert asyncio.run(handlers.scrape_rank0("ns", "other", index, "u1", 0)) is None
+        # not this run's pod (a deleted run of the same name), or not the current attempt: not read
+        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u2", 0)) is None
+        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 1)) is None
         monkeypatch.setattr(handlers, "PROGRESS_PORT", 1)
-        assert asyncio.run(handlers.scrape_rank0("ns", "r", index)) is None
+        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 0)) is None
     finally:
         server.shutdown()
         thread.join(timeout=5)
@@ -230,6 +233,34 @@ def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatc
     assert kube.calls[1] == ("delete", ["r1-worker-1"], None)
     assert delay is not None
     assert 0 < delay <= 61
+
+
+@pytest.mark.parametrize("code", [429, 500, 503])
+def test_pod_creates_failing_with_429_or_5xx_back_off(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """An overloaded API server is not hammered every debounce window: a pod event that wakes the run early
+    does not retry the creates before the backoff (5 s, doubling) ends."""
+    import kopf
+
+    from mlbench_operator.kube import ApiError
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    kube.create_error = ApiError(code, "POST", "/pods", '{"message": "try again later"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError) as info:
+        asyncio.run(rec.step([]))
+    assert info.value.delay is not None
+    assert info.value.delay >= 5
+    creates = len([call for call in kube.calls if call[0] == "create"])
+    again = asyncio.run(rec.step([]))  # woken by a pod event 0.3 s later
+    assert again is not None
+    assert 0 < again <= info.value.delay + 0.2
+    assert len([call for call in kube.calls if call[0] == "create"]) == creates
+    rec.pacing.create_backoff_until = 0.0  # the backoff has ended
+    with pytest.raises(kopf.TemporaryError) as second:  # the next failure waits longer
+        asyncio.run(rec.step([]))
+    assert second.value.delay == 2 * info.value.delay
 
 
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
@@ -453,9 +484,78 @@ def test_unreadable_launcher_log(
         assert rec.status["results"]["message"] == "the launcher's log is gone: boom"
         assert ("Warning", "ResultsNotKept", "the launcher's log is gone: boom") in rec.events
     else:
-        assert "results" not in rec.status
+        assert set(rec.status["results"]) == {"failingSince"}  # a retry in progress, not an outcome
         assert delay is not None
         assert delay <= 5.1
+
+
+def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator back after a long outage (the launcher finished 10 min ago): a transient error is retried
+    for the window from the first failure, recorded in status.results.failingSince (so a restart keeps it)."""
+    from datetime import UTC, datetime, timedelta
+
+    from mlbench_operator import handlers
+
+    body, _ctx, pods = _finished("All")
+    start = (datetime.now(UTC) + timedelta(minutes=10)).replace(microsecond=0)  # back 10 min after the end
+    monkeypatch.setattr(handlers, "_now", lambda: start)
+    kube = FakeKube()
+    kube.log_error = TimeoutError("read timed out")
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step(pods))
+    assert rec.status["phase"] == "Succeeded"
+    since = rec.status["results"]["failingSince"]
+    assert [p["results"] for p in kube.patches() if "results" in p] == [{"failingSince": since}]
+    assert not [e for e in rec.events if e[1] == "ResultsNotKept"]
+    assert "r1-launcher" not in [c for call in kube.calls if call[0] == "delete" for c in call[1]]
+    # an operator restarted 30 s later reads the same window from the status
+    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=30))
+    kube2 = FakeKube()
+    kube2.log_error = TimeoutError("read timed out")
+    rec2 = _reconciler({**body, "status": rec.status}, kube2, monkeypatch)
+    asyncio.run(rec2.step(pods))
+    assert rec2.status["results"] == {"failingSince": since}
+    assert not kube2.patches()  # nothing new to record
+    # 61 s after the first failure: given up, once, and the launcher may go
+    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=61))
+    asyncio.run(rec2.step(pods))
+    message = rec2.status["results"]["message"]
+    assert message == "cannot read the launcher's log (retried for 61s): TimeoutError: read timed out"
+    assert rec2.status["results"]["failingSince"] == since
+    assert ("Warning", "ResultsNotKept", message) in rec2.events
+    # and once the log reads again within the window, the results are kept
+    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=20))
+    kube3 = FakeKube()
+    kube3.log = results_line(h.summary())
+    rec3 = _reconciler({**body, "status": rec.status}, kube3, monkeypatch)
+    asyncio.run(rec3.step(pods))
+    assert rec3.status["results"]["configMap"] == "r1-results"
+
+
+def test_a_refused_status_write_after_the_end_keeps_the_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 422 on status.results of a Succeeded run (a value the CRD refuses) does not turn it Failed/InvalidResult:
+    the refusal is recorded in status.results, said honestly (not as an unreadable log), and the cleanup goes on."""
+    import kopf
+
+    body, _ctx, pods = _finished("All")
+    kube = FakeKube()
+    kube.log = results_line(h.summary())
+    kube.refuse_status = lambda st: "configMap" in (st.get("results") or {})
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError, match="the Succeeded run keeps its phase"):
+        asyncio.run(rec.step(pods))
+    assert all(p.get("phase") in (None, "Succeeded") for p in kube.patches())
+    assert rec.status["phase"] == "Succeeded"
+    message = rec.status["results"]["message"]
+    assert message.startswith("the API server refused status.results (HTTP 422): ")
+    assert "cannot read the launcher's log" not in message
+    assert [e[1] for e in rec.events] == ["Succeeded", "StatusRefused"]  # no ResultsNotKept, no InvalidResult
+    rec.recover(body["status"])
+    kube.calls.clear()
+    asyncio.run(rec.step(pods))  # the next pass: the cleanup, the log not read again
+    assert not [c for c in kube.calls if c[0] == "read_log"]
+    assert ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None) in kube.calls
+    assert rec.status["phase"] == "Succeeded"
 
 
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
@@ -572,3 +672,28 @@ def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypa
     asyncio.run(rec2.step([*workers(ctx), failed]))
     assert not [e for e in rec2.events if e[1] == "LauncherLog"]
     assert any(call[0] == "delete" for call in kube2.calls)
+
+
+def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gang restart clears status.progress; a copy of the old attempt's, taken from the live body before the
+    watch echoed the clear, must go once it has (or the new attempt is judged Stalled by it)."""
+    from mlbench_operator import builders
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, pods = _running("Running")
+    old = {"step": 42, "stepChangedAt": "2020-01-01T00:00:00Z"}
+    body["status"] = {**body["status"], "progress": old}
+    kube = FakeKube()
+    rec = _reconciler(body, kube, monkeypatch)
+    failed = [terminated(builders.worker_pod(ctx, 0, 0), 1), *workers(ctx)[1:], pods[-1]]
+    asyncio.run(rec.step(failed))
+    assert rec.status["restarts"] == 1
+    assert rec.status["progress"] is None  # cleared
+    asyncio.run(rec.step(failed))  # the watch has not echoed it yet: the live body still has the old one
+    stored = dict(body["status"])
+    for written in kube.patches():  # the echo: what the API server stores (a merge patch's null deletes)
+        stored.update(written)
+    body["status"] = {k: v for k, v in stored.items() if v is not None}
+    assert "progress" not in body["status"]
+    asyncio.run(rec.step([]))
+    assert "progress" not in rec.status

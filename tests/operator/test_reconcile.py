@@ -745,6 +745,49 @@ def test_no_progress_marks_a_running_run_stalled(
         assert plan.requeue_after == (pytest.approx(requeue) if requeue is not None else plan.requeue_after)
 
 
+def _w(rank: int, attempt: int = 1, owner: str = "u1", **kw: Any) -> PodView:
+    return PodView(name=f"r1-worker-{rank}", role="worker", rank=rank, attempt=attempt, owner_uid=owner, **kw)
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        ([_w(0, ip="10.0.0.9")], "10.0.0.9"),
+        ([_w(1, ip="10.0.0.1"), _w(0, ip="10.0.0.9")], "10.0.0.9"),
+        ([_w(0, owner="old-run", ip="10.0.0.7")], None),  # a deleted run of the same name: not ours
+        ([_w(0, attempt=0, ip="10.0.0.8")], None),  # the failed attempt's rank 0
+        ([_w(0, attempt=0, ip="10.0.0.8"), _w(0, ip="10.0.0.9")], "10.0.0.9"),
+        ([_w(0, ip="10.0.0.9", terminating=True)], None),
+        ([_w(0)], None),  # no IP yet
+    ],
+)
+def test_rank0_is_the_current_attempts_own(pods: list[PodView], expected: str | None) -> None:
+    found = reconcile.rank0(pods, "u1", 1)
+    assert (found.ip if found is not None else None) == expected
+
+
+def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
+    """The new attempt is not Stalled at once by the old attempt's stepChangedAt (nor shows its epoch)."""
+    body, ctx, pods = _running_body(runPolicy={"progressDeadlineSeconds": 60})
+    since = T0 - timedelta(seconds=30)
+    body["status"]["progress"] = {"epoch": 3.5, "step": 42, "stepChangedAt": c.timestamp(since)}
+    failed = terminated(builders.worker_pod(ctx, 1, 0), 1)
+    body, plan = step(body, ctx, [p for p in pods if p.name != "r1-worker-1"] + [failed])
+    assert plan.status["restarts"] == 1
+    assert "progress" in plan.status
+    assert plan.status["progress"] is None  # a merge patch's null: deleted
+    status = reconcile.finalize(plan.status, T0)
+    assert status["progress"] is None
+    body = {**body, "status": {k: v for k, v in status.items() if v is not None}}
+    # the new attempt runs 10 minutes later, before any scrape of its rank 0
+    later = T0 + timedelta(minutes=10)
+    launcher = pod(builders.launcher_pod(ctx, 1))
+    _, plan = step(body, ctx, [*workers(ctx, attempt=1), launcher], later)
+    assert plan.status["phase"] == "Running"
+    assert cond(reconcile.finalize(plan.status, later), "Stalled")["status"] == "False"
+    assert ("Warning", "NoProgress") not in [e[:2] for e in plan.events]
+
+
 def test_result_records_the_image_and_the_digests_that_ran() -> None:
     body, ctx, pods = _running_body()
     digest = "docker.io/mlbench/mlbench-runner@sha256:" + "b" * 64

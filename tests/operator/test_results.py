@@ -53,18 +53,56 @@ def test_decide(status: dict[str, Any], pod: PodView | None, action: r.Action) -
 
 
 @pytest.mark.parametrize(
-    ("finished_ago", "gone", "action", "message"),
+    ("results", "gone", "action", "message"),
     [
-        (2, False, r.Action.WAIT, ""),  # a kubelet restarting: look again soon
-        (90, False, r.Action.GIVE_UP, "cannot read the launcher's log: boom"),
-        (2, True, r.Action.GIVE_UP, "the launcher's log is gone: boom"),
+        (None, False, r.Action.WAIT, ""),  # the first failure: look again soon (a kubelet restarting)
+        ({"failingSince": _ago(2)}, False, r.Action.WAIT, ""),
+        ({"failingSince": _ago(90)}, False, r.Action.GIVE_UP, "cannot read the launcher's log (retried for 90s): boom"),
+        (None, True, r.Action.GIVE_UP, "the launcher's log is gone: boom"),
     ],
 )
-def test_after_read_error(finished_ago: float, gone: bool, action: r.Action, message: str) -> None:
-    pod = launcher(finished_at=_ago(finished_ago))
-    decision = r.after_read_error(DONE, pod, "boom", gone, NOW)
+def test_after_error(results: dict[str, Any] | None, gone: bool, action: r.Action, message: str) -> None:
+    """The window counts from the first failed read, not from the launcher's end: an operator that was down
+    for longer than the window (the launcher finished 10 min ago) still retries a transient error."""
+    status = {"phase": "Succeeded", "completionTime": _ago(600), **({"results": results} if results else {})}
+    decision = r.after_error(status, "boom", gone, NOW)
     assert decision.action is action
     assert decision.message == message
+    if action is r.Action.WAIT:
+        assert decision.retry_after is not None
+        assert 0 < decision.retry_after <= 5
+        assert r.decide(status, launcher(finished_at=_ago(600)), NOW).action is r.Action.COLLECT  # not recorded yet
+
+
+def test_retrying_status_keeps_the_first_failure() -> None:
+    assert r.retrying_status(DONE, NOW) == {"failingSince": "2026-11-23T12:00:00Z"}
+    first = {**DONE, "results": {"failingSince": _ago(30)}}
+    assert r.retrying_status(first, NOW) == {"failingSince": _ago(30)}
+    assert r.after_error(first, "boom", False, NOW, doing="keep the results in ConfigMap x").action is r.Action.WAIT
+    late = {**DONE, "results": {"failingSince": _ago(61)}}
+    gave_up = r.after_error(late, "boom", False, NOW, doing="keep the results in ConfigMap x")
+    assert gave_up.message == "cannot keep the results in ConfigMap x (retried for 61s): boom"
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"workers": {"ready": 0, "total": 2}}, {}),  # a recount after the end: dropped
+        (
+            {"results": {"configMap": "r1-results", "truncated": ["a"] * 9}},
+            {
+                "results": {
+                    "message": "the API server refused status.results (HTTP 422): too many",
+                    "collectedAt": "2026-11-23T12:00:00Z",
+                }
+            },
+        ),
+    ],
+)
+def test_a_refused_write_after_the_end_keeps_the_outcome(changes: dict[str, Any], expected: dict[str, Any]) -> None:
+    out = r.refused_write(changes, "too many", NOW)
+    assert out == expected
+    assert "phase" not in out
 
 
 def test_launcher_is_the_runs_own() -> None:

@@ -86,7 +86,7 @@ def test_from_env() -> None:
     assert config.runner_uid is None
     assert (config.run_selector, config.metrics_port) == ("team=a", 0)
     assert (config.resync_seconds, config.debounce_seconds) == (60.0, 0.0)
-    assert OperatorConfig.from_env({"MLBENCH_RUNNER_UID": "0"}).runner_uid == 0  # root, when an admin says so
+    assert OperatorConfig.from_env({"MLBENCH_RUNNER_UID": "1"}).runner_uid == 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.metrics_port = 1  # type: ignore[misc]
 
@@ -99,7 +99,9 @@ BAD = [
     ({"MLBENCH_ALLOW_CONTROL_PLANE": "maybe"}, "MLBENCH_ALLOW_CONTROL_PLANE='maybe'"),
     ({"MLBENCH_METRICS_NAMESPACES": "Bad_NS"}, "MLBENCH_METRICS_NAMESPACES: 'Bad_NS'"),
     ({"MLBENCH_RUNNER_UID": "runner"}, "MLBENCH_RUNNER_UID='runner' is not a UID"),
-    ({"MLBENCH_RUNNER_UID": "-5"}, "MLBENCH_RUNNER_UID='-5' must be at least 0"),
+    ({"MLBENCH_RUNNER_UID": "-5"}, "MLBENCH_RUNNER_UID='-5' must be at least 1"),
+    # root with runAsNonRoot: pods the kubelet refuses forever ('image' is how to run as root)
+    ({"MLBENCH_RUNNER_UID": "0"}, "MLBENCH_RUNNER_UID=0 is root, but runner pods run with runAsNonRoot"),
     ({"MLBENCH_METRICS_PORT": "http"}, "MLBENCH_METRICS_PORT='http' is not an integer"),
     ({"MLBENCH_METRICS_PORT": "70000"}, "MLBENCH_METRICS_PORT=70000 is not a TCP port"),
     ({"MLBENCH_RESYNC_SECONDS": "0"}, "MLBENCH_RESYNC_SECONDS='0' must be greater than 0"),
