@@ -23,8 +23,9 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import JsonDict
 
+from mlbench_api.catalog import strict_validate
 from mlbench_api.common import API_VERSION, DNS1035_LABEL, GROUP, ApiModel, Condition, ObjectMeta, cel
-from mlbench_api.errors import InvalidObject, format_errors
+from mlbench_api.errors import format_errors
 from mlbench_api.run import (
     DDP_NEEDS_TORCH_BACKEND,
     MAX_RUN_NAME,
@@ -368,8 +369,9 @@ def expand(sweep: BenchmarkSweep) -> list[SweepRun]:
 
 
 def parse_sweep(doc: dict[str, Any], source: str = "<input>") -> BenchmarkSweep:
-    """A BenchmarkSweep, or :class:`InvalidObject` with one ``field: message`` line per problem."""
-    try:
-        return BenchmarkSweep.model_validate(doc)
-    except ValidationError as exc:
-        raise InvalidObject(source, format_errors(exc)) from exc
+    """A BenchmarkSweep, or :class:`InvalidObject` with one ``field: message`` line per problem.
+
+    As strict as ``mlbench validate`` and the API server (``workers: ["4"]`` is refused, not read as 4):
+    ``mlbench sweep`` must not run a study that ``kubectl apply`` would refuse.
+    """
+    return strict_validate(BenchmarkSweep, doc, source)

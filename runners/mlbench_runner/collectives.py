@@ -51,6 +51,7 @@ from mlbench_api.results import (
     RunSummary,
 )
 from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
+from mlbench_runner import atomic
 from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
@@ -425,8 +426,8 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
         wall = time.perf_counter() - start
         summary = _summary(config, world, result, wall, sweep)
         if world.rank == 0:
-            (out / "collectives.json").write_text(result.model_dump_json(by_alias=True, indent=2))
-            (out / "summary.json").write_text(summary.model_dump_json(by_alias=True, indent=2))
+            atomic.write_text(out / "collectives.json", result.model_dump_json(by_alias=True, indent=2))
+            atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
             log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, wall_clock_s=wall)
             log.event("run_summary", summary=json.loads(summary.termination_message()))
         if opts.linger_seconds:

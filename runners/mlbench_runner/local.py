@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
 from pydantic import ValidationError
 
-from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary
+from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
+from mlbench_api.errors import InvalidObject
 from mlbench_api.task import DatasetFormat
 from mlbench_runner.launch import RUNNER_ENTRYPOINT, launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
@@ -58,32 +58,57 @@ def _validation_message(kind: str, path: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def load_run(path: str) -> BenchmarkRun:
+def _invalid(kind: str, exc: InvalidObject) -> str:
+    return "\n".join([f"{exc.source}: invalid {kind}:", *(f"  {p}" for p in exc.problems)])
+
+
+def _documents(path: str, kind: str) -> list[dict[str, Any]]:
+    """The documents of a YAML file, read as ``kubectl apply`` reads them (go-yaml's types)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise LocalRunError(f"{path}: cannot read the BenchmarkRun: {exc}") from exc
-    if not isinstance(data, dict) or data.get("kind") != "BenchmarkRun":
+        return catalog.load_documents(Path(path))
+    except InvalidObject as exc:
+        raise LocalRunError(f"{exc.source}: cannot read the {kind}: " + "; ".join(exc.problems)) from exc
+
+
+def load_run(path: str) -> BenchmarkRun:
+    """The file's BenchmarkRun, checked as strictly as ``mlbench validate`` and the API server check it
+    (``workers: "4"`` is a string and refused), so a local run accepts exactly what a cluster accepts."""
+    runs = [d for d in _documents(path, "BenchmarkRun") if d.get("kind") == "BenchmarkRun"]
+    if not runs:
         raise LocalRunError(f"{path}: kind: expected a BenchmarkRun document")
     try:
-        return BenchmarkRun.model_validate(data)
-    except ValidationError as exc:
-        raise LocalRunError(_validation_message("BenchmarkRun", path, exc)) from exc
+        return catalog.parse_run(runs[0], path)
+    except InvalidObject as exc:
+        raise LocalRunError(_invalid("BenchmarkRun", exc)) from exc
+
+
+def pick_task(name: str, tasks: Sequence[BenchmarkTask], source: str) -> BenchmarkTask:
+    """The task named ``name`` among a task file's tasks.
+
+    The run's results are filed under ``spec.taskRef.name``: running another task under that name
+    would file, say, ResNet-20's results as a logistic regression's, so a mismatch is refused.
+    """
+    for task in tasks:
+        if task.metadata.name == name:
+            return task
+    found = ", ".join(repr(t.metadata.name) for t in tasks) or "none"
+    raise LocalRunError(
+        f"{source}: metadata.name: the file's BenchmarkTask is {found}, but the run's spec.taskRef.name is "
+        f"{name!r}; use a task file that defines {name!r} or change spec.taskRef.name"
+    )
 
 
 def load_task(name: str, task_file: str | None) -> BenchmarkTaskSpec:
-    """The task from ``--task-file`` (a BenchmarkTask YAML) or the catalog."""
+    """The task from ``--task-file`` (the BenchmarkTask named ``name``, or a bare spec) or the catalog."""
     if task_file:
+        docs = _documents(task_file, "task")
+        tasks = [d for d in docs if d.get("kind") == "BenchmarkTask"]
         try:
-            data = yaml.safe_load(Path(task_file).read_text())
-            if isinstance(data, dict) and data.get("kind") == "BenchmarkTask":
-                return BenchmarkTask.model_validate(data).spec
-            return BenchmarkTaskSpec.model_validate(data)
-        except ValidationError as exc:
-            raise LocalRunError(_validation_message("BenchmarkTask", task_file, exc)) from exc
-        except (OSError, yaml.YAMLError) as exc:
-            raise LocalRunError(f"{task_file}: cannot read the task: {exc}") from exc
-    from mlbench_api import catalog
+            if not tasks and len(docs) == 1 and "kind" not in docs[0]:  # a bare BenchmarkTaskSpec: no name
+                return catalog.strict_validate(BenchmarkTaskSpec, docs[0], task_file)
+            return pick_task(name, [catalog.parse_task(d, task_file) for d in tasks], task_file).spec
+        except InvalidObject as exc:
+            raise LocalRunError(_invalid("BenchmarkTask", exc)) from exc
 
     try:
         task = catalog.get_task(name)
@@ -117,6 +142,11 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
         raise LocalRunError(str(exc)) from exc
     except ValidationError as exc:
         raise LocalRunError(_validation_message("run after overrides", args.run, exc)) from exc
+    if config.metrics_port and config.metrics_port + config.world_size - 1 > MAX_PORT:
+        raise LocalRunError(
+            f"--metrics-port: rank r serves on {config.metrics_port} + r, beyond {MAX_PORT} for "
+            f"{config.world_size} ranks"
+        )
     if config.backend.value == "nccl":
         import torch
 
@@ -156,6 +186,15 @@ def prepare_data(config: RunConfig, say: Any) -> None:
         say(f"dataset ready: {path} ({time.perf_counter() - t0:.1f}s)")
 
 
+def model_text(model: Any) -> str:
+    """The event's model for a person: ``resnet (version=m1, depth=20)``, not a Python dict."""
+    if not isinstance(model, dict):
+        return str(model)
+    rest = ", ".join(f"{k}={v}" for k, v in model.items() if k != "name")
+    name = str(model.get("name", "model"))
+    return f"{name} ({rest})" if rest else name
+
+
 class Progress:
     """Turns the rank-0 event stream into human progress lines."""
 
@@ -192,7 +231,8 @@ class Progress:
             self.spe = int(ev.get("steps_per_epoch", 1))
             ds = ev.get("dataset", {})
             self._say(
-                f"task {ev.get('task')}: {ev.get('model')} on {ds.get('train')} train / {ds.get('test')} test samples, "
+                f"task {ev.get('task')}: {model_text(ev.get('model'))} on {ds.get('train')} train / "
+                f"{ds.get('test')} test samples, "
                 f"global batch {ev.get('global_batch_size')}, {self.spe} steps/epoch, precision {ev.get('precision')}"
             )
         elif name == "train_progress":
@@ -256,19 +296,37 @@ def run_processes(
         procs.append(proc)
         threading.Thread(target=_pump, args=(proc, r, q), daemon=True).start()
     open_streams, failed = ranks, 0
-    while open_streams:
-        tag, line = q.get()
-        if line is None:
-            open_streams -= 1
-            code = procs[tag].wait()
-            if code != 0 and not failed:
-                failed = code
-                for other in procs:
-                    if other.poll() is None:
-                        other.terminate()
-            continue
-        on_line(line)
+    try:
+        while open_streams:
+            tag, line = q.get()
+            if line is None:
+                open_streams -= 1
+                code = procs[tag].wait()
+                if code != 0 and not failed:
+                    failed = code
+                    for other in procs:
+                        if other.poll() is None:
+                            other.terminate()
+                continue
+            on_line(line)
+    except BaseException:  # Ctrl-C (or a failing on_line): no rank may outlive the command
+        stop_processes(procs)
+        raise
     return failed or max(p.wait() for p in procs)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[str]], grace: float = 5.0) -> None:
+    """Terminate every process still running, and kill those that do not end within ``grace`` seconds."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on_line: Any) -> int:
@@ -279,8 +337,12 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     cmd = launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        on_line(line.rstrip("\n"))
+    try:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+    except BaseException:  # Ctrl-C: mpirun forwards SIGTERM to its ranks
+        stop_processes([proc])
+        raise
     return proc.wait()
 
 
@@ -299,6 +361,21 @@ def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     return plots
 
 
+#: The highest TCP port.
+MAX_PORT = 65535
+
+
+def port(text: str) -> int:
+    """A TCP port for ``--metrics-port``: 0 (off) to 65535; argparse names the option on error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}") from None
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {value}")
+    return value
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlbench run", description="Run a BenchmarkRun YAML on this machine.")
     p.add_argument("run", help="BenchmarkRun YAML (as for kubectl apply)")
@@ -307,10 +384,61 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--output", help="result directory (default ./mlbench-results/<run>)")
     p.add_argument("--task-file", help="BenchmarkTask YAML to use instead of the catalog")
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus base port (0: off)")
+    p.add_argument("--metrics-port", type=port, default=0, help="Prometheus base port (0: off)")
     p.add_argument("--data-dir", help="where to look for datasets whose path does not exist here")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
+
+
+#: What a run in ``out`` leaves that a new run replaces (a stale summary would pass for the new one's).
+STALE = ("summary.json", "events.jsonl", "termination-log")
+
+
+def clear_previous(out: Path) -> None:
+    """Remove the previous run's result files from ``out``.
+
+    Called only once every check has passed and the ranks are about to start: a run refused for its
+    input (or its data, or its launcher) must leave the previous run's results as they were.
+    """
+    for stale in STALE:
+        (out / stale).unlink(missing_ok=True)
+
+
+def output_dir(args: argparse.Namespace, run_name: str) -> Path:
+    """``--output`` (default ``./mlbench-results/<run>``), created; a file there is refused."""
+    out = Path(args.output or Path("mlbench-results") / run_name).resolve()
+    if out.exists() and not out.is_dir():
+        raise LocalRunError(f"--output: {out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LocalRunError(f"--output: cannot create {out}: {exc.strerror or exc}") from exc
+    return out
+
+
+def pick_launcher(choice: str, backend: str, mpirun_found: bool) -> str:
+    """The launcher to use (``auto``: mpirun when installed), or the reason the run cannot start."""
+    launcher = ("mpirun" if mpirun_found else "process") if choice == "auto" else choice
+    if backend == "mpi" and launcher != "mpirun":
+        raise LocalRunError("spec.backend: mpi needs mpirun (install OpenMPI or pick gloo)")
+    if launcher == "mpirun" and not mpirun_found:
+        raise LocalRunError("--launcher mpirun: mpirun is not on PATH")
+    return launcher
+
+
+def _prepare(args: argparse.Namespace, say: Any) -> tuple[RunConfig, Path, str]:
+    """Every check before the ranks start: the input, the output folder, the data, the launcher."""
+    run_name = load_run(args.run).metadata.name
+    out = output_dir(args, run_name)
+    config = build_config(args, out)
+    if config.network is not None:
+        raise LocalRunError(
+            "spec.network: emulated network conditions need the cluster's netem init container "
+            "(docs/network.md); remove it for a local run"
+        )
+    launcher = pick_launcher(args.launcher, config.backend.value, shutil.which("mpirun") is not None)
+    prepare_data(config, say)
+    return config, out, launcher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,51 +452,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir:
         env["MLBENCH_DATA_DIR"] = os.environ["MLBENCH_DATA_DIR"] = str(Path(args.data_dir).resolve())
     try:
-        run_name = load_run(args.run).metadata.name
-        out = Path(args.output or Path("mlbench-results") / run_name).resolve()
-        config = build_config(args, out)
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "events.jsonl", "termination-log"):
-            (out / stale).unlink(missing_ok=True)
-        prepare_data(config, say)
+        config, out, launcher = _prepare(args, say)
     except LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if config.network is not None:
-        print(
-            "error: spec.network: emulated network conditions need the cluster's netem init container "
-            "(docs/network.md); remove it for a local run",
-            file=sys.stderr,
-        )
-        return 2
+    except KeyboardInterrupt:
+        print("interrupted before the run started", file=sys.stderr)
+        return 130
+    clear_previous(out)
     config_path = out / "config.json"
     config_path.write_text(config.dump())
     env[CONFIG_ENV] = str(config_path)
-    launcher = args.launcher
-    if launcher == "auto":
-        launcher = "mpirun" if shutil.which("mpirun") else "process"
-    if config.backend.value == "mpi" and launcher != "mpirun":
-        print("error: spec.backend: mpi needs mpirun (install OpenMPI or pick gloo)", file=sys.stderr)
-        return 2
-    if launcher == "mpirun" and not shutil.which("mpirun"):
-        print("error: --launcher mpirun: mpirun is not on PATH", file=sys.stderr)
-        return 2
     say(
         f"run {config.run_name}: task {config.task_name}, {config.world_size} rank(s) via {launcher}, "
         f"backend {config.backend.value}, algorithm {config.algorithm.value}/{config.bucketing.value}; output {out}"
     )
     progress = Progress(sys.stdout, config.task.training.max_epochs if config.task.has_training else 0, args.quiet)
-    with (out / "output.log").open("w") as log:
+    t0 = time.perf_counter()
+    try:
+        with (out / "output.log").open("w") as log:
 
-        def on_line(line: str) -> None:
-            log.write(line + "\n")
-            progress.line(line)
+            def on_line(line: str) -> None:
+                log.write(line + "\n")
+                progress.line(line)
 
-        t0 = time.perf_counter()
-        if launcher == "mpirun":
-            code = run_mpirun(config_path, out, config.world_size, env, on_line)
-        else:
-            code = run_processes(config_path, config.world_size, env, on_line, config.task.runner.command)
+            if launcher == "mpirun":
+                code = run_mpirun(config_path, out, config.world_size, env, on_line)
+            else:
+                code = run_processes(config_path, config.world_size, env, on_line, config.task.runner.command)
+    except KeyboardInterrupt:  # the ranks are stopped by now (run_processes / run_mpirun)
+        print(f"interrupted: the ranks were stopped; partial output in {out / 'output.log'}", file=sys.stderr)
+        return 130
     summary = progress.summary
     if summary is None and (out / "summary.json").exists():
         summary = RunSummary.model_validate_json((out / "summary.json").read_text())

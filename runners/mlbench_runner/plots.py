@@ -154,10 +154,19 @@ def _cost_series(scores: Sequence[ConfigScore]) -> list[tuple[str, Points, Point
     return out
 
 
+def config_label(s: ConfigScore) -> str:
+    """A configuration's name with its variant (``... [batchSizePerWorker=64]``): configurations that differ
+    only in a setting such as the batch size would otherwise share one name."""
+    return s.configuration.label() + (f" [{s.variant}]" if s.variant else "")
+
+
 def _bar_label(s: ConfigScore, several_families: bool) -> str:
+    """The world size; with several families also what tells them apart (task, backend, algorithm, variant)."""
     c = s.configuration
     ranks = f"{c.world_size} ({c.workers}x{c.slots_per_worker})"
-    return f"{ranks} {c.backend} {c.algorithm}" if several_families else ranks
+    if not several_families:
+        return ranks
+    return f"{ranks} {c.task} {c.backend} {c.algorithm}" + (f" [{s.variant}]" if s.variant else "")
 
 
 TITLES = {
@@ -211,7 +220,7 @@ def _svg_plots(data: PlotInput, dest: Path) -> list[Path]:
     speedups = _speedup_series(data.scores)
     if speedups:
         series = [(label, pts) for label, pts, _ in speedups]
-        series += [(f"ideal ({label})"[:24], [(x, x / base) for x, _ in pts]) for label, pts, base in speedups]
+        series += [(f"ideal ({label})", [(x, x / base) for x, _ in pts]) for label, pts, base in speedups]
         path = dest / "speedup-vs-workers.svg"
         path.write_text(svg.line_chart(TITLES["speedup-vs-workers"], RANKS, "speedup", series, caption=data.caption))
         paths.append(path)

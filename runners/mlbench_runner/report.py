@@ -8,8 +8,10 @@ Runs that differ only in their seed form one configuration, scored as MLPerf sco
 slowest run dropped; 5 seeds wanted, fewer than 3 successes: plain mean, flagged), its spread,
 the success rate, the speedup over the smallest world size, the cost with
 ``--price-per-worker-hour``, and the communication/computation split.
-Plots (matplotlib when installed, else SVG) go next to the first run, into the sweep folder
-given, or to ``--plots DIR``.
+Plots (matplotlib when installed, else SVG) go next to the run (one RUN), into the sweep folder
+given, or to ``--plots DIR``, which several RUNs need (their comparison would overwrite a run's own).
+A run folder without a readable summary (crashed, interrupted) is named in a warning and, with its
+``config.json``, counted as a run that missed the goal.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import ValidationError
 from mlbench_api.config import RunConfig
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
+from mlbench_api.task import GoalMode
 from mlbench_runner import mllog, plots, scoring
 from mlbench_runner.scoring import RUNS_REQUIRED, ConfigScore
 
@@ -164,6 +167,10 @@ def _config_columns(scores: Sequence[ConfigScore], price: float | None) -> list[
         ("success", lambda s: f"{s.reached}/{len(s.runs)}"),
         ("time to goal", lambda s: _fmt(s.time_to_goal.value, "s") + ("*" if s.flags else "")),
         ("scored as", _method),
+    ]
+    if any(s.accuracy_after_time for s in scores):  # that goal's score (docs/results.md)
+        cols.append(("final acc", lambda s: _fmt(s.final_accuracy, "pct") if s.accuracy_after_time else "-"))
+    cols += [
         ("min", lambda s: _fmt(s.spread.min if s.spread else None, "s")),
         ("max", lambda s: _fmt(s.spread.max if s.spread else None, "s")),
         ("stdev", lambda s: _fmt(s.spread.stdev if s.spread else None, "s")),
@@ -186,8 +193,7 @@ def _notes(scores: Sequence[ConfigScore]) -> list[str]:
     out = []
     for s in scores:
         if s.flags:
-            name = s.configuration.label() + (f" [{s.variant}]" if s.variant else "")
-            out.append(f"* {name}: " + "; ".join(s.flags))
+            out.append(f"* {plots.config_label(s)}: " + "; ".join(s.flags))
     return out
 
 
@@ -257,6 +263,8 @@ def score_dict(s: ConfigScore) -> dict[str, Any]:
         "baselineWorldSize": s.baseline_world_size,
         "wallClockSeconds": s.wall_clock,
         "bestAccuracy": s.best_accuracy,
+        "goalMode": (GoalMode.ACCURACY_AFTER_TIME if s.accuracy_after_time else GoalMode.TIME_TO_ACCURACY).value,
+        "finalAccuracy": s.final_accuracy,
         "samplesPerSecond": s.samples_per_second,
         "computeSeconds": s.split.compute,
         "communicationSeconds": s.split.communication,
@@ -272,7 +280,14 @@ def score_dict(s: ConfigScore) -> dict[str, Any]:
     }
 
 
-def format_json(runs: Sequence[LoadedRun], scores: Sequence[ConfigScore], price: float | None = None) -> str:
+def format_json(
+    runs: Sequence[LoadedRun],
+    scores: Sequence[ConfigScore],
+    price: float | None = None,
+    unfinished: Sequence[Unfinished] = (),
+) -> str:
+    """Every run's summary (without its history; a collectives run's with its table, as it is not scored),
+    every configuration's score, and the run folders that left no readable summary."""
     doc = {
         "runsRequired": RUNS_REQUIRED,
         "pricePerWorkerHour": price,
@@ -281,6 +296,9 @@ def format_json(runs: Sequence[LoadedRun], scores: Sequence[ConfigScore], price:
             for r in runs
         ],
         "configurations": [score_dict(s) for s in scores],
+        "unfinished": [
+            {"source": str(u.path), "reason": u.reason, "counted": u.config is not None} for u in unfinished
+        ],
     }
     return json.dumps(doc, indent=2)
 
@@ -312,6 +330,8 @@ def load_summary(path: Path) -> RunSummary:
         return RunSummary.model_validate_json(file.read_text())
     except ValidationError as exc:
         raise ValueError(f"{file}: not a RunSummary: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{file}: not a RunSummary: not UTF-8 text") from exc
 
 
 def load_config(path: Path) -> RunConfig | None:
@@ -323,16 +343,54 @@ def load_config(path: Path) -> RunConfig | None:
         return None
 
 
+#: Files a run's folder has from the moment the run is set up (``run.yaml``: ``mlbench sweep --local``).
+RUN_FILES = ("summary.json", "config.json", "run.yaml")
+
+
 def find_results(path: Path) -> list[Path]:
-    """``path`` when it is a result directory or a summary file, else every result directory below it."""
-    if path.is_file() or (path / "summary.json").is_file():
+    """``path`` when it is a result directory or a summary file, else every result directory below it.
+
+    A result directory is a run's folder: it has a ``summary.json``, or it has the ``config.json`` or
+    ``run.yaml`` of a run that never wrote one (crashed, interrupted), which the report must count.
+    """
+    if path.is_file() or any((path / name).is_file() for name in RUN_FILES):
         return [path]
     if path.is_dir():
-        found = sorted({p.parent for p in path.rglob("summary.json")})
+        found = sorted({p.parent for name in RUN_FILES for p in path.rglob(name)})
         if found:
             return found
         raise FileNotFoundError(f"{path}: no summary.json in it or below")
     raise FileNotFoundError(f"{path}: no summary.json")
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A run folder without a readable summary: the run crashed or was interrupted, or its summary is broken."""
+
+    path: Path
+    reason: str
+    config: RunConfig | None
+    """From its ``config.json``: without one the run cannot be told apart from others, so it is not scored."""
+
+    def warning(self) -> str:
+        counted = (
+            "counted as a run that missed the goal"
+            if self.config is not None
+            else "not counted (no config.json says which configuration it was)"
+        )
+        return f"warning: {self.path}: {self.reason}; {counted}"
+
+
+def load_run(path: Path) -> LoadedRun | Unfinished:
+    """A result directory (or summary file) as a scored run, or as a run that left no readable summary."""
+    file = path / "summary.json" if path.is_dir() else path
+    if not file.exists():
+        return Unfinished(path, "no summary.json (the run crashed or was interrupted?)", load_config(path))
+    try:
+        return LoadedRun(path, load_summary(path), load_config(path))
+    except (OSError, ValueError) as exc:  # a broken summary must not hide every other run's results
+        reason = str(exc).removeprefix(f"{file}: ")
+        return Unfinished(path, f"unreadable summary.json ({reason})", load_config(path))
 
 
 def dataset_note(path: Path) -> str | None:
@@ -351,8 +409,9 @@ def _loaded(runs: Sequence[tuple[Path, RunSummary]] | Sequence[LoadedRun]) -> li
     return [r if isinstance(r, LoadedRun) else LoadedRun(r[0], r[1], load_config(r[0])) for r in runs]
 
 
-def _results(runs: Sequence[LoadedRun]) -> list[scoring.RunResult]:
-    return [scoring.run_result(r.summary, r.config, str(r.path)) for r in runs]
+def _results(runs: Sequence[LoadedRun], unfinished: Sequence[Unfinished] = ()) -> list[scoring.RunResult]:
+    measured = [scoring.run_result(r.summary, r.config, str(r.path)) for r in runs]
+    return measured + [scoring.unfinished_result(u.config, str(u.path)) for u in unfinished if u.config is not None]
 
 
 def write_plots(
@@ -367,7 +426,7 @@ def write_plots(
     loaded = _loaded(runs)
     if scores is None:
         scores = scoring.score(_results(loaded), price)
-    by_config = {r.source: s.configuration.label() for s in scores for r in s.runs}
+    by_config = {r.source: plots.config_label(s) for s in scores for r in s.runs}
     targets = {r.summary.goal_target for r in loaded if r.summary.goal_target is not None}
     data = plots.PlotInput(
         caption=plots.caption([(r.summary, r.config) for r in loaded]),
@@ -409,11 +468,16 @@ def write_mllog(runs: Sequence[LoadedRun], where: str | Path) -> list[Path]:
 def resolve(arg: str, kubeconfig: str | None = None, context: str | None = None) -> Path:
     """A local path as it is; ``<namespace>/<run>`` (when no such path exists) downloaded from the cluster."""
     path = Path(arg)
-    ref = None if path.exists() else parse_ref(arg)
-    if ref is None:
+    if path.exists():
         return path
+    ref = parse_ref(arg)
+    if ref is None or Path(ref[0]).is_dir():  # `mlbench-results/mistyped` is a path, not namespace/run
+        raise FileNotFoundError(f"{arg}: no such file or directory")
     dest = default_dir(*ref)
-    download(*ref, dest, kubeconfig=kubeconfig, context=context)
+    try:
+        download(*ref, dest, kubeconfig=kubeconfig, context=context)
+    except ResultsUnavailable as exc:
+        raise ResultsUnavailable(f"{arg}: no such local path; as the cluster run {arg}: {exc}") from exc
     print(f"fetched {arg} into {dest}", file=sys.stderr)
     return dest
 
@@ -446,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         "--price-per-worker-hour", type=_price, metavar="PRICE", help="adds the cost: workers x hours x PRICE"
     )
     p.add_argument(
-        "--plots", metavar="DIR", help="where to write the plots (default: the folder given, or the first run's)"
+        "--plots",
+        metavar="DIR",
+        help="where to write the plots (default: the folder or the one run given; several RUNs need it)",
     )
     p.add_argument("--no-plots", action="store_true", help="write no plots")
     p.add_argument("--plot-format", choices=("svg", "png"), default="svg", help="png needs matplotlib")
@@ -455,18 +521,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", help="for <namespace>/<run>: the kubeconfig context")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
 
+    problem = output_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     given: list[LoadedRun] = []
+    unfinished: list[Unfinished] = []
     folders: list[Path] = []
     for arg in args.runs:
         try:
             path = resolve(arg, args.kubeconfig, args.context)
             found = find_results(path)
-            if found != [path]:
-                folders.append(path)
-            given += [LoadedRun(f, load_summary(f), load_config(f)) for f in found]
         except (OSError, ValueError, ResultsUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        if found != [path]:
+            folders.append(path)
+        for f in found:
+            loaded = load_run(f)
+            if isinstance(loaded, Unfinished):
+                unfinished.append(loaded)
+            else:
+                given.append(loaded)
+    for u in unfinished:
+        print(u.warning(), file=sys.stderr)
     runs: list[LoadedRun] = []
     seen: set[Path] = set()
     for r in given:  # the same summary given twice (a folder and a run in it) counts once
@@ -474,43 +552,95 @@ def main(argv: list[str] | None = None) -> int:
         if key not in seen:
             seen.add(key)
             runs.append(r)
-    if any(r.summary.collectives is not None for r in runs):  # task 0a sweeps: their table, not scored
+    unfinished = list({u.path.resolve(): u for u in unfinished}.values())
+    if not runs and not any(u.config is not None for u in unfinished):
+        print("error: no readable summary.json to report on", file=sys.stderr)
+        return 2
+    collectives = [r for r in runs if r.summary.collectives is not None]
+    if args.mllog and collectives:
+        names = ", ".join(r.summary.run for r in collectives)
+        print(
+            f"error: --mllog: {names}: a collectives run (task 0a) has no MLPerf log (no training, no goal); "
+            "leave it out of the RUNs or drop --mllog",
+            file=sys.stderr,
+        )
+        return 2
+    if collectives:  # task 0a sweeps: their table, not scored
         from mlbench_runner.collectives import format_table as sweep_table
 
         where = sys.stdout if args.output in ("table", "markdown") else sys.stderr
-        for r in runs:
-            if r.summary.collectives is not None:
-                print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
-        runs = [r for r in runs if r.summary.collectives is None]
-        given = [r for r in given if r.summary.collectives is None]
-        if not runs:
+        for r in collectives:
+            assert r.summary.collectives is not None
+            print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
+        trained = [r for r in runs if r.summary.collectives is None]
+        if not trained and not unfinished:
+            if args.output == "json":  # machine-readable output keeps the collectives runs (summary with the table)
+                print(format_json(runs, [], args.price_per_worker_hour))
             return 0
+    else:
+        trained = runs
     price = args.price_per_worker_hour
-    scores = scoring.score(_results(runs), price)
+    scores = scoring.score(_results(trained, unfinished), price)
+    given = [r for r in given if r.summary.collectives is None]
 
     status = sys.stdout if args.output == "table" else sys.stderr  # machine-readable output stays clean
     if args.output == "table":
         print(format_table([r.summary for r in given]))
         print()
         print(format_scores(scores, price))
-        if len(given) > len(runs):
-            print(f"({len(given) - len(runs)} summary file(s) given more than once, scored once)")
+        if len(given) > len(trained):
+            print(f"({len(given) - len(trained)} summary file(s) given more than once, scored once)")
     elif args.output == "markdown":
-        print(format_markdown([r.summary for r in runs], scores, price))
+        print(format_markdown([r.summary for r in trained], scores, price))
     elif args.output == "json":
-        print(format_json(runs, scores, price))
+        print(format_json(runs, scores, price, unfinished))
     else:
         print(format_csv(scores), end="")
 
-    if not args.no_plots:
-        folder = folders[0] if len(args.runs) == 1 and folders else None  # `mlbench results SWEEP/`: plots there
-        dest = Path(args.plots) if args.plots else (folder or runs[0].directory)
-        for plot in write_plots(runs, dest, price=price, fmt=args.plot_format, scores=scores):
-            print(f"wrote {plot}", file=status)
-    if args.mllog:
-        for path in write_mllog(runs, args.mllog):
-            print(f"wrote {path}", file=status)
+    try:
+        if not args.no_plots and trained:
+            dest = plots_dir(args.plots, args.runs, folders, trained)
+            if dest is None:
+                print("plots: several RUNs given: name a folder for the comparison plots with --plots DIR", file=status)
+            else:
+                for plot in write_plots(trained, dest, price=price, fmt=args.plot_format, scores=scores):
+                    print(f"wrote {plot}", file=status)
+        if args.mllog:
+            for path in write_mllog(trained, args.mllog):
+                print(f"wrote {path}", file=status)
+    except OSError as exc:
+        option = "--mllog" if args.mllog and str(exc.filename or "").startswith(str(args.mllog)) else "--plots"
+        print(f"error: {option}: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def plots_dir(
+    option: str | None, args: Sequence[str], folders: Sequence[Path], runs: Sequence[LoadedRun]
+) -> Path | None:
+    """Where the figures go: ``--plots``; else the folder given (``mlbench results SWEEP/``) or the one run's own
+    folder; None for several RUNs, whose comparison would overwrite the first run's own figures."""
+    if option:
+        return Path(option)
+    if len(args) == 1:
+        return folders[0] if folders else runs[0].directory
+    return None
+
+
+def output_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--plots`` or ``--mllog`` (a file where a folder must be), before anything is read."""
+    wanted = [("--plots", Path(args.plots))] if args.plots and not args.no_plots else []
+    if args.mllog:
+        mllog_path = Path(args.mllog)
+        is_folder = mllog_path.is_dir() or str(args.mllog).endswith("/")
+        wanted.append(("--mllog", mllog_path if is_folder else mllog_path.parent))
+    for option, folder in wanted:
+        for p in (folder, *folder.parents):
+            if p.exists():
+                if not p.is_dir():
+                    return f"{option}: {p} is a file, not a folder"
+                break
+    return None
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
+from mlbench_api.task import GoalMode
 
 #: Runs (seeds) per configuration: MLPerf Training's count for image classification.
 RUNS_REQUIRED = 5
@@ -235,6 +236,11 @@ def configuration(summary: RunSummary, config: RunConfig | None) -> Configuratio
             division="unknown",
             settings=tuple(sorted(common)),
         )
+    return _from_config(config, common)
+
+
+def _from_config(config: RunConfig, common: Sequence[tuple[str, str]] = ()) -> Configuration:
+    """The configuration ``config.json`` says, with ``common`` (what only the summary knows) added."""
     task = [(k, v) for k, v in _flatten(config.task.to_api()) if not any(_within(k, loc) for loc in _LOCATION)]
     extra = [
         ("goalTarget", str(config.goal_target)),
@@ -290,6 +296,62 @@ class RunResult:
     bytes_per_step: int | None = None
     """Payload bytes per rank per step the algorithm declared."""
     compression_ratio: float | None = None
+    measured: bool = True
+    """False for a run that left no readable summary: it counts as a run, but has no times to average."""
+    final_accuracy: float | None = None
+    """The last evaluation's accuracy: an accuracy-after-time goal's score."""
+    accuracy_after_time: bool = False
+    """The task's goal is accuracy-after-time (its ``config.json`` says; without one: time-to-accuracy)."""
+
+
+#: The status of a run that left no readable summary.
+NO_SUMMARY = "no-summary"
+
+
+def unfinished_result(config: RunConfig, source: str = "") -> RunResult:
+    """A run that left its ``config.json`` but no readable summary (it crashed, or was interrupted).
+
+    It is a run that did not reach the goal, as MLPerf counts a non-converging run: leaving it out
+    would raise the success rate and skip the rule that allows one such run per result. Nothing of it
+    was measured, so it adds nothing to the means of time, throughput or phases.
+    """
+    return RunResult(
+        name=config.run_name,
+        configuration=_from_config(config),
+        seed=config.seed,
+        status=NO_SUMMARY,
+        reached=False,
+        time_to_goal=None,
+        wall_clock=0.0,
+        best_accuracy=None,
+        samples_per_second=0.0,
+        split=PhaseSplit(0.0, 0.0, 0.0),
+        source=source,
+        measured=False,
+    )
+
+
+def _agrees(unfinished: Configuration, finished: Configuration) -> bool:
+    """Whether a run without a summary was started as ``finished`` was: everything its config says is equal."""
+    if replace(unfinished, settings=()) != replace(finished, settings=()):
+        return False
+    known = dict(finished.settings)
+    return all(known.get(k) == v for k, v in unfinished.settings)
+
+
+def attach_unfinished(runs: Sequence[RunResult]) -> list[RunResult]:
+    """Each run without a summary joined to the one configuration of the measured runs it was started as.
+
+    Its own configuration lacks what only a summary says (precision, device): where exactly one
+    measured configuration agrees with everything else, it is that configuration's failed seed; where
+    none (or several, e.g. the same run on two devices) does, it stays a configuration of its own.
+    """
+    finished = list(dict.fromkeys(r.configuration for r in runs if r.measured))
+    out = []
+    for r in runs:
+        matches = [] if r.measured else [c for c in finished if _agrees(r.configuration, c)]
+        out.append(replace(r, configuration=matches[0]) if len(matches) == 1 else r)
+    return out
 
 
 def run_result(summary: RunSummary, config: RunConfig | None, source: str = "") -> RunResult:
@@ -308,6 +370,8 @@ def run_result(summary: RunSummary, config: RunConfig | None, source: str = "") 
         source=source,
         bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
         compression_ratio=summary.communication.compression_ratio if summary.communication else None,
+        final_accuracy=summary.final_accuracy,
+        accuracy_after_time=config is not None and config.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME,
     )
 
 
@@ -320,13 +384,15 @@ class ConfigScore:
     time_to_goal: TimeToGoal
     spread: Spread | None
     success_rate: float | None
-    wall_clock: float
-    """Mean over the runs."""
+    wall_clock: float | None
+    """Mean over the runs that left a summary (None: none did)."""
     best_accuracy: float | None
     """Mean over the runs that evaluated."""
+    final_accuracy: float | None
+    """Mean of the runs' last evaluations: the score of an accuracy-after-time goal (higher is better)."""
     samples_per_second: float
     split: PhaseSplit
-    """Mean over the runs."""
+    """Mean over the runs that left a summary."""
     speedup: float | None = None
     efficiency: float | None = None
     baseline_world_size: int | None = None
@@ -339,6 +405,11 @@ class ConfigScore:
     @property
     def reached(self) -> int:
         return sum(r.reached for r in self.runs)
+
+    @property
+    def accuracy_after_time(self) -> bool:
+        """Its goal is accuracy-after-time: scored by ``final_accuracy``, not by time."""
+        return self.runs[0].accuracy_after_time
 
     @property
     def bytes_per_step(self) -> int | None:
@@ -355,24 +426,35 @@ def score_configuration(runs: Sequence[RunResult], runs_required: int = RUNS_REQ
     if not runs:
         raise ValueError("a configuration needs at least one run")
     times = [r.time_to_goal for r in runs if r.reached and r.time_to_goal is not None]
-    ttg = olympic_mean(times, failures=len(runs) - len(times))
+    after_time = runs[0].accuracy_after_time
+    ttg = TimeToGoal(None, "none") if after_time else olympic_mean(times, failures=len(runs) - len(times))
     flags = list(ttg.flags)
+    if after_time:
+        flags.append("accuracy-after-time goal: scored by the final model's accuracy (mean over the runs), not by time")
     if len(runs) < runs_required:
         flags.append(f"{len(runs)} run{'s' if len(runs) > 1 else ''}; MLPerf-style scoring wants {runs_required} seeds")
     repeated = sorted(s for s, n in Counter(r.seed for r in runs if r.seed is not None).items() if n > 1)
     if repeated:
         flags.append(f"seed {', '.join(map(str, repeated))} used more than once (MLPerf: seeds must not repeat)")
+    unfinished = [r.name for r in runs if not r.measured]
+    if unfinished:
+        flags.append(
+            f"{len(unfinished)} run(s) left no readable summary, counted as missing the goal: " + ", ".join(unfinished)
+        )
     accuracies = [r.best_accuracy for r in runs if r.best_accuracy is not None]
+    finals = [r.final_accuracy for r in runs if r.final_accuracy is not None]
+    measured = [r for r in runs if r.measured]
     return ConfigScore(
         configuration=runs[0].configuration,
         runs=tuple(runs),
         time_to_goal=ttg,
-        spread=spread(times),
+        spread=None if after_time else spread(times),
         success_rate=success_rate(len(times), len(runs)),
-        wall_clock=statistics.fmean(r.wall_clock for r in runs),
+        wall_clock=statistics.fmean(r.wall_clock for r in measured) if measured else None,
         best_accuracy=statistics.fmean(accuracies) if accuracies else None,
-        samples_per_second=statistics.fmean(r.samples_per_second for r in runs),
-        split=mean_split([r.split for r in runs]),
+        final_accuracy=statistics.fmean(finals) if finals else None,
+        samples_per_second=statistics.fmean(r.samples_per_second for r in measured) if measured else 0.0,
+        split=mean_split([r.split for r in measured]),
         flags=tuple(flags),
     )
 
@@ -407,7 +489,7 @@ def score(
     runs_required: int = RUNS_REQUIRED,
 ) -> list[ConfigScore]:
     """Every configuration's score: olympic mean over seeds, spread, success rate, speedup, cost, split."""
-    scores = [score_configuration(g, runs_required) for g in group(runs)]
+    scores = [score_configuration(g, runs_required) for g in group(attach_unfinished(list(runs)))]
     labels = variant_labels([s.configuration for s in scores])
     baselines: dict[Configuration, ConfigScore] = {}
     for s in scores:  # sorted by world size within a family: the first is the smallest
@@ -418,7 +500,7 @@ def score(
         base = baselines[c.family()]
         flags = list(s.flags)
         ratio = speedup(base.time_to_goal.value, s.time_to_goal.value)
-        if base is not s and base.time_to_goal.value is None:
+        if base is not s and base.time_to_goal.value is None and not s.accuracy_after_time:
             flags.append(f"no speedup: the baseline ({base.configuration.world_size} ranks) never reached the goal")
         out.append(
             replace(

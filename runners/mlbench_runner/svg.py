@@ -23,6 +23,32 @@ def caption_lines(caption: str | None, width: int = 125) -> list[str]:
     return [w for line in (caption or "").splitlines() for w in (textwrap.wrap(line, width) or [""])]
 
 
+#: Characters per line of a legend entry (the legend column is 190 px wide); longer names wrap, never cut.
+LEGEND_WIDTH = 24
+LINE = 14
+
+
+def _legend(names: list[str]) -> list[str]:
+    """The legend column: a colour box and the whole name per entry, wrapped onto as many lines as it needs
+    (cutting names made configurations that differ only at their end, e.g. in the batch size, look alike)."""
+    out, y = [], TOP + 8.0
+    for i, name in enumerate(names):
+        color = COLORS[i % len(COLORS)]
+        lines = textwrap.wrap(name, LEGEND_WIDTH, break_on_hyphens=False) or [""]
+        out.append(f'<rect x="{W - RIGHT + 12}" y="{y - 8:.0f}" width="12" height="10" fill="{color}"/>')
+        spans = (
+            escape(lines[0])
+            if len(lines) == 1
+            else "".join(
+                f'<tspan x="{W - RIGHT + 30}" dy="{0 if j == 0 else LINE}">{escape(line)}</tspan>'
+                for j, line in enumerate(lines)
+            )
+        )
+        out.append(f'<text x="{W - RIGHT + 30}" y="{y + 1:.0f}">{spans}</text>')
+        y += LINE * len(lines) + 2
+    return out
+
+
 def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None) -> list[str]:
     lines = caption_lines(caption)
     height = H + 13 * max(0, len(lines) - 1)  # the chart keeps its size; extra caption lines go below
@@ -77,15 +103,13 @@ def line_chart(
             f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{sy(hline):.1f}" y2="{sy(hline):.1f}" '
             f'stroke="#000" stroke-dasharray="6 4"/>'
         )
-    for i, (name, s) in enumerate(series):
+    for i, (_, s) in enumerate(series):
         color = COLORS[i % len(COLORS)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
         if path:
             out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
         out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s]
-        ly = TOP + 16 * i + 8
-        out.append(f'<rect x="{W - RIGHT + 12}" y="{ly - 8}" width="12" height="10" fill="{color}"/>')
-        out.append(f'<text x="{W - RIGHT + 30}" y="{ly + 1}">{escape(name[:24])}</text>')
+    out += _legend([name for name, _ in series])
     out.append("</svg>")
     return "\n".join(out)
 
@@ -95,11 +119,11 @@ def stacked_bars(title: str, xlabel: str, rows: list[tuple[str, dict[str, float]
     parts = list(dict.fromkeys(k for _, r in rows for k in r))
     total = max((sum(r.values()) for _, r in rows), default=1.0) or 1.0
     pw = W - LEFT - RIGHT - 60
-    bar = max(12.0, min(40.0, (H - TOP - BOTTOM) / max(1, len(rows)) - 8))
+    bar = max(12.0, min(40.0, (H - TOP - BOTTOM) / max(1, len(rows)) - 8 - LINE))
     out = _frame(title, xlabel, "", caption)
-    for i, (name, r) in enumerate(rows):
-        y = TOP + i * (bar + 8)
-        out.append(f'<text x="{LEFT + 54}" y="{y + bar / 2 + 4:.1f}" text-anchor="end">{escape(name[:18])}</text>')
+    for i, (name, r) in enumerate(rows):  # each bar's whole name on a line above it: a name is never cut
+        y = TOP + i * (bar + 8 + LINE) + LINE
+        out.append(f'<text x="{LEFT + 60}" y="{y - 3:.1f}" font-size="11">{escape(name)}</text>')
         x = LEFT + 60.0
         for j, part in enumerate(parts):
             w = pw * r.get(part, 0.0) / total
@@ -108,10 +132,7 @@ def stacked_bars(title: str, xlabel: str, rows: list[tuple[str, dict[str, float]
                 f'fill="{COLORS[j % len(COLORS)]}"><title>{escape(part)}: {r.get(part, 0.0):.3g}</title></rect>'
             )
             x += w
-    for j, part in enumerate(parts):
-        ly = TOP + 16 * j + 8
-        out.append(f'<rect x="{W - RIGHT + 12}" y="{ly - 8}" width="12" height="10" fill="{COLORS[j % len(COLORS)]}"/>')
-        out.append(f'<text x="{W - RIGHT + 30}" y="{ly + 1}">{escape(part)}</text>')
+    out += _legend(parts)
     out.append(f'<text x="{LEFT + 60 + pw}" y="{H - 30}" text-anchor="end">max {total:.3g}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from mlbench_api.catalog import load_documents
 from mlbench_api.errors import InvalidObject
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, parse_sweep
@@ -32,9 +33,9 @@ class SweepInputError(Exception):
 def load_sweep(path: str) -> BenchmarkSweep:
     """The first BenchmarkSweep of a YAML file, validated (every run of its expansion included)."""
     try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-    except (OSError, yaml.YAMLError) as exc:
-        raise SweepInputError(f"{path}: cannot read the BenchmarkSweep: {exc}") from exc
+        docs = load_documents(Path(path))  # read as kubectl reads YAML, so the types are the API server's
+    except InvalidObject as exc:
+        raise SweepInputError(f"{exc.source}: cannot read the BenchmarkSweep: " + "; ".join(exc.problems)) from exc
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "BenchmarkSweep"]
     if not found:
         raise SweepInputError(f"{path}: kind: expected a BenchmarkSweep document")
@@ -166,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local:
         sys.stdout.write(render(sweep, runs, args.namespace, args.sweep))
         return 0
+    if args.task_file:  # every run would refuse it: say so once, before the first run
+        from mlbench_runner import local
+
+        try:
+            local.load_task(sweep.spec.template.task_ref.name, args.task_file)
+        except local.LocalRunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return run_local(args, sweep, runs)
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import partition
+from mlbench_runner import atomic, partition
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, make_communicator
@@ -563,7 +563,7 @@ class Trainer:
                 summary.stop(steps, steps / max(1, s.steps_per_epoch), self.clock.elapsed())
             result = summary.build(status, self.record.stop_reason, self._communication(s))
             if self.rank == 0:
-                (self.out / "summary.json").write_text(result.model_dump_json(by_alias=True, indent=2))
+                atomic.write_text(self.out / "summary.json", result.model_dump_json(by_alias=True, indent=2))
                 self.log.event(
                     "run_stop",
                     status=status,

@@ -116,3 +116,191 @@ def test_the_main_jobs_run_builds_its_config(tmp_path: Path) -> None:
     assert config.task.dataset.path == "../shared/datasets/cifar10-jpeg.tar.gz"
     assert config.task.dataset.source is None
     assert config.world_size == 2
+
+
+# -- the review's findings: input checked as the cluster checks it, results kept, clear errors ---------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "wanted", "picked"),
+    [
+        (["tiny"], "tiny", "tiny"),
+        (["other", "tiny"], "tiny", "tiny"),  # a file of several tasks: the run's own
+        (["epsilon-logreg-synthetic"], "cifar10-resnet20", None),
+        ([], "tiny", None),
+    ],
+)
+def test_pick_task_takes_the_runs_task_or_refuses(names: list[str], wanted: str, picked: str | None) -> None:
+    from mlbench_api import BenchmarkTask
+
+    tasks = [BenchmarkTask.model_validate({"metadata": {"name": n}, "spec": logreg_task()}) for n in names]
+    if picked is not None:
+        assert local.pick_task(wanted, tasks, "t.yaml").metadata.name == picked
+        return
+    with pytest.raises(local.LocalRunError) as err:
+        local.pick_task(wanted, tasks, "t.yaml")
+    assert f"spec.taskRef.name is {wanted!r}" in str(err.value)
+    assert "metadata.name" in str(err.value)
+
+
+def test_a_task_file_for_another_task_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Results are filed under spec.taskRef.name: running the file's other task under that name mislabels them."""
+    task = _task_file(tmp_path, logreg_task())  # metadata.name: tiny
+    run = write_yaml(tmp_path / "run.yaml", run_doc("mislabelled", "epsilon-logreg-synthetic", 1))
+    out = tmp_path / "o"
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'tiny'" in err
+    assert "'epsilon-logreg-synthetic'" in err
+    assert not (out / "config.json").exists()
+
+
+PREVIOUS = {"summary.json": "previous summary", "events.jsonl": "previous events", "termination-log": "previous"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "message"),
+    [
+        ({"network": {"latencyMs": 5}}, [], "spec.network"),
+        ({"backend": "mpi"}, ["--launcher", "process"], "spec.backend"),
+        ({"overrides": {"maxEpochs": 0}}, [], "maxEpochs"),
+        ({"workers": "2"}, [], "spec.workers"),
+    ],
+)
+def test_a_refused_run_keeps_the_previous_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], extra: list[str], message: str
+) -> None:
+    """The previous run's files go only when the new run's ranks start, not when a check refuses it."""
+    task = _task_file(tmp_path, logreg_task())
+    out = tmp_path / "o"
+    out.mkdir()
+    for name, text in PREVIOUS.items():
+        (out / name).write_text(text)
+    run = write_yaml(
+        tmp_path / "run.yaml", {**run_doc("again", "tiny", 1), "spec": {**run_doc("a", "tiny", 1)["spec"], **spec}}
+    )
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert {name: (out / name).read_text() for name in PREVIOUS} == PREVIOUS
+
+
+def test_a_missing_dataset_keeps_the_previous_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = resnet_task(tmp_path / "no-such-data")
+    task = _task_file(tmp_path, {**spec, "dataset": {**spec["dataset"], "format": "image-folder"}})  # decoded here
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("previous summary")
+    run = write_yaml(tmp_path / "run.yaml", run_doc("again", "tiny", 1))
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    assert "no-such-data" in capsys.readouterr().err
+    assert (out / "summary.json").read_text() == "previous summary"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"workers": "4"}, "spec.workers"),  # a string: kubectl and `mlbench validate` refuse it
+        ({"workers": 2.5}, "spec.workers"),
+        ({"seed": "1"}, "spec.seed"),
+    ],
+)
+def test_the_run_is_parsed_as_strictly_as_mlbench_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], field: str
+) -> None:
+    run = write_yaml(
+        tmp_path / "run.yaml", {**run_doc("strict", "tiny", 1), "spec": {"taskRef": {"name": "tiny"}, **spec}}
+    )
+    with pytest.raises(local.LocalRunError) as err:
+        local.load_run(str(run))
+    assert field in str(err.value)
+
+
+def test_the_task_file_is_parsed_strictly(tmp_path: Path) -> None:
+    spec = logreg_task()
+    task = _task_file(tmp_path, {**spec, "training": {**spec["training"], "maxEpochs": "2"}})
+    with pytest.raises(local.LocalRunError) as err:
+        local.load_task("tiny", str(task))
+    assert "spec.training.maxEpochs" in str(err.value)
+
+
+def test_output_naming_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("f", "tiny", 1))
+    (tmp_path / "afile").write_text("")
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "afile")]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "65536", "http"])
+def test_metrics_port_outside_the_port_range_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        local.parse_args(["run.yaml", "--local", "--metrics-port", value])
+    assert exit_.value.code == 2
+    assert "--metrics-port" in capsys.readouterr().err
+
+
+def test_metrics_ports_of_every_rank_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("p", "tiny", 2))
+    argv = [str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o"), "--metrics-port", "65535"]
+    assert local.main(argv) == 2
+    assert "--metrics-port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "text"),
+    [
+        ({"name": "resnet", "version": "m1", "depth": 20}, "resnet (version=m1, depth=20)"),
+        ({"name": "logistic-regression"}, "logistic-regression"),
+        ("custom", "custom"),
+        (None, "None"),
+    ],
+)
+def test_the_progress_line_names_the_model_in_words(model: Any, text: str) -> None:
+    assert local.model_text(model) == text
+
+
+def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
+    """KeyboardInterrupt while the ranks run: none of them outlives the command."""
+    import sys
+
+    started: list[str] = []
+
+    def on_line(line: str) -> None:
+        started.append(line)
+        if len(started) == 2:
+            raise KeyboardInterrupt
+
+    sleeper = (sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)")
+    procs: list[Any] = []
+    real_popen = local.subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        procs.append(real_popen(*args, **kwargs))
+        return procs[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local.subprocess, "Popen", popen)
+        with pytest.raises(KeyboardInterrupt):
+            local.run_processes(tmp_path / "config.json", 2, dict(local.os.environ), on_line, sleeper)
+    assert len(procs) == 2
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "run_processes", interrupted)
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("c", "tiny", 1))
+    out = tmp_path / "o"
+    assert (
+        local.main([str(run), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"])
+        == 130
+    )
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert "interrupted" in err

@@ -24,7 +24,7 @@ ALL = ("accuracy-vs-time", "phase-split", "speedup-vs-workers", "cost-vs-workers
 def texts(path: Path) -> list[str]:
     root = ElementTree.parse(path).getroot()  # well-formed XML
     assert root.tag == f"{SVG}svg"
-    return [t.text or "" for t in root.iter(f"{SVG}text")]
+    return [" ".join(t.itertext()) for t in root.iter(f"{SVG}text")]  # a wrapped name: its lines joined
 
 
 @pytest.fixture
@@ -145,3 +145,56 @@ def test_a_caption_without_config_says_so(tmp_path: Path) -> None:
         "Data: test-task: dataset unknown (no config.json)\n"
         "This machine's measurement (cpu Test CPU; 1 run), not a reference result."
     )
+
+
+def test_configurations_differing_in_a_setting_get_distinct_labels(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two batch sizes at the same world size: their bars and legend entries must say which is which, whole."""
+    from .helpers import logreg_task
+
+    task = logreg_task()
+    for seed in (1, 2):
+        fake_run(tmp_path / "s", f"b10-{seed}", ttg=10.0, seed=seed, task=task)
+        big = {**task, "training": {**task["training"], "batchSizePerWorker": 40}}
+        fake_run(tmp_path / "s", f"b40-{seed}", ttg=20.0, seed=seed, task=big)
+    assert report.main([str(tmp_path / "s"), "--plots", str(tmp_path / "p")]) == 0
+    bars = texts(tmp_path / "p" / "phase-split.svg")
+    assert any("batchSizePerWorker=10" in t for t in bars), bars
+    assert any("batchSizePerWorker=40" in t for t in bars), bars
+
+
+@pytest.mark.parametrize("name", ["a-configuration-name-longer-than-the-legend-is-wide [batchSizePerWorker=64]"])
+def test_the_svg_never_cuts_a_name(name: str) -> None:
+    from mlbench_runner import svg
+
+    for chart in (
+        svg.line_chart("t", "x", "y", [(name, [(1.0, 1.0)])]),
+        svg.stacked_bars("t", "x", [(name, {"compute": 1.0})]),
+    ):
+        root = ElementTree.fromstring(chart)
+        shown = [" ".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+        assert any(t.replace(" ", "") == name.replace(" ", "") for t in shown), shown
+
+
+def test_accuracy_colour_groups_carry_the_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With many runs the accuracy plot colours by configuration: two batch sizes must not merge into one."""
+    from .helpers import logreg_task
+
+    task = logreg_task()
+    big = {**task, "training": {**task["training"], "batchSizePerWorker": 40}}
+    runs = [fake_run(tmp_path, f"b10-{i}", ttg=10.0, seed=i, task=task) for i in (1, 2)]
+    runs += [fake_run(tmp_path, f"b40-{i}", ttg=10.0, seed=i, task=big) for i in (1, 2)]
+    seen: list[plots.PlotInput] = []
+
+    def capture(data: plots.PlotInput, dest: Path, fmt: str = "svg") -> list[Path]:
+        seen.append(data)
+        return []
+
+    monkeypatch.setattr(plots, "write_plots", capture)
+    loaded = [report.load_run(r) for r in runs]
+    report.write_plots([r for r in loaded if isinstance(r, report.LoadedRun)], tmp_path / "p")
+    groups = {c.label: c.group for c in seen[0].curves}
+    assert groups["b10-1 (1xgloo)"] == groups["b10-2 (1xgloo)"]
+    assert groups["b10-1 (1xgloo)"] != groups["b40-1 (1xgloo)"]
+    assert "batchSizePerWorker=40" in groups["b40-1 (1xgloo)"]

@@ -226,7 +226,7 @@ def test_a_summary_without_config_is_still_scored(tmp_path: Path, capsys: pytest
 
 def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(tmp_path / "nowhere")]) == 2
-    assert "no summary.json" in capsys.readouterr().err
+    assert "nowhere: no such file or directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert report.main([str(tmp_path / "empty")]) == 2
     assert "no summary.json in it or below" in capsys.readouterr().err
@@ -244,3 +244,145 @@ def test_the_cli_hands_results_to_the_report(tmp_path: Path, capsys: pytest.Capt
     run = fake_run(tmp_path, "via-cli", ttg=3.0, task=resnet_task(tmp_path / "data"))
     assert cli.main(["results", str(run), "--no-plots"]) == 0
     assert "via-cli" in capsys.readouterr().out
+
+
+# -- runs that left no readable summary, collectives in machine-readable output, where files go --------------------
+
+
+def crashed_run(root: Path, name: str, *, ranks: int = 1, seed: int = 1, summary: str | None = None) -> Path:
+    """A run folder as a crash or Ctrl-C leaves it: config.json and output.log, no (or a broken) summary."""
+    out = root / name
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(make_config(logreg_task(), out, ranks, name=name, seed=seed).dump())
+    (out / "output.log").write_text("Traceback ...\n")
+    if summary is not None:
+        (out / "summary.json").write_text(summary)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("summary", "reason"),
+    [
+        (None, "no summary.json"),
+        ('{"run": "trunc', "unreadable summary.json"),  # cut short while written
+        ("{}", "unreadable summary.json"),
+    ],
+)
+def test_a_run_without_a_readable_summary_counts_as_missing_the_goal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], summary: str | None, reason: str
+) -> None:
+    """4 seeds reached the goal, 2 crashed: MLPerf's result is invalid (more than one non-converging run)."""
+    root = tmp_path / "study"
+    for seed, t in enumerate([100.0, 90.0, 110.0, 95.0], 1):
+        fake_run(root, f"r-s{seed}", ttg=t, seed=seed)
+    crashed_run(root, "r-s5", seed=5, summary=summary)
+    crashed_run(root, "r-s6", seed=6)
+    assert report.main([str(root), "--no-plots", "--output", "json"]) == 0
+    captured = capsys.readouterr()
+    assert f"{root / 'r-s5'}: {reason}" in captured.err
+    assert "counted as a run that missed the goal" in captured.err
+    (config,) = json.loads(captured.out)["configurations"]
+    assert config["runs"] == 6
+    assert config["successRate"] == pytest.approx(4 / 6)
+    assert config["seeds"] == [1, 2, 3, 4, 5, 6]
+    assert any("2 runs missed the goal: invalid under MLPerf" in f for f in config["flags"])
+    assert config["wallClockSeconds"] == pytest.approx((100 + 90 + 110 + 95) / 4)  # the crashed ones: not measured
+
+
+def test_a_run_without_summary_or_config_is_named_not_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_run(tmp_path / "study", "ok", ttg=5.0)
+    (tmp_path / "study" / "bare").mkdir()
+    (tmp_path / "study" / "bare" / "run.yaml").write_text("kind: BenchmarkRun\n")
+    assert report.main([str(tmp_path / "study"), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'study' / 'bare'}: no summary.json" in err
+    assert "not counted (no config.json" in err
+
+
+def collectives_run(root: Path, name: str) -> Path:
+    from mlbench_api.results import CollectiveMeasurement, CollectiveResult
+
+    out = fake_run(root, name, ttg=1.0, with_events=False)
+    row = CollectiveMeasurement(
+        op="all-reduce",
+        bytes=4,
+        elements=1,
+        iterations=10,
+        time_seconds=0.001,
+        algorithm_bandwidth=4e3,
+        bus_bandwidth=4e3,
+        bus_factor=1.0,
+        latency_mean_seconds=1e-4,
+        latency_min_seconds=1e-4,
+        latency_p50_seconds=1e-4,
+        latency_p90_seconds=1e-4,
+        latency_p99_seconds=1e-4,
+        latency_max_seconds=1e-4,
+    )
+    table = CollectiveResult(backend="gloo", world_size=1, device="cpu", warmup_iterations=1, rows=[row])
+    s = RunSummary.model_validate_json((out / "summary.json").read_text())
+    (out / "summary.json").write_text(s.model_copy(update={"collectives": table}).model_dump_json(by_alias=True))
+    return out
+
+
+def test_collectives_runs_are_in_the_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    collectives_run(tmp_path / "only", "sweep-0a")
+    assert report.main([str(tmp_path / "only"), "--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in doc["runs"]] == ["sweep-0a"]
+    assert doc["runs"][0]["collectives"]["rows"][0]["op"] == "all-reduce"
+    assert doc["configurations"] == []
+
+    collectives_run(tmp_path / "mixed", "sweep-0a")
+    fake_run(tmp_path / "mixed", "trained", ttg=5.0)
+    assert report.main([str(tmp_path / "mixed"), "--output", "json", "--no-plots"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(r["run"] for r in doc["runs"]) == ["sweep-0a", "trained"]
+    assert [c["runNames"] for c in doc["configurations"]] == [["trained"]]
+
+
+def test_mllog_refuses_collectives_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = collectives_run(tmp_path, "sweep-0a")
+    assert report.main([str(run), "--mllog", str(tmp_path / "x.log")]) == 2
+    assert "--mllog: sweep-0a: a collectives run" in capsys.readouterr().err
+    assert not (tmp_path / "x.log").exists()
+
+
+def test_comparing_runs_leaves_their_own_plots_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = fake_run(tmp_path, "a", ttg=10.0), fake_run(tmp_path, "b", ttg=20.0)
+    assert report.main([str(a)]) == 0
+    own = (a / "accuracy-vs-time.svg").read_text()
+    assert report.main([str(a), str(b)]) == 0
+    assert "--plots DIR" in capsys.readouterr().out
+    assert (a / "accuracy-vs-time.svg").read_text() == own
+    assert report.main([str(a), str(b), "--plots", str(tmp_path / "cmp")]) == 0
+    assert (tmp_path / "cmp" / "accuracy-vs-time.svg").exists()
+    assert (a / "accuracy-vs-time.svg").read_text() == own
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--plots", "afile", "--plots: {tmp}/afile is a file, not a folder"),
+        ("--plots", "afile/sub", "--plots: {tmp}/afile is a file, not a folder"),
+        ("--mllog", "afile/x.log", "--mllog: {tmp}/afile is a file, not a folder"),
+    ],
+)
+def test_an_output_path_through_a_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    run = fake_run(tmp_path, "solo", ttg=5.0)
+    (tmp_path / "afile").write_text("")
+    assert report.main([str(run), option, str(tmp_path / value)]) == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+def test_a_mistyped_local_path_is_not_asked_of_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mlbench-results").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert report.main(["mlbench-results/local-quikc"]) == 2
+    assert "mlbench-results/local-quikc: no such file or directory" in capsys.readouterr().err

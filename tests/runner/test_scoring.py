@@ -207,3 +207,83 @@ def test_families_are_scored_apart() -> None:
         ("mpi", 1, pytest.approx(1.0)),
         ("mpi", 2, pytest.approx(2.5)),
     ]
+
+
+# -- runs that left no summary ------------------------------------------------------------------------
+
+
+FP32 = replace(BASE, settings=(("device", "cpu"), ("precision", "fp32"), ("task.x", "1")))
+BF16 = replace(BASE, settings=(("device", "cpu"), ("precision", "bf16"), ("task.x", "1")))
+UNSEEN = replace(BASE, settings=(("task.x", "1"),))  # what config.json alone says
+
+
+@pytest.mark.parametrize(
+    ("finished", "unfinished", "joined"),
+    [
+        ([FP32], UNSEEN, FP32),  # the one configuration it was started as
+        ([FP32, BF16], UNSEEN, UNSEEN),  # two candidates: not guessed
+        ([FP32], replace(UNSEEN, settings=(("task.x", "2"),)), None),  # another task setting: its own
+        ([FP32], replace(UNSEEN, world_size=2, workers=2), None),  # another world size: its own
+    ],
+)
+def test_a_run_without_summary_joins_the_configuration_it_was_started_as(
+    finished: list[Configuration], unfinished: Configuration, joined: Configuration | None
+) -> None:
+    runs = [run(10.0, seed=i, conf=c) for i, c in enumerate(finished)]
+    crashed = replace(run(None, seed=9, conf=unfinished), configuration=unfinished, measured=False)
+    out = scoring.attach_unfinished([*runs, crashed])
+    assert out[-1].configuration == (joined or unfinished)
+    assert out[:-1] == runs
+
+
+def test_a_run_without_summary_is_a_failure_that_adds_no_times() -> None:
+    crashed = replace(run(None, seed=6), wall_clock=0.0, samples_per_second=0.0, measured=False, name="c")
+    (s,) = scoring.score([run(t, seed=i) for i, t in enumerate([10.0, 20.0, 30.0, 40.0, 50.0])] + [crashed])
+    assert s.success_rate == pytest.approx(5 / 6)
+    assert s.time_to_goal.failure_dropped  # MLPerf: the one non-converging run is the dropped slowest
+    assert s.wall_clock == pytest.approx(30.0)
+    assert s.samples_per_second == pytest.approx(100.0)
+    assert any("left no readable summary" in f and "c" in f for f in s.flags)
+    (alone,) = scoring.score([crashed])
+    assert alone.wall_clock is None
+    assert alone.success_rate == 0.0
+
+
+def test_unfinished_result_is_a_run_that_missed_the_goal(tmp_path: Path) -> None:
+    config = make_config(logreg_task(), tmp_path, 2, name="crashed", seed=3)
+    r = scoring.unfinished_result(config, "somewhere")
+    assert (r.name, r.seed, r.reached, r.measured, r.source) == ("crashed", 3, False, False, "somewhere")
+    assert r.configuration.world_size == 2
+
+
+def test_an_accuracy_after_time_goal_is_scored_by_the_final_accuracy() -> None:
+    """The spec: after the budget the final model is evaluated, higher is better; the time the target was
+    first crossed is no score, and no speedup or spread is made of it."""
+    runs = [
+        replace(run(0.03, world=w, seed=s), final_accuracy=final, accuracy_after_time=True)
+        for w, s, final in [(1, 1, 0.915), (1, 2, 0.60), (2, 1, 0.80), (2, 2, 0.70)]
+    ]
+    one, two = scoring.score(runs)
+    assert one.final_accuracy == pytest.approx(0.7575)
+    assert two.final_accuracy == pytest.approx(0.75)
+    assert (one.time_to_goal.value, one.time_to_goal.method, one.spread) == (None, "none", None)
+    assert two.speedup is None
+    assert any("scored by the final model's accuracy" in f for f in one.flags)
+    assert not any("never reached the goal" in f for f in two.flags)
+    mixed = scoring.score([*runs, run(10.0, seed=3, conf=replace(BASE, task="other"))])
+    assert {(s.configuration.task, s.accuracy_after_time) for s in mixed} == {("t", True), ("other", False)}
+    from mlbench_runner import report
+
+    table = report.format_scores(mixed).splitlines()
+    header = next(line for line in table if line.startswith("configuration"))
+    assert "final acc" in header
+    assert any("75.75%" in line or "75.8%" in line for line in table), table
+
+
+def test_the_goal_mode_comes_from_the_config(tmp_path: Path) -> None:
+    task = logreg_task()
+    task["goal"] = {**task.get("goal", {}), "mode": "accuracy-after-time", "timeBudgetSeconds": 60}
+    config = make_config(task, tmp_path, 1)
+    summary = summary_for(config, ttg=1.0)
+    assert scoring.run_result(summary, config).accuracy_after_time
+    assert not scoring.run_result(summary, None).accuracy_after_time

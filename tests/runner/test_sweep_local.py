@@ -145,3 +145,35 @@ def test_the_example_study_prints(capsys: pytest.CaptureFixture[str]) -> None:
     assert sweep.main([str(REPO / "manifests" / "examples" / "sweep-epsilon-logreg.yaml")]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert len(docs) == 9
+
+
+def test_a_task_file_for_another_task_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = _task_file(tmp_path, logreg_task())  # metadata.name: tiny
+    doc = yaml.safe_load(_sweep_file(tmp_path, {"seeds": [1, 2]}).read_text())
+    doc["spec"]["template"]["taskRef"]["name"] = "epsilon-logreg-synthetic"
+    study = write_yaml(tmp_path / "study.yaml", doc)
+    out = tmp_path / "study"
+    assert sweep.main([str(study), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'tiny'" in err
+    assert "'epsilon-logreg-synthetic'" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("matrix", "template", "field"),
+    [
+        ({"workers": ["2"]}, {}, "spec.matrix.workers.0"),  # kubectl and `mlbench validate` refuse a string
+        ({"seeds": [1]}, {"workers": "4"}, "spec.template.workers"),
+    ],
+)
+def test_the_sweep_is_parsed_as_strictly_as_mlbench_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], matrix: dict[str, Any], template: dict[str, Any], field: str
+) -> None:
+    doc = yaml.safe_load(_sweep_file(tmp_path, matrix).read_text())
+    doc["spec"]["template"].update(template)
+    study = write_yaml(tmp_path / "study.yaml", doc)
+    assert sweep.main([str(study)]) == 2
+    assert field in capsys.readouterr().err

@@ -1,0 +1,31 @@
+"""Write a file whole or not at all.
+
+A reader (``mlbench results``, ``mlbench sweep --resume``, the launcher collecting results) may look
+at a result file at any moment, and a rank may be killed while writing it: a half-written
+``summary.json`` would read as a broken run. Writing to a temporary file in the same folder (same
+file system, so the rename is atomic) and renaming it over the target means a reader sees the old
+file or the new one, never part of one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+#: The mode of a written file: readable by all, as ``write_text`` would leave it under the usual umask
+#: (mkstemp's 0600 would hide the results from a launcher or a sidecar running as another user).
+MODE = 0o644
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, atomically: a temporary file next to it, then ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
