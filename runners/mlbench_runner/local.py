@@ -119,9 +119,20 @@ def load_task(name: str, task_file: str | None) -> BenchmarkTaskSpec:
     return task.spec
 
 
+def task_file_for(name: str, task_file: str | None, beside: str) -> str | None:
+    """Where task ``name`` comes from: ``--task-file``; else the run's (or sweep's) own file ``beside`` when it
+    also holds that BenchmarkTask (one file that ``kubectl apply`` takes whole); else None: the catalog."""
+    if task_file:
+        return task_file
+    docs = _documents(beside, "task")
+    named = [d for d in docs if d.get("kind") == "BenchmarkTask" and (d.get("metadata") or {}).get("name") == name]
+    return beside if named else None
+
+
 def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     run = load_run(args.run)
-    spec = load_task(run.spec.task_ref.name, args.task_file)
+    name = run.spec.task_ref.name
+    spec = load_task(name, task_file_for(name, args.task_file, args.run))
     overrides = run.spec.overrides
     if overrides is not None and overrides.dataset and overrides.dataset_source is None:
         # A local run fetches nothing: an overridden dataset path is where the data already is, so the

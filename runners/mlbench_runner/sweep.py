@@ -167,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local:
         sys.stdout.write(render(sweep, runs, args.namespace, args.sweep))
         return 0
-    if args.task_file:  # every run would refuse it: say so once, before the first run
-        from mlbench_runner import local
+    from mlbench_runner import local
 
-        try:
-            local.load_task(sweep.spec.template.task_ref.name, args.task_file)
-        except local.LocalRunError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    name = sweep.spec.template.task_ref.name
+    try:  # a task that every run would refuse (unknown, invalid, another name): said once, before any run
+        args.task_file = local.task_file_for(name, args.task_file, args.sweep)
+        local.load_task(name, args.task_file)
+    except local.LocalRunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return run_local(args, sweep, runs)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 import pytest
+import yaml
 
 from mlbench_api.results import RunSummary
 from mlbench_runner import local, report
@@ -153,6 +154,22 @@ def test_a_task_file_for_another_task_is_refused(tmp_path: Path, capsys: pytest.
     assert "'tiny'" in err
     assert "'epsilon-logreg-synthetic'" in err
     assert not (out / "config.json").exists()
+
+
+@pytest.mark.parametrize("with_task", [True, False])
+def test_a_run_file_that_also_holds_its_task_uses_it(tmp_path: Path, with_task: bool) -> None:
+    """One file for ``kubectl apply`` with the task and the run: the local run takes the task from it too."""
+    task = {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkTask", "metadata": {"name": "tiny"}}
+    docs = [{**task, "spec": logreg_task(batch=7)}] if with_task else []
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump_all([*docs, run_doc("both", "tiny", 1)]))
+    args = local.parse_args([str(path), "--local"])
+    if not with_task:
+        with pytest.raises(local.LocalRunError, match="tiny"):
+            local.build_config(args, tmp_path / "o")
+        return
+    config = local.build_config(args, tmp_path / "o")
+    assert (config.task_name, config.task.training.batch_size_per_worker) == ("tiny", 7)
 
 
 PREVIOUS = {"summary.json": "previous summary", "events.jsonl": "previous events", "termination-log": "previous"}

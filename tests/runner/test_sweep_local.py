@@ -177,3 +177,14 @@ def test_the_sweep_is_parsed_as_strictly_as_mlbench_validate(
     study = write_yaml(tmp_path / "study.yaml", doc)
     assert sweep.main([str(study)]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not in the catalog, no --task-file: exit 2 (an invalid study), not every run failing one by one."""
+    study = _sweep_file(tmp_path, {"seeds": [1, 2, 3]})
+    out = tmp_path / "study"
+    assert sweep.main([str(study), "--local", "--output", str(out), "--launcher", "process"]) == 2
+    assert "tiny" in capsys.readouterr().err
+    assert not out.exists()
