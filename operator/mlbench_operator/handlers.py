@@ -1009,15 +1009,20 @@ async def scrape_progress(
     name: str,
     uid: str | None,
     status: kopf.Status,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """Live progress while Running; an unreachable endpoint just means no update."""
-    attempt = status.get("restarts") or 0
-    value = await scrape_rank0(namespace or "", name, memo.get("pods") or PodIndex(), uid or "", int(attempt))
-    if value is not None:
-        patch.status["progress"] = progress.advance(status.get("progress"), value, _now())
+    """Live progress while Running; an unreachable endpoint just means no update. Written only if the run
+    is still Running in the same attempt when the scrape returns (:meth:`Kube.patch_running_progress`)."""
+    restarts = status.get("restarts")
+    ns = namespace or ""
+    value = await scrape_rank0(ns, name, memo.get("pods") or PodIndex(), uid or "", int(restarts or 0))
+    if value is None:
+        return
+    kube: Kube = memo.kube
+    new = progress.advance(status.get("progress"), value, _now())
+    if not await kube.run(kube.patch_running_progress, ns, name, new, restarts):
+        log.info("progress_dropped", run=name, namespace=ns, reason="the run is no longer Running in that attempt")
 
 
 from mlbench_operator import sweep_handlers  # noqa: E402,F401  (registers the sweep handlers)

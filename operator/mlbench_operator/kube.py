@@ -297,6 +297,34 @@ class Kube:
             resource="benchmarkruns/status",
         )
 
+    def patch_running_progress(
+        self, namespace: str, name: str, progress: dict[str, Any], restarts: int | None = None
+    ) -> bool:
+        """Set ``status.progress`` only while the run is still Running (and, given ``restarts``, in that
+        attempt): a JSON patch whose ``test`` operations make the API server refuse it once the run moved
+        on, so a scrape still in flight never overwrites the final figures written at the end (or the
+        progress a gang restart cleared). False when refused so.
+
+        A merge patch (kopf's ``patch``) cannot do this: it has no precondition.
+        """
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/status/phase", "value": "Running"}]
+        if restarts is not None:
+            ops.append({"op": "test", "path": "/status/restarts", "value": restarts})
+        ops.append({"op": "add", "path": "/status/progress", "value": progress})
+        try:
+            self.request(
+                "PATCH",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{name}/status",
+                ops,
+                content_type="application/json-patch+json",
+                resource="benchmarkruns/status",
+            )
+        except ApiError as err:
+            if err.status == 422:  # a test failed: the run is no longer Running (in that attempt)
+                return False
+            raise
+        return True
+
     def delete_run(self, namespace: str, name: str) -> None:
         try:
             self.request(
