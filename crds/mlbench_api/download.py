@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from mlbench_api import bundle
+from mlbench_api import atomic, bundle
 from mlbench_api.common import GROUP, VERSION
 
 #: ``<namespace>/<run>``: a namespace is a DNS-1123 label, a run name a DNS-1035 label.
@@ -89,7 +89,7 @@ def write(found: bundle.Bundle, dest: Path) -> list[Path]:
     paths = []
     for name, data in sorted(found.files.items()):
         path = dest / name
-        path.write_bytes(data)
+        atomic.write_bytes(path, data)  # an interrupted fetch must not leave half a summary.json
         paths.append(path)
     return paths
 

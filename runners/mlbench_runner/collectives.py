@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import (
     CollectiveMeasurement,
@@ -51,7 +52,6 @@ from mlbench_api.results import (
     RunSummary,
 )
 from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
-from mlbench_runner import atomic
 from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics

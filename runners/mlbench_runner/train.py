@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import atomic, partition
+from mlbench_runner import partition
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, make_communicator

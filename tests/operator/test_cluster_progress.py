@@ -31,9 +31,7 @@ def kube(kube_cluster: KubeCluster) -> Iterator[Kube]:
 
 
 def _progress(kube_cluster: KubeCluster, namespace: str) -> Any:
-    return (
-        (get_json(kube_cluster, "-n", namespace, "benchmarkrun", "late") or {}).get("status", {}).get("progress")
-    )
+    return (get_json(kube_cluster, "-n", namespace, "benchmarkrun", "late") or {}).get("status", {}).get("progress")
 
 
 def test_a_late_scrape_never_overwrites_a_finished_or_restarted_runs_progress(

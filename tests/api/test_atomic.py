@@ -1,4 +1,4 @@
-"""Result files are written whole or not at all (mlbench_runner.atomic)."""
+"""Result files are written whole or not at all (mlbench_api.atomic)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_runner import atomic
+from mlbench_api import atomic
 
 
 @pytest.mark.parametrize("before", [None, "old summary"])

@@ -19,11 +19,16 @@ MODE = 0o644
 
 
 def write_text(path: Path, text: str) -> None:
-    """``path.write_text(text)``, atomically: a temporary file next to it, then ``os.replace``."""
+    """``path.write_text(text)`` (UTF-8), atomically: see :func:`write_bytes`."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """``path.write_bytes(data)``, atomically: a temporary file next to it, then ``os.replace``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, MODE)
         os.replace(tmp, path)
     except BaseException:
