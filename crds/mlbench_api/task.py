@@ -522,16 +522,27 @@ def size_ladder(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return [*sizes, max_bytes]
 
 
+#: The reference runner's console script: ``runner.command`` starting with it is MLBench's own program.
+RUNNER_ENTRYPOINT = "mlbench-runner"
+
+
 class RunnerSpec(ApiModel):
     """The container that implements the task on every rank."""
 
     image: Annotated[str, Field(min_length=1, max_length=512)]
     """Container image of every pod of a run (workers, launcher, dataset fetch) unless the run sets spec.image."""
     command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
-        default_factory=lambda: ["mlbench-runner", "train"]
+        default_factory=lambda: [RUNNER_ENTRYPOINT, "train"]
     )
     """What every rank runs under mpirun (default mlbench-runner train). mlbench-runner subcommands get --config;
     another program (an open-division image's) reads $MLBENCH_RUN_CONFIG, writes summary.json (docs/runner.md)."""
+
+    @property
+    def serves_metrics(self) -> bool:
+        """Whether every rank serves Prometheus metrics (on 9400 + local rank): the reference runner does; another
+        program is not asked to (docs/runner.md), so no metrics port is declared for it, or each of its ranks
+        would look down to Prometheus all run long."""
+        return bool(self.command) and self.command[0] == RUNNER_ENTRYPOINT
 
 
 class Overridable(StrEnum):

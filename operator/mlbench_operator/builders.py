@@ -347,8 +347,11 @@ def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
 
     Each rank serves on ``9400 + local rank``; mpirun's ``--map-by slot`` fills worker 0's slots
     first, so worker ``i`` holds ranks ``i * slots ..``. Declared ports are what a PodMonitor (and
-    Prometheus' pod discovery) can scrape; the name gives every series its ``rank`` label.
+    Prometheus' pod discovery) can scrape; the name gives every series its ``rank`` label. None for a
+    task's own program (``runner.serves_metrics``): a port nobody serves would fire the rank alerts.
     """
+    if not ctx.task.runner.serves_metrics:
+        return []
     slots = ctx.spec.slots_per_worker
     first = worker * slots
     ranks = range(first, min(first + slots, ctx.config.world_size))

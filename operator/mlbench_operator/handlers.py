@@ -375,7 +375,8 @@ async def run_event(
     m.WATCH_EVENTS.labels(PLURAL).inc()
     key = (namespace or "", name)
     task = (spec.get("taskRef") or {}).get("name", "")
-    m.track_phase(key, status.get("phase"), deleted=type == "DELETED", task=task)
+    serves = reconcile.serves_metrics(status)
+    m.track_phase(key, status.get("phase"), deleted=type == "DELETED", task=task, serves_metrics=serves)
     memo.wakeups.wake(key)
     if type != "DELETED":
         stale = reconcile.generation_patch(body)

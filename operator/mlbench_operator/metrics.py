@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from mlbench_api.run import Phase
@@ -33,6 +35,12 @@ RUN_PHASE = Gauge(
     "1 for a run's current phase, 0 for the others (like kube_pod_status_phase); gone with the run.",
     ["namespace", "run", "task", "phase"],
 )
+RUN_SERVES_METRICS = Gauge(
+    "mlbench_operator_run_serves_metrics",
+    "1 when a run's ranks serve Prometheus metrics (the reference runner), 0 when its task runs its own program "
+    "(no metrics asked of it: the rank alerts leave it alone); set once the run is admitted, gone with the run.",
+    ["namespace", "run"],
+)
 RESTARTS = Counter("mlbench_operator_gang_restarts_total", "Gang restarts of a run's world after a failure.")
 LEADER = Gauge(
     "mlbench_operator_leader",
@@ -43,9 +51,17 @@ _phases: dict[tuple[str, str], str] = {}
 _tasks: dict[tuple[str, str], str] = {}
 
 
-def track_phase(key: tuple[str, str], phase: str | None, deleted: bool = False, task: str = "") -> None:
-    """Record a run's phase (from its watch events) and refresh the by-phase gauges."""
+def track_phase(
+    key: tuple[str, str], phase: str | None, deleted: bool = False, task: str = "", serves_metrics: bool | None = None
+) -> None:
+    """Record a run's phase (from its watch events) and refresh the by-phase gauges; ``serves_metrics``
+    (None: not admitted yet, unknown) feeds :data:`RUN_SERVES_METRICS`."""
     namespace, run = key
+    if deleted:
+        with contextlib.suppress(KeyError):  # never set: not admitted
+            RUN_SERVES_METRICS.remove(namespace, run)
+    elif serves_metrics is not None:
+        RUN_SERVES_METRICS.labels(namespace, run).set(1 if serves_metrics else 0)
     old_task = _tasks.pop(key, None)
     if old_task is not None and (deleted or old_task != task):
         for p in PHASES:

@@ -64,7 +64,7 @@ from mlbench_api.run import (
     RunResult,
     WorkerCounts,
 )
-from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_api.task import BenchmarkTaskSpec, RunnerSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import logs
 from mlbench_operator import naming as n
@@ -506,6 +506,18 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         compression_ratio=summary.communication.compression_ratio if summary.communication else None,
         peak_bus_bandwidth=summary.peak_bus_bandwidth,
     )
+
+
+def serves_metrics(status: Mapping[str, Any]) -> bool | None:
+    """Whether the admitted run's ranks serve metrics (``RunnerSpec.serves_metrics`` of its task snapshot);
+    None before admission (no snapshot yet) or for a snapshot that does not read."""
+    runner = (status.get("taskSnapshot") or {}).get("runner")
+    if not isinstance(runner, Mapping):
+        return None
+    try:
+        return RunnerSpec.model_validate(runner).serves_metrics
+    except ValidationError:
+        return None
 
 
 def final_progress(old: Progress | None, summary: RunSummary, now: datetime) -> Progress:

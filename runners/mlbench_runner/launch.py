@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
+from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner.collect import gather, rank0_event, results_line, ssh_options
 from mlbench_runner.options import knob_names
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
@@ -79,7 +80,6 @@ def rank_config_path(path: str) -> str:
 
 
 #: The project's own entrypoint: a task command starting with it runs on this interpreter.
-RUNNER_ENTRYPOINT = "mlbench-runner"
 
 
 def rank_command(command: Sequence[str], config_path: str, python: str = sys.executable) -> list[str]:

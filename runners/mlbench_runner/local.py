@@ -28,8 +28,8 @@ from pydantic import ValidationError
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.errors import InvalidObject
-from mlbench_api.task import DatasetFormat
-from mlbench_runner.launch import RUNNER_ENTRYPOINT, launcher_command, rank_command, strip_tag, summary_from_line
+from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
+from mlbench_runner.launch import launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
 
 

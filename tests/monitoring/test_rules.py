@@ -132,12 +132,21 @@ def _mutate(groups: list[Obj], alert: str, old: str, new: str) -> list[Obj]:
     return out
 
 
+_PHASE = 'mlbench_operator_run_status_phase{job="mlbench-operator-metrics", phase="Running"}'
+#: MLBenchRunStalled's "Running for 10 minutes": merged over the operator's replicas, then the minimum; the
+#: other order sees a new leader's fresh series as Running all along.
+_MERGED_THEN_MIN = f"min_over_time(\n    (max by (namespace, run) (\n      {_PHASE}\n    ))[10m:1m]\n  )"
+_MIN_THEN_MERGED = f"max by (namespace, run) (min_over_time({_PHASE}[10m]))"
+
+
 @pytest.mark.parametrize(
     ("alert", "old", "new", "why"),
     [
         ("MLBenchRunStalled", "unless on (namespace, run)", "unless on (run)", "another namespace's run masks a stall"),
         ("MLBenchRunStalled", "min_over_time(", "max_over_time(", "no grace after a run starts Running"),
         ("MLBenchRunStalled", "increase(mlbench_steps_total", "-increase(mlbench_steps_total", "never clears"),
+        ("MLBenchRunStalled", "serves_metrics{", "serves_metrics_x{", "a task's own program is judged by steps"),
+        ("MLBenchRunStalled", _MERGED_THEN_MIN, _MIN_THEN_MERGED, "a leader change cuts the 10 minutes short"),
         ("MLBenchWorkerUnreachable", "and on (namespace, run)", "or on (namespace, run)", "fires outside Running"),
         ("MLBenchOperatorDown", "== 0", "== 1", "a healthy operator alerts"),
         ("MLBenchReconcileErrors", "[5m]", "[30m]", "a single error alerts"),

@@ -153,6 +153,25 @@ def test_metrics_ports_are_named_for_global_ranks(workers: int, slots: int, work
     assert all(len(p["name"]) <= 15 for p in ports)  # IANA_SVC_NAME
 
 
+@pytest.mark.parametrize(
+    ("command", "ports"),
+    [
+        (None, ["ssh", "rank-0", "rank-1"]),  # the default, mlbench-runner train
+        (["mlbench-runner", "collectives"], ["ssh", "rank-0", "rank-1"]),
+        (["/opt/trainer/bin/train", "--fast"], ["ssh"]),  # not asked to serve metrics: no port to find down
+    ],
+)
+def test_only_the_reference_runner_declares_metrics_ports(command: list[str] | None, ports: list[str]) -> None:
+    task = h.task()
+    task["spec"]["division"] = "open"
+    if command is not None:
+        task["spec"]["runner"]["command"] = command
+    result = reconcile.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
+    assert not isinstance(result, reconcile.Rejection), result
+    container = builders.worker_pod(result[0], 0, 0)["spec"]["containers"][0]
+    assert [p["name"] for p in container["ports"]] == ports
+
+
 def test_ranks_linger_for_the_last_scrape() -> None:
     ctx = ctx_for()
     for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):

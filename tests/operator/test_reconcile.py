@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mlbench_operator import builders, reconcile
 from mlbench_operator import conditions as c
@@ -1200,3 +1201,27 @@ def test_every_pass_force_deletes_and_wakes_up_whatever_decides() -> None:
     assert plan.force_delete == ["r1-worker-1"]
     # the leaving pod would count as stuck at 50 + 60 + 1 s, the deadline is at 100 s: the earlier wins
     assert plan.requeue_after == pytest.approx(100 - (reconcile.FORCE_DELETE_AFTER_SECONDS + 10))
+
+
+@pytest.mark.parametrize(
+    ("status", "serves"),
+    [
+        ({}, None),  # not admitted: unknown
+        ({"taskSnapshot": {"runner": {"image": "mlbench/runner:1"}}}, True),  # the default, mlbench-runner train
+        ({"taskSnapshot": {"runner": {"image": "x", "command": ["mlbench-runner", "collectives"]}}}, True),
+        ({"taskSnapshot": {"runner": {"image": "x", "command": ["/opt/trainer/train"]}}}, False),
+        ({"taskSnapshot": {"runner": {"command": "not a list"}}}, None),
+    ],
+)
+def test_serves_metrics_follows_the_task_snapshots_runner(status: dict[str, Any], serves: bool | None) -> None:
+    from mlbench_operator import metrics as m
+
+    assert reconcile.serves_metrics(status) is serves
+    m.track_phase(("ns", "served"), "Running", task="t", serves_metrics=serves)
+    value = REGISTRY.get_sample_value("mlbench_operator_run_serves_metrics", {"namespace": "ns", "run": "served"})
+    if serves is not None:
+        assert value == (1.0 if serves else 0.0)
+    m.track_phase(("ns", "served"), None, deleted=True, task="t")
+    assert (
+        REGISTRY.get_sample_value("mlbench_operator_run_serves_metrics", {"namespace": "ns", "run": "served"}) is None
+    )
