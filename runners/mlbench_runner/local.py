@@ -11,6 +11,7 @@ and the result files in ``--output`` (default ``./mlbench-results/<run>``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
+from mlbench_api.common import API_VERSION
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.errors import InvalidObject
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
@@ -117,6 +119,13 @@ def load_task(name: str, task_file: str | None) -> BenchmarkTaskSpec:
     except (OSError, ValueError) as exc:
         raise LocalRunError(f"task catalog: {exc}") from exc
     return task.spec
+
+
+def task_document(name: str, task_file: str) -> dict[str, Any]:
+    """The BenchmarkTask ``name`` of a task file as a document (a bare spec gets that name), checked as
+    :func:`load_task` checks it: what a run's own file can carry so that it runs on its own."""
+    spec = load_task(name, task_file)
+    return {"apiVersion": API_VERSION, "kind": "BenchmarkTask", "metadata": {"name": name}, "spec": spec.to_api()}
 
 
 def task_file_for(name: str, task_file: str | None, beside: str) -> str | None:
@@ -320,22 +329,39 @@ def run_processes(
                             other.terminate()
                 continue
             on_line(line)
-    except BaseException:  # Ctrl-C (or a failing on_line): no rank may outlive the command
+    except KeyboardInterrupt:  # the ranks got the terminal's Ctrl-C too: their summaries first
+        stop_processes(procs, settle=SETTLE_SECONDS)
+        raise
+    except BaseException:  # a failing on_line: no rank may outlive the command
         stop_processes(procs)
         raise
     return failed or max(p.wait() for p in procs)
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[str]], grace: float = 5.0) -> None:
-    """Terminate every process still running, and kill those that do not end within ``grace`` seconds."""
+#: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
+#: Seconds the ranks get to end on their own after a Ctrl-C before they are terminated: a terminal's Ctrl-C
+#: reaches every process of the group, and each rank then writes its ``aborted`` summary and leaves.
+SETTLE_SECONDS = 10.0
+
+
+def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[str]], settle: float = 0.0, grace: float = 5.0) -> None:
+    """Let the processes end on their own for ``settle`` seconds, then terminate those still running, and
+    kill those that do not end within ``grace`` seconds more."""
+    _wait_all(procs, settle)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
-    deadline = time.monotonic() + grace
+    _wait_all(procs, grace)
     for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -351,7 +377,10 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     try:
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-    except BaseException:  # Ctrl-C: mpirun forwards SIGTERM to its ranks
+    except KeyboardInterrupt:  # mpirun got the Ctrl-C too and stops its ranks; SIGTERM if it does not end
+        stop_processes([proc], settle=SETTLE_SECONDS)
+        raise
+    except BaseException:  # mpirun forwards SIGTERM to its ranks
         stop_processes([proc])
         raise
     return proc.wait()
@@ -469,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted before the run started", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     clear_previous(out)
     config_path = out / "config.json"
     config_path.write_text(config.dump())
@@ -493,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                 code = run_processes(config_path, config.world_size, env, on_line, config.task.runner.command)
     except KeyboardInterrupt:  # the ranks are stopped by now (run_processes / run_mpirun)
         print(f"interrupted: the ranks were stopped; partial output in {out / 'output.log'}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     summary = progress.summary
     if summary is None and (out / "summary.json").exists():
         summary = RunSummary.model_validate_json((out / "summary.json").read_text())

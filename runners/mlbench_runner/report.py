@@ -22,6 +22,7 @@ import io
 import json
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,9 +297,7 @@ def format_json(
             for r in runs
         ],
         "configurations": [score_dict(s) for s in scores],
-        "unfinished": [
-            {"source": str(u.path), "reason": u.reason, "counted": u.config is not None} for u in unfinished
-        ],
+        "unfinished": [{"source": str(u.path), "reason": u.reason, "counted": u.counts} for u in unfinished],
     }
     return json.dumps(doc, indent=2)
 
@@ -371,20 +370,44 @@ class Unfinished:
     reason: str
     config: RunConfig | None
     """From its ``config.json``: without one the run cannot be told apart from others, so it is not scored."""
+    live: bool = False
+    """Its log was written moments ago: probably still running (a study scored while it goes on), not counted."""
+
+    @property
+    def counts(self) -> bool:
+        """Scored as a run of its configuration that missed the goal."""
+        return self.config is not None and not self.live
 
     def warning(self) -> str:
-        counted = (
-            "counted as a run that missed the goal"
-            if self.config is not None
-            else "not counted (no config.json says which configuration it was)"
-        )
+        if self.live:
+            counted = "not counted: it looks like it is still running"
+        elif self.config is None:
+            counted = "not counted (no config.json says which configuration it was)"
+        else:
+            counted = "counted as a run that missed the goal"
         return f"warning: {self.path}: {self.reason}; {counted}"
 
 
-def load_run(path: Path) -> LoadedRun | Unfinished:
+#: A run folder whose log changed within this many seconds is taken for a run still going on: the runner
+#: writes progress lines every few seconds, and a summary when it ends.
+LIVE_SECONDS = 120.0
+#: The files a running run keeps writing (``mlbench run --local``'s log, the runner's event log).
+LIVE_FILES = ("output.log", "events.jsonl")
+
+
+def last_written(path: Path, now: float) -> float | None:
+    """Seconds since ``path``'s run last wrote its log (None: no log there)."""
+    times = [(path / name).stat().st_mtime for name in LIVE_FILES if (path / name).is_file()]
+    return now - max(times) if times else None
+
+
+def load_run(path: Path, now: float | None = None) -> LoadedRun | Unfinished:
     """A result directory (or summary file) as a scored run, or as a run that left no readable summary."""
     file = path / "summary.json" if path.is_dir() else path
     if not file.exists():
+        age = last_written(path, time.time() if now is None else now)
+        if age is not None and age < LIVE_SECONDS:
+            return Unfinished(path, f"no summary.json yet; its log changed {age:.0f}s ago", load_config(path), True)
         return Unfinished(path, "no summary.json (the run crashed or was interrupted?)", load_config(path))
     try:
         return LoadedRun(path, load_summary(path), load_config(path))
@@ -411,7 +434,7 @@ def _loaded(runs: Sequence[tuple[Path, RunSummary]] | Sequence[LoadedRun]) -> li
 
 def _results(runs: Sequence[LoadedRun], unfinished: Sequence[Unfinished] = ()) -> list[scoring.RunResult]:
     measured = [scoring.run_result(r.summary, r.config, str(r.path)) for r in runs]
-    return measured + [scoring.unfinished_result(u.config, str(u.path)) for u in unfinished if u.config is not None]
+    return measured + [scoring.unfinished_result(u.config, str(u.path)) for u in unfinished if u.counts and u.config]
 
 
 def write_plots(
@@ -553,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(key)
             runs.append(r)
     unfinished = list({u.path.resolve(): u for u in unfinished}.values())
-    if not runs and not any(u.config is not None for u in unfinished):
+    if not runs and not any(u.counts for u in unfinished):
         print("error: no readable summary.json to report on", file=sys.stderr)
         return 2
     collectives = [r for r in runs if r.summary.collectives is not None]

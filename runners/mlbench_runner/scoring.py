@@ -328,6 +328,7 @@ def unfinished_result(config: RunConfig, source: str = "") -> RunResult:
         split=PhaseSplit(0.0, 0.0, 0.0),
         source=source,
         measured=False,
+        accuracy_after_time=config.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME,
     )
 
 

@@ -24,6 +24,8 @@ from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, p
 
 #: The outcomes of a local run that count as done (the exit code is 0 when every run has one).
 DONE = ("succeeded", "kept")
+#: The outcome of a run stopped by Ctrl-C: the study stops there (exit 130), and ``--resume`` goes on.
+INTERRUPTED = "interrupted"
 
 
 class SweepInputError(Exception):
@@ -102,8 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun]) -> int:
-    """Each run through ``mlbench run --local``; 0 when every run succeeded."""
-    from mlbench_runner import report
+    """Each run through ``mlbench run --local``; 0 when every run succeeded (130 when interrupted)."""
+    from mlbench_runner import local, report
 
     out = Path(args.output or Path("mlbench-results") / sweep.metadata.name).resolve()
     stop = sweep.spec.failure_policy is FailurePolicy.STOP
@@ -119,7 +121,13 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
         kept, why = resumable(folder) if args.resume else (None, "")
         if why:
             print(f"  {'skipped' if kept else 'runs'}: {why} (--resume)", flush=True)
-        outcomes[run.name] = kept or run_one(args, run, folder)
+        try:
+            outcomes[run.name] = kept or run_one(args, run, folder)
+        except KeyboardInterrupt:  # between two runs' ranks
+            outcomes[run.name] = INTERRUPTED
+        if outcomes[run.name] == INTERRUPTED:
+            print(f"interrupted: the other runs are not started; --resume goes on from {run.name}", flush=True)
+            break
         if outcomes[run.name] not in DONE and stop:
             print(f"run {run.name} failed and failurePolicy is Stop: the other runs are not started", flush=True)
             break
@@ -136,6 +144,8 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
         print()
         print(report.format_table(summaries))
     print(f"\nresults in {out}; score the study with: mlbench results {out}")
+    if INTERRUPTED in outcomes.values():
+        return local.INTERRUPTED
     done = len(outcomes) == len(runs)
     return 0 if done and all(o in DONE for o in outcomes.values()) else 1
 
@@ -146,12 +156,16 @@ def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
 
     folder.mkdir(parents=True, exist_ok=True)
     run_file = folder / "run.yaml"
-    run_file.write_text(yaml.safe_dump(run.to_api(), sort_keys=False))
+    # with the task when it is not the catalog's, so that `mlbench run <run.yaml> --local` runs it on its own
+    task = [local.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
+    run_file.write_text(yaml.safe_dump_all([*task, run.to_api()], sort_keys=False))
     argv = [str(run_file), "--local", "--output", str(folder), "--launcher", args.launcher]
     argv += ["--task-file", args.task_file] if args.task_file else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []
     argv += ["--quiet"] if args.quiet else []
     code = local.main(argv)
+    if code == local.INTERRUPTED:
+        return INTERRUPTED
     return "succeeded" if code == 0 else f"failed (exit {code})"
 
 

@@ -298,6 +298,7 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(local.subprocess, "Popen", popen)
+        mp.setattr(local, "SETTLE_SECONDS", 0.5)  # these sleepers never end on their own: terminated after it
         with pytest.raises(KeyboardInterrupt):
             local.run_processes(tmp_path / "config.json", 2, dict(local.os.environ), on_line, sleeper)
     assert len(procs) == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -249,15 +251,37 @@ def test_the_cli_hands_results_to_the_report(tmp_path: Path, capsys: pytest.Capt
 # -- runs that left no readable summary, collectives in machine-readable output, where files go --------------------
 
 
-def crashed_run(root: Path, name: str, *, ranks: int = 1, seed: int = 1, summary: str | None = None) -> Path:
-    """A run folder as a crash or Ctrl-C leaves it: config.json and output.log, no (or a broken) summary."""
+def crashed_run(
+    root: Path, name: str, *, ranks: int = 1, seed: int = 1, summary: str | None = None, log_age: float = 3600.0
+) -> Path:
+    """A run folder as a crash or Ctrl-C leaves it: config.json and output.log (last written ``log_age`` seconds
+    ago), no (or a broken) summary."""
     out = root / name
     out.mkdir(parents=True)
     (out / "config.json").write_text(make_config(logreg_task(), out, ranks, name=name, seed=seed).dump())
     (out / "output.log").write_text("Traceback ...\n")
+    written = time.time() - log_age
+    os.utime(out / "output.log", (written, written))
     if summary is not None:
         (out / "summary.json").write_text(summary)
     return out
+
+
+def test_a_run_still_writing_its_log_is_named_not_scored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study scored while its sweep goes on: the run in progress is no failed seed (yet)."""
+    root = tmp_path / "study"
+    for seed, t in enumerate([100.0, 90.0, 110.0], 1):
+        fake_run(root, f"r-s{seed}", ttg=t, seed=seed)
+    crashed_run(root, "r-s4", seed=4, log_age=5.0)
+    crashed_run(root, "r-s5", seed=5, log_age=report.LIVE_SECONDS + 5)
+    assert report.main([str(root), "--no-plots", "--output", "json"]) == 0
+    captured = capsys.readouterr()
+    warning = next(line for line in captured.err.splitlines() if str(root / "r-s4") in line)
+    assert "no summary.json yet; its log changed" in warning
+    assert "not counted: it looks like it is still running" in warning
+    (config,) = json.loads(captured.out)["configurations"]
+    assert config["seeds"] == [1, 2, 3, 5]  # the stale one counts as missing the goal, the live one not at all
+    assert config["successRate"] == pytest.approx(3 / 4)
 
 
 @pytest.mark.parametrize(

@@ -287,3 +287,4 @@ def test_the_goal_mode_comes_from_the_config(tmp_path: Path) -> None:
     summary = summary_for(config, ttg=1.0)
     assert scoring.run_result(summary, config).accuracy_after_time
     assert not scoring.run_result(summary, None).accuracy_after_time
+    assert scoring.unfinished_result(config).accuracy_after_time  # a crashed run of that task: the same goal

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +17,9 @@ import yaml
 from mlbench_api.catalog import parse_run
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import LABEL_SWEEP
-from mlbench_runner import report, sweep
+from mlbench_runner import local, report, sweep
 
-from .helpers import REPO, logreg_task, write_yaml
+from .helpers import REPO, env, logreg_task, write_yaml
 from .test_report import fake_run
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,9 +57,14 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
         assert summary.run == name
         assert summary.environment.world_size == int(name.split("-w")[1][0])
         assert summary.environment.seed == int(name[-1])
-        run = parse_run(yaml.safe_load((out / name / "run.yaml").read_text()))  # the run as it was expanded
+        task_doc, run_doc = yaml.safe_load_all((out / name / "run.yaml").read_text())  # the task file's, the run
+        run = parse_run(run_doc)  # the run as it was expanded
         assert run.metadata.labels is not None
         assert run.metadata.labels[LABEL_SWEEP] == "lr-study"
+        assert task_doc["metadata"]["name"] == "tiny"
+        # and it runs on its own, task included
+        config = local.build_config(local.parse_args([str(out / name / "run.yaml"), "--local"]), tmp_path / "again")
+        assert (config.run_name, config.task_name, config.seed) == (name, "tiny", int(name[-1]))
     assert "[4/4] run lr-study-w2-s2: workers=2 algorithm=allreduce-sgd backend=gloo seed=2" in text
     assert f"mlbench results {out}" in text
     # the runs scored together, as `mlbench results` does
@@ -188,3 +198,44 @@ def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
     assert sweep.main([str(study), "--local", "--output", str(out), "--launcher", "process"]) == 2
     assert "tiny" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C (SIGINT to the whole process group) during the first run: its ranks write their
+    ``aborted`` summary (stop reason ``error``), no further run starts, exit 130; ``--resume`` runs it again."""
+    task = _task_file(tmp_path, logreg_task(epochs=100_000, train=2000))
+    study = _sweep_file(tmp_path, {"workers": [2], "seeds": [1, 2]})
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "mlbench_runner.sweep", str(study), "--local", "--task-file", str(task)]
+    cmd += ["--output", str(out), "--launcher", "process"]
+    # its own process group, as a command in a terminal has: the SIGINT below is the terminal's Ctrl-C
+    proc = subprocess.Popen(
+        cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        first = out / "lr-study-w2-s1"
+        deadline = time.monotonic() + 120
+        while '"epoch_start"' not in _read(first / "events.jsonl"):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the first run never started training"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, output[-3000:]
+    assert "interrupted: the other runs are not started" in output
+    assert not (out / "lr-study-w2-s2").exists()
+    summary = RunSummary.model_validate_json((first / "summary.json").read_text())
+    assert (summary.status, summary.stop_reason) == ("aborted", "error")
+    assert sweep.resumable(first)[0] is None  # --resume runs it again
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
