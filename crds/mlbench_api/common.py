@@ -25,7 +25,8 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 
 #: Kubernetes' quantity grammar (k8s.io/apimachinery resource.Quantity): a number, then at most one suffix,
 #: binary SI (Ki Mi Gi Ti Pi Ei), decimal SI (n u m k M G T P E: a lowercase k, no K) or a decimal exponent (e3, E-2).
-_QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$"
+#: The one copy: the CRDs' schema pattern, the API models and the operator's settings all check against it.
+QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$"
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, Any]:
@@ -60,7 +61,7 @@ class ApiModel(BaseModel):
 
 
 def _check_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.match(_QUANTITY, value):
+    if isinstance(value, str) and not re.match(QUANTITY, value):
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
     if not isinstance(value, str) and value < 0:
         raise ValueError("a quantity must not be negative")
@@ -74,7 +75,7 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": _QUANTITY, "maxLength": 64}],
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": QUANTITY, "maxLength": 64}],
         }
     ),
 ]

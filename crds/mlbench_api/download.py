@@ -54,7 +54,11 @@ def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
 
 
 def results_ref(run_obj: dict[str, Any], now: datetime | None = None) -> str:
-    """The ConfigMap name in a run's ``status.results``; ResultsUnavailable saying why there is none."""
+    """The ConfigMap name in a run's ``status.results``; ResultsUnavailable saying why there is none.
+
+    ``status.results`` holding only ``failingSince`` is a collection being retried, not an outcome: after
+    the grace time it must not read as "no results were kept" while they may still come.
+    """
     meta = run_obj.get("metadata") or {}
     status = run_obj.get("status") or {}
     ref = status.get("results") or {}
@@ -66,6 +70,11 @@ def results_ref(run_obj: dict[str, Any], now: datetime | None = None) -> str:
     phase = status.get("phase") or "Pending"
     if phase not in ("Succeeded", "Failed"):
         raise ResultsUnavailable(f"{name} is {phase}: results are kept once it has finished")
+    if ref.get("failingSince"):  # not "none were kept": the operator retries (mlbench_operator.results)
+        raise ResultsUnavailable(
+            f"{name} finished; the operator is still retrying to collect its results (failing since "
+            f"{ref['failingSince']}); try again shortly"
+        )
     done = status.get("completionTime")
     ended = datetime.fromisoformat(done.replace("Z", "+00:00")) if done else None
     if ended is not None and (now or datetime.now(UTC)) - ended > COLLECT_GRACE:

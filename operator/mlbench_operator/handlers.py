@@ -44,7 +44,7 @@ from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
-from mlbench_operator.kube import ApiError, Kube
+from mlbench_operator.kube import ApiError, Kube, transient
 from mlbench_operator.podview import PodChange, PodIndex, PodView, RunKey
 from mlbench_operator.settings import OperatorConfig, SettingsError
 
@@ -650,7 +650,7 @@ class RunReconciler:
             return refused
         if errors:
             delay = 5.0
-            if any(isinstance(e, ApiError) and (e.status == 429 or e.status >= 500) for e in errors):
+            if any(transient(e) for e in errors):
                 # an overloaded or failing API server: the 403 backoff, which a pod event does not cut short
                 delay = pacing.creates_refused(time.monotonic())
             raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
@@ -895,7 +895,7 @@ class RunReconciler:
         try:
             created = await self.kube.run(self.kube.create, obj)
         except ApiError as err:
-            if 400 <= err.status < 500 and err.status != 429:  # quota, policy, too large: a retry will not pass
+            if not transient(err):  # quota, policy, too large: a retry will not pass
                 return results.Decision(results.Action.GIVE_UP, f"cannot create ConfigMap {name}: {err.detail}")
             raise
         if not created:  # 409: ours from an interrupted pass, or someone else's

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -62,6 +63,29 @@ class ApiError(Exception):
             detail = body
         self.detail = str(detail)[:500]  #: the API server's message (e.g. why a create was refused)
         super().__init__(f"{method} {path}: HTTP {status}: {self.detail}")
+
+
+def transient(err: BaseException) -> bool:
+    """Whether a failed API call may pass if retried as is: 429 (throttled), 5xx (an overloaded or failing
+    API server) or no answer at all (a timeout, a refused or reset connection). A 4xx refusal (quota,
+    policy, an invalid or too large object) will not pass unchanged; an error of ours is no API error."""
+    if isinstance(err, ApiError):
+        return err.status == 429 or err.status >= 500
+    return isinstance(err, OSError | urllib3.exceptions.HTTPError)  # TimeoutError is an OSError
+
+
+#: The API server's whole answer to a JSON patch it cannot apply: a ``test`` operation that failed, or a
+#: path that is missing. The apiserver's patch handler answers 422 through apimachinery's
+#: ``NewGenericServerResponse``, which drops the patch library's own words ("testing value ... failed")
+#: and names no object or field. A refusal by the schema (a value out of range) is a 422 too, but its
+#: message names the object and the field (``BenchmarkRun.mlbench.io "r" is invalid: status.progress...``).
+PATCH_NOT_APPLICABLE = "the server rejected our request due to an error in our request"
+
+
+def patch_test_failed(err: ApiError) -> bool:
+    """Whether a JSON patch was refused because one of its operations did not apply (its ``test``
+    preconditions: an expected outcome), rather than because the patched object is invalid (a bug to show)."""
+    return err.status == 422 and err.detail == PATCH_NOT_APPLICABLE
 
 
 def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -303,7 +327,8 @@ class Kube:
         """Set ``status.progress`` only while the run is still Running (and, given ``restarts``, in that
         attempt): a JSON patch whose ``test`` operations make the API server refuse it once the run moved
         on, so a scrape still in flight never overwrites the final figures written at the end (or the
-        progress a gang restart cleared). False when refused so.
+        progress a gang restart cleared). False when refused so; any other refusal (the schema refusing
+        the progress value is a 422 as well, :func:`patch_test_failed`) raises.
 
         A merge patch (kopf's ``patch``) cannot do this: it has no precondition.
         """
@@ -320,7 +345,7 @@ class Kube:
                 resource="benchmarkruns/status",
             )
         except ApiError as err:
-            if err.status == 422:  # a test failed: the run is no longer Running (in that attempt)
+            if patch_test_failed(err):  # the run is no longer Running (in that attempt)
                 return False
             raise
         return True

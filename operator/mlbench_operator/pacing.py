@@ -7,8 +7,9 @@ what we can see:
 
 * the create grace: a pod we asked for moments ago that the watch has not delivered yet is not
   asked for again (the index lags the API server; re-creating would be a storm of 409s);
-* the create backoff: pod creates refused with 403 (quota, policy), or failing with 429/5xx, wait 5 s,
-  doubling to 120 s, and a pod event does not shorten the wait (a refused world still sends pod events);
+* the create backoff: pod creates refused with 403 (quota, policy), or failing transiently (429, 5xx, no
+  answer: :func:`mlbench_operator.kube.transient`), wait 5 s, doubling to 120 s, and a pod event does
+  not shorten the wait (a refused world still sends pod events);
 * the stale-delete grace: a stale world (a gang restart) is deleted at most once per 10 s, since
   its pods show up Terminating only a little later and would otherwise be deleted again.
 
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 CREATE_GRACE_SECONDS = 30.0
 #: Don't delete a stale world again this soon after deleting it.
 DELETE_GRACE_SECONDS = 10.0
-#: The first wait after refused pod creates (403); it doubles with each refusal in a row, up to the cap.
+#: The first wait after refused (403) or transiently failing pod creates; it doubles with each such round in
+#: a row, up to the cap.
 BACKOFF_FIRST_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 120.0
 #: Added to a computed wake-up, so that the rule waited for has expired when the daemon looks again.
@@ -44,7 +46,7 @@ class Pacing:
     recent: dict[str, float] = field(default_factory=dict)
     #: When the last stale world was deleted (-inf: never).
     stale_deleted_at: float = -math.inf
-    #: Refused (403) create rounds in a row.
+    #: Refused (403) or transiently failing (429, 5xx, no answer) create rounds in a row.
     create_failures: int = 0
     #: No pod creates before this.
     create_backoff_until: float = -math.inf
@@ -94,9 +96,10 @@ class Pacing:
         return False
 
     def creates_refused(self, now: float) -> float:
-        """Pod creates were refused (403: quota, policy, which an admin may lift): wait before the next
-        round, 5 s doubling to 120 s, so a refusing API server is asked rarely but the run resumes
-        soon once allowed. Returns the wait."""
+        """Pod creates were refused (403: quota, policy, which an admin may lift) or failed transiently (429,
+        5xx or no answer: an overloaded or failing API server, :func:`mlbench_operator.kube.transient`): wait
+        before the next round, 5 s doubling to 120 s, so such an API server is asked rarely but the run
+        resumes soon once it allows or recovers. Returns the wait."""
         self.create_failures += 1
         delay = min(BACKOFF_FIRST_SECONDS * 2 ** (self.create_failures - 1), BACKOFF_MAX_SECONDS)
         self.create_backoff_until = now + delay

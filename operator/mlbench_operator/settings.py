@@ -14,13 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mlbench_api.common import QUANTITY
 from mlbench_operator import naming as n
 
 if TYPE_CHECKING:
     from mlbench_operator.policy import AdmissionPolicy
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+#: Kubernetes' quantity grammar, the one the CRDs check (``+20Gi``, ``.5Gi`` and ``1e9`` are quantities too).
+_QUANTITY = re.compile(QUANTITY)
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 

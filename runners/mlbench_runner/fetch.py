@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from mlbench_api import atomic
 from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
 
 CHUNK = 1 << 20
@@ -247,13 +248,11 @@ def _replace(src: Path, dest: Path) -> None:
 
 
 def _write_marker(req: FetchRequest) -> None:
-    tmp = req.marker.with_name(f".{req.marker.name}.tmp-{os.getpid()}")
+    """The marker, last and whole (:mod:`mlbench_api.atomic`): its presence is what says the data is complete."""
     record = {**req.marker_record(), "url": req.url, "fetchedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(tmp, req.marker)
+        atomic.write_text(req.marker, json.dumps(record, indent=1) + "\n")  # removes its temporary file on failure
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
             raise _volume_full(req, req.marker) from exc
         raise

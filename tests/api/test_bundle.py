@@ -201,6 +201,14 @@ def test_cluster_run_references(text: str, expected: tuple[str, str] | None) -> 
         ({"phase": "Succeeded"}, "not collected yet"),
         ({"phase": "Succeeded", "completionTime": "2026-11-23T11:59:00Z"}, "not collected yet"),
         ({"phase": "Succeeded", "completionTime": "2026-11-23T11:00:00Z"}, "and no results were kept"),
+        (  # collection failed and is being retried: long after the end too, it is not "none were kept"
+            {
+                "phase": "Failed",
+                "completionTime": "2026-11-23T11:00:00Z",
+                "results": {"failingSince": "2026-11-23T11:59:30Z"},
+            },
+            r"still retrying .*failing since 2026-11-23T11:59:30Z.*try again shortly",
+        ),
     ],
 )
 def test_results_ref_says_why_there_is_nothing(status: dict[str, Any], expected: str) -> None:

@@ -166,6 +166,7 @@ def test_flux_objects() -> None:
         want = {
             "GitRepository": "source.toolkit.fluxcd.io/v1",
             "Kustomization": "kustomize.toolkit.fluxcd.io/v1",
+            "Namespace": "v1",
         }[kind]
         assert obj["apiVersion"] == want, name
         if kind == "Kustomization":
@@ -181,6 +182,28 @@ def test_flux_objects() -> None:
     assert runs["dependsOn"] == [{"name": "mlbench"}], "runs must wait for the CRDs and the catalog"
     assert runs["wait"] is True
     assert runs["prune"] is False
+
+
+def pod_security_labels() -> dict[str, str]:
+    """The Pod Security labels of the operator's own namespace: what a runs' namespace gets too."""
+    (ns,) = docs(REPO / "manifests" / "operator" / "namespace.yaml")
+    labels = {k: v for k, v in ns["metadata"]["labels"].items() if k.startswith("pod-security.kubernetes.io/")}
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    return labels
+
+
+def test_the_runs_namespace_is_created_restricted() -> None:
+    """Nothing else creates the namespace the runs are synced into: the GitOps tool must, restricted."""
+    app = {a["metadata"]["name"]: a for a in docs(ARGOCD / "applications.yaml")}["benchmark-runs"]["spec"]
+    assert "CreateNamespace=true" in app["syncPolicy"]["syncOptions"]
+    assert app["syncPolicy"]["managedNamespaceMetadata"]["labels"] == pod_security_labels()
+
+    objs = flux()
+    target = objs[("Kustomization", "benchmark-runs")]["spec"]["targetNamespace"]
+    ns = objs[("Namespace", target)]["metadata"]
+    assert {k: v for k, v in ns["labels"].items() if k.startswith("pod-security.")} == pod_security_labels()
+    # removing it from Git must not delete every run in it, with its results
+    assert ns["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
 
 
 def test_flux_health_check_exprs_shape() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator.kube import Kube, load_configuration
+from mlbench_operator.kube import ApiError, Kube, load_configuration
 from tests.cluster.plugin import KubeCluster, get_json
 from tests.operator import helpers as h
 
@@ -58,3 +58,8 @@ def test_a_late_scrape_never_overwrites_a_finished_or_restarted_runs_progress(
     assert not kube.patch_running_progress(namespace, "late", {**running, "step": 290}, 1)
     assert not kube.patch_running_progress(namespace, "late", {**running, "step": 290}, None)
     assert _progress(kube_cluster, namespace) == final
+
+    # a value the schema refuses is a 422 too, but not a failed test: raised, never taken for "moved on"
+    kube.patch_run_status(namespace, "late", {"phase": "Running"})
+    with pytest.raises(ApiError, match=r"status\.progress\.epoch"):
+        kube.patch_running_progress(namespace, "late", {"epoch": -1.0, "step": 1}, 1)

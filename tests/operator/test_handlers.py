@@ -235,10 +235,10 @@ def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatc
     assert 0 < delay <= 61
 
 
-@pytest.mark.parametrize("code", [429, 500, 503])
-def test_pod_creates_failing_with_429_or_5xx_back_off(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+@pytest.mark.parametrize("code", [429, 500, 503, None])
+def test_pod_creates_failing_with_429_or_5xx_back_off(monkeypatch: pytest.MonkeyPatch, code: int | None) -> None:
     """An overloaded API server is not hammered every debounce window: a pod event that wakes the run early
-    does not retry the creates before the backoff (5 s, doubling) ends."""
+    does not retry the creates before the backoff (5 s, doubling) ends. No answer (None: a timeout) is one too."""
     import kopf
 
     from mlbench_operator.kube import ApiError
@@ -246,7 +246,9 @@ def test_pod_creates_failing_with_429_or_5xx_back_off(monkeypatch: pytest.Monkey
 
     body, _ = admitted(h.run())
     kube = FakeKube()
-    kube.create_error = ApiError(code, "POST", "/pods", '{"message": "try again later"}')
+    kube.create_error = (
+        TimeoutError("timed out") if code is None else ApiError(code, "POST", "/pods", '{"message": "try again later"}')
+    )
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(kopf.TemporaryError) as info:
         asyncio.run(rec.step([]))

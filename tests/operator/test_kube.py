@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -11,9 +12,10 @@ from typing import Any
 
 import kopf
 import pytest
+import urllib3
 from kubernetes import client as k8s
 
-from mlbench_operator.kube import Kube
+from mlbench_operator.kube import PATCH_NOT_APPLICABLE, ApiError, Kube, patch_test_failed, transient
 
 
 def test_concurrent_fan_outs_do_not_deadlock_the_pool() -> None:
@@ -199,3 +201,72 @@ def test_a_refused_watch_raises(watch_api: Kube) -> None:
     with pytest.raises(ApiError, match="pods is forbidden") as err:
         list(watch_api.watch("/api/v1/pods", "forbidden", "1", 30, resource="pods"))
     assert err.value.status == 403
+
+
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        (ApiError(429, "POST", "/pods", '{"message": "too many requests"}'), True),
+        (ApiError(500, "POST", "/pods", '{"message": "etcd timeout"}'), True),
+        (ApiError(503, "POST", "/pods", "service unavailable"), True),
+        (ApiError(403, "POST", "/pods", '{"message": "exceeded quota"}'), False),
+        (ApiError(409, "POST", "/pods", '{"message": "already exists"}'), False),
+        (ApiError(413, "POST", "/configmaps", '{"message": "too large"}'), False),
+        (ApiError(422, "POST", "/pods", '{"message": "is invalid"}'), False),
+        (TimeoutError("timed out"), True),
+        (ConnectionRefusedError("refused"), True),
+        (urllib3.exceptions.ReadTimeoutError(None, "/pods", "read timed out"), True),  # type: ignore[arg-type]
+        (urllib3.exceptions.MaxRetryError(None, "/pods"), True),  # type: ignore[arg-type]
+        (KeyError("metadata"), False),  # a bug of ours: no retry hides it
+    ],
+)
+def test_transient_api_errors(err: BaseException, expected: bool) -> None:
+    assert transient(err) is expected
+
+
+_SCHEMA_REFUSAL = {
+    "message": 'BenchmarkRun.mlbench.io "late" is invalid: status.progress.epoch: Invalid value: -1: '
+    "progress.epoch in body should be greater than or equal to 0",
+    "reason": "Invalid",
+    "details": {"causes": [{"reason": "FieldValueInvalid", "field": "status.progress.epoch"}]},
+    "code": 422,
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        # what the API server answered to a failed ``test`` op (tests/operator/test_cluster_progress.py)
+        (422, json.dumps({"message": PATCH_NOT_APPLICABLE, "reason": "Invalid", "details": {}, "code": 422}), True),
+        (422, json.dumps(_SCHEMA_REFUSAL), False),  # the progress value itself is refused: a bug to show
+        (400, json.dumps({"message": PATCH_NOT_APPLICABLE}), False),
+        (404, json.dumps({"message": 'benchmarkruns.mlbench.io "late" not found'}), False),
+        (500, json.dumps({"message": PATCH_NOT_APPLICABLE}), False),
+    ],
+)
+def test_a_failed_patch_test_is_told_from_a_schema_refusal(status: int, body: str, expected: bool) -> None:
+    assert patch_test_failed(ApiError(status, "PATCH", "/status", body)) is expected
+
+
+@pytest.mark.parametrize(
+    ("body", "written"),
+    [
+        (json.dumps({"message": PATCH_NOT_APPLICABLE, "code": 422}), False),  # the run moved on: dropped
+        (json.dumps(_SCHEMA_REFUSAL), None),  # the value is refused: raised, not taken for "no longer Running"
+    ],
+)
+def test_a_refused_progress_patch_is_dropped_only_when_a_test_failed(body: str, written: bool | None) -> None:
+    kube = Kube(k8s.Configuration(), concurrency=1)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise ApiError(422, "PATCH", "/status", body)
+
+    kube.request = refuse  # type: ignore[method-assign]
+    try:
+        if written is None:
+            with pytest.raises(ApiError, match=r"status\.progress\.epoch"):
+                kube.patch_running_progress("ns", "late", {"epoch": -1.0}, 0)
+        else:
+            assert kube.patch_running_progress("ns", "late", {"epoch": 1.0}, 0) is written
+    finally:
+        kube.close()

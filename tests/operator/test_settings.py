@@ -266,3 +266,28 @@ def test_handlers_without_a_configured_memo_use_the_defaults() -> None:
     assert config_of(kopf.Memo()) is DEFAULT_CONFIG
     assert config_of(type("Memo", (), {"kube": None})()) is DEFAULT_CONFIG
     assert OperatorConfig() == DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("size", "valid"),
+    [
+        ("20Gi", True),
+        ("500G", True),
+        ("+20Gi", True),  # Kubernetes' quantity grammar (mlbench_api.common.QUANTITY), the CRDs' own
+        (".5Gi", True),
+        ("1.5Ti", True),
+        ("1e9", True),
+        ("20GB", False),
+        ("20 Gi", False),
+        ("-20Gi", False),
+        ("lots", False),
+        ("", False),
+    ],
+)
+def test_the_dataset_volume_size_is_a_kubernetes_quantity(size: str, valid: bool) -> None:
+    env = {"MLBENCH_DATASET_VOLUME_SIZE": size}
+    if valid:
+        assert DatasetSettings.from_env(env).size == size
+    else:
+        with pytest.raises(SettingsError, match="MLBENCH_DATASET_VOLUME_SIZE"):
+            DatasetSettings.from_env(env)
