@@ -37,6 +37,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
+from mlbench_api.common import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from mlbench_operator import logs
 from mlbench_operator import metrics as m
 from mlbench_operator.settings import SettingsError
@@ -48,8 +49,8 @@ Spec = dict[str, Any]
 JITTER_FACTOR = 1.2
 DEFAULT_NAME = "mlbench-operator"
 DEFAULT_NAMESPACE = "mlbench-system"
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_LABEL = re.compile(DNS1123_LABEL)
+_DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mlbench_api.common import QUANTITY
+from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import naming as n
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
 #: Kubernetes' quantity grammar, the one the CRDs check (``+20Gi``, ``.5Gi`` and ``1e9`` are quantities too).
 _QUANTITY = re.compile(QUANTITY)
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
 
 
 class SettingsError(ValueError):
