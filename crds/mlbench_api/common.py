@@ -20,9 +20,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 #: DNS-1035 label: what a Service name (the run's headless Service) must be.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-#: DNS-1123 subdomain, the usual object name.
 #: DNS-1123 label: a namespace's name (at most 63 characters, checked apart).
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: DNS-1123 subdomain, the usual object name.
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 #: Kubernetes' quantity grammar (k8s.io/apimachinery resource.Quantity): a number, then at most one suffix,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
@@ -539,10 +540,20 @@ class RunnerSpec(ApiModel):
 
     @property
     def serves_metrics(self) -> bool:
-        """Whether every rank serves Prometheus metrics (on 9400 + local rank): the reference runner does; another
-        program is not asked to (docs/runner.md), so no metrics port is declared for it, or each of its ranks
-        would look down to Prometheus all run long."""
-        return bool(self.command) and self.command[0] == RUNNER_ENTRYPOINT
+        """Whether every rank serves Prometheus metrics (on 9400 + local rank): the reference runner does, however
+        it is started (``mlbench-runner``, a path to it, ``python -m mlbench_runner...``); another program is not
+        asked to (docs/runner.md), so no metrics port is declared for it, or each of its ranks would look down to
+        Prometheus all run long."""
+        return is_reference_runner(self.command)
+
+
+def is_reference_runner(command: list[str]) -> bool:
+    """Whether ``command`` starts MLBench's own runner: its console script (by any path) or its module."""
+    if not command:
+        return False
+    if PurePosixPath(command[0]).name == RUNNER_ENTRYPOINT:
+        return True
+    return len(command) > 2 and command[1] == "-m" and command[2].split(".")[0] == "mlbench_runner"
 
 
 class Overridable(StrEnum):

@@ -79,9 +79,6 @@ def rank_config_path(path: str) -> str:
     return os.path.abspath(path)
 
 
-#: The project's own entrypoint: a task command starting with it runs on this interpreter.
-
-
 def rank_command(command: Sequence[str], config_path: str, python: str = sys.executable) -> list[str]:
     """What every rank executes for a task's ``runner.command``.
 

@@ -31,6 +31,7 @@ from mlbench_api.common import API_VERSION
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.errors import InvalidObject
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
+from mlbench_runner import running
 from mlbench_runner.launch import launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
 
@@ -354,12 +355,15 @@ def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float) -> None:
 
 def stop_processes(procs: Sequence[subprocess.Popen[str]], settle: float = 0.0, grace: float = 5.0) -> None:
     """Let the processes end on their own for ``settle`` seconds, then terminate those still running, and
-    kill those that do not end within ``grace`` seconds more."""
-    _wait_all(procs, settle)
+    kill those that do not end within ``grace`` seconds more. Another Ctrl-C cuts a wait short, never the stop:
+    no rank may outlive the command."""
+    with contextlib.suppress(KeyboardInterrupt):
+        _wait_all(procs, settle)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
-    _wait_all(procs, grace)
+    with contextlib.suppress(KeyboardInterrupt):
+        _wait_all(procs, grace)
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
@@ -499,6 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted before the run started", file=sys.stderr)
         return INTERRUPTED
+    with running.marked(out):  # `mlbench results` must not score this folder as a crashed run meanwhile
+        return _run(args, config, out, launcher, env, say=say)
+
+
+def _run(
+    args: argparse.Namespace, config: RunConfig, out: Path, launcher: str, env: dict[str, str], *, say: Any
+) -> int:
+    """The ranks, their progress and the report: every check has passed."""
     clear_previous(out)
     config_path = out / "config.json"
     config_path.write_text(config.dump())
@@ -510,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(sys.stdout, config.task.training.max_epochs if config.task.has_training else 0, args.quiet)
     t0 = time.perf_counter()
     try:
-        with (out / "output.log").open("w") as log:
+        with (out / "output.log").open("w", buffering=1) as log:  # line by line: `tail -f` shows the run
 
             def on_line(line: str) -> None:
                 log.write(line + "\n")

@@ -22,7 +22,6 @@ import io
 import json
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from mlbench_api.config import RunConfig
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
 from mlbench_api.task import GoalMode
-from mlbench_runner import mllog, plots, scoring
+from mlbench_runner import mllog, plots, running, scoring
 from mlbench_runner.scoring import RUNS_REQUIRED, ConfigScore
 
 COLUMNS = (
@@ -371,7 +370,7 @@ class Unfinished:
     config: RunConfig | None
     """From its ``config.json``: without one the run cannot be told apart from others, so it is not scored."""
     live: bool = False
-    """Its log was written moments ago: probably still running (a study scored while it goes on), not counted."""
+    """A command is still running there (:mod:`mlbench_runner.running`): no summary *yet*, not counted."""
 
     @property
     def counts(self) -> bool:
@@ -380,7 +379,7 @@ class Unfinished:
 
     def warning(self) -> str:
         if self.live:
-            counted = "not counted: it looks like it is still running"
+            counted = "not counted: it is still running"
         elif self.config is None:
             counted = "not counted (no config.json says which configuration it was)"
         else:
@@ -388,26 +387,13 @@ class Unfinished:
         return f"warning: {self.path}: {self.reason}; {counted}"
 
 
-#: A run folder whose log changed within this many seconds is taken for a run still going on: the runner
-#: writes progress lines every few seconds, and a summary when it ends.
-LIVE_SECONDS = 120.0
-#: The files a running run keeps writing (``mlbench run --local``'s log, the runner's event log).
-LIVE_FILES = ("output.log", "events.jsonl")
-
-
-def last_written(path: Path, now: float) -> float | None:
-    """Seconds since ``path``'s run last wrote its log (None: no log there)."""
-    times = [(path / name).stat().st_mtime for name in LIVE_FILES if (path / name).is_file()]
-    return now - max(times) if times else None
-
-
-def load_run(path: Path, now: float | None = None) -> LoadedRun | Unfinished:
+def load_run(path: Path) -> LoadedRun | Unfinished:
     """A result directory (or summary file) as a scored run, or as a run that left no readable summary."""
     file = path / "summary.json" if path.is_dir() else path
     if not file.exists():
-        age = last_written(path, time.time() if now is None else now)
-        if age is not None and age < LIVE_SECONDS:
-            return Unfinished(path, f"no summary.json yet; its log changed {age:.0f}s ago", load_config(path), True)
+        pid = running.running_pid(path) if path.is_dir() else None
+        if pid is not None:
+            return Unfinished(path, f"no summary.json yet: `mlbench run` (pid {pid}) is running there", None, True)
         return Unfinished(path, "no summary.json (the run crashed or was interrupted?)", load_config(path))
     try:
         return LoadedRun(path, load_summary(path), load_config(path))

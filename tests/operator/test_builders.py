@@ -306,3 +306,23 @@ def test_pods_carry_what_is_left_of_the_runs_deadline(
     ctx = ctx_for()
     for pod in (builders.worker_pod(ctx, 0, 0, expected), builders.launcher_pod(ctx, 0, expected)):
         assert pod["spec"].get("activeDeadlineSeconds") == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "reference"),
+    [
+        (["mlbench-runner", "train"], True),
+        (["/usr/local/bin/mlbench-runner", "train"], True),
+        (["python", "-m", "mlbench_runner.cli", "train"], True),
+        (["python3", "-m", "mlbench_runner"], True),
+        (["/opt/trainer/bin/train"], False),
+        (["python", "-m", "mytrainer"], False),
+        (["mlbench-runner-fork"], False),
+        ([], False),
+    ],
+)
+def test_the_reference_runner_is_recognised_however_it_is_started(command: list[str], reference: bool) -> None:
+    """It serves metrics on 9400 + local rank whatever the command's spelling: its ports must be declared."""
+    from mlbench_api.task import RunnerSpec
+
+    assert RunnerSpec(image="x", command=command).serves_metrics is reference

@@ -305,6 +305,33 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     assert all(p.poll() is not None for p in procs)
 
 
+def test_a_second_ctrl_c_during_the_settle_wait_still_stops_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks blocked in a collective do not end on the first Ctrl-C; a second one must not leave them running."""
+    import subprocess
+    import sys
+
+    ignore_sigint = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(120)"
+    procs = [subprocess.Popen([sys.executable, "-c", ignore_sigint], text=True) for _ in range(2)]
+    real_wait_all, calls = local._wait_all, []
+
+    def impatient(ps: Any, seconds: float) -> None:
+        calls.append(seconds)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the user presses Ctrl-C again while the ranks settle
+        real_wait_all(ps, seconds)
+
+    monkeypatch.setattr(local, "_wait_all", impatient)
+    try:
+        local.stop_processes(procs, settle=60.0, grace=5.0)
+        assert [p.poll() is not None for p in procs] == [True, True]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

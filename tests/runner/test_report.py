@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import os
-import time
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
-from mlbench_runner import report
+from mlbench_runner import report, running
 
 from .helpers import logreg_task, make_config, resnet_task
 
@@ -251,37 +251,62 @@ def test_the_cli_hands_results_to_the_report(tmp_path: Path, capsys: pytest.Capt
 # -- runs that left no readable summary, collectives in machine-readable output, where files go --------------------
 
 
-def crashed_run(
-    root: Path, name: str, *, ranks: int = 1, seed: int = 1, summary: str | None = None, log_age: float = 3600.0
-) -> Path:
-    """A run folder as a crash or Ctrl-C leaves it: config.json and output.log (last written ``log_age`` seconds
-    ago), no (or a broken) summary."""
+def crashed_run(root: Path, name: str, *, ranks: int = 1, seed: int = 1, summary: str | None = None) -> Path:
+    """A run folder as a crash or Ctrl-C leaves it: config.json and output.log, no (or a broken) summary."""
     out = root / name
     out.mkdir(parents=True)
     (out / "config.json").write_text(make_config(logreg_task(), out, ranks, name=name, seed=seed).dump())
     (out / "output.log").write_text("Traceback ...\n")
-    written = time.time() - log_age
-    os.utime(out / "output.log", (written, written))
     if summary is not None:
         (out / "summary.json").write_text(summary)
     return out
 
 
-def test_a_run_still_writing_its_log_is_named_not_scored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A study scored while its sweep goes on: the run in progress is no failed seed (yet)."""
+@pytest.mark.parametrize(
+    ("marker", "live"),
+    [
+        (None, False),  # crashed: nothing says it runs
+        ({"host": socket.gethostname(), "pid": os.getpid()}, True),  # `mlbench run` is at it (this process here)
+        ({"host": socket.gethostname(), "pid": 2**22 + 12345}, False),  # a killed command's marker: a dead pid
+        ({"host": "elsewhere", "pid": os.getpid()}, False),  # copied from another machine: not checkable here
+        ("not json", False),
+    ],
+)
+def test_a_run_still_going_on_is_named_not_scored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], marker: object, live: bool
+) -> None:
+    """A study scored while its sweep goes on: the run in progress is no failed seed (yet); a crashed one is."""
     root = tmp_path / "study"
     for seed, t in enumerate([100.0, 90.0, 110.0], 1):
         fake_run(root, f"r-s{seed}", ttg=t, seed=seed)
-    crashed_run(root, "r-s4", seed=4, log_age=5.0)
-    crashed_run(root, "r-s5", seed=5, log_age=report.LIVE_SECONDS + 5)
+    out = crashed_run(root, "r-s4", seed=4)
+    if marker is not None:
+        (out / running.MARKER).write_text(marker if isinstance(marker, str) else json.dumps(marker))
     assert report.main([str(root), "--no-plots", "--output", "json"]) == 0
     captured = capsys.readouterr()
-    warning = next(line for line in captured.err.splitlines() if str(root / "r-s4") in line)
-    assert "no summary.json yet; its log changed" in warning
-    assert "not counted: it looks like it is still running" in warning
+    warning = next(line for line in captured.err.splitlines() if str(out) in line)
     (config,) = json.loads(captured.out)["configurations"]
-    assert config["seeds"] == [1, 2, 3, 5]  # the stale one counts as missing the goal, the live one not at all
-    assert config["successRate"] == pytest.approx(3 / 4)
+    if live:
+        assert f"no summary.json yet: `mlbench run` (pid {os.getpid()}) is running there" in warning
+        assert config["seeds"] == [1, 2, 3]
+    else:
+        assert "counted as a run that missed the goal" in warning
+        assert config["seeds"] == [1, 2, 3, 4]
+
+
+def test_the_marker_is_there_while_the_block_runs_and_gone_after(tmp_path: Path) -> None:
+    seen: list[int | None] = []
+
+    def interrupted_run() -> None:
+        with running.marked(tmp_path):
+            seen.append(running.running_pid(tmp_path))
+            raise KeyboardInterrupt  # however the command ends
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_run()
+    assert seen == [os.getpid()]
+    assert not (tmp_path / running.MARKER).exists()
+    assert running.running_pid(tmp_path) is None
 
 
 @pytest.mark.parametrize(

@@ -232,6 +232,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     summary = RunSummary.model_validate_json((first / "summary.json").read_text())
     assert (summary.status, summary.stop_reason) == ("aborted", "error")
     assert sweep.resumable(first)[0] is None  # --resume runs it again
+    assert not (first / "running").exists()  # and `mlbench results` scores it as a failed seed, not as running
 
 
 def _read(path: Path) -> str:
