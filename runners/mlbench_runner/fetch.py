@@ -35,7 +35,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
 from mlbench_api import atomic
 from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
@@ -107,7 +106,7 @@ def _describe_url_error(url: str, exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _open(url: str, timeout: float) -> Iterator[BinaryIO]:
+def _open(url: str, timeout: float) -> Iterator[http.client.HTTPResponse]:
     """The response body; any network or HTTP failure is a SourceUnreachable FetchError."""
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):  # urllib would also read file:// URLs
         raise FetchError(FetchReason.SOURCE_UNREACHABLE, f"GET {url}: only http and https URLs are fetched")
@@ -123,6 +122,21 @@ def _open(url: str, timeout: float) -> Iterator[BinaryIO]:
 def _volume_full(req: FetchRequest, what: Path) -> FetchError:
     where = f"volume {req.volume}" if req.volume else f"the volume holding {req.dest.parent}"
     return FetchError(FetchReason.VOLUME_FULL, f"no space left on {where} while writing {what} (ENOSPC)")
+
+
+def cut_short(content_length: str | None, size: int) -> str | None:
+    """Why a body of ``size`` bytes is incomplete (the server announced more), or None.
+
+    ``http.client`` ends a body whose connection closed early with an empty read, not an error, so a cut
+    download would otherwise reach the checksum and be reported as a permanent ``ChecksumMismatch``.
+    """
+    try:
+        announced = int(content_length) if content_length is not None else None
+    except ValueError:
+        return None
+    if announced is None or size >= announced:
+        return None
+    return f"the connection closed after {size} of {announced} bytes"
 
 
 def download(req: FetchRequest, into: Path, timeout: float = TIMEOUT_SECONDS) -> None:
@@ -152,6 +166,9 @@ def download(req: FetchRequest, into: Path, timeout: float = TIMEOUT_SECONDS) ->
             if exc.errno == errno.ENOSPC:
                 raise _volume_full(req, req.dest) from exc
             raise
+    short = cut_short(body.headers.get("Content-Length"), size)
+    if short:  # not the data's fault: a retry may get it whole, a checksum failure would be for good
+        raise FetchError(FetchReason.SOURCE_UNREACHABLE, f"GET {req.url}: {short}")
     got = digest.hexdigest()
     if got != req.sha256:
         raise FetchError(
@@ -237,12 +254,16 @@ def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
 
 # -- putting it in place ---------------------------------------------------------------------------------------
 def _replace(src: Path, dest: Path) -> None:
-    """Move ``src`` to ``dest``; an old folder there is moved aside first and removed after."""
+    """Move ``src`` to ``dest``; an old folder there is moved aside first and removed after, and an old file
+    (or link) under a new folder is removed first (``os.replace`` cannot put a folder over a file)."""
     if dest.is_dir() and not dest.is_symlink():
         old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
         dest.rename(old)
         src.rename(dest)
         shutil.rmtree(old, ignore_errors=True)
+    elif src.is_dir() and (dest.exists() or dest.is_symlink()):
+        dest.unlink()
+        src.rename(dest)
     else:
         os.replace(src, dest)
 

@@ -19,7 +19,7 @@ import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
-from mlbench_runner.fetch import FetchError, FetchRequest, _describe_url_error, fetch, marker_path
+from mlbench_runner.fetch import FetchError, FetchRequest, _describe_url_error, cut_short, fetch, marker_path
 
 
 class Server:
@@ -205,6 +205,57 @@ def test_unpack_replaces_an_older_tree(server: Server, tmp_path: Path) -> None:
     assert sorted(p.name for p in dest.iterdir()) == ["a"]
     assert (dest / "a").read_bytes() == b"2"
     assert leftovers(tmp_path) == []
+
+
+def test_a_stored_file_gives_way_to_an_unpacked_folder(server: Server, tmp_path: Path) -> None:
+    """The same path first fetched as a file, then as an unpacked tree (a task changed its dataset's form)."""
+    dest = tmp_path / "ds"
+    archive = tarball({"a": b"1"})
+    assert fetch(FetchRequest(url=serve(server, "1.tgz", archive), sha256=sha(archive), dest=dest))
+    assert dest.is_file()
+    assert fetch(FetchRequest(url=serve(server, "1.tgz", archive), sha256=sha(archive), dest=dest, unpack=True))
+    assert (dest / "a").read_bytes() == b"1"
+    assert json.loads(marker_path(dest).read_text())["unpack"] is True
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("announced", "size", "short"),
+    [
+        (None, 10, None),  # chunked or unannounced: nothing to compare
+        ("10", 10, None),
+        ("12", 10, "the connection closed after 10 of 12 bytes"),
+        ("garbage", 10, None),
+    ],
+)
+def test_cut_short(announced: str | None, size: int, short: str | None) -> None:
+    assert cut_short(announced, size) == short
+
+
+def test_a_download_cut_short_is_unreachable_not_a_checksum_mismatch(tmp_path: Path) -> None:
+    """The server announces 3 MB and closes after 1 MB: retryable (SourceUnreachable), not a permanent failure."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve_half() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3000000\r\nConnection: close\r\n\r\n" + b"x" * 1_000_000)
+
+    thread = threading.Thread(target=serve_half, daemon=True)
+    thread.start()
+    try:
+        req = FetchRequest(url=f"http://127.0.0.1:{port}/x", sha256="0" * 64, dest=tmp_path / "x")
+        with pytest.raises(FetchError) as err:
+            fetch(req)
+        assert err.value.reason is FetchReason.SOURCE_UNREACHABLE
+        assert "closed after 1000000 of 3000000 bytes" in str(err.value)
+    finally:
+        thread.join(timeout=10)
+        listener.close()
 
 
 @pytest.mark.parametrize(
