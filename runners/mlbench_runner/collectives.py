@@ -141,6 +141,13 @@ def timed_iterations(spec: CollectiveBenchmark, seconds_per_iteration: float) ->
     return max(1, min(spec.iterations, fit))
 
 
+def warmup_estimate(checked_seconds: float, warm_seconds: float, warm: int) -> float:
+    """The warm-up's time per iteration, which sizes the timed loops: the mean of the ``warm`` unchecked warm-up
+    iterations, or, with ``warmupIterations: 1`` (none of them), the checked first iteration's time, so that
+    ``maxSecondsPerSize`` still holds (an estimate of 0 would run every asked iteration)."""
+    return warm_seconds / warm if warm > 0 else checked_seconds
+
+
 def measurement(
     size: Size,
     world_size: int,
@@ -292,8 +299,10 @@ class Sweep:
         run, fill, check = self._operation(size)
         fill()
         self.comm.barrier()
+        start = time.perf_counter()
         run()
         self._sync()
+        checked = time.perf_counter() - start
         check()
         warm = self.spec.warmup_iterations - 1
         self.comm.barrier()
@@ -301,7 +310,7 @@ class Sweep:
         for _ in range(warm):
             run()
         self._sync()
-        per_warm = (time.perf_counter() - start) / warm if warm else 0.0
+        per_warm = warmup_estimate(checked, time.perf_counter() - start, warm)
         (estimate,) = self._mean_over_ranks([per_warm])
         k = timed_iterations(self.spec, estimate)
 

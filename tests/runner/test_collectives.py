@@ -157,6 +157,39 @@ def test_timed_iterations_follow_the_budget() -> None:
     assert coll.timed_iterations(spec, 100.0) == 1  # never fewer than one
 
 
+@pytest.mark.parametrize(
+    ("checked", "warm_seconds", "warm", "estimate", "k"),
+    [
+        (2.0, 4.0, 4, 1.0, 5),  # the mean of the unchecked warm-up iterations
+        (9.0, 0.004, 4, 0.001, 20),  # a slow first (checked) iteration does not count when others ran
+        (1.0, 0.0, 0, 1.0, 5),  # warmupIterations: 1: the checked iteration is the estimate, the budget holds
+        (100.0, 0.0, 0, 100.0, 1),
+        (0.0, 0.0, 0, 0.0, 20),  # nothing measurable: as asked
+    ],
+)
+def test_the_warm_up_estimate_sizes_the_loops(
+    checked: float, warm_seconds: float, warm: int, estimate: float, k: int
+) -> None:
+    spec = CollectiveBenchmark(iterations=20, max_seconds_per_size=10)
+    assert coll.warmup_estimate(checked, warm_seconds, warm) == pytest.approx(estimate)
+    assert coll.timed_iterations(spec, coll.warmup_estimate(checked, warm_seconds, warm)) == k
+
+
+def test_one_warm_up_iteration_still_keeps_the_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With warmupIterations: 1 the checked iteration sizes the loops: a tiny maxSecondsPerSize means one iteration."""
+    from mlbench_runner.metrics import CollectiveMetrics
+
+    monkeypatch.setattr(CollectiveMetrics, "serve", lambda self, port: None)
+    monkeypatch.setenv("MLBENCH_THREADS", "1")
+    task = collectives_task(
+        operations=["all-reduce"], maxBytes=64, iterations=50, warmupIterations=1, maxSecondsPerSize=1e-9
+    )
+    summary = coll.run_collectives(make_config(task, tmp_path, 1), World(0, 1, 0, 1, "127.0.0.1", 0, "single"))
+    assert summary is not None
+    assert summary.collectives is not None
+    assert [r.iterations for r in summary.collectives.rows] == [1, 1, 1]
+
+
 # -- the API -------------------------------------------------------------------------------------------------------
 def test_a_collectives_task_has_no_training_sections() -> None:
     spec = BenchmarkTaskSpec.model_validate(collectives_task())

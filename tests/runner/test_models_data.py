@@ -172,6 +172,48 @@ def test_libsvm_vectorised_dense_sparse_bz2(tmp_path: Path, monkeypatch: pytest.
     np.testing.assert_array_equal(tabular.parse_libsvm(tmp_path / "dense")[0], _slow_reference(dense, 7)[0])
 
 
+@pytest.mark.parametrize(
+    ("text", "x", "y"),
+    [
+        ("1 1:0.5 2:0.25 3:1\n-1 2:0.75\n", [[0.5, 0.25, 1], [0, 0.75, 0]], [1, -1]),  # totals fit a 2-wide table
+        ("1 1:1 2:2\n1 1:0.5 2:0.25 3:1\n-1 2:0.75\n", [[1, 2, 0], [0.5, 0.25, 1], [0, 0.75, 0]], [1, 1, -1]),
+        ("-1 2:0.75\n1 1:0.5 2:0.25 3:1\n", [[0, 0.75, 0], [0.5, 0.25, 1]], [-1, 1]),
+        ("1 1:0.5 2:0.25\n\n-1 1:1 2:2\n", [[0.5, 0.25], [1, 2]], [1, -1]),  # a blank line: still dense
+        ("\n1 1:0.5\n\n\n-1 1:2\n", [[0.5], [2]], [1, -1]),
+        ("1 1:0.5 2:0.25\n-1\n", [[0.5, 0.25], [0, 0]], [1, -1]),
+    ],
+)
+def test_libsvm_rows_of_any_length_keep_their_columns(
+    tmp_path: Path, text: str, x: list[list[float]], y: list[float]
+) -> None:
+    """The one-table fast path must not shift a short row's numbers into another row's columns."""
+    f = tmp_path / "eps"
+    f.write_text(text)
+    got_x, got_y = parse_libsvm(f)
+    assert got_x.tolist() == x
+    assert got_y.tolist() == y
+
+
+@pytest.mark.parametrize(
+    ("text", "rows"),
+    [
+        (b"1 1:0.5 2:0.25\n-1 1:1 2:2\n", 2),
+        (b"1 1:0.5 2:0.25\n\n\n-1 1:1 2:2\n", 2),
+        (b"1\n-1\n", 2),
+        (b"1 1:0.5 2:0.25 3:1\n-1 2:0.75\n", None),  # 3 and 1 features: line by line
+        (b"1 1:1 2:2\n1 1:0.5 2:0.25 3:1\n-1 2:0.75\n", None),
+        (b"1 1:0.5 2:0.25\n  \n", None),  # a line of spaces: the line parser skips it
+        (b"1 1:0.5\n-1 1:1", None),  # no final newline
+        (b"", None),
+    ],
+)
+def test_dense_block_takes_only_equal_rows(text: bytes, rows: int | None) -> None:
+    from mlbench_runner.data import tabular
+
+    dense = tabular._dense_block(text)
+    assert (None if dense is None else len(dense[0])) == rows
+
+
 def test_libsvm_cached_as_npy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlbench_runner.data import tabular
 
@@ -191,6 +233,33 @@ def test_libsvm_cached_as_npy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert again.ingest_seconds == 0
     np.testing.assert_array_equal(again.x_train, first.x_train)
     np.testing.assert_array_equal(again.x_test, [[0, 1]])
+
+
+@pytest.mark.parametrize(
+    ("splits", "train", "test"),
+    [
+        (("train", "test"), [0, 1], [0, 1]),
+        (("Train", "test"), [0, 1], [0, 1]),
+        (("TRAIN", "Test"), [0, 1], [0, 1]),
+        (("train", "Train", "test"), [0, 1, 0, 1], [0, 1]),  # one split in two spellings, same file names
+    ],
+)
+def test_image_folder_split_names_ignore_case(
+    tmp_path: Path, splits: tuple[str, ...], train: list[int], test: list[int]
+) -> None:
+    """The image pattern matches Train/ as train/, so the split must be read the same way (not a KeyError)."""
+    from PIL import Image
+
+    from mlbench_runner.data.cifar import decode_image_archive
+
+    for split in splits:
+        for c, cls in enumerate(("airplane", "automobile")):
+            (tmp_path / split / cls).mkdir(parents=True)
+            Image.fromarray(np.full((32, 32, 3), 50 * c, dtype=np.uint8)).save(tmp_path / split / cls / "0.png")
+    out = decode_image_archive(tmp_path)
+    assert out["y_train"].tolist() == train
+    assert out["y_test"].tolist() == test
+    assert out["classes"].tolist() == ["airplane", "automobile"]
 
 
 def test_unusable_cache_falls_back_to_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,8 +154,13 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
                     yield member.name, fh.read()
 
 
+def _file_name(image: tuple[str, np.ndarray]) -> str:
+    """Sort key of a decoded image: its file name only (two equal names must not compare the pixel arrays)."""
+    return image[0]
+
+
 def decode_image_archive(path: Path) -> dict[str, np.ndarray]:
-    """Decode every ``train|test/<class>/<file>`` image into uint8 NCHW arrays."""
+    """Decode every ``train|test/<class>/<file>`` image into uint8 NCHW arrays (split folders in any case)."""
     from PIL import Image
 
     found: dict[str, dict[str, list[tuple[str, np.ndarray]]]] = {"train": defaultdict(list), "test": defaultdict(list)}
@@ -164,6 +169,7 @@ def decode_image_archive(path: Path) -> dict[str, np.ndarray]:
         if not match:
             continue
         split, cls, file = match.groups()
+        split = split.lower()  # the pattern ignores case: Train/ and TEST/ are the train and test splits
         with Image.open(io.BytesIO(data)) as img:
             arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
         if arr.shape != (32, 32, 3):
@@ -177,7 +183,7 @@ def decode_image_archive(path: Path) -> dict[str, np.ndarray]:
         raise ValueError(f"dataset.path: {path} needs both train/<class>/ and test/<class>/ images")
     out: dict[str, np.ndarray] = {}
     for split in ("train", "test"):
-        per_class = [sorted(found[split][c]) for c in classes]
+        per_class = [sorted(found[split][c], key=_file_name) for c in classes]
         xs: list[np.ndarray] = []
         ys: list[int] = []
         for i in range(max(len(p) for p in per_class)):  # round-robin: prefixes stay class-balanced
