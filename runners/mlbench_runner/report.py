@@ -25,7 +25,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
@@ -498,8 +498,7 @@ def _price(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mlbench results``."""
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="mlbench results", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -528,40 +527,115 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mllog", metavar="PATH", help="also write each run as an MLCommons mllog file (a folder: several)")
     p.add_argument("--kubeconfig", help="for <namespace>/<run>: default $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="for <namespace>/<run>: the kubeconfig context")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    return p.parse_args(argv)
 
-    problem = output_problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+
+def gather(args: argparse.Namespace) -> tuple[list[LoadedRun], list[Unfinished], list[Path]]:
+    """Every RUN resolved (downloaded when ``<namespace>/<run>``) and read: the runs with a summary (each summary
+    once, however often it was given), the folders without one, and the folders given (``mlbench results
+    SWEEP/``: where the plots go). Raises what makes a RUN unusable (OSError, ValueError, ResultsUnavailable)."""
     given: list[LoadedRun] = []
-    unfinished: list[Unfinished] = []
+    unfinished: dict[Path, Unfinished] = {}
     folders: list[Path] = []
     for arg in args.runs:
-        try:
-            path = resolve(arg, args.kubeconfig, args.context)
-            found = find_results(path)
-        except (OSError, ValueError, ResultsUnavailable) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        path = resolve(arg, args.kubeconfig, args.context)
+        found = find_results(path)
         if found != [path]:
             folders.append(path)
         for f in found:
             loaded = load_run(f)
             if isinstance(loaded, Unfinished):
-                unfinished.append(loaded)
+                unfinished.setdefault(loaded.path.resolve(), loaded)
             else:
                 given.append(loaded)
-    for u in unfinished:
-        print(u.warning(), file=sys.stderr)
+    return given, list(unfinished.values()), folders
+
+
+def once(given: Sequence[LoadedRun]) -> list[LoadedRun]:
+    """The runs with each summary file once (a folder and a run in it given together)."""
     runs: list[LoadedRun] = []
     seen: set[Path] = set()
-    for r in given:  # the same summary given twice (a folder and a run in it) counts once
+    for r in given:
         key = (r.path / "summary.json" if r.path.is_dir() else r.path).resolve()
         if key not in seen:
             seen.add(key)
             runs.append(r)
-    unfinished = list({u.path.resolve(): u for u in unfinished}.values())
+    return runs
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``mlbench results`` scored: the training runs, the folders without a summary, the scores."""
+
+    trained: list[LoadedRun]
+    unfinished: list[Unfinished]
+    scores: list[ConfigScore]
+
+
+def print_scores(
+    args: argparse.Namespace, given: Sequence[LoadedRun], runs: Sequence[LoadedRun], scored: Report
+) -> None:
+    """The tables in the ``--output`` format (``given``: as listed, for the table's duplicate count)."""
+    price, scores, trained = args.price_per_worker_hour, scored.scores, scored.trained
+    if args.output == "table":
+        listed = [r for r in given if r.summary.collectives is None]
+        print(format_table([r.summary for r in listed]))
+        print()
+        print(format_scores(scores, price))
+        if len(listed) > len(trained):
+            print(f"({len(listed) - len(trained)} summary file(s) given more than once, scored once)")
+    elif args.output == "markdown":
+        print(format_markdown([r.summary for r in trained], scores, price))
+    elif args.output == "json":
+        print(format_json(runs, scores, price, scored.unfinished))
+    else:
+        print(format_csv(scores), end="")
+
+
+def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path], status: TextIO) -> str | None:
+    """The plots and mllog files asked for; the error to print when one cannot be written."""
+    try:
+        if not args.no_plots and scored.trained:
+            dest = plots_dir(args.plots, args.runs, folders, scored.trained)
+            if dest is None:
+                print("plots: several RUNs given: name a folder for the comparison plots with --plots DIR", file=status)
+            else:
+                price = args.price_per_worker_hour
+                for plot in write_plots(scored.trained, dest, price=price, fmt=args.plot_format, scores=scored.scores):
+                    print(f"wrote {plot}", file=status)
+        if args.mllog:
+            for path in write_mllog(scored.trained, args.mllog):
+                print(f"wrote {path}", file=status)
+    except OSError as exc:
+        option = "--mllog" if args.mllog and str(exc.filename or "").startswith(str(args.mllog)) else "--plots"
+        return f"{option}: cannot write {exc.filename}: {exc.strerror or exc}"
+    return None
+
+
+def print_collectives(runs: Sequence[LoadedRun], where: TextIO) -> None:
+    """Task 0a runs: their table (bandwidth by size), which is not scored."""
+    from mlbench_runner.collectives import format_table as sweep_table
+
+    for r in runs:
+        if r.summary.collectives is not None:
+            print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``mlbench results``: read, score, print, write; 2 for unusable input."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    problem = output_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        given, unfinished, folders = gather(args)
+    except (OSError, ValueError, ResultsUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for u in unfinished:
+        print(u.warning(), file=sys.stderr)
+    runs = once(given)
     if not runs and not any(u.counts for u in unfinished):
         print("error: no readable summary.json to report on", file=sys.stderr)
         return 2
@@ -574,52 +648,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if collectives:  # task 0a sweeps: their table, not scored
-        from mlbench_runner.collectives import format_table as sweep_table
-
-        where = sys.stdout if args.output in ("table", "markdown") else sys.stderr
-        for r in collectives:
-            assert r.summary.collectives is not None
-            print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
-        trained = [r for r in runs if r.summary.collectives is None]
-        if not trained and not unfinished:
-            if args.output == "json":  # machine-readable output keeps the collectives runs (summary with the table)
-                print(format_json(runs, [], args.price_per_worker_hour))
-            return 0
-    else:
-        trained = runs
-    price = args.price_per_worker_hour
-    scores = scoring.score(_results(trained, unfinished), price)
-    given = [r for r in given if r.summary.collectives is None]
-
+    print_collectives(collectives, sys.stdout if args.output in ("table", "markdown") else sys.stderr)
+    trained = [r for r in runs if r.summary.collectives is None]
+    if collectives and not trained and not unfinished:
+        if args.output == "json":  # machine-readable output keeps the collectives runs (summary with the table)
+            print(format_json(runs, [], args.price_per_worker_hour))
+        return 0
+    scores = scoring.score(_results(trained, unfinished), args.price_per_worker_hour)
+    scored = Report(trained, unfinished, scores)
+    print_scores(args, given, runs, scored)
     status = sys.stdout if args.output == "table" else sys.stderr  # machine-readable output stays clean
-    if args.output == "table":
-        print(format_table([r.summary for r in given]))
-        print()
-        print(format_scores(scores, price))
-        if len(given) > len(trained):
-            print(f"({len(given) - len(trained)} summary file(s) given more than once, scored once)")
-    elif args.output == "markdown":
-        print(format_markdown([r.summary for r in trained], scores, price))
-    elif args.output == "json":
-        print(format_json(runs, scores, price, unfinished))
-    else:
-        print(format_csv(scores), end="")
-
-    try:
-        if not args.no_plots and trained:
-            dest = plots_dir(args.plots, args.runs, folders, trained)
-            if dest is None:
-                print("plots: several RUNs given: name a folder for the comparison plots with --plots DIR", file=status)
-            else:
-                for plot in write_plots(trained, dest, price=price, fmt=args.plot_format, scores=scores):
-                    print(f"wrote {plot}", file=status)
-        if args.mllog:
-            for path in write_mllog(trained, args.mllog):
-                print(f"wrote {path}", file=status)
-    except OSError as exc:
-        option = "--mllog" if args.mllog and str(exc.filename or "").startswith(str(args.mllog)) else "--plots"
-        print(f"error: {option}: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+    error = write_files(args, scored, folders, status)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
 
