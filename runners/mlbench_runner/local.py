@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -317,7 +317,7 @@ def run_processes(
         procs.append(proc)
         threading.Thread(target=_pump, args=(proc, r, q), daemon=True).start()
     open_streams, failed = ranks, 0
-    try:
+    with stopped_on_exit(procs):
         while open_streams:
             tag, line = q.get()
             if line is None:
@@ -330,12 +330,6 @@ def run_processes(
                             other.terminate()
                 continue
             on_line(line)
-    except KeyboardInterrupt:  # the ranks got the terminal's Ctrl-C too: their summaries first
-        stop_processes(procs, settle=SETTLE_SECONDS)
-        raise
-    except BaseException:  # a failing on_line: no rank may outlive the command
-        stop_processes(procs)
-        raise
     return failed or max(p.wait() for p in procs)
 
 
@@ -370,6 +364,20 @@ def stop_processes(procs: Sequence[subprocess.Popen[str]], settle: float = 0.0, 
             proc.wait()
 
 
+@contextlib.contextmanager
+def stopped_on_exit(procs: Sequence[subprocess.Popen[str]]) -> Iterator[None]:
+    """No process of ``procs`` outlives a block that raises: after a Ctrl-C (which reached them too) they get
+    :data:`SETTLE_SECONDS` to write their summaries and end; after any other error they are stopped at once."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        stop_processes(procs, settle=SETTLE_SECONDS)
+        raise
+    except BaseException:
+        stop_processes(procs)
+        raise
+
+
 def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on_line: Any) -> int:
     """Through ``mlbench-runner launch`` with a localhost hostfile, as the launcher pod does."""
     hostfile = out / "hostfile"
@@ -378,15 +386,9 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     cmd = launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     assert proc.stdout is not None
-    try:
+    with stopped_on_exit([proc]):  # mpirun stops its ranks on the Ctrl-C, and forwards a SIGTERM
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-    except KeyboardInterrupt:  # mpirun got the Ctrl-C too and stops its ranks; SIGTERM if it does not end
-        stop_processes([proc], settle=SETTLE_SECONDS)
-        raise
-    except BaseException:  # mpirun forwards SIGTERM to its ranks
-        stop_processes([proc])
-        raise
     return proc.wait()
 
 

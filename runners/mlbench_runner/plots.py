@@ -154,10 +154,14 @@ def _cost_series(scores: Sequence[ConfigScore]) -> list[tuple[str, Points, Point
     return out
 
 
+def _variant(s: ConfigScore) -> str:
+    return f" [{s.variant}]" if s.variant else ""
+
+
 def config_label(s: ConfigScore) -> str:
     """A configuration's name with its variant (``... [batchSizePerWorker=64]``): configurations that differ
     only in a setting such as the batch size would otherwise share one name."""
-    return s.configuration.label() + (f" [{s.variant}]" if s.variant else "")
+    return s.configuration.label() + _variant(s)
 
 
 def _bar_label(s: ConfigScore, several_families: bool) -> str:
@@ -166,7 +170,7 @@ def _bar_label(s: ConfigScore, several_families: bool) -> str:
     ranks = f"{c.world_size} ({c.workers}x{c.slots_per_worker})"
     if not several_families:
         return ranks
-    return f"{ranks} {c.task} {c.backend} {c.algorithm}" + (f" [{s.variant}]" if s.variant else "")
+    return f"{ranks} {c.task} {c.backend} {c.algorithm}" + _variant(s)
 
 
 TITLES = {

@@ -531,9 +531,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def gather(args: argparse.Namespace) -> tuple[list[LoadedRun], list[Unfinished], list[Path]]:
-    """Every RUN resolved (downloaded when ``<namespace>/<run>``) and read: the runs with a summary (each summary
-    once, however often it was given), the folders without one, and the folders given (``mlbench results
-    SWEEP/``: where the plots go). Raises what makes a RUN unusable (OSError, ValueError, ResultsUnavailable)."""
+    """Every RUN resolved (downloaded when ``<namespace>/<run>``) and read: the runs with a summary, as given
+    (:func:`once` drops repeats), the folders without one (each once), and the folders given (``mlbench
+    results SWEEP/``: where the plots go). Raises what makes a RUN unusable (OSError, ValueError,
+    ResultsUnavailable)."""
     given: list[LoadedRun] = []
     unfinished: dict[Path, Unfinished] = {}
     folders: list[Path] = []
