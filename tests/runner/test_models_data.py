@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -330,3 +331,41 @@ def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pyt
     assert summary.wall_clock_seconds < total - 1.5  # the 2 s of (slow) decoding is not in it
     assert summary.time_to_goal_seconds is not None
     assert summary.time_to_goal_seconds < total - 1.5
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "says"),
+    [
+        ("1 1:2:2 3\n", 1, "'1:2:2' is not index:value"),  # dense-looking: 2 colons, 3 tokens, 5 numbers
+        ("1:1 2:2 5\n", 1, "label '1:1' is not a number"),  # a colon in the label
+        ("1 1:2:2 3\n-1 1:1\n", 1, "'1:2:2'"),  # rows of different widths: the line-by-line path
+        ("1 1:1 2:2 3:3\n1:1 2:2 5\n", 2, "label '1:1'"),
+        ("1 1:1 2:2\n-1 1:1 2:2 3\n", 2, "'3' is not index:value"),
+    ],
+)
+def test_libsvm_refuses_tokens_the_number_counts_would_accept(tmp_path: Path, text: str, line: int, says: str) -> None:
+    """Colons read as spaces make ``1 1:2:2 3`` count like ``1 1:2 2:3``: the token check must refuse it."""
+    f = tmp_path / "eps"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=rf"dataset\.path: .*eps:{line} is not LIBSVM .*{re.escape(says)}"):
+        parse_libsvm(f)
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        (b"1 1:0.5 2:0.25\n-1 1:1 2:2\n", True),
+        (b"1\n\n  \n-1 3:1\r\n", True),
+        (b"", True),
+        (b"  1 1:2\t2:3 \n", True),  # leading, trailing and tab separators
+        (b"1 1:2:2 3\n", False),
+        (b" 1:1 2:2\n", False),  # a label after leading spaces
+        (b"1:1 2:2 5\n", False),
+        (b"1 1:2\n-1:3 2:1\n", False),  # the second line's label
+        (b"1 1:2 2:3\n\n2:1\n", False),  # after an empty line
+    ],
+)
+def test_tokens_well_formed(text: bytes, ok: bool) -> None:
+    from mlbench_runner.data import tabular
+
+    assert tabular._tokens_well_formed(text) is ok
