@@ -21,7 +21,9 @@ SUMMARY_SCHEMA: Final = "mlbench.io/summary/v1"
 
 #: Why a run stopped; ``completed`` is a collectives task's sweep that timed every operation and size.
 RunStatus = Literal["success", "goal-not-reached", "aborted"]
-StopReason = Literal["goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "setup-failed", "completed"]
+StopReason = Literal[
+    "goal", "max-epochs", "time-budget", "max-steps", "diverged", "error", "interrupted", "setup-failed", "completed"
+]
 COLLECTIVES_SCHEMA: Final = "mlbench.io/collectives/v1"
 
 

@@ -99,6 +99,7 @@ def _run_collectives(config: RunConfig) -> int:
 
 
 def _train_rank(args: argparse.Namespace) -> int:
+    from mlbench_runner.stopping import Interrupted, stop_once
     from mlbench_runner.train import train
 
     config = _load_config(args)
@@ -107,11 +108,13 @@ def _train_rank(args: argparse.Namespace) -> int:
     if not config.task.has_training:  # a collectives task started with the default command: time, do not train
         return _run_collectives(config)
     try:
-        summary = train(config)
+        with stop_once():
+            summary = train(config)
+    except Interrupted as exc:  # rank 0 wrote an aborted summary; 3, not an MPI abort that could cut it short
+        print(f"rank {_rank_label()}: stopped by {exc.signal}", file=sys.stderr)
+        return 3
     except (ValueError, FileNotFoundError) as exc:  # bad input: one clear line, no traceback
-        print(
-            f"error: rank {os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('RANK', '0'))}: {exc}", file=sys.stderr
-        )
+        print(f"error: rank {_rank_label()}: {exc}", file=sys.stderr)
         return 2
     return 3 if summary is not None and summary.status == "aborted" else 0
 

@@ -24,10 +24,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import ValidationError
 
 from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
+from mlbench_runner import stopping
 from mlbench_runner.collect import gather, rank0_event, results_line, ssh_options
 from mlbench_runner.options import knob_names
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
@@ -148,11 +152,19 @@ def mpirun_command(
     return cmd
 
 
+#: The tag ``--tag-output`` puts before each piece of a rank's output: ``[<job>,<rank>]<stdout>:``.
+MPI_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err|diag)>:")
+
+
 def strip_tag(line: str) -> str:
-    """Drop mpirun's ``[1,0]<stdout>:`` prefix (from ``--tag-output``)."""
-    if line.startswith("[") and ">:" in line[:40]:
-        return line.split(">:", 1)[1]
-    return line
+    """The line without mpirun's ``[1,0]<stdout>:`` tags (from ``--tag-output``).
+
+    mpirun tags each piece it reads, not each line: a line the rank wrote in two pieces (a long
+    summary, a write cut by a signal) arrives as ``[1,0]<stdout>:{... "eval[1,0]<stdout>:uation": ...}``,
+    so the same tag is dropped inside the line too.
+    """
+    tag = MPI_TAG.match(line)
+    return line[tag.end() :].replace(tag.group(), "") if tag else line
 
 
 def summary_from_line(line: str) -> RunSummary | None:
@@ -164,22 +176,32 @@ def summary_from_line(line: str) -> RunSummary | None:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None
-    if data.get("event") != "run_summary":
+    if not isinstance(data, dict) or data.get("event") != "run_summary":
         return None
-    return RunSummary.model_validate(data["summary"])
+    try:
+        return RunSummary.model_validate(data.get("summary"))
+    except ValidationError:  # mangled on its way (another rank's output inside it): summary.json stands instead
+        return None
 
 
-def stream(cmd: list[str], on_line: Callable[[str], None], env: dict[str, str] | None = None) -> int:
-    """Run ``cmd``, handing each output line (stdout and stderr merged) to ``on_line``."""
+class Streamed(NamedTuple):
+    code: int
+    #: A SIGINT or SIGTERM to the launcher was passed on to the command.
+    stopped: bool = False
+
+
+def stream(cmd: list[str], on_line: Callable[[str], None], env: dict[str, str] | None = None) -> Streamed:
+    """Run ``cmd``, handing each output line (stdout and stderr merged) to ``on_line``.
+
+    A SIGINT or SIGTERM to the launcher (a Ctrl-C, a deleted pod) reaches ``cmd`` as one SIGTERM, and the
+    output is still read to its end: the ranks' ``aborted`` summary is what the launcher then reports.
+    """
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     assert proc.stdout is not None
-    try:
+    with stopping.forwarded_once(proc) as stopped:
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-    except KeyboardInterrupt:
-        proc.terminate()
-        raise
-    return proc.wait()
+        return Streamed(proc.wait(), stopped.is_set())
 
 
 def write_termination(path: str, text: str) -> None:
@@ -309,7 +331,7 @@ def run_launch(args: argparse.Namespace) -> int:
         del tail[:-20]
 
     try:
-        code = stream(cmd, on_line, env)
+        code, stopped = stream(cmd, on_line, env)
     except FileNotFoundError as exc:
         write_termination(args.termination_log, error_message(f"cannot start mpirun: {exc}", 127))
         return 127
@@ -333,9 +355,10 @@ def run_launch(args: argparse.Namespace) -> int:
         line = None
     if line is not None:  # the last line of the log: the operator keeps it (mlbench_api.bundle)
         print(line, flush=True)
-    if found and found[-1].status == "aborted" and code in (0, 3):
-        # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too:
-        # keep the summary. Another code means a rank crashed: report that error instead.
+    if found and found[-1].status == "aborted" and (code in (0, 3) or stopped):
+        # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too: keep the
+        # summary; also when the launcher passed on a stop signal, whatever mpirun's own code then is.
+        # Another code means a rank crashed: report that error instead.
         write_termination(args.termination_log, found[-1].termination_message())
         return 3
     if code != 0 or not found:

@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ from mlbench_api.common import API_VERSION
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.errors import InvalidObject
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
-from mlbench_runner import running
+from mlbench_runner import running, stopping
 from mlbench_runner.launch import launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
 
@@ -277,11 +278,38 @@ class Progress:
             self._say(f"run stopped: {ev.get('status')} ({ev.get('stop_reason')})")
 
 
-def _pump(proc: subprocess.Popen[str], tag: int, q: queue.Queue[tuple[int, str | None]]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        q.put((tag, line.rstrip("\n")))
-    q.put((tag, None))
+class Streams:
+    """The merged output lines of ``procs``, each read by a thread of its own: a pipe never fills (and blocks
+    its writer) while this command waits, and after a Ctrl-C the lines the processes print as they stop
+    (their ``run_stop``, the launcher's results) still reach ``output.log``."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen[str]]) -> None:
+        self.open = len(procs)
+        self._lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+        for tag, proc in enumerate(procs):
+            threading.Thread(target=self._pump, args=(proc, tag), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str], tag: int) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put((tag, line.rstrip("\n")))
+        self._lines.put((tag, None))
+
+    def next(self, timeout: float | None = None) -> tuple[int, str | None]:
+        """(process index, line), or (index, None) when that process closed its output; raises ``queue.Empty``
+        after ``timeout`` seconds."""
+        tag, line = self._lines.get(timeout=timeout)
+        if line is None:
+            self.open -= 1
+        return tag, line
+
+    def drain(self, on_line: Any, seconds: float) -> None:
+        """Hand lines to ``on_line`` until every output is closed or ``seconds`` have passed."""
+        deadline = time.monotonic() + seconds
+        while self.open and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(queue.Empty):
+                if (line := self.next(timeout=left)[1]) is not None:
+                    on_line(line)
 
 
 def run_processes(
@@ -295,7 +323,6 @@ def run_processes(
     port = str(free_port())
     argv = rank_command(command, str(config_path))
     procs = []
-    q: queue.Queue[tuple[int, str | None]] = queue.Queue()
     for r in range(ranks):
         penv = dict(
             env,
@@ -313,15 +340,15 @@ def run_processes(
             text=True,
             env=penv,
             bufsize=1,
+            stdin=subprocess.DEVNULL,  # a background group reading the terminal would be stopped (SIGTTIN)
+            process_group=0,  # a terminal's Ctrl-C reaches only this command, which passes it on once
         )
         procs.append(proc)
-        threading.Thread(target=_pump, args=(proc, r, q), daemon=True).start()
-    open_streams, failed = ranks, 0
-    with stopped_on_exit(procs):
-        while open_streams:
-            tag, line = q.get()
+    streams, failed = Streams(procs), 0
+    with stopped_on_exit(procs, streams, on_line):
+        while streams.open:
+            tag, line = streams.next()
             if line is None:
-                open_streams -= 1
                 code = procs[tag].wait()
                 if code != 0 and not failed:
                     failed = code
@@ -335,8 +362,8 @@ def run_processes(
 
 #: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
-#: Seconds the ranks get to end on their own after a Ctrl-C before they are terminated: a terminal's Ctrl-C
-#: reaches every process of the group, and each rank then writes its ``aborted`` summary and leaves.
+#: Seconds the ranks get to end on their own after a Ctrl-C before they are terminated: each takes the one
+#: SIGINT this command passes on (:mod:`mlbench_runner.stopping`), writes its ``aborted`` summary and leaves.
 SETTLE_SECONDS = 10.0
 
 
@@ -347,31 +374,51 @@ def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float) -> None:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
+def _signal_groups(procs: Sequence[subprocess.Popen[str]], sig: signal.Signals) -> None:
+    """``sig`` to each process's group (its own, see ``process_group=0``): ``mpirun`` and its ranks too, even
+    when the process itself has ended (a group lives while any member does). A process started in another
+    group gets ``sig`` alone."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if proc.poll() is None and os.getpgid(proc.pid) != proc.pid:
+                proc.send_signal(sig)
+            else:
+                os.killpg(proc.pid, sig)
+
+
 def stop_processes(procs: Sequence[subprocess.Popen[str]], settle: float = 0.0, grace: float = 5.0) -> None:
     """Let the processes end on their own for ``settle`` seconds, then terminate those still running, and
-    kill those that do not end within ``grace`` seconds more. Another Ctrl-C cuts a wait short, never the stop:
-    no rank may outlive the command."""
+    kill those that do not end within ``grace`` seconds more, each with its whole process group. Another
+    Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
     with contextlib.suppress(KeyboardInterrupt):
         _wait_all(procs, settle)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
+    _signal_groups(procs, signal.SIGTERM)
     with contextlib.suppress(KeyboardInterrupt):
         _wait_all(procs, grace)
+    _signal_groups(procs, signal.SIGKILL)
     for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.wait()
 
 
 @contextlib.contextmanager
-def stopped_on_exit(procs: Sequence[subprocess.Popen[str]]) -> Iterator[None]:
-    """No process of ``procs`` outlives a block that raises: after a Ctrl-C (which reached them too) they get
-    :data:`SETTLE_SECONDS` to write their summaries and end; after any other error they are stopped at once."""
+def stopped_on_exit(procs: Sequence[subprocess.Popen[str]], streams: Streams, on_line: Any) -> Iterator[None]:
+    """No process of ``procs`` outlives a block that raises: after a Ctrl-C each gets one SIGINT and
+    :data:`SETTLE_SECONDS` to write its summary and end, its output still handed to ``on_line`` (another
+    Ctrl-C cuts that short); after any other error they are stopped at once."""
     try:
         yield
     except KeyboardInterrupt:
-        stop_processes(procs, settle=SETTLE_SECONDS)
+        started = time.monotonic()
+        for proc in procs:  # the process itself, not its group: the pod launcher passes it on to mpirun
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
+        try:
+            streams.drain(on_line, SETTLE_SECONDS)
+            settle = max(0.0, SETTLE_SECONDS - (time.monotonic() - started))  # outputs closed: wait for the exits
+        except KeyboardInterrupt:
+            settle = 0.0
+        stop_processes(procs, settle=settle)
         raise
     except BaseException:
         stop_processes(procs)
@@ -384,11 +431,21 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     hostfile.write_text(f"localhost slots={ranks}\n")
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MLBENCH_HOSTFILE=str(hostfile))
     cmd = launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
-    assert proc.stdout is not None
-    with stopped_on_exit([proc]):  # mpirun stops its ranks on the Ctrl-C, and forwards a SIGTERM
-        for line in proc.stdout:
-            on_line(line.rstrip("\n"))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        bufsize=1,
+        stdin=subprocess.DEVNULL,  # mpirun forwards stdin to rank 0: from a background group, a stopped mpirun
+        process_group=0,
+    )
+    streams = Streams([proc])
+    with stopped_on_exit([proc], streams, on_line):  # the launcher passes a SIGINT on to mpirun as SIGTERM
+        while streams.open:
+            if (line := streams.next()[1]) is not None:
+                on_line(line)
     return proc.wait()
 
 
@@ -489,6 +546,11 @@ def _prepare(args: argparse.Namespace, say: Any) -> tuple[RunConfig, Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench run``; returns the exit code."""
+    with stopping.interrupt_on():  # `timeout`'s SIGTERM, a closed terminal's SIGHUP: the Ctrl-C path
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     if not args.local:

@@ -190,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     except local.LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run_local(args, sweep, runs)
+    from mlbench_runner import stopping
+
+    with stopping.interrupt_on():  # between two runs too: `timeout`'s SIGTERM stops the study as a Ctrl-C does
+        return run_local(args, sweep, runs)
 
 
 if __name__ == "__main__":

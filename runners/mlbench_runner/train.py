@@ -30,7 +30,7 @@ from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import partition
+from mlbench_runner import partition, stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, make_communicator
@@ -409,6 +409,9 @@ class Trainer:
         try:
             self.setup = self._setup()
             status = self._train(self.setup)
+        except KeyboardInterrupt:  # a Ctrl-C, or a SIGTERM under stopping.stop_once: not an error of the run
+            self.record.stop_reason = self.record.stop_reason or "interrupted"
+            raise
         except Exception as exc:
             self.log.error("run_error", error=f"{type(exc).__name__}: {exc}")
             raise
@@ -554,9 +557,12 @@ class Trainer:
         return s.plan.record(measured)
 
     def _finish(self, status: RunStatus) -> None:
+        stopping.hold()  # a stop signal from now on must not cut the summary short
         s = self.setup
-        if self.record.stop_reason is None:  # an exception (or Ctrl-C) ended the run before any stop decision
-            self.record.stop_reason = "setup-failed" if s is None else "error"
+        if self.record.stop_reason is None:  # an exception ended the run before any stop decision
+            # A peer that stopped on the same Ctrl-C can fail this rank's collective before its own signal
+            # is handled: the signal, not the broken connection, is why the run stopped.
+            self.record.stop_reason = "interrupted" if stopping.received() else "setup-failed" if s is None else "error"
         if s is not None:
             summary = s.summary
             if summary.stopped_at is None:
@@ -579,7 +585,7 @@ class Trainer:
         ranks.mkdir(parents=True, exist_ok=True)
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(self.record.__dict__))
         if self.opts.linger_seconds and status != "aborted" and self.metrics is not None:
-            time.sleep(self.opts.linger_seconds)  # let Prometheus take a last scrape (a failing rank just exits)
+            stopping.linger(self.opts.linger_seconds)  # Prometheus's last scrape (a failing rank just exits)
         if self.comm is not None and (error := close_quietly(self.comm, orderly=status != "aborted")):
             self.log.warning("communicator_close_failed", error=error)
         self.log.close()

@@ -203,7 +203,7 @@ def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
 @pytest.mark.slow
 def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp_path: Path) -> None:
     """A terminal's Ctrl-C (SIGINT to the whole process group) during the first run: its ranks write their
-    ``aborted`` summary (stop reason ``error``), no further run starts, exit 130; ``--resume`` runs it again."""
+    ``aborted`` summary (stop reason ``interrupted``), no further run starts, exit 130; ``--resume`` runs it again."""
     task = _task_file(tmp_path, logreg_task(epochs=100_000, train=2000))
     study = _sweep_file(tmp_path, {"workers": [2], "seeds": [1, 2]})
     out = tmp_path / "study"
@@ -230,7 +230,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     assert "interrupted: the other runs are not started" in output
     assert not (out / "lr-study-w2-s2").exists()
     summary = RunSummary.model_validate_json((first / "summary.json").read_text())
-    assert (summary.status, summary.stop_reason) == ("aborted", "error")
+    assert (summary.status, summary.stop_reason) == ("aborted", "interrupted")
     assert sweep.resumable(first)[0] is None  # --resume runs it again
     assert not (first / "running").exists()  # and `mlbench results` scores it as a failed seed, not as running
 
