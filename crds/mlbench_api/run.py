@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -80,10 +80,10 @@ class AlgorithmParameters(ApiModel):
     selection: Selection | None = None
     """sparsified-sgd: top-k (default) or random-k."""
 
-    def misplaced(self, algorithm: Algorithm) -> list[str]:
-        """Wire names of the fields set that do not belong to ``algorithm``."""
+    def misplaced(self, *algorithms: Algorithm) -> list[str]:
+        """Wire names of the fields set that belong to none of ``algorithms``."""
         given = self.model_dump(by_alias=True, exclude_none=True)
-        return [name for name in PARAMETER_DEFAULTS if name in given and PARAMETER_DEFAULTS[name][0] is not algorithm]
+        return [name for name in PARAMETER_DEFAULTS if name in given and PARAMETER_DEFAULTS[name][0] not in algorithms]
 
     def for_algorithm(self, algorithm: Algorithm) -> AlgorithmParameters:
         """These parameters with ``algorithm``'s defaults filled in (the others stay unset)."""
@@ -265,8 +265,22 @@ DDP_NEEDS_TORCH_BACKEND = "ddp needs backend gloo or nccl (torch.distributed), n
 MUTABLE_SPEC_FIELDS = ("runPolicy",)
 
 
+def _parameter_rules() -> list[dict[str, Any]]:
+    """Each algorithm parameter only with its own algorithm."""
+    return [
+        cel(
+            f"!has(self.algorithmParameters) || !has(self.algorithmParameters.{name}) || "
+            f"self.algorithm == '{owner.value}'",
+            f"algorithmParameters.{name} is for algorithm {owner.value} only",
+            f".algorithmParameters.{name}",
+        )
+        for name, (owner, _default) in PARAMETER_DEFAULTS.items()
+    ]
+
+
 def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
-    """CEL rules of the run spec; the immutability rule is derived from the fields themselves."""
+    """CEL rules of the run spec; the immutability rule is derived from the fields themselves. A sweep's
+    template (``PARAMETERS_OF_ITS_ALGORITHM`` false) leaves the parameters to the sweep's own rules."""
     schema["x-kubernetes-validations"] = [
         cel(
             "self.backend != 'nccl' || (has(self.resources) && self.resources.gpu >= 1)",
@@ -278,15 +292,7 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             DDP_NEEDS_TORCH_BACKEND,
             ".algorithm",
         ),
-        *[
-            cel(
-                f"!has(self.algorithmParameters) || !has(self.algorithmParameters.{name}) || "
-                f"self.algorithm == '{owner.value}'",
-                f"algorithmParameters.{name} is for algorithm {owner.value} only",
-                f".algorithmParameters.{name}",
-            )
-            for name, (owner, _default) in PARAMETER_DEFAULTS.items()
-        ],
+        *(_parameter_rules() if getattr(cls, "PARAMETERS_OF_ITS_ALGORITHM", True) else []),
         cel(
             "!has(self.resources) || self.resources.gpu == 0 || self.slotsPerWorker <= self.resources.gpu",
             "slotsPerWorker must not exceed resources.gpu",
@@ -315,6 +321,8 @@ class BenchmarkRunSpec(ApiModel):
     """Which task to run and how: workers, resources, backend, algorithm, overrides. Immutable except runPolicy."""
 
     model_config = ConfigDict(json_schema_extra=_spec_rules)
+    #: algorithmParameters may hold only spec.algorithm's parameters (a sweep's template: any of its runs').
+    PARAMETERS_OF_ITS_ALGORITHM: ClassVar[bool] = True
 
     task_ref: TaskRef
     """The BenchmarkTask to run."""
@@ -364,7 +372,8 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError("backend: nccl needs resources.gpu >= 1")
         if self.algorithm is Algorithm.DDP and self.backend is Backend.MPI:
             raise ValueError(f"algorithm: {DDP_NEEDS_TORCH_BACKEND}")
-        misplaced = self.algorithm_parameters.misplaced(self.algorithm) if self.algorithm_parameters else []
+        parameters = self.algorithm_parameters if self.PARAMETERS_OF_ITS_ALGORITHM else None
+        misplaced = parameters.misplaced(self.algorithm) if parameters else []
         if misplaced:
             owner = PARAMETER_DEFAULTS[misplaced[0]][0].value
             raise ValueError(f"algorithmParameters.{misplaced[0]}: is for algorithm {owner} only")

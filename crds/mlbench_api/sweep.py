@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import JsonDict
@@ -30,6 +30,7 @@ from mlbench_api.run import (
     DDP_NEEDS_TORCH_BACKEND,
     MAX_RUN_NAME,
     MAX_WORKERS,
+    PARAMETER_DEFAULTS,
     Algorithm,
     Backend,
     BenchmarkRunSpec,
@@ -139,6 +140,7 @@ def _spec_rules(schema: dict[str, Any]) -> None:
             DDP_NEEDS_TORCH_BACKEND,
             ".matrix.backends",
         ),
+        *_parameters_of_the_sweep_rules(),
         cel(
             "has(self.matrix) == has(oldSelf.matrix) && (!has(self.matrix) || self.matrix == oldSelf.matrix)",
             "matrix is immutable (its runs are named after it)",
@@ -148,13 +150,36 @@ def _spec_rules(schema: dict[str, Any]) -> None:
     ]
 
 
+class SweepTemplate(BenchmarkRunSpec):
+    """The spec of every run of a sweep, as a BenchmarkRun's spec; algorithmParameters may hold the parameters
+    of every algorithm the sweep runs, and each run keeps its own algorithm's."""
+
+    PARAMETERS_OF_ITS_ALGORITHM: ClassVar[bool] = False
+
+
+def _parameters_of_the_sweep_rules() -> list[dict[str, Any]]:
+    """Each template parameter only when some run of the sweep has its algorithm."""
+    algorithms = "has(self.matrix) && has(self.matrix.algorithms)"
+    return [
+        cel(
+            f"!has(self.template.algorithmParameters) || !has(self.template.algorithmParameters.{name}) || "
+            f"(({algorithms}) ? '{owner.value}' in self.matrix.algorithms "
+            f": self.template.algorithm == '{owner.value}')",
+            f"template.algorithmParameters.{name} is for algorithm {owner.value} only, which no run of the sweep uses",
+            f".template.algorithmParameters.{name}",
+        )
+        for name, (owner, _default) in PARAMETER_DEFAULTS.items()
+    ]
+
+
 class BenchmarkSweepSpec(ApiModel):
     """A run template and the matrix of values its runs vary; the template and matrix are immutable."""
 
     model_config = ConfigDict(json_schema_extra=_spec_rules)
 
-    template: BenchmarkRunSpec
-    """The spec of every run, as a BenchmarkRun's spec; the matrix replaces workers, seed, algorithm and backend."""
+    template: SweepTemplate
+    """The spec of every run, as a BenchmarkRun's spec; the matrix replaces workers, seed, algorithm and backend.
+    algorithmParameters may hold the parameters of every algorithm of matrix.algorithms: each run keeps its own."""
     matrix: SweepMatrix | None = None
     """The values the runs vary (their product, at most 256 runs); unset: one run, the template."""
     max_concurrent: Annotated[int, Field(ge=1, le=MAX_SWEEP_RUNS)] = 1
@@ -169,6 +194,14 @@ class BenchmarkSweepSpec(ApiModel):
         matrix = self.matrix or SweepMatrix()
         if matrix.size() > MAX_SWEEP_RUNS:
             raise ValueError(f"matrix: expands to {matrix.size()} runs, more than {MAX_SWEEP_RUNS}")
+        parameters = self.template.algorithm_parameters
+        unused = parameters.misplaced(*(matrix.algorithms or [self.template.algorithm])) if parameters else []
+        if unused:
+            owner = PARAMETER_DEFAULTS[unused[0]][0].value
+            raise ValueError(
+                f"template.algorithmParameters.{unused[0]}: is for algorithm {owner} only, which no run of the "
+                "sweep uses (template.algorithm, or matrix.algorithms when set)"
+            )
         for point in _points(self):
             _run_spec(self, point)  # raises naming the matrix field of the first invalid combination
         return self
@@ -297,7 +330,7 @@ def _run_spec(spec: BenchmarkSweepSpec, point: Point) -> BenchmarkRunSpec:
     data = spec.template.model_dump(by_alias=True, exclude_none=True)
     data.update(workers=point.workers, algorithm=point.algorithm, backend=point.backend, seed=point.seed)
     parameters = spec.template.algorithm_parameters
-    if parameters is not None and spec.matrix is not None and spec.matrix.algorithms is not None:
+    if parameters is not None:  # each run keeps its own algorithm's (the sweep refused any no run uses)
         kept = parameters.model_dump(by_alias=True, exclude_none=True)
         for name in parameters.misplaced(point.algorithm):
             del kept[name]

@@ -98,25 +98,58 @@ def test_a_time_budget_on_an_accuracy_after_time_task_replaces_the_tasks() -> No
     assert config.time_budget_seconds == 60
 
 
-def test_sweep_runs_keep_only_their_algorithms_parameters() -> None:
-    doc = {
-        "apiVersion": "mlbench.io/v1alpha1",
-        "kind": "BenchmarkSweep",
-        "metadata": {"name": "cmp"},
-        "spec": {
-            "template": {
-                "taskRef": {"name": "t"},
-                "algorithm": "powersgd",
-                "algorithmParameters": {"rank": 4},
-            },
-            "matrix": {"algorithms": ["allreduce-sgd", "powersgd", "sparsified-sgd"]},
-        },
+def _sweep(parameters: dict[str, Any], algorithms: list[str] | None, algorithm: str = "powersgd") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "template": {"taskRef": {"name": "t"}, "algorithm": algorithm, "algorithmParameters": parameters}
     }
+    if algorithms is not None:
+        spec["matrix"] = {"algorithms": algorithms}
+    return {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkSweep", "metadata": {"name": "cmp"}, "spec": spec}
+
+
+def test_sweep_runs_keep_only_their_algorithms_parameters() -> None:
+    doc = _sweep({"rank": 4}, ["allreduce-sgd", "powersgd", "sparsified-sgd"])
     runs = expand(parse_sweep(doc))
     assert [(r.name, r.spec.algorithm_parameters) for r in runs] == [
         ("cmp-ar", None),
         ("cmp-psgd", AlgorithmParameters(rank=4)),
         ("cmp-ssgd", None),
+    ]
+
+
+def test_one_sweep_tunes_every_algorithm_it_compares() -> None:
+    """MLBench's study: PowerSGD at rank 4 and top-k at 5 % against all-reduce, in one sweep; the template's
+    own algorithm need not own any of them."""
+    doc = _sweep(
+        {"rank": 4, "warmStart": False, "density": 0.05, "topology": "complete"},
+        ["allreduce-sgd", "powersgd", "sparsified-sgd", "decentralized-sgd"],
+        algorithm="allreduce-sgd",
+    )
+    runs = expand(parse_sweep(doc))
+    assert [(r.name, r.spec.algorithm_parameters) for r in runs] == [
+        ("cmp-ar", None),
+        ("cmp-psgd", AlgorithmParameters(rank=4, warm_start=False)),
+        ("cmp-ssgd", AlgorithmParameters(density=0.05)),
+        ("cmp-dsgd", AlgorithmParameters(topology="complete")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "algorithms", "problem"),
+    [
+        ({"rank": 4, "density": 0.1}, ["allreduce-sgd", "sparsified-sgd"], "rank: is for algorithm powersgd only"),
+        ({"selection": "random-k"}, ["powersgd"], "selection: is for algorithm sparsified-sgd only"),
+        ({"density": 0.1}, None, "density: is for algorithm sparsified-sgd only"),  # no matrix: the template's
+    ],
+)
+def test_a_sweep_parameter_that_no_run_uses_is_refused(
+    parameters: dict[str, Any], algorithms: list[str] | None, problem: str
+) -> None:
+    with pytest.raises(InvalidObject) as info:
+        parse_sweep(_sweep(parameters, algorithms))
+    assert info.value.problems == [
+        f"spec.template.algorithmParameters.{problem}, which no run of the sweep uses "
+        "(template.algorithm, or matrix.algorithms when set)"
     ]
 
 

@@ -189,6 +189,19 @@ def test_a_ttl_of_zero_waits_for_the_sweep_to_record_the_end(runs: Runs) -> None
     wait_for(lambda: sweep_runs(runs, name) == {}, timeout=30, what="the runs deleted by their TTL")
 
 
+def test_the_api_server_takes_the_parameters_of_every_algorithm_the_sweep_compares(runs: Runs) -> None:
+    """The template's own rules would refuse rank on an allreduce-sgd template; the sweep's rules take it."""
+    body = sweep_body(
+        "tuned",
+        {"algorithms": ["allreduce-sgd", "powersgd", "sparsified-sgd"]},
+        1,
+        algorithmParameters={"rank": 4, "density": 0.05},
+    )
+    doc = {**body, "metadata": {**body["metadata"], "namespace": runs.ns, "labels": {SESSION_LABEL: SESSION}}}
+    res = runs.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert res.returncode == 0, res.stderr
+
+
 def test_the_api_server_refuses_invalid_sweeps_naming_the_field(runs: Runs) -> None:
     cases = [
         (sweep_body("nccl", {"backends": ["gloo", "nccl"]}, 1), "spec.matrix.backends", "nccl needs"),
@@ -196,6 +209,16 @@ def test_the_api_server_refuses_invalid_sweeps_naming_the_field(runs: Runs) -> N
         (sweep_body("big", {"workers": [1, 2, 3], "seeds": list(range(90))}, 1), "spec.matrix", "more than 256"),
         (sweep_body("dup", {"seeds": [1, 1]}, 1), "spec.matrix.seeds", "Duplicate value"),
         (sweep_body("x" * 52, {"seeds": [1]}, 1), "metadata.name", "at most 51"),
+        (
+            sweep_body("unused", {"algorithms": ["sparsified-sgd"]}, 1, algorithmParameters={"rank": 4}),
+            "spec.template.algorithmParameters.rank",
+            "is for algorithm powersgd only, which no run of the sweep uses",
+        ),
+        (
+            sweep_body("nomatrix", {"seeds": [1]}, 1, algorithmParameters={"density": 0.1}),
+            "spec.template.algorithmParameters.density",
+            "is for algorithm sparsified-sgd only",
+        ),
     ]
     for body, field, words in cases:
         labels = {SESSION_LABEL: SESSION}
