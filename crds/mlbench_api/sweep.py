@@ -32,6 +32,7 @@ from mlbench_api.run import (
     MAX_WORKERS,
     PARAMETER_DEFAULTS,
     Algorithm,
+    AlgorithmParameters,
     Backend,
     BenchmarkRunSpec,
     Phase,
@@ -156,16 +157,21 @@ class SweepTemplate(BenchmarkRunSpec):
 
     PARAMETERS_OF_ITS_ALGORITHM: ClassVar[bool] = False
 
+    algorithm_parameters: AlgorithmParameters | None = None
+    """Parameters of template.algorithm and of every algorithm of matrix.algorithms (powersgd: rank, warmStart;
+    decentralized-sgd: topology; sparsified-sgd: density, selection); each run keeps those of its own algorithm."""
+
 
 def _parameters_of_the_sweep_rules() -> list[dict[str, Any]]:
-    """Each template parameter only when some run of the sweep has its algorithm."""
-    algorithms = "has(self.matrix) && has(self.matrix.algorithms)"
+    """Each template parameter only with an algorithm of the sweep: template.algorithm (as a run's spec allows,
+    also when the matrix leaves it out: sweeps valid before stay valid) or one of matrix.algorithms."""
     return [
         cel(
             f"!has(self.template.algorithmParameters) || !has(self.template.algorithmParameters.{name}) || "
-            f"(({algorithms}) ? '{owner.value}' in self.matrix.algorithms "
-            f": self.template.algorithm == '{owner.value}')",
-            f"template.algorithmParameters.{name} is for algorithm {owner.value} only, which no run of the sweep uses",
+            f"self.template.algorithm == '{owner.value}' || "
+            f"(has(self.matrix) && has(self.matrix.algorithms) && '{owner.value}' in self.matrix.algorithms)",
+            f"template.algorithmParameters.{name} is for algorithm {owner.value} only, which is neither "
+            "template.algorithm nor in matrix.algorithms",
             f".template.algorithmParameters.{name}",
         )
         for name, (owner, _default) in PARAMETER_DEFAULTS.items()
@@ -195,12 +201,12 @@ class BenchmarkSweepSpec(ApiModel):
         if matrix.size() > MAX_SWEEP_RUNS:
             raise ValueError(f"matrix: expands to {matrix.size()} runs, more than {MAX_SWEEP_RUNS}")
         parameters = self.template.algorithm_parameters
-        unused = parameters.misplaced(*(matrix.algorithms or [self.template.algorithm])) if parameters else []
+        unused = parameters.misplaced(self.template.algorithm, *(matrix.algorithms or [])) if parameters else []
         if unused:
             owner = PARAMETER_DEFAULTS[unused[0]][0].value
             raise ValueError(
-                f"template.algorithmParameters.{unused[0]}: is for algorithm {owner} only, which no run of the "
-                "sweep uses (template.algorithm, or matrix.algorithms when set)"
+                f"template.algorithmParameters.{unused[0]}: is for algorithm {owner} only, which is neither "
+                "template.algorithm nor in matrix.algorithms"
             )
         for point in _points(self):
             _run_spec(self, point)  # raises naming the matrix field of the first invalid combination

@@ -871,7 +871,9 @@ def launcher_succeeded(inp: PlanInput) -> Plan | None:
 def launcher_aborted(inp: PlanInput) -> Plan | None:
     """The launcher failed but rank 0 reported a summary whose status is ``aborted`` (e.g. diverged):
     ``Failed``/``Aborted`` with its figures kept, no restart (it would abort again). Any other summary
-    from a failed launcher is a crash, left to :func:`gang_failure`."""
+    from a failed launcher is a crash, left to :func:`gang_failure`; so is one stopped by a signal
+    (stop reason ``interrupted``: a drained node, an eviction, a deleted launcher pod), which is not
+    the run's own decision and restarts like any lost pod."""
     launcher = inp.launcher
     if launcher is None or launcher.phase != PodPhase.FAILED or not launcher.term_message:
         return None
@@ -880,7 +882,7 @@ def launcher_aborted(inp: PlanInput) -> Plan | None:
         result = _summary_result(summary, inp.ctx.image, inp.workers.values())
     except ValueError:
         return None
-    if summary.status != "aborted":
+    if summary.status != "aborted" or summary.stop_reason == "interrupted":
         return None
     st = inp.status()
     st.new.result = result

@@ -89,9 +89,14 @@ def _collectives_rank(args: argparse.Namespace) -> int:
 
 def _run_collectives(config: RunConfig) -> int:
     from mlbench_runner.collectives import CollectiveError, run_collectives
+    from mlbench_runner.stopping import Interrupted, stop_once
 
     try:
-        run_collectives(config)
+        with stop_once():
+            run_collectives(config)
+    except Interrupted as exc:  # as a training rank: no summary (a sweep of sizes has no partial result), exit 3
+        print(f"rank {_rank_label()}: stopped by {exc.signal}", file=sys.stderr)
+        return 3
     except (ValueError, CollectiveError) as exc:  # bad input or a broken transport: one clear line
         print(f"error: rank {_rank_label()}: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,7 @@ from mlbench_api.results import (
     RunSummary,
 )
 from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
+from mlbench_runner import stopping
 from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
@@ -440,13 +441,15 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
             log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, wall_clock_s=wall)
             log.event("run_summary", summary=json.loads(summary.termination_message()))
         if opts.linger_seconds:
-            time.sleep(opts.linger_seconds)  # let Prometheus take a last scrape
+            stopping.hold()
+            stopping.linger(opts.linger_seconds)  # Prometheus's last scrape, not past a stop signal
         ended = True
         return summary if world.rank == 0 else None
     except BaseException as exc:
         log.error("run_error", error=f"{type(exc).__name__}: {exc}")
         if world.rank == 0:
-            log.event("run_stop", status="aborted", stop_reason="error")
+            reason = "interrupted" if isinstance(exc, KeyboardInterrupt) or stopping.received() else "error"
+            log.event("run_stop", status="aborted", stop_reason=reason)
         raise
     finally:
         if comm is not None and (error := close_quietly(comm, orderly=ended)):

@@ -15,6 +15,7 @@ output line carries rank 0's full results for the operator to keep (:mod:`mlbenc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from mlbench_api.bundle import SUMMARY as SUMMARY_FILE
 from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
@@ -48,6 +50,9 @@ CAUSE = re.compile(
 MAX_CAUSES = 10
 #: Rank 0's event lines kept from mpirun's output, the fallback when worker 0's events.jsonl is gone.
 MAX_SEEN_EVENTS = 100_000
+#: Seconds the ranks of a stopped launcher get to end on their own (SIGUSR1, passed on by mpirun) before
+#: mpirun is SIGTERMed: within the local command's settle time (10 s) and the kubelet's grace period (30 s).
+RANK_STOP_SECONDS = 8
 #: The launcher's own variables that every rank needs (not execution knobs): the run configuration, the
 #: rendezvous, the hostfile, the dataset cache and the fallback dataset directory.
 LAUNCHER_ENV = (CONFIG_ENV, "MASTER_ADDR", "MASTER_PORT", "MLBENCH_HOSTFILE", "MLBENCH_CACHE", "MLBENCH_DATA_DIR")
@@ -193,12 +198,13 @@ class Streamed(NamedTuple):
 def stream(cmd: list[str], on_line: Callable[[str], None], env: dict[str, str] | None = None) -> Streamed:
     """Run ``cmd``, handing each output line (stdout and stderr merged) to ``on_line``.
 
-    A SIGINT or SIGTERM to the launcher (a Ctrl-C, a deleted pod) reaches ``cmd`` as one SIGTERM, and the
-    output is still read to its end: the ranks' ``aborted`` summary is what the launcher then reports.
+    A SIGINT or SIGTERM to the launcher (a Ctrl-C, a deleted pod) reaches ``cmd`` (mpirun) as one SIGUSR1,
+    which it passes on to every rank, and as a SIGTERM :data:`RANK_STOP_SECONDS` later if it still runs;
+    the output is still read to its end: the ranks' ``aborted`` summary is what the launcher then reports.
     """
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     assert proc.stdout is not None
-    with stopping.forwarded_once(proc) as stopped:
+    with stopping.forwarded_once(proc, escalate_after=RANK_STOP_SECONDS) as stopped:
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
         return Streamed(proc.wait(), stopped.is_set())
@@ -352,7 +358,10 @@ def run_launch(args: argparse.Namespace) -> int:
         line = results_line(files)
     except Exception as exc:
         print(json.dumps({"event": "results_not_collected", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
-        line = None
+        files, line = {}, None
+    if not found and files.get(SUMMARY_FILE):  # the summary line was lost or mangled: worker 0's summary.json
+        with contextlib.suppress(ValidationError):
+            found.append(RunSummary.model_validate_json(files[SUMMARY_FILE]))
     if line is not None:  # the last line of the log: the operator keeps it (mlbench_api.bundle)
         print(line, flush=True)
     if found and found[-1].status == "aborted" and (code in (0, 3) or stopped):

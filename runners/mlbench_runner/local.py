@@ -374,42 +374,85 @@ def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float) -> None:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _signal_groups(procs: Sequence[subprocess.Popen[str]], sig: signal.Signals) -> None:
-    """``sig`` to each process's group (its own, see ``process_group=0``): ``mpirun`` and its ranks too, even
-    when the process itself has ended (a group lives while any member does). A process started in another
-    group gets ``sig`` alone."""
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if proc.poll() is None and os.getpgid(proc.pid) != proc.pid:
-                proc.send_signal(sig)
-            else:
-                os.killpg(proc.pid, sig)
+#: A process as found in /proc: (pid, start time in clock ticks), so that a pid reused since is never signalled.
+ProcessId = tuple[int, int]
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[str]], settle: float = 0.0, grace: float = 5.0) -> None:
-    """Let the processes end on their own for ``settle`` seconds, then terminate those still running, and
-    kill those that do not end within ``grace`` seconds more, each with its whole process group. Another
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (which may hold spaces and parentheses): state, ppid, ..."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def process_tree(procs: Sequence[subprocess.Popen[str]]) -> set[ProcessId]:
+    """Every live descendant of ``procs`` (Linux /proc). Neither the process group nor the parent reaches them
+    all: mpirun gives each rank a group of its own, and a child whose parent died is re-parented to init, so
+    the tree is taken while the parents still live."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(entry.name)) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            started[int(entry.name)] = int(fields[19])
+    found: set[ProcessId] = set()
+    todo = [p.pid for p in procs]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if (child, started[child]) not in found:
+                found.add((child, started[child]))
+                todo.append(child)
+    return found
+
+
+def kill_tree(tree: set[ProcessId]) -> None:
+    """SIGKILL each process of ``tree`` that still runs as the same process (its start time unchanged)."""
+    for pid, start in tree:
+        fields = _stat_fields(pid)
+        if fields is not None and int(fields[19]) == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_processes(
+    procs: Sequence[subprocess.Popen[str]],
+    settle: float = 0.0,
+    grace: float = 5.0,
+    tree: set[ProcessId] | frozenset[ProcessId] = frozenset(),
+) -> None:
+    """Let the processes end on their own for ``settle`` seconds, then terminate those still running (the
+    process itself: a rank, or the launcher, which passes one SIGTERM on to mpirun), and after ``grace``
+    seconds more kill them and every descendant (``tree``: taken earlier, plus those found now). Another
     Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
     with contextlib.suppress(KeyboardInterrupt):
         _wait_all(procs, settle)
-    _signal_groups(procs, signal.SIGTERM)
+    tree = set(tree) | process_tree(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
     with contextlib.suppress(KeyboardInterrupt):
         _wait_all(procs, grace)
-    _signal_groups(procs, signal.SIGKILL)
+    tree |= process_tree(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    kill_tree(tree)
     for proc in procs:
         proc.wait()
 
 
 @contextlib.contextmanager
 def stopped_on_exit(procs: Sequence[subprocess.Popen[str]], streams: Streams, on_line: Any) -> Iterator[None]:
-    """No process of ``procs`` outlives a block that raises: after a Ctrl-C each gets one SIGINT and
-    :data:`SETTLE_SECONDS` to write its summary and end, its output still handed to ``on_line`` (another
-    Ctrl-C cuts that short); after any other error they are stopped at once."""
+    """No process of ``procs`` (nor any of theirs) outlives a block that raises: after a Ctrl-C each gets one
+    SIGINT and :data:`SETTLE_SECONDS` to write its summary and end, its output still handed to ``on_line``
+    (another Ctrl-C cuts that short); after any other error they are stopped at once."""
     try:
         yield
     except KeyboardInterrupt:
-        started = time.monotonic()
-        for proc in procs:  # the process itself, not its group: the pod launcher passes it on to mpirun
+        tree, started, settle = process_tree(procs), time.monotonic(), 0.0
+        for proc in procs:  # the process itself: the pod launcher passes it on to mpirun as one SIGTERM
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
@@ -417,8 +460,9 @@ def stopped_on_exit(procs: Sequence[subprocess.Popen[str]], streams: Streams, on
             streams.drain(on_line, SETTLE_SECONDS)
             settle = max(0.0, SETTLE_SECONDS - (time.monotonic() - started))  # outputs closed: wait for the exits
         except KeyboardInterrupt:
-            settle = 0.0
-        stop_processes(procs, settle=settle)
+            pass  # a second Ctrl-C: stop them now
+        finally:  # also when on_line fails (a closed terminal, a full disk)
+            stop_processes(procs, settle=settle, tree=tree)
         raise
     except BaseException:
         stop_processes(procs)

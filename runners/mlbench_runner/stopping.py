@@ -2,24 +2,29 @@
 
 Three kinds of process, three policies:
 
-* **A rank** (:func:`stop_once`): the first SIGINT or SIGTERM raises :class:`Interrupted` (a
+* **A rank** (:func:`stop_once`): the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted` (a
   ``KeyboardInterrupt``, so every ``finally`` that cleans up after a Ctrl-C runs), and the run ends
   with an ``aborted`` summary whose stop reason is ``interrupted``. Later signals are only noted:
   a second ``KeyboardInterrupt`` raised while the summary is written would cut it short, and once
   :func:`hold` has been called (the run is finishing, for whatever reason) even the first is only
-  noted. ``mpirun`` and the kubelet stop with SIGTERM, whose default action ends Python at once (no
-  summary, no ``run_stop`` event), and a launcher container's PID 1 ignores it altogether. Whoever
-  sent the signal escalates to SIGKILL when a rank takes too long: the local launcher after its grace
-  period, ``mpirun`` after a few seconds, the kubelet after the pod's grace period.
+  noted. The kubelet stops with SIGTERM, whose default action ends Python at once (no summary, no
+  ``run_stop`` event), and a launcher container's PID 1 ignores it altogether.
 * **The pod launcher** (:func:`forwarded_once`, ``mlbench-runner launch``): the first SIGINT or SIGTERM
-  is passed to ``mpirun`` as one SIGTERM (``mpirun`` stops its ranks with SIGTERM; a second SIGINT
-  would make it kill them at once), and the launcher goes on reading until ``mpirun`` ends, so the
-  summary line and the results still reach the termination log and the operator.
+  becomes one SIGUSR1 to ``mpirun``, which passes SIGUSR1 (and only it and SIGUSR2) on to every rank.
+  Its own way to stop a job, on SIGTERM or SIGINT, gives each rank 1 s before a SIGKILL and blocks
+  its output forwarding meanwhile: too short for a rank inside a long kernel or collective, and the
+  summary line would be lost. The ranks end on their own (exit 3, an aborted run) and the launcher
+  reads mpirun's output to its end, so the summary line and the results still reach the termination
+  log and the operator. Only if they have not ended after ``escalate_after`` seconds does mpirun get
+  its SIGTERM.
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
-  all take the same path: pass one SIGINT to each child, let them settle, then stop them
-  (:func:`mlbench_runner.local.stopped_on_exit`). Its children run in their own process groups, so a
-  terminal's Ctrl-C reaches only the command, which passes it on exactly once.
+  all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
+  their descendants (:func:`mlbench_runner.local.stopped_on_exit`). Its children run in their own
+  process groups, so a terminal's Ctrl-C reaches only the command, which passes it on exactly once.
+
+Whoever sent a stop escalates to SIGKILL when a process takes too long: the local command after its
+grace period, the pod launcher's SIGTERM to mpirun, the kubelet after the pod's grace period.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-#: The signals that stop a rank, or a launcher, gracefully.
+#: The signals that stop a launcher gracefully.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signals that stop a rank gracefully: those, and SIGUSR1, the pod launcher's, which mpirun passes on.
+RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -93,30 +100,41 @@ def _handlers(signals: Sequence[signal.Signals], handler: Any) -> Iterator[bool]
 
 @contextmanager
 def stop_once() -> Iterator[None]:
-    """A rank's policy for the block: the first SIGINT or SIGTERM raises :class:`Interrupted`, later ones
-    (and any after :func:`hold`) are only noted in :func:`received`."""
+    """A rank's policy for the block: the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted`, later
+    ones (and any after :func:`hold`) are only noted in :func:`received`."""
     _Rank.received, _Rank.holding = None, False
     try:
-        with _handlers(STOP_SIGNALS, _on_stop_signal):
+        with _handlers(RANK_STOP_SIGNALS, _on_stop_signal):
             yield
     finally:
         _Rank.received, _Rank.holding = None, False  # the next run in this process starts clean
 
 
 @contextmanager
-def forwarded_once(proc: subprocess.Popen[Any]) -> Iterator[threading.Event]:
-    """The pod launcher's policy: the first SIGINT or SIGTERM becomes one SIGTERM to ``proc``; later ones are
-    ignored (``proc`` is already stopping its job; the sender escalates to SIGKILL if it takes too long).
-    Yields the event that says a signal was passed on."""
+def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterator[threading.Event]:
+    """The pod launcher's policy for ``proc`` (mpirun): the first SIGINT or SIGTERM becomes one SIGUSR1 to it,
+    and a SIGTERM ``escalate_after`` seconds later if it still runs; later signals are ignored. Yields the
+    event that says a stop was passed on."""
     sent = threading.Event()
+
+    def escalate() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+
+    escalation = threading.Timer(escalate_after, escalate)
+    escalation.daemon = True
 
     def forward(_signum: int, _frame: FrameType | None) -> None:
         if not sent.is_set() and proc.poll() is None:
             sent.set()
-            proc.terminate()
+            proc.send_signal(signal.SIGUSR1)
+            escalation.start()
 
-    with _handlers(STOP_SIGNALS, forward):
-        yield sent
+    try:
+        with _handlers(STOP_SIGNALS, forward):
+            yield sent
+    finally:
+        escalation.cancel()
 
 
 def _raise_keyboard_interrupt(_signum: int, _frame: FrameType | None) -> None:

@@ -410,8 +410,10 @@ class Trainer:
             self.setup = self._setup()
             status = self._train(self.setup)
         except KeyboardInterrupt:  # a Ctrl-C, or a SIGTERM under stopping.stop_once: not an error of the run
-            self.record.stop_reason = self.record.stop_reason or "interrupted"
-            raise
+            if status == "aborted":
+                self.record.stop_reason = self.record.stop_reason or "interrupted"
+                raise
+            # else too late to stop anything: training had ended on its own, and the summary says how
         except Exception as exc:
             self.log.error("run_error", error=f"{type(exc).__name__}: {exc}")
             raise

@@ -212,7 +212,7 @@ def test_the_api_server_refuses_invalid_sweeps_naming_the_field(runs: Runs) -> N
         (
             sweep_body("unused", {"algorithms": ["sparsified-sgd"]}, 1, algorithmParameters={"rank": 4}),
             "spec.template.algorithmParameters.rank",
-            "is for algorithm powersgd only, which no run of the sweep uses",
+            "is for algorithm powersgd only, which is neither template.algorithm nor in matrix.algorithms",
         ),
         (
             sweep_body("nomatrix", {"seeds": [1]}, 1, algorithmParameters={"density": 0.1}),

@@ -302,6 +302,18 @@ def test_aborted_run_fails_without_restart() -> None:
     assert plan.status["result"]["goalReached"] is False
 
 
+def test_a_launcher_stopped_by_a_signal_restarts_the_gang() -> None:
+    """A drained node or an eviction SIGTERMs the launcher, which reports the ranks' aborted summary with stop
+    reason interrupted: the pod was lost, the run did not decide to stop, so it restarts."""
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 3}))
+    stopped = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "interrupted"})
+    launcher = terminated(builders.launcher_pod(ctx, 0), 3, stopped.termination_message())
+    _, plan = step(body, ctx, [*workers(ctx), launcher])
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["restarts"] == 1
+    assert cond(plan.status, "Restarted")["reason"] == "LauncherFailed"
+
+
 def test_deadline_exceeded() -> None:
     body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 60}))
     _, plan = step(body, ctx, workers(ctx), T0 + timedelta(seconds=30))
@@ -884,6 +896,11 @@ ABORTED = (
     .model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "diverged"})
     .termination_message()
 )
+INTERRUPTED = (
+    h.summary()
+    .model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "interrupted"})
+    .termination_message()
+)
 CRASH = '{"error":"mpirun exited with 1","exitCode":1}'
 UNSCHEDULABLE = {"phase": "Pending", "ready": False, "scheduled": False, "unschedulable": "0/4 nodes are available"}
 
@@ -934,6 +951,7 @@ def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | Non
         pytest.param(launcher_done(1, CRASH), None, id="an-error-is-a-crash"),
         pytest.param(launcher_done(1, SUMMARY), None, id="a-non-aborted-summary-is-a-crash"),
         pytest.param(launcher_done(3, ABORTED), ("Failed", "Aborted"), id="aborted"),
+        pytest.param(launcher_done(3, INTERRUPTED), None, id="a-stopped-launcher-is-a-lost-pod"),
     ],
 )
 def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None) -> None:

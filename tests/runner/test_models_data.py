@@ -341,6 +341,9 @@ def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pyt
         ("1 1:2:2 3\n-1 1:1\n", 1, "'1:2:2'"),  # rows of different widths: the line-by-line path
         ("1 1:1 2:2 3:3\n1:1 2:2 5\n", 2, "label '1:1'"),
         ("1 1:1 2:2\n-1 1:1 2:2 3\n", 2, "'3' is not index:value"),
+        ("1 1: 2 2:3\n", 1, "'2' is not index:value"),  # an empty value, then a bare number: the counts fit
+        ("1 1 :2 2:3\n", 1, "'1' is not index:value"),
+        ("1 1:0.5 2:3\n-1 1 : 2 2:3\n", 2, "'1' is not index:value"),
     ],
 )
 def test_libsvm_refuses_tokens_the_number_counts_would_accept(tmp_path: Path, text: str, line: int, says: str) -> None:
@@ -360,6 +363,8 @@ def test_libsvm_refuses_tokens_the_number_counts_would_accept(tmp_path: Path, te
         (b"  1 1:2\t2:3 \n", True),  # leading, trailing and tab separators
         (b"1 1:2:2 3\n", False),
         (b" 1:1 2:2\n", False),  # a label after leading spaces
+        (b"1 1: 2 2:3\n", False),  # a token without a colon
+        (b"1 1:2\n-1 3\n", False),
         (b"1:1 2:2 5\n", False),
         (b"1 1:2\n-1:3 2:1\n", False),  # the second line's label
         (b"1 1:2 2:3\n\n2:1\n", False),  # after an empty line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -38,7 +40,7 @@ def _interrupted_run(sig: signal.Signals, done: list[str]) -> None:
             done.append("summary written")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
 def test_a_rank_stops_on_its_first_signal_and_only_notes_the_next(sig: signal.Signals) -> None:
     before = signal.getsignal(signal.SIGTERM)
     done: list[str] = []
@@ -59,35 +61,50 @@ def test_after_hold_even_the_first_signal_is_only_noted() -> None:
         assert stopping.received() == "SIGTERM"
 
 
-def test_the_pod_launcher_passes_on_one_sigterm(tmp_path: Path) -> None:
-    """A deleted pod (SIGTERM) and a Ctrl-C (SIGINT) reach mpirun as one SIGTERM: a second SIGINT would make
-    it kill the ranks before they write their summaries."""
-    counted = tmp_path / "signals"
+_COUNTER = """
+import signal, sys, time
+got = []
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, lambda n, f: got.append(signal.Signals(n).name))
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    time.sleep(0.05)
+open(sys.argv[1], "w").write(" ".join(got))
+"""
+
+
+def _counter(counted: Path, seconds: float) -> subprocess.Popen[str]:
     child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import signal, sys, time\n"
-            "got = []\n"
-            "signal.signal(signal.SIGTERM, lambda n, f: got.append(signal.Signals(n).name))\n"
-            "signal.signal(signal.SIGINT, lambda n, f: got.append(signal.Signals(n).name))\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(1.5)\n"
-            f"open({str(counted)!r}, 'w').write(' '.join(got))\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", _COUNTER, str(counted), str(seconds)], stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
-    with stopping.forwarded_once(child) as sent:
+    return child
+
+
+def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path) -> None:
+    """A deleted pod (SIGTERM) and a Ctrl-C (SIGINT) reach mpirun as one SIGUSR1, which it passes on to every
+    rank: its own stop on SIGTERM would SIGKILL the ranks 1 s later, and a second SIGINT at once."""
+    counted = tmp_path / "signals"
+    child = _counter(counted, 1.5)
+    with stopping.forwarded_once(child, escalate_after=60) as sent:
         assert not sent.is_set()
         _signal_self(signal.SIGTERM)
         _signal_self(signal.SIGINT)
         _signal_self(signal.SIGTERM)
         assert sent.is_set()
         assert child.wait(timeout=10) == 0
-    assert counted.read_text() == "SIGTERM"
+    assert counted.read_text() == "SIGUSR1"
+
+
+def test_the_pod_launcher_escalates_to_sigterm_when_the_ranks_do_not_end(tmp_path: Path) -> None:
+    counted = tmp_path / "signals"
+    child = _counter(counted, 2.0)
+    with stopping.forwarded_once(child, escalate_after=0.3):
+        _signal_self(signal.SIGTERM)
+        assert child.wait(timeout=10) == 0
+    assert counted.read_text() == "SIGUSR1 SIGTERM"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
@@ -238,3 +255,158 @@ def test_a_stop_signal_cuts_the_linger_for_the_last_scrape_short() -> None:
         started = time.monotonic()
         stopping.linger(30)
         assert time.monotonic() - started < 10
+
+
+# --- the local command's stop: every descendant, whatever its process group
+
+
+_ORPHAN_MAKER = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+grandchild = subprocess.Popen(
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"],
+    start_new_session=True,  # as mpirun gives each rank a process group of its own
+)
+print(grandchild.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
+    """A rank under mpirun is in a group of its own: neither its parent's group nor SIGTERM reaches it."""
+    from mlbench_runner import local
+
+    child = subprocess.Popen([sys.executable, "-c", _ORPHAN_MAKER], stdout=subprocess.PIPE, text=True, process_group=0)
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
+    try:
+        local.stop_processes([child], settle=0.0, grace=0.5)
+        deadline = time.monotonic() + 10
+        while _alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(grandchild), "the grandchild outlived the stop"
+        assert child.poll() is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_the_processes_are_stopped_even_when_their_output_cannot_be_written() -> None:
+    """After a Ctrl-C the output is still written; a closed terminal (EIO) there must not skip the stop."""
+    from mlbench_runner import local
+
+    chatty = (
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n print(1, flush=True)\n time.sleep(0.05)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", chatty], stdout=subprocess.PIPE, text=True, process_group=0)
+    streams = local.Streams([proc])
+    assert streams.next(timeout=30) == (0, "1")  # its SIGINT handler is set: the Ctrl-C will not end it
+
+    def closed_terminal(line: str) -> None:
+        raise OSError(5, "Input/output error")
+
+    try:
+        with pytest.raises(OSError, match="Input/output"), local.stopped_on_exit([proc], streams, closed_terminal):
+            raise KeyboardInterrupt
+        assert proc.poll() is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_SLOW_TO_STOP = """
+import os, signal, sys, time
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+def stop(signum, frame):
+    time.sleep(3)  # a rank busy in a long kernel or a collective before it can write its summary
+    open(os.path.join(sys.argv[1], "stopped-" + rank), "w").write(signal.Signals(signum).name)
+    sys.exit(3)
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, stop)
+open(os.path.join(sys.argv[1], "ready-" + rank), "w").close()
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mpirun_gives_a_stopped_rank_time_to_write_its_summary(tmp_path: Path) -> None:
+    """mpirun's own stop SIGKILLs a rank 1 s after its SIGTERM: too short for a rank inside a long C call. The
+    launcher's SIGUSR1, which mpirun passes on, lets each end on its own."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("OpenMPI's mpirun is not installed on this machine")
+    from mlbench_runner.launch import launcher_command
+    from mlbench_runner.world import free_port
+
+    out = tmp_path / "launch"
+    out.mkdir()
+    task = logreg_task()
+    task["runner"]["command"] = [sys.executable, "-c", _SLOW_TO_STOP, str(out)]
+    (out / "config.json").write_text(make_config(task, out, 2).dump())
+    (out / "hostfile").write_text("localhost slots=2\n")
+    cmd = launcher_command(out / "config.json", out / "hostfile", out / "termination-log", oversubscribe=True)
+    with (tmp_path / "launcher.log").open("w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=env(MASTER_PORT=str(free_port())),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("ready-*"))) < 2:
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # the kubelet, to the launcher pod's PID 1
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stopped = sorted(p.name for p in out.glob("stopped-*"))
+    assert stopped == ["stopped-0", "stopped-1"], (tmp_path / "launcher.log").read_text()[-3000:]
+    assert (out / "stopped-0").read_text() == "SIGUSR1"
+
+
+def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod the ranks' output folder is on worker 0: the summary comes from there (fetched over ssh)."""
+    import argparse
+
+    from mlbench_runner import launch
+    from tests.operator import helpers as h
+
+    summary = h.summary("t", world_size=2)
+    line = json.dumps({"rank": 0, "summary": json.loads(summary.termination_message()), "event": "run_summary"})
+    mangled = "[1,0]<stdout>:" + line.replace('"status"', '"sta[1,1]<stdout>:tus"', 1)
+    mpirun = tmp_path / "fake-mpirun"
+    mpirun.write_text(f"#!{sys.executable}\nprint({mangled!r})\n")
+    mpirun.chmod(0o755)
+    out = tmp_path / "worker-0-only"  # not on the launcher: the local fallback finds nothing
+    (tmp_path / "config.json").write_text(make_config(logreg_task(), out, 2).dump())
+    (tmp_path / "hostfile").write_text("worker-0 slots=2\n")
+    fetched = summary.model_dump_json(by_alias=True).encode()
+    monkeypatch.setattr(launch, "gather", lambda *a, **k: {bundle.SUMMARY: fetched})
+    parser = argparse.ArgumentParser()
+    launch.add_launch_arguments(parser)
+    argv = ["--config", str(tmp_path / "config.json"), "--hostfile", str(tmp_path / "hostfile")]
+    argv += ["--mpirun", str(mpirun), "--termination-log", str(tmp_path / "termination-log")]
+    args = parser.parse_args(argv)
+    assert launch.run_launch(args) == 0
+    assert RunSummary.from_termination_message(
+        (tmp_path / "termination-log").read_text()
+    ) == RunSummary.from_termination_message(summary.termination_message())

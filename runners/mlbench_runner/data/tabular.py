@@ -105,20 +105,26 @@ def _tokens_well_formed(text: bytes) -> bool:
     """Whether every line of ``text`` is a colon-free first token, then tokens with exactly one colon each.
 
     The C number parser reads colons as spaces, so counts alone cannot tell ``1 1:2 2:3`` from
-    ``1 1:2:2 3`` or ``1:1 2:2 3``: both fast paths need this check (numpy, no per-token Python;
-    about a quarter of the number parser's time). With it, ``1 + 2d`` numbers for ``d`` colons
-    means every colon token is ``number:number``. Control bytes count as separators here; the
-    number parser refuses them, so they still fall to the per-token parser.
+    ``1 1:2:2 3``, ``1:1 2:2 3`` or ``1 1: 2 2:3``: both fast paths need this check (numpy, no
+    per-token Python; about a quarter of the number parser's time). With it, ``1 + 2d`` numbers for
+    ``d`` colons means every colon token is ``number:number``. Control bytes count as separators
+    here; the number parser refuses them, so they still fall to the per-token parser.
     """
     buf = np.frombuffer(text, dtype=np.uint8)
     sep = buf <= ord(" ")
     starts = np.flatnonzero(sep[:-1] > sep[1:]) + 1  # where each token begins
     if len(buf) and not sep[0]:
         starts = np.concatenate(([0], starts))
-    token = np.searchsorted(starts, np.flatnonzero(buf == ord(":")), side="right") - 1  # each colon's token
+    colons = np.flatnonzero(buf == ord(":"))
+    token = np.searchsorted(starts, colons, side="right") - 1  # each colon's token
     if np.any(np.diff(token) == 0):  # two colons in one token
         return False
     line_starts = np.concatenate(([0], np.flatnonzero(buf == ord("\n")) + 1))
+    bounds = np.append(line_starts, len(buf))
+    tokens_per_line = np.diff(np.searchsorted(starts, bounds))
+    colons_per_line = np.diff(np.searchsorted(colons, bounds))
+    if np.any((tokens_per_line > 0) & (tokens_per_line != colons_per_line + 1)):  # a token without a colon
+        return False
     first = np.searchsorted(starts, line_starts)  # each line's first token (an empty line's: the next line's)
     at = np.minimum(np.searchsorted(first, token), len(first) - 1)
     return not np.any(first[at] == token)  # no colon in a first token
