@@ -139,6 +139,42 @@ def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     assert f"{run}-" in message, message
 
 
+def test_a_deleted_launcher_pod_stops_the_ranks_gracefully_and_the_run_restarts(e2e: E2E, e2e_task: str) -> None:
+    """``kubectl delete pod`` (as a drain or an eviction does) SIGTERMs the launcher, PID 1 of its pod: it passes
+    the stop on through mpirun and ssh to the ranks in the worker pods, rank 0's aborted summary (stop reason
+    interrupted) reaches its log before the pod is gone, and the operator restarts the gang, which succeeds."""
+    run = e2e.run("stopped-launcher", e2e_task, overrides={"maxEpochs": 3})
+    launcher = f"{run}-launcher"
+    e2e.wait_status(
+        run,
+        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(launcher),
+        600,
+        "the first epoch to start",
+    )
+    cluster = e2e.cluster
+    follow = subprocess.Popen(  # the log to its end: the pod and its log are gone soon after
+        [cluster.kubectl_bin, f"--kubeconfig={cluster.kubeconfig}", "logs", "-f", launcher, "-n", e2e.namespace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(2)  # `logs -f` is attached
+        e2e.kubectl("delete", "pod", launcher, "-n", e2e.namespace, "--wait=false")
+        log = follow.communicate(timeout=120)[0]
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    stops = [line for line in log.splitlines() if '"run_stop"' in line]
+    assert stops, log[-3000:]
+    assert '"stop_reason": "interrupted"' in stops[-1], stops[-1]
+    assert '"run_results"' in log, log[-2000:]  # the results line came out too
+    st = e2e.wait_finished(run)
+    _assert_succeeded(e2e, run, st, "gloo")
+    assert st["restarts"] == 1, e2e.debug(run)
+
+
 def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None:
     run = e2e.run(
         "oom",
