@@ -435,13 +435,13 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
         )
         wall = time.perf_counter() - start
         summary = _summary(config, world, result, wall, sweep)
+        stopping.hold()  # the sweep is done: a stop signal from now on must not turn it into a failure
         if world.rank == 0:
             atomic.write_text(out / "collectives.json", result.model_dump_json(by_alias=True, indent=2))
             atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
             log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, wall_clock_s=wall)
             log.event("run_summary", summary=json.loads(summary.termination_message()))
         if opts.linger_seconds:
-            stopping.hold()
             stopping.linger(opts.linger_seconds)  # Prometheus's last scrape, not past a stop signal
         ended = True
         return summary if world.rank == 0 else None

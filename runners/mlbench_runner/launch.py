@@ -368,7 +368,12 @@ def run_launch(args: argparse.Namespace) -> int:
         # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too: keep the
         # summary; also when the launcher passed on a stop signal, whatever mpirun's own code then is.
         # Another code means a rank crashed: report that error instead.
-        write_termination(args.termination_log, found[-1].termination_message())
+        summary = found[-1]
+        if stopped and summary.stop_reason == "error":
+            # rank 0's collective broke when a peer took the stop first: the stop, not the peer, ended the run
+            # (and the operator restarts an interrupted run like any lost pod)
+            summary = summary.model_copy(update={"stop_reason": "interrupted"})
+        write_termination(args.termination_log, summary.termination_message())
         return 3
     if code != 0 or not found:
         status = exit_status(code) or 1

@@ -303,13 +303,31 @@ class Streams:
             self.open -= 1
         return tag, line
 
-    def drain(self, on_line: Any, seconds: float) -> None:
-        """Hand lines to ``on_line`` until every output is closed or ``seconds`` have passed."""
+    def drain(self, on_line: Any, seconds: float, cut: threading.Event) -> bool:
+        """Hand lines to ``on_line`` until every output is closed, ``seconds`` have passed or ``cut`` is set
+        (then it is cleared); whether every output was closed."""
         deadline = time.monotonic() + seconds
-        while self.open and (left := deadline - time.monotonic()) > 0:
+        while self.open and (left := deadline - time.monotonic()) > 0 and not _used(cut):
             with contextlib.suppress(queue.Empty):
-                if (line := self.next(timeout=left)[1]) is not None:
+                if (line := self.next(timeout=min(POLL_SECONDS, left))[1]) is not None:
                     on_line(line)
+        return not self.open
+
+
+def start_child(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """A rank or the launcher: output merged and line by line; a process group of its own, so that a terminal's
+    Ctrl-C reaches only this command, which passes it on once; no stdin, which a background group would be
+    stopped for reading from the terminal (SIGTTIN; mpirun reads it to forward to rank 0)."""
+    return subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        bufsize=1,
+        process_group=0,
+    )
 
 
 def run_processes(
@@ -333,17 +351,7 @@ def run_processes(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
         )
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=penv,
-            bufsize=1,
-            stdin=subprocess.DEVNULL,  # a background group reading the terminal would be stopped (SIGTTIN)
-            process_group=0,  # a terminal's Ctrl-C reaches only this command, which passes it on once
-        )
-        procs.append(proc)
+        procs.append(start_child(argv, penv))
     streams, failed = Streams(procs), 0
     with stopped_on_exit(procs, streams, on_line):
         while streams.open:
@@ -367,11 +375,23 @@ INTERRUPTED = 130
 SETTLE_SECONDS = 10.0
 
 
-def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float) -> None:
+#: How often a stop looks at its processes and at a further Ctrl-C.
+POLL_SECONDS = 0.05
+
+
+def _used(cut: threading.Event) -> bool:
+    """Whether a stop signal was noted since the last look (and clear it: one signal cuts one wait)."""
+    if cut.is_set():
+        cut.clear()
+        return True
+    return False
+
+
+def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float, cut: threading.Event) -> None:
+    """Until every process has ended, ``seconds`` have passed, or a further stop signal is noted in ``cut``."""
     deadline = time.monotonic() + seconds
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    while any(p.poll() is None for p in procs) and (left := deadline - time.monotonic()) > 0 and not _used(cut):
+        time.sleep(min(POLL_SECONDS, left))
 
 
 #: A process as found in /proc: (pid, start time in clock ticks), so that a pid reused since is never signalled.
@@ -388,9 +408,9 @@ def _stat_fields(pid: int | str) -> list[str] | None:
 
 
 def process_tree(procs: Sequence[subprocess.Popen[str]]) -> set[ProcessId]:
-    """Every live descendant of ``procs`` (Linux /proc). Neither the process group nor the parent reaches them
-    all: mpirun gives each rank a group of its own, and a child whose parent died is re-parented to init, so
-    the tree is taken while the parents still live."""
+    """Every live descendant of the running ``procs`` (Linux /proc; a reaped one's pid may be another process's
+    by now). Neither the process group nor the parent reaches them all: mpirun gives each rank a group of its
+    own, and a child whose parent died is re-parented to init, so the tree is taken while the parents live."""
     children: dict[int, list[int]] = {}
     started: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -398,7 +418,7 @@ def process_tree(procs: Sequence[subprocess.Popen[str]]) -> set[ProcessId]:
             children.setdefault(int(fields[1]), []).append(int(entry.name))
             started[int(entry.name)] = int(fields[19])
     found: set[ProcessId] = set()
-    todo = [p.pid for p in procs]
+    todo = [p.pid for p in procs if p.returncode is None]  # unreaped (a zombie keeps its pid): still ours
     while todo:
         for child in children.get(todo.pop(), []):
             if (child, started[child]) not in found:
@@ -423,24 +443,24 @@ def stop_processes(
     tree: set[ProcessId] | frozenset[ProcessId] = frozenset(),
 ) -> None:
     """Let the processes end on their own for ``settle`` seconds, then terminate those still running (the
-    process itself: a rank, or the launcher, which passes one SIGTERM on to mpirun), and after ``grace``
-    seconds more kill them and every descendant (``tree``: taken earlier, plus those found now). Another
-    Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
-    with contextlib.suppress(KeyboardInterrupt):
-        _wait_all(procs, settle)
-    tree = set(tree) | process_tree(procs)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    with contextlib.suppress(KeyboardInterrupt):
-        _wait_all(procs, grace)
-    tree |= process_tree(procs)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-    kill_tree(tree)
-    for proc in procs:
-        proc.wait()
+    process itself: a rank, or the launcher, which has passed its one stop on to mpirun already), and after
+    ``grace`` seconds more kill them and every descendant (``tree``: taken earlier, plus those found now).
+    Another Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
+    with stopping.noted() as cut:
+        tree = set(tree) | process_tree(procs)  # before the wait reaps any: an orphan's parent is then unknown
+        _wait_all(procs, settle, cut)
+        tree |= process_tree(procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        _wait_all(procs, grace, cut)
+        tree |= process_tree(procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        kill_tree(tree)
+        for proc in procs:
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -451,18 +471,17 @@ def stopped_on_exit(procs: Sequence[subprocess.Popen[str]], streams: Streams, on
     try:
         yield
     except KeyboardInterrupt:
-        tree, started, settle = process_tree(procs), time.monotonic(), 0.0
-        for proc in procs:  # the process itself: the pod launcher passes it on to mpirun as one SIGTERM
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGINT)
-        try:
-            streams.drain(on_line, SETTLE_SECONDS)
-            settle = max(0.0, SETTLE_SECONDS - (time.monotonic() - started))  # outputs closed: wait for the exits
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: stop them now
-        finally:  # also when on_line fails (a closed terminal, a full disk)
-            stop_processes(procs, settle=settle, tree=tree)
+        with stopping.noted() as cut:
+            tree, started, settle = process_tree(procs), time.monotonic(), 0.0
+            for proc in procs:  # the process itself: the pod launcher passes it on to mpirun as one SIGUSR1
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGINT)
+            try:
+                if streams.drain(on_line, SETTLE_SECONDS, cut):  # outputs closed: wait for the exits
+                    settle = max(0.0, SETTLE_SECONDS - (time.monotonic() - started))
+            finally:  # also when on_line fails (a closed terminal, a full disk)
+                stop_processes(procs, settle=settle, tree=tree)
         raise
     except BaseException:
         stop_processes(procs)
@@ -475,18 +494,9 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     hostfile.write_text(f"localhost slots={ranks}\n")
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MLBENCH_HOSTFILE=str(hostfile))
     cmd = launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True)
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        bufsize=1,
-        stdin=subprocess.DEVNULL,  # mpirun forwards stdin to rank 0: from a background group, a stopped mpirun
-        process_group=0,
-    )
+    proc = start_child(cmd, env)
     streams = Streams([proc])
-    with stopped_on_exit([proc], streams, on_line):  # the launcher passes a SIGINT on to mpirun as SIGTERM
+    with stopped_on_exit([proc], streams, on_line):  # the launcher passes a SIGINT on to mpirun as SIGUSR1
         while streams.open:
             if (line := streams.next()[1]) is not None:
                 on_line(line)

@@ -20,7 +20,8 @@ Three kinds of process, three policies:
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
   all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
-  their descendants (:func:`mlbench_runner.local.stopped_on_exit`). Its children run in their own
+  their descendants (:func:`mlbench_runner.local.stopped_on_exit`); during that stop a further signal
+  only cuts the wait at hand short (:func:`noted`). Its children run in their own
   process groups, so a terminal's Ctrl-C reaches only the command, which passes it on exactly once.
 
 Whoever sent a stop escalates to SIGKILL when a process takes too long: the local command after its
@@ -135,6 +136,19 @@ def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterat
             yield sent
     finally:
         escalation.cancel()
+
+
+#: The signals that stop the local command (as a Ctrl-C does).
+COMMAND_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def noted(signals: Sequence[signal.Signals] = COMMAND_STOP_SIGNALS) -> Iterator[threading.Event]:
+    """While the local command stops its children: ``signals`` only set the yielded event, which cuts the wait
+    at hand short. A ``KeyboardInterrupt`` raised between two steps of the stop would skip the rest of it."""
+    cut = threading.Event()
+    with _handlers(signals, lambda _signum, _frame: cut.set()):
+        yield cut
 
 
 def _raise_keyboard_interrupt(_signum: int, _frame: FrameType | None) -> None:

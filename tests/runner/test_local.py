@@ -305,31 +305,75 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     assert all(p.poll() is not None for p in procs)
 
 
-def test_a_second_ctrl_c_during_the_settle_wait_still_stops_the_ranks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ranks blocked in a collective do not end on the first Ctrl-C; a second one must not leave them running."""
+def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_step() -> None:
+    """Ranks blocked in a collective end neither on the Ctrl-C nor on SIGTERM; a second Ctrl-C skips the settle
+    wait, a third the grace period, and the stop still ends with every rank killed (no KeyboardInterrupt
+    escapes from between two of its steps)."""
+    import os
+    import signal
     import subprocess
     import sys
+    import threading
+    import time
 
-    ignore_sigint = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(120)"
-    procs = [subprocess.Popen([sys.executable, "-c", ignore_sigint], text=True) for _ in range(2)]
-    real_wait_all, calls = local._wait_all, []
-
-    def impatient(ps: Any, seconds: float) -> None:
-        calls.append(seconds)
-        if len(calls) == 1:
-            raise KeyboardInterrupt  # the user presses Ctrl-C again while the ranks settle
-        real_wait_all(ps, seconds)
-
-    monkeypatch.setattr(local, "_wait_all", impatient)
+    stubborn = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "up"  # their handlers are set
+    presses = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (0.3, 0.9)]
+    started = time.monotonic()
     try:
-        local.stop_processes(procs, settle=60.0, grace=5.0)
+        for press in presses:
+            press.start()
+        local.stop_processes(procs, settle=120.0, grace=120.0)
         assert [p.poll() is not None for p in procs] == [True, True]
+        assert time.monotonic() - started < 60, "a Ctrl-C did not cut a wait short"
     finally:
+        for press in presses:
+            press.cancel()
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_ctrl_c_between_two_steps_of_the_stop_skips_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands in the /proc scan (not in a wait) must not end the stop before the kill."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    real_scan = local.process_tree
+
+    def scan_hit_by_a_ctrl_c(procs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside the scan
+        return real_scan(procs)
+
+    monkeypatch.setattr(local, "process_tree", scan_hit_by_a_ctrl_c)
+    ignores_sigterm = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", ignores_sigterm], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "1"
+    try:
+        try:
+            local.stop_processes([proc], settle=0.0, grace=0.5)
+        except KeyboardInterrupt:
+            pytest.fail("a Ctrl-C between two steps escaped from the stop")
+        assert proc.poll() is not None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_ctrl_c_during_the_run_is_one_line_and_exit_130(

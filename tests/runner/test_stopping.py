@@ -410,3 +410,70 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     assert RunSummary.from_termination_message(
         (tmp_path / "termination-log").read_text()
     ) == RunSummary.from_termination_message(summary.termination_message())
+
+
+def test_the_tree_is_taken_from_running_processes_only() -> None:
+    """A reaped process's pid may be another's by now: its children are not ours to kill."""
+    from mlbench_runner import local
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+
+        class Reaped:
+            pid = os.getpid()  # a pid that has children (``child``), as a reused one may
+            returncode = 0
+
+        class Running:
+            pid = os.getpid()
+            returncode = None
+
+        assert local.process_tree([Reaped()]) == set()  # type: ignore[list-item]
+        assert child.pid in {pid for pid, _ in local.process_tree([Running()])}  # type: ignore[list-item]
+    finally:
+        child.kill()
+        child.wait()
+
+
+_MPIRUN_WHOSE_RANK_0_SAW_A_PEER_LEAVE = """
+import json, signal, sys, time
+def stop(signum, frame):  # rank 0's collective broke when rank 1 took the stop first: it says error
+    print("[1,0]<stdout>:" + json.dumps({"rank": 0, "summary": SUMMARY, "event": "run_summary"}), flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGUSR1, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leave_first(tmp_path: Path) -> None:
+    """The operator restarts an interrupted run (a lost pod) but not an aborted one: the launcher knows it was
+    stopped, whatever rank 0 concluded from a broken collective."""
+    from mlbench_runner.launch import launcher_command
+    from tests.operator import helpers as h
+
+    said = h.summary("t").model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "error"})
+    mpirun = tmp_path / "fake-mpirun"
+    script = _MPIRUN_WHOSE_RANK_0_SAW_A_PEER_LEAVE.replace("SUMMARY", repr(json.loads(said.termination_message())))
+    mpirun.write_text(f"#!{sys.executable}\n{script}")
+    mpirun.chmod(0o755)
+    (tmp_path / "config.json").write_text(make_config(logreg_task(), tmp_path / "out", 2).dump())
+    (tmp_path / "hostfile").write_text("worker-0.invalid slots=2\n")  # nothing to fetch from
+    cmd = launcher_command(
+        tmp_path / "config.json", tmp_path / "hostfile", tmp_path / "termination-log", oversubscribe=True
+    )
+    with (tmp_path / "launcher.log").open("w") as log:
+        proc = subprocess.Popen([*cmd, "--mpirun", str(mpirun)], env=env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in (tmp_path / "launcher.log").read_text():
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 3, (tmp_path / "launcher.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reported = RunSummary.from_termination_message((tmp_path / "termination-log").read_text())
+    assert (reported.status, reported.stop_reason) == ("aborted", "interrupted")
