@@ -33,7 +33,7 @@ from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
 from mlbench_api.errors import InvalidObject
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
 from mlbench_runner import running, stopping
-from mlbench_runner.launch import launcher_command, rank_command, strip_tag, summary_from_line
+from mlbench_runner.launch import exit_status, launcher_command, rank_command, strip_tag, summary_from_line
 from mlbench_runner.world import free_port
 
 
@@ -353,19 +353,34 @@ def run_processes(
         )
         procs.append(start_child(argv, penv))
     streams, failed = Streams(procs), 0
-    with stopped_on_exit(procs, streams, on_line):
-        while streams.open:
-            tag, line = streams.next()
-            if line is None:
-                code = procs[tag].wait()
-                if code != 0 and not failed:
-                    failed = code
-                    for other in procs:
-                        if other.poll() is None:
-                            other.terminate()
-                continue
-            on_line(line)
+    stragglers = threading.Timer(FAILURE_GRACE_SECONDS, _terminate_running, (procs,))
+    stragglers.daemon = True
+    try:
+        with stopped_on_exit(procs, streams, on_line):
+            while streams.open:
+                tag, line = streams.next()
+                if line is None:
+                    code = procs[tag].wait()
+                    if code != 0 and not failed:
+                        failed = code
+                        stragglers.start()
+                    continue
+                on_line(line)
+    finally:
+        stragglers.cancel()
     return failed or max(p.wait() for p in procs)
+
+
+#: Seconds the other ranks get to end on their own after one failed, before they are terminated: the failed
+#: rank's exit breaks their collectives, so they stop by themselves with stop reason ``error`` (terminated,
+#: they would say ``interrupted``).
+FAILURE_GRACE_SECONDS = 5.0
+
+
+def _terminate_running(procs: Sequence[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
 
 
 #: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
@@ -659,7 +674,7 @@ def _run(
     if code != 0 or summary is None:
         cause = f": {progress.first_error}" if progress.first_error else ""
         print(f"error: the run failed (exit {code}){cause}; see {out / 'output.log'}", file=sys.stderr)
-        return code or 1
+        return exit_status(code) or 1  # killed by signal n: 128 + n, as a shell reports it (not 256 - n)
     print()
     plots = _report(config, summary, out)
     print(f"\nfinished in {time.perf_counter() - t0:.0f}s; files in {out}:")

@@ -393,3 +393,12 @@ def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0
     assert "interrupted" in err
+
+
+def test_a_rank_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Popen's -9 is 137 (128 + 9) for the command, not 247 (sys.exit(-9) wraps to 256 - 9)."""
+    monkeypatch.setattr(local, "run_processes", lambda *args, **kwargs: -9)
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("k", "tiny", 1))
+    argv = [str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o"), "--launcher", "process"]
+    assert local.main(argv) == 137

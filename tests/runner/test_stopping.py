@@ -477,3 +477,22 @@ def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leav
             proc.wait()
     reported = RunSummary.from_termination_message((tmp_path / "termination-log").read_text())
     assert (reported.status, reported.stop_reason) == ("aborted", "interrupted")
+
+
+def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path: Path) -> None:
+    """A rank's exit breaks its peers' collectives within moments, and they stop with stop reason error; a
+    SIGTERM at once would make them say interrupted instead (the process launcher of ``mlbench run --local``)."""
+    from mlbench_runner import local
+
+    marker = str(tmp_path / "terminated")
+    rank = (
+        "import os, signal, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.exit(1)  # crashes at once\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({marker!r}, 'w').close(), sys.exit(143)))\n"
+        "time.sleep(1)  # then its collective breaks: it fails on its own\n"
+        "sys.exit(1)\n"
+    )
+    code = local.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
+    assert code == 1
+    assert not (tmp_path / "terminated").exists()
