@@ -1,6 +1,6 @@
 """How each process of a run takes a stop signal, so that an interrupted run still leaves its summary.
 
-Three kinds of process, three policies:
+Three kinds of process, a policy each:
 
 * **A rank** (:func:`stop_once`): the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted` (a
   ``KeyboardInterrupt``, so every ``finally`` that cleans up after a Ctrl-C runs), and the run ends
@@ -46,7 +46,7 @@ RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 
 
 class Interrupted(KeyboardInterrupt):
-    """A stop signal reached the rank; ``signal`` is its name (SIGINT, SIGTERM)."""
+    """A stop signal reached the rank; ``signal`` is its name (SIGINT, SIGTERM, SIGUSR1)."""
 
     def __init__(self, signum: int) -> None:
         self.signal = signal.Signals(signum).name
@@ -61,7 +61,7 @@ class _Rank:
 
 
 def received() -> str | None:
-    """The first stop signal this rank received inside :func:`stop_once` (SIGINT, SIGTERM), or None."""
+    """The first stop signal this rank received inside :func:`stop_once` (SIGINT, SIGTERM, SIGUSR1), or None."""
     return _Rank.received
 
 
