@@ -242,9 +242,14 @@ def test_pods_behind_headless_service_resolve_and_talk(
         subdomain="peers",
     )
     _apply(kube_cluster, namespace, svc, server, client)
-    srv = _finished(kube_cluster, namespace, "server")
-    cli = _finished(kube_cluster, namespace, "client")
+    # the client first: its retries are bounded but can outlast a minute on a loaded machine (each failed
+    # nslookup waits for its own timeout), and the server only ends once a try got through
+    cli = _finished(kube_cluster, namespace, "client", timeout=300)
     client_log = _logs(kube_cluster, namespace, "client")
+    try:
+        srv = _finished(kube_cluster, namespace, "server", timeout=30)
+    except pytest.fail.Exception:
+        pytest.fail(f"the server never got the token; the client said:\n{client_log[-3000:]}")
     server_log = _logs(kube_cluster, namespace, "server")
     assert srv["status"]["podIP"] in client_log, client_log  # the name resolved to the server pod
     assert cli["status"]["podIP"] in client_log, client_log  # and the client's own name too
