@@ -290,10 +290,15 @@ def test_launcher_dns_wait_failure_is_shown() -> None:
     assert "does not resolve" in plan.status["message"]
 
 
+def aborted(stop_reason: str) -> str:
+    """The termination message of a launcher whose ranks all aborted, for ``stop_reason``."""
+    summary = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": stop_reason})
+    return summary.termination_message()
+
+
 def test_aborted_run_fails_without_restart() -> None:
     body, ctx = admitted(h.run())
-    aborted = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "diverged"})
-    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted.termination_message())
+    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted("diverged"))
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Failed"
     assert plan.status["restarts"] == 0
@@ -306,8 +311,7 @@ def test_a_launcher_stopped_by_a_signal_restarts_the_gang() -> None:
     """A drained node or an eviction SIGTERMs the launcher, which reports the ranks' aborted summary with stop
     reason interrupted: the pod was lost, the run did not decide to stop, so it restarts."""
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 3}))
-    stopped = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "interrupted"})
-    launcher = terminated(builders.launcher_pod(ctx, 0), 3, stopped.termination_message())
+    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted("interrupted"))
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Pending"
     assert plan.status["restarts"] == 1
@@ -891,16 +895,8 @@ def of_attempt(world: World, attempt: int) -> World:
 
 SUMMARY = h.summary().termination_message()
 NO_GOAL = h.summary(goal=False).termination_message()
-ABORTED = (
-    h.summary()
-    .model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "diverged"})
-    .termination_message()
-)
-INTERRUPTED = (
-    h.summary()
-    .model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "interrupted"})
-    .termination_message()
-)
+ABORTED = aborted("diverged")
+INTERRUPTED = aborted("interrupted")
 CRASH = '{"error":"mpirun exited with 1","exitCode":1}'
 UNSCHEDULABLE = {"phase": "Pending", "ready": False, "scheduled": False, "unschedulable": "0/4 nodes are available"}
 
