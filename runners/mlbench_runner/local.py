@@ -458,9 +458,9 @@ def stop_processes(
     tree: set[ProcessId] | frozenset[ProcessId] = frozenset(),
 ) -> None:
     """Let the processes end on their own for ``settle`` seconds, then terminate those still running (the
-    process itself: a rank, or the launcher, which has passed its one stop on to mpirun already), and after
-    ``grace`` seconds more kill them and every descendant (``tree``: taken earlier, plus those found now).
-    Another Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
+    process itself: a rank, or the launcher, which takes a second stop as "now" and passes mpirun its
+    SIGTERM), and after ``grace`` seconds more kill them and every descendant (``tree``: taken earlier,
+    plus those found now). Another Ctrl-C cuts a wait short, never the stop: no rank may outlive the command."""
     with stopping.noted() as cut:
         tree = set(tree) | process_tree(procs)  # before the wait reaps any: an orphan's parent is then unknown
         _wait_all(procs, settle, cut)

@@ -15,8 +15,8 @@ Three kinds of process, a policy each:
   its output forwarding meanwhile: too short for a rank inside a long kernel or collective, and the
   summary line would be lost. The ranks end on their own (exit 3, an aborted run) and the launcher
   reads mpirun's output to its end, so the summary line and the results still reach the termination
-  log and the operator. Only if they have not ended after ``escalate_after`` seconds does mpirun get
-  its SIGTERM.
+  log and the operator. Only if they have not ended after ``escalate_after`` seconds, or a second
+  signal comes, does mpirun get its SIGTERM.
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
   all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
@@ -114,8 +114,9 @@ def stop_once() -> Iterator[None]:
 @contextmanager
 def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterator[threading.Event]:
     """The pod launcher's policy for ``proc`` (mpirun): the first SIGINT or SIGTERM becomes one SIGUSR1 to it,
-    and a SIGTERM ``escalate_after`` seconds later if it still runs; later signals are ignored. Yields the
-    event that says a stop was passed on."""
+    and a SIGTERM ``escalate_after`` seconds later if it still runs; a second SIGINT or SIGTERM sends that
+    SIGTERM at once (a second Ctrl-C: whoever sent it will not wait). Yields the event that says a stop was
+    passed on."""
     sent = threading.Event()
 
     def escalate() -> None:
@@ -126,10 +127,15 @@ def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterat
     escalation.daemon = True
 
     def forward(_signum: int, _frame: FrameType | None) -> None:
-        if not sent.is_set() and proc.poll() is None:
-            sent.set()
-            proc.send_signal(signal.SIGUSR1)
-            escalation.start()
+        if proc.poll() is not None:
+            return
+        if sent.is_set():  # asked again: the sender will not wait out the grace period
+            escalation.cancel()
+            escalate()
+            return
+        sent.set()
+        proc.send_signal(signal.SIGUSR1)
+        escalation.start()
 
     try:
         with _handlers(STOP_SIGNALS, forward):

@@ -83,19 +83,36 @@ def _counter(counted: Path, seconds: float) -> subprocess.Popen[str]:
     return child
 
 
-def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path, sig: signal.Signals) -> None:
     """A deleted pod (SIGTERM) and a Ctrl-C (SIGINT) reach mpirun as one SIGUSR1, which it passes on to every
     rank: its own stop on SIGTERM would SIGKILL the ranks 1 s later, and a second SIGINT at once."""
     counted = tmp_path / "signals"
     child = _counter(counted, 1.5)
     with stopping.forwarded_once(child, escalate_after=60) as sent:
         assert not sent.is_set()
-        _signal_self(signal.SIGTERM)
-        _signal_self(signal.SIGINT)
-        _signal_self(signal.SIGTERM)
+        _signal_self(sig)
         assert sent.is_set()
         assert child.wait(timeout=10) == 0
     assert counted.read_text() == "SIGUSR1"
+
+
+@pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT)])
+def test_a_second_stop_signal_sends_mpiruns_sigterm_at_once(
+    tmp_path: Path, first: signal.Signals, second: signal.Signals
+) -> None:
+    """A second Ctrl-C means "now": mpirun gets its SIGTERM without waiting out ``escalate_after``; a third
+    signal to a mpirun that still runs repeats it."""
+    counted = tmp_path / "signals"
+    child = _counter(counted, 1.5)
+    with stopping.forwarded_once(child, escalate_after=60):
+        _signal_self(first)
+        time.sleep(0.2)  # the child takes its SIGUSR1 first
+        _signal_self(second)
+        time.sleep(0.2)
+        _signal_self(signal.SIGTERM)
+        assert child.wait(timeout=10) == 0
+    assert counted.read_text() == "SIGUSR1 SIGTERM SIGTERM"
 
 
 def test_the_pod_launcher_escalates_to_sigterm_when_the_ranks_do_not_end(tmp_path: Path) -> None:
