@@ -518,6 +518,15 @@ def run_mpirun(config_path: Path, out: Path, ranks: int, env: dict[str, str], on
     return proc.wait()
 
 
+def final_summary(out: Path, streamed: RunSummary | None) -> RunSummary | None:
+    """Rank 0's ``summary.json`` in ``out`` when it reads as one, else the summary streamed on its
+    ``run_summary`` line. The file comes first: the line is the termination message, which leaves out the
+    per-epoch history (the kubelet keeps 4 KiB) that the run's plot and table are drawn from."""
+    with contextlib.suppress(OSError, ValueError):  # absent (a custom runner may only print it), or cut short
+        return RunSummary.model_validate_json((out / "summary.json").read_bytes())
+    return streamed
+
+
 def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
     if not config.task.has_training:
@@ -668,9 +677,7 @@ def _run(
     except KeyboardInterrupt:  # the ranks are stopped by now (run_processes / run_mpirun)
         print(f"interrupted: the ranks were stopped; partial output in {out / 'output.log'}", file=sys.stderr)
         return INTERRUPTED
-    summary = progress.summary
-    if summary is None and (out / "summary.json").exists():
-        summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    summary = final_summary(out, progress.summary)
     if code != 0 or summary is None:
         cause = f": {progress.first_error}" if progress.first_error else ""
         print(f"error: the run failed (exit {code}){cause}; see {out / 'output.log'}", file=sys.stderr)

@@ -24,9 +24,19 @@ def _task_file(tmp: Path, spec: dict[str, Any]) -> Path:
 
 
 @pytest.mark.parametrize("launcher", ["process", "mpirun"])
-def test_run_local_end_to_end(tmp_path: Path, launcher: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_local_end_to_end(
+    tmp_path: Path, launcher: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     if launcher == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("OpenMPI's mpirun is not installed on this machine")
+    plotted: list[RunSummary] = []
+    write_plots = report.write_plots
+
+    def spy(runs: Any, dest: Path, *args: Any, **kwargs: Any) -> list[Path]:
+        plotted.extend(summary for _, summary in runs)
+        return write_plots(runs, dest, *args, **kwargs)
+
+    monkeypatch.setattr(report, "write_plots", spy)
     data = write_cifar_python(tmp_path, n_train=80, n_test=40)
     task = _task_file(tmp_path, resnet_task(data, batch=8, epochs=2, subset=64, warmup=0, milestones=[]))
     run = write_yaml(tmp_path / "run.yaml", run_doc("tiny-local", "tiny", 2))
@@ -43,6 +53,8 @@ def test_run_local_end_to_end(tmp_path: Path, launcher: str, capsys: pytest.Capt
     assert "samples/s" in text
     for name in ("events.jsonl", "config.json", "accuracy-vs-time.svg", "phase-split.svg"):
         assert (out / name).exists(), name
+    # the plot is drawn from summary.json's per-epoch history, which the streamed summary line leaves out
+    assert [len(s.history) for s in plotted] == [2]
     svg = ElementTree.parse(out / "accuracy-vs-time.svg").getroot()  # well-formed XML
     assert svg.tag == "{http://www.w3.org/2000/svg}svg"
     assert any(
