@@ -93,8 +93,12 @@ def from_config_map(cm_binary_data: dict[str, str] | None) -> bundle.Bundle:
 
 
 def write(found: bundle.Bundle, dest: Path) -> list[Path]:
-    """The files into ``dest`` (created), as a local run lays them out."""
+    """The files into ``dest`` (created), as a local run lays them out. A bundle file that this one lacks is
+    removed first: it is an earlier fetch's (a run re-created under the same name that failed before its
+    summary, an event log cut from the bundle), and would be read as this run's."""
     dest.mkdir(parents=True, exist_ok=True)
+    for name in set(bundle.FILES) - set(found.files):
+        (dest / name).unlink(missing_ok=True)
     paths = []
     for name, data in sorted(found.files.items()):
         path = dest / name

@@ -227,6 +227,17 @@ def test_write_lays_out_a_run_directory(tmp_path: Path) -> None:
     assert (tmp_path / "ns" / "r1" / "summary.json").read_bytes() == files[bundle.SUMMARY]
 
 
+def test_write_removes_an_earlier_fetchs_files_that_this_bundle_lacks(tmp_path: Path) -> None:
+    """A run re-created under the same name that failed before writing a summary: the old summary.json
+    must not stay behind to be scored as this run."""
+    dest = tmp_path / "ns.r1"
+    write(bundle.Bundle({bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: b"{}\n", bundle.CONFIG: b"{}"}), dest)
+    (dest / "notes.txt").write_text("the user's own file")
+    write(bundle.Bundle({bundle.CONFIG: b'{"new": 1}'}), dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "notes.txt"]
+    assert (dest / "config.json").read_bytes() == b'{"new": 1}'
+
+
 def test_fetched_runs_sit_next_to_local_ones() -> None:
     """``mlbench results mlbench-results/*`` reads both: a local run's directory is ``<run>`` (no dots)."""
     assert default_dir("team-a", "r1") == Path("mlbench-results/team-a.r1")
