@@ -17,6 +17,7 @@ A run folder without a readable summary (crashed, interrupted) is named in a war
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -333,11 +334,21 @@ def load_summary(path: Path) -> RunSummary:
 
 
 def load_config(path: Path) -> RunConfig | None:
-    """The run's ``config.json`` (next to its summary), or None when absent or not a RunConfig."""
+    """The run's ``config.json`` (next to its summary), or None when absent or not a RunConfig. One that is
+    there but unreadable (a newer runner's, hand-edited) is named on stderr: without it the run's division
+    and configuration are unknown, so it is scored apart from its seeds, and that must not pass silently."""
     config_file = (path if path.is_dir() else path.parent) / "config.json"
     try:
-        return RunConfig.model_validate_json(config_file.read_text())
-    except (OSError, ValidationError):
+        data = config_file.read_bytes()
+    except OSError:
+        return None
+    try:
+        return RunConfig.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        why = f"{where}: {first['msg']}"
+        print(f"warning: {config_file}: not a RunConfig ({why}); its configuration is unknown", file=sys.stderr)
         return None
 
 
@@ -381,7 +392,7 @@ class Unfinished:
         if self.live:
             counted = "not counted: it is still running"
         elif self.config is None:
-            counted = "not counted (no config.json says which configuration it was)"
+            counted = "not counted (no readable config.json says which configuration it was)"
         else:
             counted = "counted as a run that missed the goal"
         return f"warning: {self.path}: {self.reason}; {counted}"
@@ -595,6 +606,7 @@ def print_scores(
 
 def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path], status: TextIO) -> str | None:
     """The plots and mllog files asked for; the error to print when one cannot be written."""
+    option = "--plots"
     try:
         if not args.no_plots and scored.trained:
             dest = plots_dir(args.plots, args.runs, folders, scored.trained)
@@ -604,11 +616,11 @@ def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path
                 price = args.price_per_worker_hour
                 for plot in write_plots(scored.trained, dest, price=price, fmt=args.plot_format, scores=scored.scores):
                     print(f"wrote {plot}", file=status)
+        option = "--mllog"
         if args.mllog:
             for path in write_mllog(scored.trained, args.mllog):
                 print(f"wrote {path}", file=status)
     except OSError as exc:
-        option = "--mllog" if args.mllog and str(exc.filename or "").startswith(str(args.mllog)) else "--plots"
         return f"{option}: cannot write {exc.filename}: {exc.strerror or exc}"
     return None
 
@@ -683,14 +695,18 @@ def output_problem(args: argparse.Namespace) -> str | None:
     wanted = [("--plots", Path(args.plots))] if args.plots and not args.no_plots else []
     if args.mllog:
         mllog_path = Path(args.mllog)
-        is_folder = mllog_path.is_dir() or str(args.mllog).endswith("/")
-        wanted.append(("--mllog", mllog_path if is_folder else mllog_path.parent))
+        with contextlib.suppress(OSError):  # a name the system refuses: the write names it, with its words
+            is_folder = mllog_path.is_dir() or str(args.mllog).endswith("/")
+            wanted.append(("--mllog", mllog_path if is_folder else mllog_path.parent))
     for option, folder in wanted:
-        for p in (folder, *folder.parents):
-            if p.exists():
-                if not p.is_dir():
-                    return f"{option}: {p} is a file, not a folder"
-                break
+        try:
+            for p in (folder, *folder.parents):
+                if p.exists():
+                    if not p.is_dir():
+                        return f"{option}: {p} is a file, not a folder"
+                    break
+        except OSError as exc:  # a name too long, a folder not searchable
+            return f"{option}: cannot use {exc.filename}: {exc.strerror or exc}"
     return None
 
 

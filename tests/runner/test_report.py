@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -347,7 +348,47 @@ def test_a_run_without_summary_or_config_is_named_not_counted(
     assert report.main([str(tmp_path / "study"), "--no-plots"]) == 0
     err = capsys.readouterr().err
     assert f"{tmp_path / 'study' / 'bare'}: no summary.json" in err
-    assert "not counted (no config.json" in err
+    assert "not counted (no readable config.json" in err
+
+
+def test_an_unreadable_config_is_named_not_passed_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json from a newer runner (an unknown field) leaves the run's configuration unknown: say so."""
+    run = fake_run(tmp_path / "study", "newer", ttg=5.0)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "someNewField": 1}))
+    assert report.main([str(tmp_path / "study"), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {run / 'config.json'}: not a RunConfig (someNewField: Extra inputs are not permitted)" in err
+
+
+def test_an_mllog_write_error_is_named_as_mllog_for_a_relative_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``./x.log`` fails as ``x.log`` (here: a full disk): the error still names --mllog, not --plots."""
+    fake_run(tmp_path / "study", "ok", ttg=5.0)
+    monkeypatch.chdir(tmp_path)
+
+    def full_disk(*_: Any) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device", "x.log")
+
+    monkeypatch.setattr(report, "write_mllog", full_disk)
+    assert report.main(["study", "--no-plots", "--mllog", "./x.log"]) == 2
+    assert capsys.readouterr().err == "error: --mllog: cannot write x.log: No space left on device\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "path"),
+    [("--mllog", "x" * 300 + ".log"), ("--mllog", "x" * 300 + "/run.log"), ("--plots", "x" * 300 + "/plots")],
+)
+def test_an_output_path_the_system_refuses_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, path: str
+) -> None:
+    """A name too long for the file system: the option is named, with the system's words."""
+    fake_run(tmp_path / "study", "ok", ttg=5.0)
+    assert report.main([str(tmp_path / "study"), option, str(tmp_path / path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {option}: cannot "), err
+    assert err.endswith(": File name too long\n"), err
 
 
 def collectives_run(root: Path, name: str) -> Path:
