@@ -725,8 +725,9 @@ class RunReconciler:
     async def create_owned(self, objs: list[dict[str, Any]], ctx: builders.RunContext, now: datetime) -> bool:
         """Create the run's objects in parallel. 409 is fine only when the existing object is this run's (a
         retry); one of another owner (e.g. a deleted run of the same name whose garbage collection has
-        not finished) is reported as NameConflict and nothing proceeds (False). Refusals (403/422) raise
-        :class:`_Refused`, other errors a retry."""
+        not finished) is reported as NameConflict and nothing proceeds (False), and one gone by the time
+        it is read is retried (it exists for nobody). Refusals (403/422) raise :class:`_Refused`, other
+        errors a retry."""
         outcomes = await self.kube.create_many(objs)
         refused = [
             (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
@@ -742,8 +743,10 @@ class RunReconciler:
             if created is False:  # 409: whose is it?
                 kind, name = obj["kind"], obj["metadata"]["name"]
                 existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
+                if existing is None:  # deleted in between (the garbage collector, a previous owner's): not ours
+                    raise kopf.TemporaryError(f"{kind} {name} vanished after a conflict; creating it again", delay=1)
                 owner = reconcile.controller_uid(existing)
-                if existing is not None and owner != ctx.uid:
+                if owner != ctx.uid:
                     plan = reconcile.object_conflict(self.view(), kind, name, owner, now)
                     await self.patch(plan.status)
                     self.emit(plan)
