@@ -588,11 +588,16 @@ class RunReconciler:
             if stopped is not None:
                 return stopped.delay
         was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
+        restarted = int(plan.status.get("restarts", 0)) > int(self.status.get("restarts", 0))
         await self.patch(plan.status)  # results and restarts are recorded before the world is changed
+        # the status says it now: its Events too, before a delete or create below can fail the pass (the
+        # retry plans from the new status and would not say it again)
+        self.emit(plan)
+        if restarted:  # counted where it is recorded, once, whether or not stale pods remain to delete
+            m.RESTARTS.inc()
         if plan.terminal:
             # Once the result is written, nothing can turn the run back into a running one. The cleanup
             # follows (finished), re-driven from the cluster's state until done.
-            self.emit(plan)
             self.log.info("run_finished", phase=plan.status.get("phase"), message=plan.status.get("message"))
             return await self.finished(now, pods)
         if plan.keep_log_of:
@@ -605,9 +610,7 @@ class RunReconciler:
         if plan.delete_stale and pacing.may_delete_stale(time.monotonic()):
             await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
             pacing.stale_deleted(time.monotonic())
-            m.RESTARTS.inc()
         if (plan.create_workers or plan.create_launcher) and pacing.creates_paused(time.monotonic()):
-            self.emit(plan)
             return pacing.wake_in(plan.requeue_after)
         refused = await self.create_pods(plan, ctx, now)
         if refused:
@@ -617,7 +620,6 @@ class RunReconciler:
             created = c.parse_time(self.body["metadata"].get("creationTimestamp"))
             if created is not None:
                 m.WORKERS_READY_SECONDS.observe(max((now - created).total_seconds(), 0.0))
-        self.emit(plan)
         return pacing.wake_in(plan.requeue_after)
 
     async def create_pods(

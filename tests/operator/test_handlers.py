@@ -218,6 +218,32 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     assert closing[0]["workers"] == {"ready": 0, "total": 2}
 
 
+def test_a_restart_is_announced_and_counted_once_even_when_its_deletes_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restart is recorded by the status write; the Event and the counter go with it. A failed delete
+    after it must not lose them (the retry plans from the new status: "waiting for the old pods", not a
+    restart), and the retry's deletes of the same stale pods are not another restart."""
+    from mlbench_operator import builders
+    from mlbench_operator import metrics as m
+    from tests.operator.test_reconcile import admitted, pod, terminated, workers
+
+    body, ctx = admitted(h.run())
+    oom = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    pods = [workers(ctx)[0], oom, pod(builders.launcher_pod(ctx, 0))]
+    kube = FakeKube()
+    kube.fail_deletes = 1
+    rec = _reconciler(body, kube, monkeypatch)
+    before = m.RESTARTS._value.get()
+    with pytest.raises(Exception, match="etcd timeout"):
+        asyncio.run(rec.step(pods))
+    assert kube.patches()[0]["restarts"] == 1
+    assert [e[:2] for e in rec.events] == [("Warning", "Restarting")]
+    assert m.RESTARTS._value.get() == before + 1
+    asyncio.run(rec.step(pods))
+    assert [call[0] for call in kube.calls].count("delete") == 2  # the retry deleted them
+    assert [e[:2] for e in rec.events] == [("Warning", "Restarting")]
+    assert m.RESTARTS._value.get() == before + 1
+
+
 def test_config_rebuild_error_fails_and_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 6: an unbuildable config ends the run Failed, then the raw cleanPodPolicy applies."""
     body, _ctx, pods = _running("Running")
