@@ -106,13 +106,15 @@ class Wakeups:
             self.wake(key)
 
     @staticmethod
-    async def sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float, debounce: float) -> bool:
-        """A daemon's pause between passes: until ``wake`` is set, the daemon is stopped, or ``delay`` passes;
-        then ``debounce`` more, so a burst of events (1000 pods starting) makes one pass. True: stop now."""
+    async def sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float | None, debounce: float) -> bool:
+        """A daemon's pause between passes: until ``wake`` is set, the daemon is stopped, or ``delay`` passes
+        (None: no time limit); then ``debounce`` more, so a burst of events (1000 pods starting) makes one
+        pass. True: stop now."""
         woken = asyncio.ensure_future(wake.wait())
         stopping = asyncio.ensure_future(stopped.wait())
+        timeout = None if delay is None else max(delay, 0.05)
         try:
-            await asyncio.wait({woken, stopping}, timeout=max(delay, 0.05), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({woken, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woken.cancel()
             stopping.cancel()
@@ -923,7 +925,12 @@ async def reconcile_run(
     stopped: kopf.DaemonStopped,
     **kwargs: Any,
 ) -> None:
-    """The run's reconcile loop; event-driven (woken by pod/run events), resumed after operator restarts."""
+    """The run's reconcile loop; event-driven (woken by pod/run events), resumed after operator restarts.
+
+    A pass with nothing left to do (a finished run, cleaned up, results kept) does not end the loop: it
+    waits to be woken. kopf never spawns again a daemon that returned on its own, so a cleanPodPolicy
+    edited after the run finished would go unheeded until the operator restarts. kopf stops the daemon
+    when :func:`_needs_daemon` no longer holds, and spawns it again when it does."""
     key = (namespace or "", name)
     wake = memo.wakeups.register(key)
     config = config_of(memo)
@@ -943,7 +950,7 @@ async def reconcile_run(
                 rec.log.warning("reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
                 rec.recover(body.get("status") or {})
-            if delay is None or stopped or await Wakeups.sleep(wake, stopped, delay, config.debounce_seconds):
+            if stopped or await Wakeups.sleep(wake, stopped, delay, config.debounce_seconds):
                 return
     finally:
         memo.wakeups.unregister(key, wake)

@@ -325,6 +325,21 @@ def test_cleanup_interrupted_by_a_restart_is_finished(runs: Runs, operator: Oper
     assert status["workers"]["ready"] == 0
 
 
+def test_clean_pod_policy_edited_after_the_run_finished_applies(runs: Runs) -> None:
+    """cleanPodPolicy None keeps every pod; edited to All once the run has finished and its daemon has
+    nothing left to do, the pods go (kopf never spawns again a daemon that returned on its own)."""
+    name = "keepall"
+    runs.apply(h.run(name, workers=2, runPolicy={"cleanPodPolicy": "None"}))
+    runs.wait_phase(name, "Running")
+    runs.finish_launcher(name, 0, h.summary(name, world_size=2).termination_message())
+    runs.wait_phase(name, "Succeeded")
+    wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
+    assert set(runs.pods(name)) == {f"{name}-launcher", f"{name}-worker-0", f"{name}-worker-1"}
+    runs.kubectl("patch", "benchmarkrun", name, "--type=merge", "-p", '{"spec":{"runPolicy":{"cleanPodPolicy":"All"}}}')
+    wait_for(lambda: not runs.pods(name), timeout=30, what="the kept pods deleted after the edit")
+    assert runs.status(name)["phase"] == "Succeeded"
+
+
 def test_scale_256_workers_ready(runs: Runs, operator: OperatorProcess) -> None:
     name = "wide"
     before = operator.metric("mlbench_operator_api_requests_total")

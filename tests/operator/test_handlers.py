@@ -502,6 +502,58 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     assert needs(body=body, namespace="ns", name="r1", memo=_memo({}))
 
 
+class _Stopped:
+    """kopf's DaemonStopped as the daemon uses it: falsy until set, and awaitable."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self.event.wait(), timeout)
+
+
+def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf never spawns again a daemon that returned on its own: a finished run's daemon with nothing left
+    to do waits instead, so cleanPodPolicy None edited to All afterwards deletes the pods it kept."""
+    from mlbench_operator import handlers
+    from mlbench_operator.settings import OperatorConfig
+
+    body, _ctx, pods = _finished("None")
+    kube = FakeKube()
+    kube.log = results_line(h.summary())
+    monkeypatch.setattr(handlers.RunReconciler, "event", lambda self, *e: None)  # kopf's, outside an operator
+    memo = types.SimpleNamespace(
+        kube=kube,
+        wakeups=handlers.Wakeups(),
+        pods=_memo({("ns", "r1"): pods}).pods,
+        config=OperatorConfig(debounce_seconds=0.0),
+    )
+    daemon: Any = getattr(handlers.reconcile_run, "__wrapped__", handlers.reconcile_run)
+
+    async def scenario() -> None:
+        stopped = _Stopped()
+        task = asyncio.ensure_future(
+            daemon(body=body, namespace="ns", name="r1", memo=memo, logger=None, stopped=stopped)
+        )
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+        assert kube.patches()[0]["phase"] == "Succeeded"
+        assert not [c for c in kube.calls if c[0] == "delete"]  # None keeps every pod
+        assert not task.done()  # nothing to do, and still there
+        body["spec"]["runPolicy"]["cleanPodPolicy"] = "All"  # kopf's live body, as the edit arrives
+        memo.wakeups.wake(("ns", "r1"))  # what run_event does on it
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+        assert [c[1] for c in kube.calls if c[0] == "delete"] == [["r1-launcher", "r1-worker-0", "r1-worker-1"]]
+        stopped.event.set()  # kopf stops it once _needs_daemon no longer holds
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+
+
 def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
     """A run whose launcher succeeded: the next pass writes Succeeded, then keeps results and cleans up."""
     from mlbench_operator import builders
