@@ -1260,12 +1260,21 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     if code == 422:
         st.fail(Reason.CREATE_FAILED, text)
         return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, text)])
-    type_ = c.RUNNING if name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
+    type_ = refusal_condition(name)
     st.cond(type_, "False", Reason.CREATE_FAILED, text)
     st.say(text)
     # the stored message against the one set now (both cleaned): the same refusal again plans no Event
     changed = st.changed(type_, message=True)
     return Plan(status=st.dump(), events=[("Warning", Reason.CREATE_FAILED, text)] if changed else [])
+
+
+def refusal_condition(what: str) -> str:
+    """The condition a refused create (``"<Kind> <name>"`` or ``"pod <name>"``) is shown on: ``Running`` for
+    what comes with the launcher (its pod, and the headless Service created right before it once every
+    worker is Ready), where :func:`make_progress` keeps it while the launcher is still to be created;
+    ``WorkersReady`` for the rest, which would say AllWorkersReady over a refused Service at the next pass."""
+    kind, _, name = what.partition(" ")
+    return c.RUNNING if kind == "Service" or name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
 
 
 def object_conflict(body: Mapping[str, Any], kind: str, name: str, owner: str | None, now: datetime) -> Plan:

@@ -478,6 +478,40 @@ def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None
     assert "Required value" in invalid.status["message"]
 
 
+@pytest.mark.parametrize(
+    ("what", "condition"),
+    [
+        ("pod r1-worker-1", "WorkersReady"),
+        ("ConfigMap r1-config", "WorkersReady"),
+        ("Secret r1-ssh", "WorkersReady"),
+        ("NetworkPolicy r1", "WorkersReady"),
+        ("Service r1", "Running"),  # created right before the launcher, once every worker is Ready
+        ("pod r1-launcher", "Running"),
+    ],
+)
+def test_a_refused_create_is_shown_on_the_condition_of_its_stage(what: str, condition: str) -> None:
+    assert reconcile.refusal_condition(what) == condition
+
+
+def test_a_refused_service_stays_shown_while_the_workers_are_ready() -> None:
+    """A services quota refuses the headless Service: the next pass (all workers Ready, no launcher yet)
+    keeps CreateFailed instead of flipping WorkersReady to AllWorkersReady, and the same refusal again
+    posts no second Event."""
+    body, ctx = admitted(h.run())
+    body, _ = step(body, ctx, workers(ctx))
+    quota = "exceeded quota: q, requested: services=1, used: services=5, limited: services=5"
+    plan = reconcile.creation_failed(body, [("Service r1", 403, quota)], T0)
+    assert [e[:2] for e in plan.events] == [("Warning", "CreateFailed")]
+    body = finished_body(body, plan)
+    body, nxt = step(body, ctx, workers(ctx))
+    assert nxt.create_launcher
+    assert (cond(nxt.status, "Running")["reason"], cond(nxt.status, "WorkersReady")["reason"]) == (
+        "CreateFailed",
+        "AllWorkersReady",
+    )
+    assert reconcile.creation_failed(body, [("Service r1", 403, quota)], T0).events == []
+
+
 def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 2}))
     body = {**body, "status": {**body["status"], "restarts": 1}}
