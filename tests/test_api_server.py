@@ -59,6 +59,51 @@ def test_spec_is_immutable_except_run_policy(kube_api: Any, namespace: str) -> N
     assert patched["spec"]["workers"] == 2
 
 
+@pytest.mark.parametrize(
+    ("to", "accepted"),
+    [
+        ({"activeDeadlineSeconds": 600}, True),  # lowered: the operator fails the run at the new one
+        ({"activeDeadlineSeconds": 3600}, True),  # unchanged
+        ({"activeDeadlineSeconds": 7200}, False),  # raised: the pods would still die at the old one
+        ({"activeDeadlineSeconds": None}, False),  # removed: the same
+        ({"maxRestarts": 5}, True),  # the rest of runPolicy untouched
+    ],
+)
+def test_the_run_deadline_may_be_lowered_not_raised_or_removed(
+    kube_api: Any, namespace: str, to: dict[str, Any], accepted: bool
+) -> None:
+    api = _api(kube_api)
+    name = "deadline"
+    api.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        {**_run(name), "spec": {**_run(name)["spec"], "runPolicy": {"activeDeadlineSeconds": 3600}}},
+    )
+    try:
+        patch = {"spec": {"runPolicy": to}}
+        if accepted:
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+            return
+        with pytest.raises(ApiException) as info:
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+        assert info.value.status == 422
+        body = json.loads(info.value.body)
+        assert body["details"]["causes"][0]["field"] == "spec.runPolicy.activeDeadlineSeconds"
+        assert "may be lowered, not raised or removed" in body["message"]
+    finally:
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def test_a_deadline_may_be_set_on_a_run_that_had_none(kube_api: Any, namespace: str) -> None:
+    api = _api(kube_api)
+    _create(api, namespace, "nodeadline")
+    patch = {"spec": {"runPolicy": {"activeDeadlineSeconds": 60}}}
+    patched = api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "nodeadline", patch)
+    assert patched["spec"]["runPolicy"]["activeDeadlineSeconds"] == 60
+
+
 def test_status_is_a_subresource(kube_api: Any, namespace: str) -> None:
     api = _api(kube_api)
     _create(api, namespace, "status")

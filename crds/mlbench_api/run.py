@@ -240,7 +240,8 @@ class RunPolicy(ApiModel):
     active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = Field(
         default=None,
         description="Seconds from status.startTime (admission; a dataset fetch counts) until the run fails with "
-        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline.",
+        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline. Once set it may be lowered, not raised "
+        "or removed (every pod carries it).",
     )
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     """Gang restarts allowed, 0 to 100 (default 3): any failed pod restarts every pod; the next failure after this
@@ -260,6 +261,19 @@ class RunPolicy(ApiModel):
 
 #: The runner's DDP wraps torch.distributed (gloo or nccl); backend mpi goes through mpi4py, which DDP cannot use.
 DDP_NEEDS_TORCH_BACKEND = "ddp needs backend gloo or nccl (torch.distributed), not mpi"
+
+#: Each pod carries what is left of the deadline (the kubelet ends it even while the operator is down), and
+#: Kubernetes lets a pod's activeDeadlineSeconds be lowered, never raised or removed: a raised run deadline
+#: would still see its pods killed at the old one, and restarted as if they had failed.
+DEADLINE_ONLY_LOWERED = (
+    "runPolicy.activeDeadlineSeconds may be lowered, not raised or removed: every pod carries it, and Kubernetes "
+    "cannot extend a pod's deadline"
+)
+DEADLINE_ONLY_LOWERED_RULE = (
+    "!has(oldSelf.runPolicy) || !has(oldSelf.runPolicy.activeDeadlineSeconds) || "
+    "(has(self.runPolicy) && has(self.runPolicy.activeDeadlineSeconds) && "
+    "self.runPolicy.activeDeadlineSeconds <= oldSelf.runPolicy.activeDeadlineSeconds)"
+)
 
 #: Fields of the spec that may change after creation; everything else is immutable.
 MUTABLE_SPEC_FIELDS = ("runPolicy",)
@@ -299,6 +313,9 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             ".slotsPerWorker",
         ),
         cel(_immutability_rule(cls), "spec is immutable except runPolicy", reason="FieldValueForbidden"),
+        cel(
+            DEADLINE_ONLY_LOWERED_RULE, DEADLINE_ONLY_LOWERED, ".runPolicy.activeDeadlineSeconds", "FieldValueForbidden"
+        ),
     ]
 
 
