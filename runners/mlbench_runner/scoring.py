@@ -344,13 +344,24 @@ def attach_unfinished(runs: Sequence[RunResult]) -> list[RunResult]:
     """Each run without a summary joined to the one configuration of the measured runs it was started as.
 
     Its own configuration lacks what only a summary says (precision, device): where exactly one
-    measured configuration agrees with everything else, it is that configuration's failed seed; where
-    none (or several, e.g. the same run on two devices) does, it stays a configuration of its own.
+    measured configuration agrees with everything else, it is that configuration's failed seed. Where
+    none does but exactly one measured family (world size left out) agrees, it joins that family at its
+    own world size: every seed of that size failed, and the family's speedups must still count from its
+    smallest world, flagged as a baseline that never reached the goal, not from the next one. Where
+    several do (e.g. the same run on two devices), it stays a configuration of its own.
     """
     finished = list(dict.fromkeys(r.configuration for r in runs if r.measured))
+    families = list(dict.fromkeys(c.family() for c in finished))
     out = []
     for r in runs:
-        matches = [] if r.measured else [c for c in finished if _agrees(r.configuration, c)]
+        own = r.configuration
+        matches = [] if r.measured else [c for c in finished if _agrees(own, c)]
+        if not r.measured and not matches:
+            matches = [
+                replace(f, world_size=own.world_size, workers=own.workers, slots_per_worker=own.slots_per_worker)
+                for f in families
+                if _agrees(own.family(), f)
+            ]
         out.append(replace(r, configuration=matches[0]) if len(matches) == 1 else r)
     return out
 

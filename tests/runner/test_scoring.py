@@ -223,7 +223,9 @@ UNSEEN = replace(BASE, settings=(("task.x", "1"),))  # what config.json alone sa
         ([FP32], UNSEEN, FP32),  # the one configuration it was started as
         ([FP32, BF16], UNSEEN, UNSEEN),  # two candidates: not guessed
         ([FP32], replace(UNSEEN, settings=(("task.x", "2"),)), None),  # another task setting: its own
-        ([FP32], replace(UNSEEN, world_size=2, workers=2), None),  # another world size: its own
+        # every seed of its world size failed: the family's, at its own world size
+        ([FP32], replace(UNSEEN, world_size=2, workers=2), replace(FP32, world_size=2, workers=2)),
+        ([FP32, BF16], replace(UNSEEN, world_size=2, workers=2), None),  # two families: not guessed
     ],
 )
 def test_a_run_without_summary_joins_the_configuration_it_was_started_as(
@@ -234,6 +236,21 @@ def test_a_run_without_summary_joins_the_configuration_it_was_started_as(
     out = scoring.attach_unfinished([*runs, crashed])
     assert out[-1].configuration == (joined or unfinished)
     assert out[:-1] == runs
+
+
+def test_a_smallest_world_whose_seeds_all_failed_stays_the_baseline() -> None:
+    """Every 1-rank seed crashed (config.json only): the speedups of 2 and 4 ranks are not taken against
+    2 ranks as if it were the smallest; they have none, and say the baseline never reached the goal."""
+    crashed = [
+        replace(run(None, seed=s), configuration=UNSEEN, measured=False, name=f"c{s}", status="no-summary")
+        for s in (1, 2)
+    ]
+    measured = [run(t, world=w, seed=s, conf=FP32) for w, t in [(2, 50.0), (4, 30.0)] for s in (1, 2)]
+    one, two, four = scoring.score([*crashed, *measured])
+    assert [s.configuration.world_size for s in (one, two, four)] == [1, 2, 4]
+    assert one.configuration.family() == two.configuration.family() == four.configuration.family()
+    assert (two.baseline_world_size, two.speedup, four.speedup) == (1, None, None)
+    assert any("baseline (1 ranks) never reached the goal" in f for f in four.flags)
 
 
 def test_a_run_without_summary_is_a_failure_that_adds_no_times() -> None:
