@@ -35,6 +35,10 @@ Points = list[tuple[float, float]]
 COMPUTE, COMMUNICATION, OTHER = "compute", "communication", "other"
 
 
+#: More curves than this (a sweep) are drawn one colour and one legend entry per configuration, not per run.
+GROUPED_ABOVE = 10
+
+
 @dataclass(frozen=True)
 class Curve:
     """One run's test accuracy over time."""
@@ -203,7 +207,7 @@ def _svg_plots(data: PlotInput, dest: Path) -> list[Path]:
             TITLES["accuracy-vs-time"],
             "seconds since run start",
             "test accuracy",
-            [(c.label, c.points) for c in data.curves],
+            [(c.group if len(data.curves) > GROUPED_ABOVE else c.label, c.points) for c in data.curves],
             hline=data.target,
             ymax=1.0,
             caption=data.caption,
@@ -291,7 +295,7 @@ class _Matplotlib:
     def accuracy(self) -> Path:
         fig, ax = self._figure("accuracy-vs-time")
         curves = self.data.curves
-        by_group = len(curves) > 10  # a sweep: one colour and one legend entry per configuration
+        by_group = len(curves) > GROUPED_ABOVE
         colors: dict[str, str] = {}
         for i, c in enumerate(curves):
             key = c.group if by_group else c.label

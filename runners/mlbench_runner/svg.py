@@ -78,7 +78,8 @@ def line_chart(
     ymax: float | None = None,
     caption: str | None = None,
 ) -> str:
-    """Lines with markers; ``hline`` draws a dashed target level; ``caption`` a footnote."""
+    """Lines with markers, one colour and one legend entry per series *name* (several runs of one
+    configuration may share it); ``hline`` draws a dashed target level; ``caption`` a footnote."""
     pts = [p for _, s in series for p in s]
     xmax = max((x for x, _ in pts), default=1.0) or 1.0
     ys = [y for _, y in pts] + ([hline] if hline is not None else [])
@@ -103,13 +104,14 @@ def line_chart(
             f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{sy(hline):.1f}" y2="{sy(hline):.1f}" '
             f'stroke="#000" stroke-dasharray="6 4"/>'
         )
-    for i, (_, s) in enumerate(series):
-        color = COLORS[i % len(COLORS)]
+    names = list(dict.fromkeys(name for name, _ in series))
+    for name, s in series:
+        color = COLORS[names.index(name) % len(COLORS)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
         if path:
             out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
         out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s]
-    out += _legend([name for name, _ in series])
+    out += _legend(names)
     out.append("</svg>")
     return "\n".join(out)
 

@@ -198,3 +198,21 @@ def test_accuracy_colour_groups_carry_the_variant(tmp_path: Path, monkeypatch: p
     assert groups["b10-1 (1xgloo)"] == groups["b10-2 (1xgloo)"]
     assert groups["b10-1 (1xgloo)"] != groups["b40-1 (1xgloo)"]
     assert "batchSizePerWorker=40" in groups["b40-1 (1xgloo)"]
+
+
+def test_the_svg_colours_a_sweep_by_configuration_as_matplotlib_does(tmp_path: Path, no_matplotlib: None) -> None:
+    """More than GROUPED_ABOVE runs: one colour and one legend entry per configuration, in both back ends
+    (the SVG coloured each run, cycling 8 colours: two configurations shared one)."""
+    curves = [
+        plots.Curve(f"w{w}-s{s}", f"{w} ranks", [(1.0 + s, 0.5), (2.0 + s, 0.8)])
+        for w in (1, 2)
+        for s in range(plots.GROUPED_ABOVE // 2 + 1)
+    ]
+    (path,) = [p for p in plots.write_plots(plots.PlotInput("caption", curves), tmp_path) if "accuracy" in p.name]
+    root = ElementTree.parse(path).getroot()
+    strokes = [line.get("stroke") for line in root.iter(f"{SVG}polyline")]
+    assert len(strokes) == len(curves)
+    assert len(set(strokes[: len(curves) // 2])) == len(set(strokes[len(curves) // 2 :])) == 1
+    assert strokes[0] != strokes[-1]
+    assert "1 ranks" in texts(path)
+    assert not any(t.startswith("w1-s") for t in texts(path))
