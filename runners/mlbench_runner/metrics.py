@@ -27,6 +27,21 @@ METRIC_NAMES = (
 )
 
 
+class LateGauge:
+    """A gauge that is absent from the page until it is first set. A label-less prometheus_client gauge
+    reads 0 from the start, and "no evaluation yet" would then read as an accuracy of 0 (the operator
+    copies it into ``status.progress``, which ``kubectl get`` shows) and a loss of 0; absent is "no data"."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._name, self._documentation, self._registry = name, documentation, registry
+        self._gauge: Gauge | None = None
+
+    def set(self, value: float) -> None:
+        if self._gauge is None:
+            self._gauge = Gauge(self._name, self._documentation, registry=self._registry)
+        self._gauge.set(value)
+
+
 class RunnerMetrics:
     """The runner's gauges and counters; ``serve`` starts the HTTP endpoint."""
 
@@ -57,13 +72,18 @@ class RunnerMetrics:
         self.steps = Counter("mlbench_steps", "Optimizer steps taken by this rank.", registry=r)
         self.samples = Counter("mlbench_samples", "Training samples processed by this rank.", registry=r)
         self.epoch = Gauge("mlbench_epoch", "Epochs completed (fractional during an epoch).", registry=r)
-        self.loss = Gauge("mlbench_loss", "Mean training loss of the last epoch on this rank.", registry=r)
-        self.accuracy = Gauge("mlbench_accuracy", "Last test accuracy (fraction, all ranks).", registry=r)
+        self.loss = LateGauge("mlbench_loss", "Mean training loss of the last epoch on this rank.", r)
+        self.accuracy = LateGauge("mlbench_accuracy", "Last test accuracy (fraction, all ranks).", r)
         self.lr = Gauge("mlbench_learning_rate", "Current learning rate.", registry=r)
-        self.throughput = Gauge(
-            "mlbench_samples_per_second", "Global training samples per second of step time.", registry=r
+        self.throughput = LateGauge(
+            "mlbench_samples_per_second", "Global training samples per second of step time, so far.", r
         )
-        self.goal = Gauge("mlbench_goal_reached", "1 once the accuracy goal was reached.", registry=r)
+        self.goal = Gauge(
+            "mlbench_goal_reached",
+            "1 while the last evaluation meets the accuracy goal (a time-to-accuracy run stops there; an "
+            "accuracy-after-time run is judged by its final one), else 0.",
+            registry=r,
+        )
         self.bytes_per_step = Gauge(
             "mlbench_communication_bytes_per_step",
             "Payload bytes this rank hands to collectives per step, as the algorithm declares them.",

@@ -436,9 +436,9 @@ class Trainer:
             if self._any(s, not math.isfinite(outcome.mean_loss)):
                 return self._stop(s, "diverged", step, reached=False, elapsed=elapsed)
             reached = accuracy >= cfg.goal_target
+            s.metrics.goal.set(1 if reached else 0)  # an accuracy-after-time goal may be lost again
             if reached and s.summary.time_to_goal is None:
                 s.summary.time_to_goal = elapsed
-                s.metrics.goal.set(1)
             if reached and not accuracy_after_time:
                 return self._stop(s, "goal", step, reached=True, elapsed=elapsed)
             if outcome.stop == "time-budget" or (accuracy_after_time and self._budget_exceeded(s)):
@@ -530,6 +530,8 @@ class Trainer:
         self._flush(s)
         s.metrics.lr.set(lr)
         s.metrics.epoch.set(epoch + taken / s.steps_per_epoch)
+        if s.summary.steps_timed:  # the first epoch's throughput too, not only at its end
+            s.metrics.throughput.set(s.summary.throughput())
         if self.rank == 0 and time.perf_counter() - self._last_progress >= PROGRESS_SECONDS:
             self._last_progress = time.perf_counter()
             self.log.event(

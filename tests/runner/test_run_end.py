@@ -55,3 +55,37 @@ def test_the_stop_reason_names_how_the_run_ended(
     if summary_written:
         summary = RunSummary.model_validate_json((out / "summary.json").read_text())
         assert (summary.status, summary.stop_reason) == ended
+
+
+def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accuracy-after-time: the target crossed after epoch 1 and lost by the end is not reached, and the
+    gauge says so at the end as the summary does (it stayed 1). Before the first evaluation the page has
+    no accuracy, loss or throughput sample at all (a 0 read as an accuracy in ``kubectl get``)."""
+    from mlbench_runner import train
+
+    task = logreg_task(batch=10, epochs=3, train=100, features=8)
+    task["goal"] = {"target": 0.6, "metric": "test-accuracy", "mode": "accuracy-after-time", "timeBudgetSeconds": 600}
+    config = make_config(task, tmp_path / "out", 1)
+    registries: list[train.RunnerMetrics] = []
+    made = train.RunnerMetrics
+
+    def keep(*args: object, **kwargs: object) -> train.RunnerMetrics:
+        registries.append(made(*args, **kwargs))  # type: ignore[arg-type]
+        return registries[-1]
+
+    monkeypatch.setattr(train, "RunnerMetrics", keep)
+    accuracies, seen = iter([0.9, 0.3, 0.4]), []
+
+    def evaluate(self: Trainer, s: object) -> tuple[float, float]:
+        registry = registries[0].registry
+        seen.append([registry.get_sample_value(m) for m in ("mlbench_accuracy", "mlbench_goal_reached")])
+        return next(accuracies), 0.5
+
+    monkeypatch.setattr(Trainer, "_evaluate", evaluate)
+    Trainer(config, SINGLE, Options()).run()
+    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    assert not summary.goal_reached
+    assert seen == [[None, 0.0], [0.9, 1.0], [0.3, 0.0]]
+    assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
