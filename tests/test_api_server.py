@@ -89,7 +89,7 @@ def test_the_run_deadline_may_be_lowered_not_raised_or_removed(
         with pytest.raises(ApiException) as info:
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
         assert info.value.status == 422
-        body = json.loads(info.value.body)
+        body = json.loads(info.value.body or "{}")
         assert body["details"]["causes"][0]["field"] == "spec.runPolicy.activeDeadlineSeconds"
         assert "may be lowered, not raised or removed" in body["message"]
     finally:
