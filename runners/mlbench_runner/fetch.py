@@ -25,6 +25,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import tarfile
 import tempfile
@@ -38,6 +39,7 @@ from pathlib import Path, PurePosixPath
 
 from mlbench_api import atomic
 from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
+from mlbench_runner import stopping
 
 CHUNK = 1 << 20
 TIMEOUT_SECONDS = 60.0
@@ -279,8 +281,24 @@ def _write_marker(req: FetchRequest) -> None:
         raise
 
 
+def leftovers(dest: Path) -> list[Path]:
+    """What earlier fetches of ``dest`` left beside it: their work folders (``.<name>.fetch-*``) and old trees
+    moved aside (``.<name>.old-*``). A fetch killed outright (SIGKILL at the end of a pod's grace period, a
+    node lost) never reaches its clean-up, and on a shared volume a big dataset's partial download would
+    stay for good, until the retry itself fails with VolumeFull."""
+    if not dest.parent.is_dir():
+        return []
+    prefixes = (f".{dest.name}.fetch-", f".{dest.name}.old-")
+    return sorted(p for p in dest.parent.iterdir() if p.name.startswith(prefixes))
+
+
 def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
-    """Make ``req.dest`` hold the verified data. Returns False when it was already there."""
+    """Make ``req.dest`` hold the verified data. Returns False when it was already there.
+
+    One fetch of a destination at a time (the operator runs one Job per dataset and namespace, whose pods
+    do not overlap), so what earlier fetches left beside it is removed first."""
+    for stale in leftovers(req.dest):
+        shutil.rmtree(stale, ignore_errors=True)
     if already_there(req):
         return False
     parent = req.dest.parent
@@ -344,7 +362,8 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
     try:
-        fetched = fetch(req, args.timeout)
+        with stopping.interrupt_on((signal.SIGTERM,)):  # a deleted pod or a deadline: the work folder is removed
+            fetched = fetch(req, args.timeout)
     except FetchError as exc:
         failure = FetchFailure(exc.reason, exc.message)
     except Exception as exc:  # a bug or an unforeseen OS error: still one classified line

@@ -7,10 +7,13 @@ import http.server
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
+import time
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,8 @@ import pytest
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
 from mlbench_runner.fetch import FetchError, FetchRequest, _describe_url_error, cut_short, fetch, marker_path
+
+from .helpers import env
 
 
 class Server:
@@ -230,6 +235,55 @@ def test_a_stored_file_gives_way_to_an_unpacked_folder(server: Server, tmp_path:
 )
 def test_cut_short(announced: str | None, size: int, short: str | None) -> None:
     assert cut_short(announced, size) == short
+
+
+def test_what_a_killed_fetch_left_is_removed_by_the_next(server: Server, tmp_path: Path) -> None:
+    """SIGKILL (the end of a pod's grace period) skips every clean-up: the retry removes the work folder and
+    the old tree its predecessor left beside the destination, and nothing of another dataset."""
+    data = b"fresh"
+    dest = tmp_path / "data" / "d"
+    for name in (".d.fetch-abc123", ".d.old-7-99", ".other.fetch-xyz"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        (tmp_path / "data" / name / "download").write_bytes(b"x" * 1000)
+    assert fetch(FetchRequest(url=serve(server, "f", data), sha256=sha(data), dest=dest))
+    assert dest.read_bytes() == data
+    assert leftovers(tmp_path / "data") == [".other.fetch-xyz"]
+
+
+def test_a_fetch_stopped_by_sigterm_removes_its_partial_download(tmp_path: Path) -> None:
+    """A deleted Job pod or its deadline: SIGTERM (the fetcher is the container's PID 1, which ignores a
+    signal it has no handler for) ends the download and removes what it had written."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    sent = threading.Event()
+
+    def stall() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8000000\r\n\r\n" + b"x" * 2_000_000)
+            sent.set()
+            conn.recv(1)  # until the client goes
+
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "mlbench_runner.cli", "fetch-dataset", "--url", f"http://127.0.0.1:{port}/big"]
+    cmd += ["--sha256", "0" * 64, "--dest", str(data / "d"), "--termination-log", str(tmp_path / "log")]
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert sent.wait(30)
+        deadline = time.monotonic() + 30
+        while not any(p.stat().st_size > 0 for p in data.glob(".d.fetch-*/download")):
+            assert time.monotonic() < deadline, "the download never reached the disk"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        listener.close()
+    assert proc.returncode != 0, out
+    assert leftovers(data) == [], out
 
 
 def test_a_download_cut_short_is_unreachable_not_a_checksum_mismatch(tmp_path: Path) -> None:
