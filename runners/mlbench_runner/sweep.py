@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -59,14 +60,25 @@ def render(sweep: BenchmarkSweep, runs: list[SweepRun], namespace: str | None, s
     return header + yaml.safe_dump_all([r.to_api(ns) for r in runs], sort_keys=False, explicit_start=True)
 
 
-def resumable(folder: Path) -> tuple[str | None, str]:
+def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None, str]:
     """What ``--resume`` does with an earlier run's folder: (its outcome when kept, else None; why).
 
-    A run is kept only when it ended by its own decision: its summary says success or
-    goal-not-reached, or it diverged (the same seed diverges again, and MLPerf scores it as a run
-    that did not converge; it stays a failed run). A run that was interrupted or crashed (aborted for
-    an error), or left no readable summary, runs again: that is what ``--resume`` is for.
+    A run is kept only when it ran what the sweep asks for now (its ``run.yaml`` holds ``documents``: a
+    run's name says only its matrix point, and an edited template, task or goal would otherwise leave
+    other configurations' results in the study, scored as this one) and ended by its own decision: its
+    summary says success or goal-not-reached, or it diverged (the same seed diverges again, and MLPerf
+    scores it as a run that did not converge; it stays a failed run). A run that was interrupted or
+    crashed (aborted for an error), or left no readable summary, runs again: that is what ``--resume`` is
+    for.
     """
+    try:
+        ran = list(yaml.safe_load_all((folder / "run.yaml").read_text()))
+    except FileNotFoundError:
+        return None, "no run.yaml yet"
+    except (OSError, yaml.YAMLError) as exc:
+        return None, f"{folder / 'run.yaml'} is not readable ({type(exc).__name__})"
+    if ran != documents:
+        return None, f"{folder / 'run.yaml'} is not the run the sweep asks for now (its template or task was edited)"
     file = folder / "summary.json"
     try:
         summary = RunSummary.model_validate_json(file.read_text())
@@ -118,7 +130,7 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
             f"backend={p.backend.value} seed={p.seed}",
             flush=True,
         )
-        kept, why = resumable(folder) if args.resume else (None, "")
+        kept, why = resumable(folder, run_documents(args, run)) if args.resume else (None, "")
         if why:
             print(f"  {'skipped' if kept else 'runs'}: {why} (--resume)", flush=True)
         try:
@@ -150,15 +162,22 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
     return 0 if done and all(o in DONE for o in outcomes.values()) else 1
 
 
+def run_documents(args: argparse.Namespace, run: SweepRun) -> list[dict[str, Any]]:
+    """The documents of a run's ``run.yaml``: the run, after its task when that is not the catalog's, so that
+    ``mlbench run <run.yaml> --local`` runs it on its own."""
+    from mlbench_runner import local
+
+    task = [local.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
+    return [*task, run.to_api()]
+
+
 def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     """One run through ``mlbench run <run.yaml> --local`` into ``folder``; its outcome."""
     from mlbench_runner import local
 
     folder.mkdir(parents=True, exist_ok=True)
     run_file = folder / "run.yaml"
-    # with the task when it is not the catalog's, so that `mlbench run <run.yaml> --local` runs it on its own
-    task = [local.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
-    run_file.write_text(yaml.safe_dump_all([*task, run.to_api()], sort_keys=False))
+    run_file.write_text(yaml.safe_dump_all(run_documents(args, run), sort_keys=False))
     argv = [str(run_file), "--local", "--output", str(folder), "--launcher", args.launcher]
     argv += ["--task-file", args.task_file] if args.task_file else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []

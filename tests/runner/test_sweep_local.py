@@ -82,6 +82,14 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     assert f"{RUNS[1]}: succeeded" in text
     assert f"{RUNS[2]}: succeeded" in text
     assert RunSummary.model_validate_json(interrupted.read_text()).status != "aborted"
+    # the template edited (another goal): every run is another configuration now, and runs again
+    edited = yaml.safe_load(study.read_text())
+    edited["spec"]["template"]["runPolicy"] = {"maxRestarts": 1}
+    study.write_text(yaml.safe_dump(edited))
+    assert sweep.main([*args, "--resume"]) == 0
+    text = capsys.readouterr().out
+    assert "skipped:" not in text
+    assert text.count("is not the run the sweep asks for now") == len(RUNS), text
 
 
 def _with(summary: Path, **fields: Any) -> str:
@@ -108,7 +116,35 @@ def test_resume_keeps_only_runs_that_ended_on_their_own(
     if fields is not None:
         run = fake_run(tmp_path, "run", ttg=10.0)
         (run / "summary.json").write_text(_with(run / "summary.json", **fields))
-    assert sweep.resumable(run) == (kept, why if fields is None else f"{run / 'summary.json'} {why}")
+    run.mkdir(exist_ok=True)
+    (run / "run.yaml").write_text(yaml.safe_dump_all(RAN))
+    assert sweep.resumable(run, RAN) == (kept, why if fields is None else f"{run / 'summary.json'} {why}")
+
+
+#: What a run's run.yaml holds (the documents `mlbench sweep --local` wrote for it).
+RAN: list[dict[str, Any]] = [
+    {"kind": "BenchmarkRun", "metadata": {"name": "run"}, "spec": {"taskRef": {"name": "tiny"}, "seed": 1}}
+]
+
+
+@pytest.mark.parametrize(
+    ("ran", "why"),
+    [
+        (None, "no run.yaml yet"),
+        ([{**RAN[0], "spec": {**RAN[0]["spec"], "seed": 2}}], "is not the run the sweep asks for now"),
+        ([{"kind": "BenchmarkTask", "metadata": {"name": "tiny"}}, *RAN], "is not the run the sweep asks for now"),
+    ],
+)
+def test_resume_runs_again_what_the_sweep_no_longer_asks_for(
+    tmp_path: Path, ran: list[dict[str, Any]] | None, why: str
+) -> None:
+    """A finished run whose template, task or goal was edited since: another configuration, run again."""
+    run = fake_run(tmp_path, "run", ttg=10.0)
+    if ran is not None:
+        (run / "run.yaml").write_text(yaml.safe_dump_all(ran))
+    kept, said = sweep.resumable(run, RAN)
+    assert kept is None
+    assert why in said
 
 
 def test_failure_policy_stop_stops_here_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -231,7 +267,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     assert not (out / "lr-study-w2-s2").exists()
     summary = RunSummary.model_validate_json((first / "summary.json").read_text())
     assert (summary.status, summary.stop_reason) == ("aborted", "interrupted")
-    assert sweep.resumable(first)[0] is None  # --resume runs it again
+    assert sweep.resumable(first, list(yaml.safe_load_all((first / "run.yaml").read_text())))[0] is None
     assert not (first / "running").exists()  # and `mlbench results` scores it as a failed seed, not as running
 
 
