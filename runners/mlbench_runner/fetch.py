@@ -366,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
             fetched = fetch(req, args.timeout)
     except FetchError as exc:
         failure = FetchFailure(exc.reason, exc.message)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C, after fetch's clean-up
+        failure = FetchFailure(FetchReason.FETCH_FAILED, "stopped by a signal; the partial download was removed")
     except Exception as exc:  # a bug or an unforeseen OS error: still one classified line
         failure = FetchFailure(FetchReason.FETCH_FAILED, f"{type(exc).__name__}: {exc}")
     else:

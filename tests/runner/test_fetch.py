@@ -282,8 +282,11 @@ def test_a_fetch_stopped_by_sigterm_removes_its_partial_download(tmp_path: Path)
     finally:
         proc.kill()
         listener.close()
-    assert proc.returncode != 0, out
+    assert proc.returncode == FetchExit.FETCH_FAILED, out
     assert leftovers(data) == [], out
+    failure = FetchFailure.parse((tmp_path / "log").read_text())
+    assert failure is not None
+    assert failure.message == "stopped by a signal; the partial download was removed"
 
 
 def test_a_download_cut_short_is_unreachable_not_a_checksum_mismatch(tmp_path: Path) -> None:
