@@ -454,6 +454,8 @@ class RunReconciler:
         self.linger = self.config.metrics_linger_seconds
         self.results_wait = self.config.results_wait_seconds
         self.pvc_ensured = False
+        #: The operator's pod index (memo.pods), told at once of the pods a cleanup deleted (see finished).
+        self.index: PodIndex | None = None
 
     def view(self) -> dict[str, Any]:
         """The run as the planner should see it: live metadata/spec, our own status."""
@@ -507,7 +509,8 @@ class RunReconciler:
         self.status = {**self.status, **changes}
 
     async def step(self, pods: list[PodView]) -> float | None:
-        """One pass. Returns seconds until the next unprompted pass, or None when the daemon is done.
+        """One pass. Returns seconds until the next unprompted pass, or None when nothing is left to do (the
+        daemon then waits to be woken: see :func:`reconcile_run`).
 
         The pass is a pipeline that may stop early at each stage: the run's context (admission, or
         rebuilt from the snapshot), the run's objects and dataset, then the plan and its execution.
@@ -802,7 +805,7 @@ class RunReconciler:
         """Terminal: keep the results, then apply cleanPodPolicy until done (idempotent: derived from
         the pods still there).
 
-        Returns None (the daemon stops) once the results are recorded and nothing is left to delete;
+        Returns None (nothing left to do) once the results are recorded and nothing is left to delete;
         ttlSecondsAfterFinished is handled by :func:`expire_run`.
         """
         decision = await self.keep_results(now, pods)
@@ -818,6 +821,11 @@ class RunReconciler:
         await self.kube.delete_pods_named(self.namespace, todo)
         deleted = set(todo)
         after = [dataclasses.replace(p, terminating=True) if p.name in deleted else p for p in pods]
+        if self.index is not None:  # before the status write below: kopf re-checks _needs_daemon on its event,
+            # which may come before the pod watch's; with the pods still live there it would keep this daemon
+            for pod in after:
+                if pod.name in deleted:
+                    self.index.update(PodChange(pod.uid or pod.name, (self.namespace, self.name), pod))
         # In the same pass (kopf may stop this daemon once the index shows the pods Terminating):
         # workers.ready recounted, and the run's last event, on which kopf releases the finalizer.
         await self.patch(reconcile.cleaned_up_status(self.view(), after, now))
@@ -935,6 +943,7 @@ async def reconcile_run(
     wake = memo.wakeups.register(key)
     config = config_of(memo)
     rec = RunReconciler(body, memo.kube, logger, config)
+    rec.index = getattr(memo, "pods", None)
     failures = 0
     try:
         while True:

@@ -548,6 +548,13 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
         for _ in range(100):
             await asyncio.sleep(0.01)
         assert [c[1] for c in kube.calls if c[0] == "delete"] == [["r1-launcher", "r1-worker-0", "r1-worker-1"]]
+        # the index says so before the watch does: kopf's filter, on the status write's event, lets it go
+        assert all(p.terminating for p in memo.pods.get(("ns", "r1")))
+        written = {**body["status"]}
+        for patch in kube.patches():
+            written.update(patch)
+        live = {**body, "status": written}  # as kopf's body is once the watch echoed the writes
+        assert not handlers._needs_daemon(body=live, namespace="ns", name="r1", memo=memo)
         stopped.event.set()  # kopf stops it once _needs_daemon no longer holds
         await asyncio.wait_for(task, 5)
 
