@@ -433,10 +433,11 @@ class Trainer:
             if outcome.stop == "max-steps":
                 return self._stop(s, "max-steps", step, reached=False)
             accuracy, elapsed = self._end_epoch(s, epoch, outcome)
-            if self._any(s, not math.isfinite(outcome.mean_loss)):
-                return self._stop(s, "diverged", step, reached=False, elapsed=elapsed)
-            reached = accuracy >= cfg.goal_target
+            diverged = self._any(s, not math.isfinite(outcome.mean_loss))  # collective: every rank asks
+            reached = accuracy >= cfg.goal_target and not diverged
             s.metrics.goal.set(1 if reached else 0)  # an accuracy-after-time goal may be lost again
+            if diverged:
+                return self._stop(s, "diverged", step, reached=False, elapsed=elapsed)
             if reached and s.summary.time_to_goal is None:
                 s.summary.time_to_goal = elapsed
             if reached and not accuracy_after_time:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,4 +90,19 @@ def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until
     summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
     assert not summary.goal_reached
     assert seen == [[None, 0.0], [0.9, 1.0], [0.3, 0.0]]
+    assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
+
+    # reached after epoch 1, diverged in epoch 2 (a non-finite loss): aborted, and the gauge says 0 too
+    registries.clear()
+    accuracies, seen = iter([0.9, 0.9]), []
+    losses = iter([0.5, float("nan")])
+    real_train_epoch = Trainer._train_epoch
+
+    def train_epoch(self: Trainer, s: Any, epoch: int, step: int) -> Any:
+        return dataclasses.replace(real_train_epoch(self, s, epoch, step), mean_loss=next(losses))
+
+    monkeypatch.setattr(Trainer, "_train_epoch", train_epoch)
+    Trainer(make_config(task, tmp_path / "again", 1), SINGLE, Options()).run()
+    summary = RunSummary.model_validate_json((tmp_path / "again" / "summary.json").read_text())
+    assert (summary.status, summary.stop_reason) == ("aborted", "diverged")
     assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
