@@ -60,12 +60,29 @@ def render(sweep: BenchmarkSweep, runs: list[SweepRun], namespace: str | None, s
     return header + yaml.safe_dump_all([r.to_api(ns) for r in runs], sort_keys=False, explicit_start=True)
 
 
+#: A run's fields that a local run does not use (they place and police pods): editing them keeps its result.
+CLUSTER_ONLY = ("runPolicy", "scheduling", "image")
+
+
+def what_runs(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What in a run.yaml's documents decides what a local run computes: each document's kind, name and
+    spec, a run's without :data:`CLUSTER_ONLY`."""
+    out = []
+    for doc in documents:
+        spec = dict(doc.get("spec") or {})
+        if doc.get("kind") == "BenchmarkRun":
+            spec = {k: v for k, v in spec.items() if k not in CLUSTER_ONLY}
+        out.append({"kind": doc.get("kind"), "name": (doc.get("metadata") or {}).get("name"), "spec": spec})
+    return out
+
+
 def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None, str]:
     """What ``--resume`` does with an earlier run's folder: (its outcome when kept, else None; why).
 
-    A run is kept only when it ran what the sweep asks for now (its ``run.yaml`` holds ``documents``: a
-    run's name says only its matrix point, and an edited template, task or goal would otherwise leave
-    other configurations' results in the study, scored as this one) and ended by its own decision: its
+    A run is kept only when it ran what the sweep asks for now (its ``run.yaml`` holds ``documents``, but
+    for :data:`CLUSTER_ONLY` fields: a run's name says only its matrix point, and an edited template, task
+    or goal would otherwise leave other configurations' results in the study, scored as this one) and
+    ended by its own decision: its
     summary says success or goal-not-reached, or it diverged (the same seed diverges again, and MLPerf
     scores it as a run that did not converge; it stays a failed run). A run that was interrupted or
     crashed (aborted for an error), or left no readable summary, runs again: that is what ``--resume`` is
@@ -77,7 +94,7 @@ def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None
         return None, "no run.yaml yet"
     except (OSError, yaml.YAMLError) as exc:
         return None, f"{folder / 'run.yaml'} is not readable ({type(exc).__name__})"
-    if ran != documents:
+    if not isinstance(ran, list) or not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
         return None, f"{folder / 'run.yaml'} is not the run the sweep asks for now (its template or task was edited)"
     file = folder / "summary.json"
     try:
@@ -106,7 +123,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="keep runs that ended on their own (their <output>/<run>/summary.json says so); run the rest",
+        help="keep runs that ended on their own (their <output>/<run>/summary.json says so) and ran what the "
+        "sweep asks for now (their run.yaml); run the rest",
     )
     p.add_argument("--task-file", help="BenchmarkTask YAML to use instead of the catalog")
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")

@@ -82,9 +82,14 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     assert f"{RUNS[1]}: succeeded" in text
     assert f"{RUNS[2]}: succeeded" in text
     assert RunSummary.model_validate_json(interrupted.read_text()).status != "aborted"
-    # the template edited (another goal): every run is another configuration now, and runs again
+    # the template's runPolicy edited: nothing a local run uses, every run kept
     edited = yaml.safe_load(study.read_text())
     edited["spec"]["template"]["runPolicy"] = {"maxRestarts": 1}
+    study.write_text(yaml.safe_dump(edited))
+    assert sweep.main([*args, "--resume"]) == 0
+    assert capsys.readouterr().out.count("skipped:") == len(RUNS)
+    # the template edited (another bucketing): every run is another configuration now, and runs again
+    edited["spec"]["template"]["bucketing"] = "by-layer"
     study.write_text(yaml.safe_dump(edited))
     assert sweep.main([*args, "--resume"]) == 0
     text = capsys.readouterr().out
@@ -127,11 +132,20 @@ RAN: list[dict[str, Any]] = [
 ]
 
 
+def test_resume_keeps_a_run_whose_cluster_only_fields_were_edited(tmp_path: Path) -> None:
+    """runPolicy, scheduling and image place and police pods; a local run uses none of them."""
+    run = fake_run(tmp_path, "run", ttg=10.0)
+    (run / "run.yaml").write_text(yaml.safe_dump_all(RAN))
+    now = [{**RAN[0], "spec": {**RAN[0]["spec"], "runPolicy": {"maxRestarts": 1}, "image": "x:1"}}]
+    assert sweep.resumable(run, now)[0] == "kept"
+
+
 @pytest.mark.parametrize(
     ("ran", "why"),
     [
         (None, "no run.yaml yet"),
         ([{**RAN[0], "spec": {**RAN[0]["spec"], "seed": 2}}], "is not the run the sweep asks for now"),
+        ({"not": "a list of documents"}, "is not the run the sweep asks for now"),
         ([{"kind": "BenchmarkTask", "metadata": {"name": "tiny"}}, *RAN], "is not the run the sweep asks for now"),
     ],
 )
