@@ -96,6 +96,22 @@ def test_the_run_deadline_may_be_lowered_not_raised_or_removed(
         api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
+def test_a_sweep_template_deadline_may_be_raised(kube_api: Any, namespace: str) -> None:
+    """A template has no pods: its runPolicy edits apply to the runs created afterwards (docs/sweeps.md)."""
+    api = _api(kube_api)
+    template = {"taskRef": {"name": "cifar10-resnet20"}, "runPolicy": {"activeDeadlineSeconds": 600}}
+    sweep = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "BenchmarkSweep",
+        "metadata": {"name": "longer"},
+        "spec": {"template": template, "matrix": {"seeds": [1, 2]}},
+    }
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "benchmarksweeps", sweep)
+    patch = {"spec": {"template": {"runPolicy": {"activeDeadlineSeconds": 7200}}}}
+    patched = api.patch_namespaced_custom_object(GROUP, VERSION, namespace, "benchmarksweeps", "longer", patch)
+    assert patched["spec"]["template"]["runPolicy"]["activeDeadlineSeconds"] == 7200
+
+
 def test_a_deadline_may_be_set_on_a_run_that_had_none(kube_api: Any, namespace: str) -> None:
     api = _api(kube_api)
     _create(api, namespace, "nodeadline")

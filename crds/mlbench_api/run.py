@@ -240,8 +240,8 @@ class RunPolicy(ApiModel):
     active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = Field(
         default=None,
         description="Seconds from status.startTime (admission; a dataset fetch counts) until the run fails with "
-        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline. Once set it may be lowered, not raised "
-        "or removed (every pod carries it).",
+        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline. On a run, once set it may be lowered, "
+        "not raised or removed (every pod carries it).",
     )
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     """Gang restarts allowed, 0 to 100 (default 3): any failed pod restarts every pod; the next failure after this
@@ -274,6 +274,9 @@ DEADLINE_ONLY_LOWERED_RULE = (
     "(has(self.runPolicy) && has(self.runPolicy.activeDeadlineSeconds) && "
     "self.runPolicy.activeDeadlineSeconds <= oldSelf.runPolicy.activeDeadlineSeconds)"
 )
+
+#: The reason of a refused transition (an immutable field, a raised deadline).
+FORBIDDEN = "FieldValueForbidden"
 
 #: Fields of the spec that may change after creation; everything else is immutable.
 MUTABLE_SPEC_FIELDS = ("runPolicy",)
@@ -312,9 +315,11 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "slotsPerWorker must not exceed resources.gpu",
             ".slotsPerWorker",
         ),
-        cel(_immutability_rule(cls), "spec is immutable except runPolicy", reason="FieldValueForbidden"),
-        cel(
-            DEADLINE_ONLY_LOWERED_RULE, DEADLINE_ONLY_LOWERED, ".runPolicy.activeDeadlineSeconds", "FieldValueForbidden"
+        cel(_immutability_rule(cls), "spec is immutable except runPolicy", reason=FORBIDDEN),
+        *(
+            [cel(DEADLINE_ONLY_LOWERED_RULE, DEADLINE_ONLY_LOWERED, ".runPolicy.activeDeadlineSeconds", FORBIDDEN)]
+            if getattr(cls, "PODS_CARRY_THE_DEADLINE", True)
+            else []
         ),
     ]
 
@@ -340,6 +345,9 @@ class BenchmarkRunSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=_spec_rules)
     #: algorithmParameters may hold only spec.algorithm's parameters (a sweep's template: any of its runs').
     PARAMETERS_OF_ITS_ALGORITHM: ClassVar[bool] = True
+    #: Its pods carry runPolicy.activeDeadlineSeconds, so it may only be lowered (a sweep's template has no
+    #: pods: its edits apply to the runs created afterwards).
+    PODS_CARRY_THE_DEADLINE: ClassVar[bool] = True
 
     task_ref: TaskRef
     """The BenchmarkTask to run."""

@@ -156,6 +156,7 @@ class SweepTemplate(BenchmarkRunSpec):
     of every algorithm the sweep runs, and each run keeps its own algorithm's."""
 
     PARAMETERS_OF_ITS_ALGORITHM: ClassVar[bool] = False
+    PODS_CARRY_THE_DEADLINE: ClassVar[bool] = False
 
     algorithm_parameters: AlgorithmParameters | None = None
     """Parameters of template.algorithm and of every algorithm of matrix.algorithms (powersgd: rank, warmStart;
