@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import hashlib
 import http.client
 import json
@@ -292,18 +293,41 @@ def leftovers(dest: Path) -> list[Path]:
     return sorted(p for p in dest.parent.iterdir() if p.name.startswith(prefixes))
 
 
+@contextlib.contextmanager
+def only_fetch_of(dest: Path) -> Iterator[None]:
+    """An exclusive lock on ``.<name>.lock`` beside ``dest`` for the block. The operator runs one Job per
+    dataset and namespace, whose pods do not overlap, but two Jobs may still fetch one path (two dataset
+    names for the same data, an open-division override naming an existing path): the second waits for
+    the first. The kernel (or the NFS server, after its lease) releases a killed holder's lock."""
+    with dest.with_name(f".{dest.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
     """Make ``req.dest`` hold the verified data. Returns False when it was already there.
 
-    One fetch of a destination at a time (the operator runs one Job per dataset and namespace, whose pods
-    do not overlap), so what earlier fetches left beside it is removed first."""
-    for stale in leftovers(req.dest):
-        shutil.rmtree(stale, ignore_errors=True)
+    Under :func:`only_fetch_of`, so what earlier fetches of the path left beside it is removed first."""
     if already_there(req):
         return False
     parent = req.dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
+        with only_fetch_of(req.dest):
+            return _fetch_alone(req, timeout)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _volume_full(req, parent) from exc
+        raise FetchError(FetchReason.FETCH_FAILED, f"cannot prepare {parent}: {exc}") from exc
+
+
+def _fetch_alone(req: FetchRequest, timeout: float) -> bool:
+    for stale in leftovers(req.dest):
+        shutil.rmtree(stale, ignore_errors=True)
+    if already_there(req):  # the fetch this one waited for put the same data there
+        return False
+    parent = req.dest.parent
+    try:
         work = Path(tempfile.mkdtemp(prefix=f".{req.dest.name}.fetch-", dir=parent))
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

@@ -22,7 +22,15 @@ import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
-from mlbench_runner.fetch import FetchError, FetchRequest, _describe_url_error, cut_short, fetch, marker_path
+from mlbench_runner.fetch import (
+    FetchError,
+    FetchRequest,
+    _describe_url_error,
+    cut_short,
+    fetch,
+    marker_path,
+    only_fetch_of,
+)
 
 from .helpers import env
 
@@ -92,6 +100,11 @@ def tarball(members: dict[str, bytes], links: dict[str, tuple[str, bytes]] | Non
 def serve(server: Server, name: str, data: bytes) -> str:
     (server.root / name).write_bytes(data)
     return server.url(name)
+
+
+def written(folder: Path) -> list[str]:
+    """What a fetch left in ``folder`` besides its lock file (empty, kept: see fetch.only_fetch_of)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -250,6 +263,33 @@ def test_what_a_killed_fetch_left_is_removed_by_the_next(server: Server, tmp_pat
     assert leftovers(tmp_path / "data") == [".other.fetch-xyz"]
 
 
+def test_a_second_fetch_of_the_same_path_waits_for_the_first(server: Server, tmp_path: Path) -> None:
+    """Two Jobs may fetch one path (two dataset names, an override naming an existing path): the second
+    neither removes the first's work folder nor races it; it waits, then finds its way clear."""
+    data = b"same"
+    dest = tmp_path / "data" / "d"
+    dest.parent.mkdir()
+    live = dest.parent / ".d.fetch-live"  # the first fetch's download, in progress
+    live.mkdir()
+    done = threading.Event()
+    req = FetchRequest(url=serve(server, "f", data), sha256=sha(data), dest=dest)
+
+    def fetch_then_say_so() -> None:
+        fetch(req)
+        done.set()
+
+    second = threading.Thread(target=fetch_then_say_so)
+    with only_fetch_of(dest):
+        second.start()
+        time.sleep(0.5)
+        assert not done.is_set()
+        assert live.exists()
+    second.join(timeout=30)
+    assert done.is_set()
+    assert dest.read_bytes() == data
+    assert leftovers(dest.parent) == []
+
+
 def test_a_fetch_stopped_by_sigterm_removes_its_partial_download(tmp_path: Path) -> None:
     """A deleted Job pod or its deadline: SIGTERM (the fetcher is the container's PID 1, which ignores a
     signal it has no handler for) ends the download and removes what it had written."""
@@ -341,7 +381,7 @@ def test_unsafe_archives_are_refused_before_anything_is_written(
     assert info.value.reason is FetchReason.FETCH_FAILED
     assert needle in info.value.message
     assert not dest.exists()
-    assert sorted(p.name for p in (tmp_path / "vol").iterdir()) == []
+    assert written(tmp_path / "vol") == []
     assert not (tmp_path / "evil").exists()
 
 
@@ -413,4 +453,4 @@ def test_a_full_volume_while_unpacking(server: Server, tiny_volume: Path) -> Non
         fetch(req)
     assert info.value.reason is FetchReason.VOLUME_FULL
     assert "volume pvc-x" in info.value.message
-    assert sorted(p.name for p in tiny_volume.iterdir()) == []
+    assert written(tiny_volume) == []
