@@ -554,7 +554,8 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
         for patch in kube.patches():
             written.update(patch)
         live = {**body, "status": written}  # as kopf's body is once the watch echoed the writes
-        assert not handlers._needs_daemon(body=live, namespace="ns", name="r1", memo=memo)
+        needs: Any = handlers._needs_daemon
+        assert not needs(body=live, namespace="ns", name="r1", memo=memo)
         stopped.event.set()  # kopf stops it once _needs_daemon no longer holds
         await asyncio.wait_for(task, 5)
 
