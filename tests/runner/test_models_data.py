@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import shutil
 import tarfile
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -374,3 +378,95 @@ def test_tokens_well_formed(text: bytes, ok: bool) -> None:
     from mlbench_runner.data import tabular
 
     assert tabular._tokens_well_formed(text) is ok
+
+
+# -- memory and cache keys of the data path ------------------------------------------------------------------
+
+
+def test_dense_block_labels_do_not_hold_the_number_table() -> None:
+    """A view of the labels kept the block's whole float64 table alive until the file was parsed (for epsilon,
+    13 GB beside the 3.2 GB of float32 features)."""
+    from mlbench_runner.data import tabular
+
+    dense = tabular._dense_block(b"1 1:0.5 2:0.25\n-1 1:1 2:2\n")
+    assert dense is not None
+    assert dense[0].base is None
+    assert dense[0].tolist() == [1.0, -1.0]
+
+
+def _peak_bytes(fn: Any) -> int:
+    """The peak of traced allocations (numpy's included) while ``fn`` runs."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_channel_stats_match_numpy_without_a_float64_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_runner.data import cifar
+
+    x = np.random.default_rng(0).integers(0, 256, size=(2000, 3, 32, 32), dtype=np.uint8)
+    flat = x.transpose(1, 0, 2, 3).reshape(3, -1)
+    mean, std = cifar.channel_stats(x)
+    np.testing.assert_allclose(mean, flat.mean(axis=1, dtype=np.float64), rtol=1e-12)
+    np.testing.assert_allclose(std, flat.std(axis=1, dtype=np.float64), rtol=1e-12)
+    monkeypatch.setattr(cifar, "STATS_CHUNK", 128)
+    assert _peak_bytes(lambda: cifar.channel_stats(x)) < 2 * x.nbytes  # the whole-array way: about 9x
+
+
+def test_a_saved_cache_is_read_back_not_held_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoding rank held the decoded arrays while it read the saved copy back (8 GB for epsilon, not 4)."""
+    from mlbench_runner.data.base import cached_arrays
+
+    size = 8 << 20
+
+    def decode() -> dict[str, Any]:
+        return {"arrays": {"x": np.ones(size // 4, dtype=np.float32)}}
+
+    out: dict[str, Any] = {}
+    peak = _peak_bytes(lambda: out.update(cached_arrays(tmp_path / "c", tmp_path, ["x"], decode, mmap=False)))
+    assert out["arrays"]["x"].nbytes == size
+    assert peak < 1.5 * size
+
+
+def test_an_image_folder_cache_follows_its_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image replaced or added below train/<class>/ leaves the folder's own mtime alone: the cache must
+    still see it (it kept serving the old images); two folders of one name do not share a cache."""
+    from PIL import Image
+
+    from mlbench_runner.data import cifar
+
+    monkeypatch.setenv("MLBENCH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "a" / "imgs"
+    for split in ("train", "test"):
+        for c, cls in enumerate(("airplane", "automobile")):
+            (folder / split / cls).mkdir(parents=True)
+            Image.fromarray(np.full((32, 32, 3), 50 * c, dtype=np.uint8)).save(folder / split / cls / "0.png")
+    top = folder.stat().st_mtime_ns
+    first = cifar.load_image_archive(folder)
+    Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(folder / "train" / "airplane" / "1.png")
+    os.utime(folder, ns=(top, top))  # as if nothing had changed at the top
+    second = cifar.load_image_archive(folder)
+    assert (len(first.y_train), len(second.y_train)) == (2, 3)
+    other = tmp_path / "b" / "imgs"
+    shutil.copytree(folder, other)
+    assert cifar._cache_dir(other) != cifar._cache_dir(folder)
+
+
+@pytest.mark.parametrize(
+    ("labels", "refused"),
+    [("1 -1", None), ("+1 -1", None), ("1 0", None), ("1 1", None), ("1 2", "labels 1, 2"), ("3 -1", "labels -1, 3")],
+)
+def test_libsvm_labels_are_binary(tmp_path: Path, labels: str, refused: str | None) -> None:
+    """Anything but -1/+1 or 0/1 is refused by name: {1, 2} became all +1, one class, silently."""
+    first, second = labels.split()
+    (tmp_path / "f").write_text(f"{first} 1:0.5\n{second} 1:1\n")
+    if refused is None:
+        assert sorted(parse_libsvm(tmp_path / "f")[1].tolist()) == sorted(
+            [1.0 if float(v) > 0 else -1.0 for v in (first, second)]
+        )
+    else:
+        with pytest.raises(ValueError, match=f"dataset.path: .*: {refused}: a binary task reads -1/\\+1 or 0/1"):
+            parse_libsvm(tmp_path / "f")
