@@ -187,6 +187,13 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
                 f"spec.overrides: {', '.join(refused)} may not be overridden in the closed division "
                 f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
             )
+        model = overrides.model
+        if model is not None and task.model_spec is not None and model.name is not task.model_spec.name:
+            # an overridable model lets a closed run pick the task's variant (ResNet m1/m2, its depth), not swap it
+            raise OverrideNotAllowed(
+                f"spec.overrides.model.name: the closed division allows only a variant of the task's "
+                f"{task.model_spec.name.value}, got {model.name.value}"
+            )
         source = overrides.dataset_source
         if source is not None and task.dataset.source is not None and source.sha256 != task.dataset.source.sha256:
             raise OverrideNotAllowed(

@@ -62,6 +62,12 @@ def test_closed_division_applies_listed_override() -> None:
     assert get_task("cifar10-resnet20").spec.model.depth == 20  # the catalog is not mutated
 
 
+def test_closed_division_model_override_picks_a_variant_not_another_model() -> None:
+    """Task 1a lists model as overridable for ResNet's m1/m2 and depth; logistic regression is not 1a."""
+    with pytest.raises(OverrideNotAllowed, match=r"spec\.overrides\.model\.name: .* variant of the task's resnet"):
+        _config("cifar10-resnet20", overrides={"model": {"name": "logistic-regression"}})
+
+
 def test_open_division_accepts_any_override() -> None:
     cfg = _config(
         "cifar10-resnet20-smoke", workers=2, overrides={"maxEpochs": 7, "learningRate": 0.01, "trainSubset": 100}
