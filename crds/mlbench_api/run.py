@@ -168,8 +168,10 @@ class RunOverrides(ApiModel):
     """Replaces training.optimizer."""
     batch_size_per_worker: Annotated[int, Field(ge=1, le=65536)] | None = None
     """Replaces training.batchSizePerWorker (samples per step per rank)."""
-    learning_rate: Annotated[float, Field(gt=0, le=10)] | None = Field(
-        default=None, description="Replaces the per-sample rate (multistep), alpha (inverse-sqrt) or the value."
+    learning_rate: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
+        default=None,
+        description="Replaces the per-sample rate (multistep, at most 10), alpha (inverse-sqrt: 2a's are 200 to "
+        "800) or the value; up to 1e6, then checked against the schedule's own bound.",
     )
     momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
     """Replaces training.momentum."""

@@ -77,6 +77,19 @@ def test_open_division_accepts_any_override() -> None:
     assert cfg.lr.peak_lr == pytest.approx(0.01 * 32 * 2)
 
 
+@pytest.mark.parametrize(
+    ("task", "rate", "ok"), [("epsilon-logreg-synthetic", 400.0, True), ("cifar10-resnet20-smoke", 40.0, False)]
+)
+def test_a_learning_rate_override_is_bounded_by_its_schedule(task: str, rate: float, ok: bool) -> None:
+    """2a's alpha is 200 to 800 (the spec tunes it over 0.001 to 1000): an override must reach it; a multistep
+    per-sample rate stays at most 10, refused by the task's own rule with the field named."""
+    if ok:
+        assert _config(task, overrides={"learningRate": rate}).lr.alpha == rate
+    else:
+        with pytest.raises(InvalidOverride, match=r"perSample"):
+            _config(task, overrides={"learningRate": rate})
+
+
 def test_override_that_breaks_a_cross_field_rule_is_refused() -> None:
     with pytest.raises(InvalidOverride, match=r"spec\.overrides: .*training\.learningRate\.milestones"):
         _config("cifar10-resnet20-smoke", overrides={"maxEpochs": 2})
