@@ -31,6 +31,14 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$"
 
 
+def re2_search(pattern: str, text: str) -> bool:
+    """Whether ``text`` matches ``pattern`` as the API server's RE2 finds it (an OpenAPI ``pattern``, CEL's
+    ``matches``): searched, unanchored, and ``$`` only at the very end. Python's ``$`` also matches before
+    a final newline, so ``"4Gi\\n"`` or a name ``"r1\\n"`` passed here and was refused there. The patterns
+    of this package use ``$`` only as that anchor."""
+    return re.search(pattern.replace("$", r"\Z"), text) is not None
+
+
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, Any]:
     """One ``x-kubernetes-validations`` entry (a CEL rule evaluated by the API server)."""
     entry: dict[str, Any] = {"rule": rule, "message": message}
@@ -63,7 +71,7 @@ class ApiModel(BaseModel):
 
 
 def _check_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.match(QUANTITY, value):
+    if isinstance(value, str) and not re2_search(QUANTITY, value):
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
     if not isinstance(value, str) and value < 0:
         raise ValueError("a quantity must not be negative")

@@ -80,10 +80,16 @@ def _structural(node: Any) -> Any:
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
     if node.get("x-kubernetes-int-or-string"):
-        pattern = next((o.get("pattern") for o in node.get("anyOf", []) if "pattern" in o), None)
+        # a structural schema allows only the bare types under anyOf: the branches' own checks move up, where
+        # the server applies each to the values it fits (pattern to a string, minimum to a number)
+        branches = node.get("anyOf", [])
+        pattern = next((o.get("pattern") for o in branches if "pattern" in o), None)
+        minimum = next((o.get("minimum") for o in branches if "minimum" in o), None)
         node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
         if pattern:
             node["pattern"] = pattern
+        if minimum is not None:
+            node["minimum"] = minimum
     if "properties" in node and "type" not in node:
         node["type"] = "object"
     return node

@@ -549,13 +549,12 @@ class BenchmarkRun(ApiModel):
 
     @model_validator(mode="after")
     def _name(self) -> BenchmarkRun:
-        import re
 
-        from mlbench_api.common import DNS1035_LABEL
+        from mlbench_api.common import DNS1035_LABEL, re2_search
 
         name = self.metadata.name
         if len(name) > MAX_RUN_NAME:
             raise ValueError(f"metadata.name: at most {MAX_RUN_NAME} characters so pod names stay valid DNS labels")
-        if not re.match(DNS1035_LABEL, name):
+        if not re2_search(DNS1035_LABEL, name):
             raise ValueError("metadata.name: must be a DNS-1035 label (lowercase letter first; a-z, 0-9, '-')")
         return self

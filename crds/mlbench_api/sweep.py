@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -24,7 +23,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from pydantic.json_schema import JsonDict
 
 from mlbench_api.catalog import strict_validate
-from mlbench_api.common import API_VERSION, DNS1035_LABEL, GROUP, ApiModel, Condition, ObjectMeta, cel
+from mlbench_api.common import API_VERSION, DNS1035_LABEL, GROUP, ApiModel, Condition, ObjectMeta, cel, re2_search
 from mlbench_api.errors import format_errors
 from mlbench_api.run import (
     DDP_NEEDS_TORCH_BACKEND,
@@ -271,7 +270,7 @@ class BenchmarkSweep(ApiModel):
         name = self.metadata.name
         if len(name) > MAX_RUN_NAME:
             raise ValueError(f"metadata.name: at most {MAX_RUN_NAME} characters (it starts the names of its runs)")
-        if not re.match(DNS1035_LABEL, name):
+        if not re2_search(DNS1035_LABEL, name):
             raise ValueError("metadata.name: must be a DNS-1035 label (lowercase letter first; a-z, 0-9, '-')")
         return self
 

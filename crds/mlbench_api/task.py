@@ -7,7 +7,6 @@ YAML in ``manifests/catalog`` (see ``mlbench_api.catalog``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -15,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlbench_api.common import API_VERSION, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel
+from mlbench_api.common import API_VERSION, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel, re2_search
 
 
 class Division(StrEnum):
@@ -213,7 +212,7 @@ class DatasetSpec(ApiModel):
 
 def path_under_data_root(path: str | None) -> bool:
     """True for ``/data/<something>`` without ``.``/``..`` segments: the fetcher writes only inside the volume."""
-    return path is not None and bool(re.match(_UNDER_DATA, path)) and not re.search(_DOT_SEGMENT, path)
+    return path is not None and re2_search(_UNDER_DATA, path) and not re2_search(_DOT_SEGMENT, path)
 
 
 class Schedule(StrEnum):

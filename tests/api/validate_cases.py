@@ -107,4 +107,19 @@ CASES = [
         accepted=False,
         mention="document 2: invalid YAML",
     ),
+    # quantities and names as the server's RE2 and its numeric checks read them
+    Case("negative-integer-cpu", RUN + "  resources: {cpu: -2}\n", accepted=False, mention="spec.resources.cpu"),
+    Case("integer-cpu", RUN + "  resources: {cpu: 2, memory: 4294967296}\n", accepted=True),
+    Case(
+        "quantity-with-a-final-newline",
+        RUN + '  resources: {memory: "4Gi\\n"}\n',
+        accepted=False,
+        mention="spec.resources.memory",
+    ),
+    Case(
+        "name-with-a-final-newline",
+        RUN.replace("name: case", 'name: "case\\n"'),
+        accepted=False,
+        mention="metadata.name",
+    ),
 ]
