@@ -36,7 +36,7 @@ from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effectiv
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
-from mlbench_api.sweep import BenchmarkSweep
+from mlbench_api.sweep import BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
@@ -225,10 +225,25 @@ def _tasks_in(files: list[_File]) -> dict[str, BenchmarkTask | None]:
     return tasks
 
 
+def sweep_admission_problems(sweep: BenchmarkSweep, tasks: Mapping[str, BenchmarkTask | None], where: str) -> list[str]:
+    """What the operator's admission would refuse in the runs a schema-valid sweep creates (a closed task's
+    algorithms, overrides): each problem once, with the runs it fails (the API server accepts the sweep, and
+    the operator then fails those runs one by one)."""
+    failing: dict[str, list[str]] = {}
+    for run in expand(sweep):
+        for problem in admission_problems(BenchmarkRun.model_validate(run.to_api()), tasks, where):
+            failing.setdefault(problem, []).append(run.name)
+    out = []
+    for problem, names in failing.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"run{'s' if len(names) > 1 else ''} {shown}: {problem}")
+    return out
+
+
 def _admit(files: list[_File]) -> None:
-    """Add the admission problems of every schema-valid run: its task is one of the files' (as applying
-    them would create it) or the catalog's."""
-    runs = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun)]
+    """Add the admission problems of every schema-valid run, and of the runs of every schema-valid sweep: its
+    task is one of the files' (as applying them would create it) or the catalog's."""
+    runs = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun | BenchmarkSweep)]
     if not runs:
         return
     local = _tasks_in(files)
@@ -239,11 +254,17 @@ def _admit(files: list[_File]) -> None:
         catalog, where = {}, "the files given (no catalog found; set $MLBENCH_CATALOG)"
     tasks: dict[str, BenchmarkTask | None] = {**catalog, **local}
     for checked in runs:
-        assert isinstance(checked.obj, BenchmarkRun)
-        checked.problems = admission_problems(checked.obj, tasks, where)
+        obj = checked.obj
+        if isinstance(obj, BenchmarkSweep):
+            checked.problems = sweep_admission_problems(obj, tasks, where)
+            task_name = obj.spec.template.task_ref.name
+        else:
+            assert isinstance(obj, BenchmarkRun)
+            checked.problems = admission_problems(obj, tasks, where)
+            task_name = obj.spec.task_ref.name
         if not checked.problems:
-            origin = "the files given" if checked.obj.spec.task_ref.name in local else "the catalog"
-            checked.detail = f" (task {checked.obj.spec.task_ref.name} from {origin})"
+            origin = "the files given" if task_name in local else "the catalog"
+            checked.detail = f" (task {task_name} from {origin})"
 
 
 def _which(doc: Document, multi: bool) -> str:

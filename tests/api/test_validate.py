@@ -286,6 +286,39 @@ def test_a_task_in_the_files_replaces_the_catalogs(tmp_path: Path, validate: Any
     assert result.rc == 0, result.err
 
 
+SWEEP = """\
+apiVersion: mlbench.io/v1alpha1
+kind: BenchmarkSweep
+metadata: {name: study}
+spec:
+  template: {taskRef: {name: TASK}, algorithmParameters: {rank: 4}}
+  matrix: {algorithms: [allreduce-sgd, powersgd], seeds: [1, 2, 3, 4]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("task", "refused"),
+    [
+        ("cifar10-resnet20-smoke", None),  # open division: any algorithm
+        ("cifar10-resnet20", "runs study-psgd-s1, study-psgd-s2, study-psgd-s3 and 1 more: spec.algorithm: powersgd"),
+        ("no-such-task", "runs study-ar-s1, study-ar-s2, study-ar-s3 and 5 more: spec.taskRef.name: no BenchmarkTask"),
+    ],
+)
+def test_a_sweep_is_checked_as_the_operator_admits_its_runs(
+    tmp_path: Path, validate: Any, task: str, refused: str | None
+) -> None:
+    """The API server accepts the sweep; the operator would then fail the runs its closed task does not
+    allow (or whose task does not exist), one by one: validate says so, once per problem."""
+    result = validate(_write(tmp_path, SWEEP.replace("TASK", task)))
+    if refused is None:
+        assert result.rc == 0, result.err
+        assert f"(task {task} from the catalog)" in result.out
+    else:
+        assert result.rc == 1
+        assert refused in result.err
+        assert result.err.count("BenchmarkSweep study:") == 1
+
+
 def test_a_run_of_an_invalid_task_in_the_files(tmp_path: Path, validate: Any) -> None:
     task = TASK.replace("maxEpochs: 10", 'maxEpochs: "10"')
     text = task + "---\n" + RUN.replace("cifar10-resnet20-smoke", "case-task")
