@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlbench_api.common import API_VERSION, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel, re2_search
+from mlbench_api.common import API_VERSION, DNS1123_SUBDOMAIN, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel, re2_search
 
 
 class Division(StrEnum):
@@ -719,4 +719,6 @@ class BenchmarkTask(ApiModel):
                 f"metadata.name: at most {MAX_LABEL_VALUE} characters, as runs label their pods with it "
                 "(mlbench.io/task)"
             )
+        if not re2_search(DNS1123_SUBDOMAIN, self.metadata.name):  # the API server's rule for every object name
+            raise ValueError("metadata.name: must be a DNS-1123 subdomain (lowercase a-z, 0-9, '-' and '.')")
         return self

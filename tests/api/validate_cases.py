@@ -108,6 +108,9 @@ CASES = [
         mention="document 2: invalid YAML",
     ),
     # quantities and names as the server's RE2 and its numeric checks read them
+    Case(
+        "task-name-not-dns", TASK.replace("name: case-task", "name: Case_Task"), accepted=False, mention="metadata.name"
+    ),
     Case("negative-integer-cpu", RUN + "  resources: {cpu: -2}\n", accepted=False, mention="spec.resources.cpu"),
     Case("integer-cpu", RUN + "  resources: {cpu: 2, memory: 4294967296}\n", accepted=True),
     Case(
