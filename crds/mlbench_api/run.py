@@ -185,7 +185,7 @@ class RunOverrides(ApiModel):
     """Replaces training.maxEpochs (must stay above the warm-up and every milestone)."""
     model: ModelSpec | None = None
     """Replaces the whole model (e.g. another ResNet depth or version)."""
-    train_subset: Annotated[int, Field(ge=1)] | None = None
+    train_subset: Annotated[int, Field(ge=1, le=MAX_SAFE_INT)] | None = None
     """Replaces dataset.trainSubset: train on the first N samples only."""
     dataset: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Replaces dataset.path.")
     dataset_source: DatasetSource | None = Field(
@@ -213,7 +213,7 @@ class Toleration(ApiModel):
     """Taint value to match with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; unset tolerates all effects."""
-    toleration_seconds: int | None = None
+    toleration_seconds: SafeInt | None = None
     """With effect NoExecute: seconds the pod stays bound after the taint appears; unset: forever."""
 
 

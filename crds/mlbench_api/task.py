@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from mlbench_api.common import API_VERSION, DNS1123_SUBDOMAIN, MAX_LABEL_VALUE, ApiModel, ObjectMeta, cel, re2_search
+from mlbench_api.common import (
+    API_VERSION,
+    DNS1123_SUBDOMAIN,
+    MAX_LABEL_VALUE,
+    MAX_SAFE_INT,
+    ApiModel,
+    ObjectMeta,
+    cel,
+    re2_search,
+)
 
 
 class Division(StrEnum):
@@ -76,7 +85,7 @@ class SyntheticData(ApiModel):
     """Number of generated test samples."""
     features: Annotated[int, Field(ge=1, le=100_000)] = 2000
     """Dense features per sample (default 2000, epsilon's dimension)."""
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SAFE_INT)] = 0
     """Seed of the generator: the same seed gives the same data on every rank and every run."""
 
 
@@ -180,10 +189,10 @@ class DatasetSpec(ApiModel):
         default=None,
         description="Download into the namespace's dataset volume before the workers start (exclusive with volume).",
     )
-    train_subset: Annotated[int, Field(ge=1)] | None = Field(
+    train_subset: Annotated[int, Field(ge=1, le=MAX_SAFE_INT)] | None = Field(
         default=None, description="Train on the first N training samples only (smoke runs; changes the benchmark)."
     )
-    test_subset: Annotated[int, Field(ge=1)] | None = Field(
+    test_subset: Annotated[int, Field(ge=1, le=MAX_SAFE_INT)] | None = Field(
         default=None, description="Evaluate on the first N test samples only (smoke runs; changes the benchmark)."
     )
     synthetic: SyntheticData | None = None

@@ -111,6 +111,12 @@ CASES = [
     Case(
         "task-name-not-dns", TASK.replace("name: case-task", "name: Case_Task"), accepted=False, mention="metadata.name"
     ),
+    Case(
+        "train-subset-beyond-2-53",
+        RUN + "  overrides: {trainSubset: 9007199254740992}\n",
+        accepted=False,
+        mention="spec.overrides.trainSubset",
+    ),
     Case("negative-integer-cpu", RUN + "  resources: {cpu: -2}\n", accepted=False, mention="spec.resources.cpu"),
     Case("integer-cpu", RUN + "  resources: {cpu: 2, memory: 4294967296}\n", accepted=True),
     Case(
