@@ -59,8 +59,8 @@ class AdmissionPolicy:
         """``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``, ``MLBENCH_ALLOWED_VOLUME_TYPES``
         (comma-separated; shell-style patterns for images and classes), ``MLBENCH_ALLOW_CONTROL_PLANE`` and
         ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false). Raises :class:`SettingsError` naming the variable."""
-        images = _list(env, "MLBENCH_ALLOWED_IMAGES")
-        classes = _list(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")
+        images = _patterns(env, "MLBENCH_ALLOWED_IMAGES")
+        classes = _patterns(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")
         volumes = _list(env, "MLBENCH_ALLOWED_VOLUME_TYPES")
         return cls(
             images=tuple(normalize_image(i) if i != "*" else i for i in images) if images else DEFAULT_IMAGES,
@@ -84,6 +84,17 @@ def _list(env: Mapping[str, str], key: str) -> list[str]:
     if any(not x for x in items) and any(items):
         raise SettingsError(f"{key}={env.get(key)!r} has an empty entry")
     return [x for x in items if x]
+
+
+def _patterns(env: Mapping[str, str], key: str) -> list[str]:
+    """Shell patterns with ``*`` and ``?`` only: the admission policy (manifests/policy) turns them into
+    regular expressions by escaping ``.`` and replacing those two, so a ``[...]`` class would mean one thing
+    there and another (``[!x]``: not x) in ``fnmatch`` here."""
+    items = _list(env, key)
+    bracketed = [x for x in items if "[" in x or "]" in x]
+    if bracketed:
+        raise SettingsError(f"{key}: {bracketed[0]!r}: only * and ? are wildcards here (no [...] classes)")
+    return items
 
 
 def _matches(value: str, patterns: Iterable[str]) -> bool:

@@ -108,6 +108,9 @@ def test_settings_from_env() -> None:
     [
         ({"MLBENCH_ALLOW_CONTROL_PLANE": "yes"}, "MLBENCH_ALLOW_CONTROL_PLANE"),
         ({"MLBENCH_ALLOWED_IMAGES": "a,,b"}, "MLBENCH_ALLOWED_IMAGES"),
+        # a class means one thing in the admission policy's regex and another in fnmatch: refused
+        ({"MLBENCH_ALLOWED_IMAGES": "docker.io/mlbench/[!x]*"}, r"MLBENCH_ALLOWED_IMAGES: .*only \* and \?"),
+        ({"MLBENCH_ALLOWED_PRIORITY_CLASSES": "batch-[ab]"}, "MLBENCH_ALLOWED_PRIORITY_CLASSES"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], needle: str) -> None:
