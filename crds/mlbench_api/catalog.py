@@ -240,6 +240,17 @@ class Document:
         line, column = self.locate(field)
         return f"{self.source}:{line}:{column}"
 
+    def unlisted(self) -> list[Document]:
+        """The objects kubectl applies for this document: a list's items (``kind: List``, or any ``<Kind>List``
+        with ``items``), one by one and each traced to its own lines; else the document itself."""
+        items = self.data.get("items") if isinstance(self.data, dict) else None
+        if not (isinstance(self.kind, str) and self.kind.endswith("List") and isinstance(items, list)):
+            return [self]
+        nodes, _ = _child(self.node, ["items"])
+        if not isinstance(nodes, yaml.SequenceNode) or len(nodes.value) != len(items):
+            return [Document(self.source, self.index, item, self.node) for item in items]
+        return [Document(self.source, self.index, item, node) for item, node in zip(items, nodes.value, strict=True)]
+
 
 def _child(node: yaml.Node, parts: list[str]) -> tuple[yaml.Node | None, int]:
     """The child of ``node`` that the leading ``parts`` name, and how many parts that took; a key may

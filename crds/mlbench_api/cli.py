@@ -173,7 +173,8 @@ def _problems(model: type[BaseModel], value: object, prefix: str) -> list[str]:
 
 
 def _read(name: str) -> _File:
-    documents, error = read_documents(Path(name))
+    read, error = read_documents(Path(name))
+    documents = [item for doc in read for item in doc.unlisted()]  # kubectl applies a List's items
     out = _File(name, multi=len(documents) > 1 or (error is not None and bool(documents)))
     out.checked = [_check_document(doc) for doc in documents if not doc.empty]
     if error is not None:

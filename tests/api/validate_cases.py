@@ -107,6 +107,22 @@ CASES = [
         accepted=False,
         mention="document 2: invalid YAML",
     ),
+    # a List's items, applied one by one as kubectl applies them
+    Case(
+        "list-with-an-invalid-item",
+        "apiVersion: v1\nkind: List\nitems:\n- "
+        + TASK.replace("\n", "\n  ").rstrip()
+        + "\n- "
+        + (RUN + "  workers: 0\n").replace("\n", "\n  ").rstrip()
+        + "\n",
+        accepted=False,
+        mention="spec.workers",
+    ),
+    Case(
+        "list-of-valid-items",
+        "apiVersion: v1\nkind: List\nitems:\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
+        accepted=True,
+    ),
     # quantities and names as the server's RE2 and its numeric checks read them
     Case(
         "task-name-not-dns", TASK.replace("name: case-task", "name: Case_Task"), accepted=False, mention="metadata.name"
