@@ -33,10 +33,11 @@ QUANTITY = r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[numkMGTPE])?$"
 
 def re2_search(pattern: str, text: str) -> bool:
     """Whether ``text`` matches ``pattern`` as the API server's RE2 finds it (an OpenAPI ``pattern``, CEL's
-    ``matches``): searched, unanchored, and ``$`` only at the very end. Python's ``$`` also matches before
-    a final newline, so ``"4Gi\\n"`` or a name ``"r1\\n"`` passed here and was refused there. The patterns
-    of this package use ``$`` only as that anchor."""
-    return re.search(pattern.replace("$", r"\Z"), text) is not None
+    ``matches``): searched, unanchored, ``$`` only at the very end, and ``\\d`` only 0-9. Python's ``$`` also
+    matches before a final newline and its ``\\d`` any Unicode digit, so ``"4Gi\\n"``, a name ``"r1\\n"`` or
+    a quantity in Arabic-Indic digits passed here and was refused there. The patterns of this package use
+    ``$`` only as that anchor."""
+    return re.search(pattern.replace("$", r"\Z"), text, flags=re.ASCII) is not None
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, Any]:
@@ -70,7 +71,13 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+#: The longest quantity string the CRDs take.
+MAX_QUANTITY_LENGTH = 64
+
+
 def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and len(value) > MAX_QUANTITY_LENGTH:
+        raise ValueError(f"a quantity is at most {MAX_QUANTITY_LENGTH} characters")
     if isinstance(value, str) and not re2_search(QUANTITY, value):
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
     if not isinstance(value, str) and value < 0:
@@ -85,7 +92,10 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": QUANTITY, "maxLength": 64}],
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": QUANTITY, "maxLength": MAX_QUANTITY_LENGTH},
+            ],
         }
     ),
 ]

@@ -83,13 +83,11 @@ def _structural(node: Any) -> Any:
         # a structural schema allows only the bare types under anyOf: the branches' own checks move up, where
         # the server applies each to the values it fits (pattern to a string, minimum to a number)
         branches = node.get("anyOf", [])
-        pattern = next((o.get("pattern") for o in branches if "pattern" in o), None)
-        minimum = next((o.get("minimum") for o in branches if "minimum" in o), None)
         node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-        if pattern:
-            node["pattern"] = pattern
-        if minimum is not None:
-            node["minimum"] = minimum
+        for check in ("pattern", "maxLength", "minimum"):
+            value = next((o[check] for o in branches if check in o), None)
+            if value is not None:
+                node[check] = value
     if "properties" in node and "type" not in node:
         node["type"] = "object"
     return node

@@ -64,6 +64,17 @@ def test_schema_is_structural(plural: str) -> None:
             assert "maxItems" in node, f"{path}: CEL cost estimation needs maxItems"
 
 
+@pytest.mark.parametrize("plural", ["benchmarkruns", "benchmarksweeps"])
+def test_a_quantity_keeps_its_branches_checks(plural: str) -> None:
+    """The structural rewrite leaves bare types under anyOf; each branch's own check moves up to the node,
+    where the server applies it to the values it fits: cpu: -2 was stored, then failed InvalidSpec."""
+    quantities = [node for _, node in _walk(_schema(plural)) if node.get("x-kubernetes-int-or-string")]
+    assert quantities
+    for node in quantities:
+        assert (node["minimum"], node["maxLength"]) == (0, 64)
+        assert node["pattern"].startswith("^")
+
+
 def test_names_scope_and_categories() -> None:
     tasks, runs = _load("benchmarktasks"), _load("benchmarkruns")
     assert tasks["spec"]["scope"] == "Cluster"
