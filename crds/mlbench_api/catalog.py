@@ -242,14 +242,18 @@ class Document:
 
     def unlisted(self) -> list[Document]:
         """The objects kubectl applies for this document: a list's items (``kind: List``, or any ``<Kind>List``
-        with ``items``), one by one and each traced to its own lines; else the document itself."""
+        with ``items``), one by one, a list inside a list flattened too, each traced to its own lines; else
+        the document itself."""
         items = self.data.get("items") if isinstance(self.data, dict) else None
         if not (isinstance(self.kind, str) and self.kind.endswith("List") and isinstance(items, list)):
             return [self]
         nodes, _ = _child(self.node, ["items"])
         if not isinstance(nodes, yaml.SequenceNode) or len(nodes.value) != len(items):
-            return [Document(self.source, self.index, item, self.node) for item in items]
-        return [Document(self.source, self.index, item, node) for item, node in zip(items, nodes.value, strict=True)]
+            children = [Document(self.source, self.index, item, self.node) for item in items]
+        else:
+            pairs = zip(items, nodes.value, strict=True)
+            children = [Document(self.source, self.index, item, node) for item, node in pairs]
+        return [doc for child in children for doc in child.unlisted()]
 
 
 def _child(node: yaml.Node, parts: list[str]) -> tuple[yaml.Node | None, int]:

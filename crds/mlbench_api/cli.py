@@ -36,7 +36,7 @@ from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effectiv
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
-from mlbench_api.sweep import BenchmarkSweep, expand
+from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, SweepMatrix, expand
 from mlbench_api.task import BenchmarkTask
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
@@ -233,12 +233,24 @@ def sweep_admission_problems(sweep: BenchmarkSweep, tasks: Mapping[str, Benchmar
     failing: dict[str, list[str]] = {}
     for run in expand(sweep):
         for problem in admission_problems(BenchmarkRun.model_validate(run.to_api()), tasks, where):
-            failing.setdefault(problem, []).append(run.name)
+            failing.setdefault(_in_sweep(sweep, problem), []).append(run.name)
     out = []
     for problem, names in failing.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        out.append(f"run{'s' if len(names) > 1 else ''} {shown}: {problem}")
+        out.append(f"{problem} (run{'s' if len(names) > 1 else ''} {shown})")
     return out
+
+
+def _in_sweep(sweep: BenchmarkSweep, problem: str) -> str:
+    """A run's ``spec.<field>...: message`` with the sweep's field that set it: its matrix list when the
+    matrix lists it (``spec.matrix.algorithms``), else the template's (``spec.template.overrides``)."""
+    match = re.match(r"spec\.(\w+)", problem)
+    if match is None:
+        return problem
+    listed = {k for k, v in (sweep.spec.matrix or SweepMatrix()) if v is not None}
+    key = MATRIX_FIELD.get(match.group(1))
+    field = f"spec.matrix.{key}" if key in listed else f"spec.template.{match.group(1)}"
+    return field + problem[match.end() :]
 
 
 def _admit(files: list[_File]) -> None:

@@ -315,14 +315,15 @@ def _points(spec: BenchmarkSweepSpec) -> list[Point]:
 
 
 #: Which matrix list supplies each run spec field.
-_MATRIX_FIELD = {"workers": "workers", "seed": "seeds", "algorithm": "algorithms", "backend": "backends"}
+#: A run spec field a sweep's matrix may vary, and the matrix list that varies it.
+MATRIX_FIELD = {"workers": "workers", "seed": "seeds", "algorithm": "algorithms", "backend": "backends"}
 
 
 def _culprit(spec: BenchmarkSweepSpec, run_field: str) -> str:
     """The sweep field to name for a run spec field that failed: its matrix list when the matrix lists it (for
     algorithm/backend pairs, the other one's list when only that one is listed), else the template's field."""
     listed = {k for k, v in (spec.matrix or SweepMatrix()) if v is not None}
-    key = _MATRIX_FIELD.get(run_field)
+    key = MATRIX_FIELD.get(run_field)
     if key in listed:
         return f"matrix.{key}"
     partner = {"algorithm": "backends", "backend": "algorithms"}.get(run_field)

@@ -300,8 +300,8 @@ spec:
     ("task", "refused"),
     [
         ("cifar10-resnet20-smoke", None),  # open division: any algorithm
-        ("cifar10-resnet20", "runs study-psgd-s1, study-psgd-s2, study-psgd-s3 and 1 more: spec.algorithm: powersgd"),
-        ("no-such-task", "runs study-ar-s1, study-ar-s2, study-ar-s3 and 5 more: spec.taskRef.name: no BenchmarkTask"),
+        ("cifar10-resnet20", ":6:24: BenchmarkSweep study: spec.matrix.algorithms: powersgd is not allowed"),
+        ("no-such-task", ":5:30: BenchmarkSweep study: spec.template.taskRef.name: no BenchmarkTask 'no-such-task'"),
     ],
 )
 def test_a_sweep_is_checked_as_the_operator_admits_its_runs(
@@ -317,6 +317,7 @@ def test_a_sweep_is_checked_as_the_operator_admits_its_runs(
         assert result.rc == 1
         assert refused in result.err
         assert result.err.count("BenchmarkSweep study:") == 1
+        assert " more)\n" in result.err  # the runs it fails, last
 
 
 def test_a_run_of_an_invalid_task_in_the_files(tmp_path: Path, validate: Any) -> None:

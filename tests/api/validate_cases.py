@@ -119,6 +119,14 @@ CASES = [
         mention="spec.workers",
     ),
     Case(
+        "list-in-a-list",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: List\n  items:\n  - "
+        + (RUN + "  workers: 0\n").replace("\n", "\n    ").rstrip()
+        + "\n",
+        accepted=False,
+        mention="spec.workers",
+    ),
+    Case(
         "list-of-valid-items",
         "apiVersion: v1\nkind: List\nitems:\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
         accepted=True,
@@ -135,6 +143,18 @@ CASES = [
     ),
     Case("negative-integer-cpu", RUN + "  resources: {cpu: -2}\n", accepted=False, mention="spec.resources.cpu"),
     Case("integer-cpu", RUN + "  resources: {cpu: 2, memory: 4294967296}\n", accepted=True),
+    Case(
+        "quantity-in-arabic-indic-digits",
+        RUN + '  resources: {memory: "\u0664Gi"}\n',
+        accepted=False,
+        mention="spec.resources.memory",
+    ),
+    Case(
+        "quantity-longer-than-64",
+        RUN + f'  resources: {{memory: "{"1" * 65}"}}\n',
+        accepted=False,
+        mention="spec.resources.memory",
+    ),
     Case(
         "quantity-with-a-final-newline",
         RUN + '  resources: {memory: "4Gi\\n"}\n',
