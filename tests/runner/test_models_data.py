@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tarfile
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -453,6 +454,16 @@ def test_an_image_folder_cache_follows_its_images(tmp_path: Path, monkeypatch: p
     other = tmp_path / "b" / "imgs"
     shutil.copytree(folder, other)
     assert cifar._cache_dir(other) != cifar._cache_dir(folder)
+    # replaced with the same size and its old mtime restored (as tar and cp -p do): the change time says so
+    image = folder / "train" / "automobile" / "0.png"
+    before, stat = cifar._cache_dir(folder), image.stat()
+    time.sleep(0.01)
+    image.write_bytes(image.read_bytes()[::-1])
+    os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cifar._cache_dir(folder) != before
+    after = cifar._cache_dir(folder)
+    (folder / "train" / "README.txt").write_text("not an image")  # what the loader does not read: no new key
+    assert cifar._cache_dir(folder) == after
 
 
 @pytest.mark.parametrize(

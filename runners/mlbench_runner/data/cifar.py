@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import re
 import tarfile
@@ -221,10 +222,25 @@ def _cache_dir(path: Path) -> Path:
         stamp = f"{path.name}-{st.st_size}-{int(st.st_mtime)}"
     else:
         where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-        files = [f.stat() for f in path.rglob("*") if f.is_file()]
-        size, newest = sum(st.st_size for st in files), max((st.st_mtime_ns for st in files), default=0)
+        files = list(_image_stats(path))
+        size = sum(st.st_size for st in files)
+        # the newest change time as well: unpacking a tarball or `cp -p` restores old mtimes, never ctimes
+        newest = max((max(st.st_mtime_ns, st.st_ctime_ns) for st in files), default=0)
         stamp = f"{path.name}-dir-{where}-{len(files)}-{size}-{newest}"
     return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", stamp)
+
+
+def _image_stats(folder: Path, prefix: str = "") -> Iterator[os.stat_result]:
+    """The stat of every image file the loader reads under ``folder`` (``train|test/<class>/<image>``), one
+    ``scandir`` per directory: about 0.2 s for CIFAR-10's 60k files, where ``rglob`` and two stats a file
+    took 0.8 s, on every rank of every run."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            name = f"{prefix}{entry.name}"
+            if entry.is_dir(follow_symlinks=True):
+                yield from _image_stats(Path(entry.path), f"{name}/")
+            elif entry.is_file(follow_symlinks=True) and _IMAGE.search(name):
+                yield entry.stat(follow_symlinks=True)
 
 
 def load_image_archive(path: Path) -> TensorDataset:
