@@ -300,7 +300,13 @@ def only_fetch_of(dest: Path) -> Iterator[None]:
     names for the same data, an open-division override naming an existing path): the second waits for
     the first. The kernel (or the NFS server, after its lease) releases a killed holder's lock."""
     with dest.with_name(f".{dest.name}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            # a volume without locks (some NFS mounts): fetch unlocked, as before locks were taken
+            print(json.dumps({"event": "dataset_lock_unsupported", "dest": str(dest), "error": str(exc)}), flush=True)
         yield
 
 

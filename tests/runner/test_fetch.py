@@ -290,6 +290,23 @@ def test_a_second_fetch_of_the_same_path_waits_for_the_first(server: Server, tmp
     assert leftovers(dest.parent) == []
 
 
+def test_a_volume_without_locks_still_fetches(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Some NFS mounts refuse flock (ENOLCK): the fetch goes on unlocked, and says so."""
+    import errno
+    import fcntl
+
+    def no_locks(*_: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    data = b"unlocked"
+    assert fetch(FetchRequest(url=serve(server, "f", data), sha256=sha(data), dest=tmp_path / "d"))
+    assert (tmp_path / "d").read_bytes() == data
+    assert '"event": "dataset_lock_unsupported"' in capsys.readouterr().out
+
+
 def test_a_fetch_stopped_by_sigterm_removes_its_partial_download(tmp_path: Path) -> None:
     """A deleted Job pod or its deadline: SIGTERM (the fetcher is the container's PID 1, which ignores a
     signal it has no handler for) ends the download and removes what it had written."""
