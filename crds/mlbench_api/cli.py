@@ -256,8 +256,8 @@ def _in_sweep(sweep: BenchmarkSweep, problem: str) -> str:
 def _admit(files: list[_File]) -> None:
     """Add the admission problems of every schema-valid run, and of the runs of every schema-valid sweep: its
     task is one of the files' (as applying them would create it) or the catalog's."""
-    runs = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun | BenchmarkSweep)]
-    if not runs:
+    admitted = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun | BenchmarkSweep)]
+    if not admitted:
         return
     local = _tasks_in(files)
     try:
@@ -266,7 +266,7 @@ def _admit(files: list[_File]) -> None:
     except FileNotFoundError:
         catalog, where = {}, "the files given (no catalog found; set $MLBENCH_CATALOG)"
     tasks: dict[str, BenchmarkTask | None] = {**catalog, **local}
-    for checked in runs:
+    for checked in admitted:
         obj = checked.obj
         if isinstance(obj, BenchmarkSweep):
             checked.problems = sweep_admission_problems(obj, tasks, where)
