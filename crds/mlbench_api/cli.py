@@ -36,7 +36,7 @@ from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effectiv
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
-from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, SweepMatrix, expand
+from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
@@ -247,9 +247,8 @@ def _in_sweep(sweep: BenchmarkSweep, problem: str) -> str:
     match = re.match(r"spec\.(\w+)", problem)
     if match is None:
         return problem
-    listed = {k for k, v in (sweep.spec.matrix or SweepMatrix()) if v is not None}
     key = MATRIX_FIELD.get(match.group(1))
-    field = f"spec.matrix.{key}" if key in listed else f"spec.template.{match.group(1)}"
+    field = f"spec.matrix.{key}" if key in sweep.spec.listed() else f"spec.template.{match.group(1)}"
     return field + problem[match.end() :]
 
 

@@ -195,6 +195,10 @@ class BenchmarkSweepSpec(ApiModel):
     """Continue (default: a failed run does not stop the others) or Stop (no further run is created after a
     failure)."""
 
+    def listed(self) -> set[str]:
+        """The matrix dimensions this sweep varies (``algorithms``, ``seeds``, ...)."""
+        return {k for k, v in (self.matrix or SweepMatrix()) if v is not None}
+
     @model_validator(mode="after")
     def _expansion(self) -> BenchmarkSweepSpec:
         matrix = self.matrix or SweepMatrix()
@@ -322,7 +326,7 @@ MATRIX_FIELD = {"workers": "workers", "seed": "seeds", "algorithm": "algorithms"
 def _culprit(spec: BenchmarkSweepSpec, run_field: str) -> str:
     """The sweep field to name for a run spec field that failed: its matrix list when the matrix lists it (for
     algorithm/backend pairs, the other one's list when only that one is listed), else the template's field."""
-    listed = {k for k, v in (spec.matrix or SweepMatrix()) if v is not None}
+    listed = spec.listed()
     key = MATRIX_FIELD.get(run_field)
     if key in listed:
         return f"matrix.{key}"
@@ -392,7 +396,7 @@ def run_labels(sweep: str, point: Point, sweep_labels: dict[str, str] | None = N
 def expand(sweep: BenchmarkSweep) -> list[SweepRun]:
     """Every run of the sweep, in order (workers, algorithms, backends, seeds; seeds innermost)."""
     spec, name = sweep.spec, sweep.metadata.name
-    listed = {k for k, v in (spec.matrix or SweepMatrix()) if v is not None}
+    listed = spec.listed()
     runs = [
         SweepRun(
             name=run_name(name, _slug(point, listed)),

@@ -465,9 +465,7 @@ def stop_processes(
         tree = set(tree) | process_tree(procs)  # before the wait reaps any: an orphan's parent is then unknown
         _wait_all(procs, settle, cut)
         tree |= process_tree(procs)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
+        _terminate_running(procs)
         _wait_all(procs, grace, cut)
         tree |= process_tree(procs)
         for proc in procs:

@@ -82,11 +82,10 @@ def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None
     A run is kept only when it ran what the sweep asks for now (its ``run.yaml`` holds ``documents``, but
     for :data:`CLUSTER_ONLY` fields: a run's name says only its matrix point, and an edited template, task
     or goal would otherwise leave other configurations' results in the study, scored as this one) and
-    ended by its own decision: its
-    summary says success or goal-not-reached, or it diverged (the same seed diverges again, and MLPerf
-    scores it as a run that did not converge; it stays a failed run). A run that was interrupted or
-    crashed (aborted for an error), or left no readable summary, runs again: that is what ``--resume`` is
-    for.
+    ended by its own decision: its summary says success or goal-not-reached, or it diverged (the same seed
+    diverges again, and MLPerf scores it as a run that did not converge; it stays a failed run). A run
+    that was interrupted or crashed (aborted for an error), or left no readable summary, runs again: that
+    is what ``--resume`` is for.
     """
     try:
         ran = list(yaml.safe_load_all((folder / "run.yaml").read_text()))
@@ -94,7 +93,7 @@ def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None
         return None, "no run.yaml yet"
     except (OSError, yaml.YAMLError) as exc:
         return None, f"{folder / 'run.yaml'} is not readable ({type(exc).__name__})"
-    if not isinstance(ran, list) or not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
+    if not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
         return None, f"{folder / 'run.yaml'} is not the run the sweep asks for now (its template or task was edited)"
     file = folder / "summary.json"
     try:
