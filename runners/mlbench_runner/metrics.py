@@ -101,7 +101,10 @@ class RunnerMetrics:
             start_http_server(port, registry=self.registry)
 
     def observe_steps(self, steps: list[StepTiming], samples_per_step: int) -> None:
+        """Count every step done; time only the timed ones (an untimed step is not a zero-second one)."""
         for step in steps:
+            if not step.timed:
+                continue
             for phase, seconds in step.phases.items():
                 self.phase_seconds.labels(phase).inc(seconds)
             self.step_duration.observe(step.total)

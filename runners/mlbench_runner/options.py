@@ -152,7 +152,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "MLBENCH_PHASE_TIMING",
         "phase_timing",
-        "0: no per-phase timing at all (only to measure the timer's own cost)",
+        "0: no per-phase timing (only to measure the timer's own cost); steps are still counted",
         default="1",
         choices=("0", "1"),
         convert=_flag,

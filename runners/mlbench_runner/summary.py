@@ -85,10 +85,11 @@ class SummaryBuilder:
         self.result: RunSummary | None = None
 
     def add_steps(self, steps: list[StepTiming]) -> None:
-        for step in steps:
+        timed = [step for step in steps if step.timed]
+        for step in timed:
             for phase, seconds in step.phases.items():
                 self.totals[phase] += seconds
-        self.steps_timed += len(steps)
+        self.steps_timed += len(timed)
 
     def add_evaluation(self, seconds: float) -> None:
         self.evaluation += seconds

@@ -31,13 +31,19 @@ class StepTiming:
     def total(self) -> float:
         return sum(self.phases.values())
 
+    @property
+    def timed(self) -> bool:
+        """False for a step run with the phase timer off: it counts as done, its times are unknown."""
+        return bool(self.phases)
+
 
 class PhaseTimer:
     """Collects :class:`StepTiming` records; ``flush`` returns the ones that are resolved."""
 
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.cuda = device.type == "cuda"
-        #: Off (``MLBENCH_PHASE_TIMING=0``) only to measure what timing itself costs: no step is recorded.
+        #: Off (``MLBENCH_PHASE_TIMING=0``) only to measure what timing itself costs: steps are still
+        #: counted (progress, ``mlbench_steps_total``) but come back with no phases, as untimed.
         self.enabled = enabled
         self._current: StepTiming | None = None
         self._pending_cuda: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
@@ -46,9 +52,8 @@ class PhaseTimer:
 
     def start_step(self, step: int) -> None:
         self._current = StepTiming(step)
-        if self.enabled:
-            self._steps[step] = self._current
-            self._open[step] = 0
+        self._steps[step] = self._current
+        self._open[step] = 0
 
     def end_step(self) -> None:
         self._current = None

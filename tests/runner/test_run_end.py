@@ -106,3 +106,31 @@ def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until
     summary = RunSummary.model_validate_json((tmp_path / "again" / "summary.json").read_text())
     assert (summary.status, summary.stop_reason) == ("aborted", "diverged")
     assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
+
+
+@pytest.mark.parametrize("phase_timing", [True, False])
+def test_steps_are_counted_with_the_phase_timer_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase_timing: bool
+) -> None:
+    """``MLBENCH_PHASE_TIMING=0`` drops the phase times, not the steps: ``mlbench_steps_total`` (the operator's
+    progress and stall detection) still counts every step; the step histogram and the summary's phase means
+    get nothing rather than zero-second steps."""
+    from mlbench_runner import train
+
+    config = make_config(logreg_task(batch=10, epochs=2, train=100, features=8), tmp_path / "out", 1)
+    registries: list[train.RunnerMetrics] = []
+    made = train.RunnerMetrics
+
+    def keep(*args: object, **kwargs: object) -> train.RunnerMetrics:
+        registries.append(made(*args, **kwargs))  # type: ignore[arg-type]
+        return registries[-1]
+
+    monkeypatch.setattr(train, "RunnerMetrics", keep)
+    Trainer(config, SINGLE, Options(phase_timing=phase_timing)).run()
+    registry = registries[0].registry
+    assert registry.get_sample_value("mlbench_steps_total") == 20  # 2 epochs of 100 samples in batches of 10
+    assert registry.get_sample_value("mlbench_samples_total") == 200
+    timed_steps = registry.get_sample_value("mlbench_step_duration_seconds_count")
+    assert timed_steps == (20 if phase_timing else 0)
+    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    assert (summary.samples_per_second > 0) is phase_timing
