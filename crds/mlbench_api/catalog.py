@@ -7,6 +7,7 @@ clusters with kustomize), so the local runner and the operator read the same num
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import os
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mlbench_api.common import GROUP, KINDS
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun
 from mlbench_api.task import BenchmarkTask
@@ -196,6 +198,8 @@ class Document:
     index: int
     data: Any
     node: yaml.Node
+    #: why kubectl refuses this document as it stands (a list's item it will not apply), else ""
+    refused: str = ""
 
     @property
     def empty(self) -> bool:
@@ -241,19 +245,62 @@ class Document:
         return f"{self.source}:{line}:{column}"
 
     def unlisted(self) -> list[Document]:
-        """The objects kubectl applies for this document: a list's items (``kind: List``, or any ``<Kind>List``
-        with ``items``), one by one, a list inside a list flattened too, each traced to its own lines; else
-        the document itself."""
-        items = self.data.get("items") if isinstance(self.data, dict) else None
-        if not (isinstance(self.kind, str) and self.kind.endswith("List") and isinstance(items, list)):
+        """The objects kubectl applies for this document, one by one, each traced to its own lines: the
+        items of a ``v1 List`` or of an MLBench ``<Kind>List``, else the document itself.
+
+        As kubectl 1.34 does (each rule checked against it): a list's ``items`` must be a list (missing,
+        null or a mapping: refused); a null item is refused; a list is not flattened twice (a list inside
+        a list is refused); an item of a ``<Kind>List`` with neither ``apiVersion`` nor ``kind`` takes the
+        list's, and is checked as a ``<Kind>`` whatever it says. Another API group's lists are that group's
+        objects (not checked). A refused item comes back with ``refused`` set."""
+        data = self.data
+        plain = isinstance(data, dict) and data.get("apiVersion") == "v1" and self.kind == "List"
+        typed = self.typed_list_of()
+        if not plain and typed is None:
             return [self]
+        items = data.get("items")
+        if "items" not in data:
+            return [self.refuse("items: Field required (a list's objects)")]
+        if not isinstance(items, list):
+            return [self.refuse(f"items: expected a list of objects, got {_yaml_type(items)}")]
         nodes, _ = _child(self.node, ["items"])
-        if not isinstance(nodes, yaml.SequenceNode) or len(nodes.value) != len(items):
-            children = [Document(self.source, self.index, item, self.node) for item in items]
-        else:
-            pairs = zip(items, nodes.value, strict=True)
-            children = [Document(self.source, self.index, item, node) for item, node in pairs]
-        return [doc for child in children for doc in child.unlisted()]
+        item_nodes = nodes.value if isinstance(nodes, yaml.SequenceNode) else []
+        if len(item_nodes) != len(items):
+            item_nodes = [self.node] * len(items)
+        children = []
+        for i, (item, node) in enumerate(zip(items, item_nodes, strict=True)):
+            child = Document(self.source, self.index, _inherit(item, data, typed), node)
+            problem = child.not_a_mapping() if not isinstance(item, dict) else _misplaced(child.kind, typed)
+            children.append(child.refuse(f"items.{i}: {problem}") if problem else child)
+        return children
+
+    def typed_list_of(self) -> str | None:
+        """``BenchmarkRun`` for an MLBench ``BenchmarkRunList`` (and so on); else None."""
+        api_version = self.data.get("apiVersion") if isinstance(self.data, dict) else None
+        if not (isinstance(api_version, str) and api_version.split("/")[0] == GROUP and isinstance(self.kind, str)):
+            return None
+        kind = self.kind.removesuffix("List")
+        return kind if kind != self.kind and kind in KINDS else None
+
+    def refuse(self, problem: str) -> Document:
+        return dataclasses.replace(self, refused=problem)
+
+
+def _misplaced(kind: Any, typed: str | None) -> str:
+    """Why an item of a ``<typed>List`` (or of a ``v1 List``: ``typed`` None) cannot be in it, else ""."""
+    if typed is not None and kind != typed:
+        return f"kind: expected {typed} (an item of a {typed}List), got {kind!r}"
+    if typed is None and isinstance(kind, str) and kind.endswith("List"):
+        return f"kind: a {kind} inside a List (kubectl does not apply a list inside a list)"
+    return ""
+
+
+def _inherit(item: Any, listed: dict[str, Any], typed: str | None) -> Any:
+    """A typed list's item with neither ``apiVersion`` nor ``kind`` takes them from the list, as kubectl's
+    list decoder does (the API server's own lists leave them out)."""
+    if typed is None or not isinstance(item, dict) or item.get("apiVersion") or item.get("kind"):
+        return item
+    return {"apiVersion": listed["apiVersion"], "kind": typed, **item}
 
 
 def _child(node: yaml.Node, parts: list[str]) -> tuple[yaml.Node | None, int]:
@@ -279,6 +326,10 @@ def _yaml_type(value: Any) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
     return type(value).__name__
 
 

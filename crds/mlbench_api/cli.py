@@ -135,6 +135,8 @@ class _File:
 def _check_document(doc: Document) -> _Checked:
     """What the API server says about one document."""
     data = doc.data
+    if doc.refused:
+        return _Checked(doc, problems=[doc.refused])
     if not isinstance(data, dict):
         return _Checked(doc, problems=[doc.not_a_mapping()])
     api_version, kind = data.get("apiVersion"), data.get("kind")
@@ -176,7 +178,7 @@ def _read(name: str) -> _File:
     read, error = read_documents(Path(name))
     documents = [item for doc in read for item in doc.unlisted()]  # kubectl applies a List's items
     out = _File(name, multi=len(documents) > 1 or (error is not None and bool(documents)))
-    out.checked = [_check_document(doc) for doc in documents if not doc.empty]
+    out.checked = [_check_document(doc) for doc in documents if not doc.empty or doc.refused]
     if error is not None:
         out.error = [f"{error.source}: {problem}" for problem in error.problems]
     elif not out.checked:

@@ -17,6 +17,8 @@ from pydantic.alias_generators import to_camel
 GROUP = "mlbench.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+#: The kinds of the API group (each also has its ``<Kind>List``).
+KINDS = ("BenchmarkRun", "BenchmarkTask", "BenchmarkSweep")
 
 #: DNS-1035 label: what a Service name (the run's headless Service) must be.
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

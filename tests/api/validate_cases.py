@@ -119,17 +119,73 @@ CASES = [
         mention="spec.workers",
     ),
     Case(
+        "list-of-valid-items",
+        "apiVersion: v1\nkind: List\nitems:\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
+        accepted=True,
+    ),
+    # kubectl does not flatten twice: a valid run inside a List inside a List is refused
+    Case(
         "list-in-a-list",
         "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: List\n  items:\n  - "
-        + (RUN + "  workers: 0\n").replace("\n", "\n    ").rstrip()
+        + RUN.replace("\n", "\n    ").rstrip()
         + "\n",
+        accepted=False,
+        mention="items.0: kind: a List inside a List",
+    ),
+    Case(
+        "typed-list-in-a-list",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: mlbench.io/v1alpha1\n"
+        "  kind: BenchmarkRunList\n  items:\n  - " + RUN.replace("\n", "\n    ").rstrip() + "\n",
+        accepted=False,
+        mention="a BenchmarkRunList inside a List",
+    ),
+    Case(
+        "list-with-a-null-item",
+        "apiVersion: v1\nkind: List\nitems:\n- null\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
+        accepted=False,
+        mention="items.0: expected a Kubernetes object (a mapping), got null",
+    ),
+    Case(
+        "list-items-null", "apiVersion: v1\nkind: List\nitems: null\n", accepted=False, mention="items: expected a list"
+    ),
+    Case("list-items-missing", "apiVersion: v1\nkind: List\n", accepted=False, mention="items: Field required"),
+    Case("list-items-a-mapping", "apiVersion: v1\nkind: List\nitems: {}\n", accepted=False, mention="got a mapping"),
+    Case("list-items-empty", "apiVersion: v1\nkind: List\nitems: []\n", accepted=False, mention="no objects"),
+    # a typed list: its items may leave out apiVersion and kind (as the API server's own lists do) and take
+    # the list's; an item of another kind is refused
+    Case(
+        "typed-list-items-take-the-lists-kind",
+        "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- metadata: {name: case}\n"
+        "  spec:\n    taskRef: {name: cifar10-resnet20-smoke}\n",
+        accepted=True,
+    ),
+    Case(
+        "typed-list-item-checked-as-its-kind",
+        "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- metadata: {name: case}\n"
+        "  spec:\n    taskRef: {name: cifar10-resnet20-smoke}\n    workers: 0\n",
         accepted=False,
         mention="spec.workers",
     ),
     Case(
-        "list-of-valid-items",
-        "apiVersion: v1\nkind: List\nitems:\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
-        accepted=True,
+        "typed-list-item-of-another-kind",
+        "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- "
+        + RUN.replace("\n", "\n  ").rstrip()
+        + "\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: cm}\n",
+        accepted=False,
+        mention="items.1: kind: expected BenchmarkRun",
+    ),
+    Case(
+        "typed-list-item-without-kind",
+        "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- apiVersion: mlbench.io/v1alpha1\n"
+        "  metadata: {name: case}\n  spec:\n    taskRef: {name: cifar10-resnet20-smoke}\n",
+        accepted=False,
+        mention="items.0: kind: expected BenchmarkRun",
+    ),
+    Case(
+        "typed-list-items-null",
+        "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems: null\n",
+        accepted=False,
+        mention="items: expected a list",
     ),
     # quantities and names as the server's RE2 and its numeric checks read them
     Case(
