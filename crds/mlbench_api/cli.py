@@ -32,12 +32,12 @@ from mlbench_api.catalog import (
     strict_validate,
 )
 from mlbench_api.common import GROUP
-from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
+from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config, local_task
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
-from mlbench_api.task import BenchmarkTask
+from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
@@ -186,14 +186,17 @@ def _read(name: str) -> _File:
     return out
 
 
-def admission_problems(run: BenchmarkRun, tasks: Mapping[str, BenchmarkTask | None], where: str) -> list[str]:
+def admission_problems(
+    run: BenchmarkRun, tasks: Mapping[str, BenchmarkTask | None], where: str, *, local: bool = False
+) -> list[str]:
     """What the operator's admission would refuse in a schema-valid run (the API server accepts it).
 
     Mirrors ``mlbench_operator.reconcile.admit``: the task must exist (``tasks``: those of the
     files given, then the catalog's; None for one that failed validation) and be valid, and the
     effective configuration (closed-division overrides, the overridden task's own rules) must
     form. Not checked: the cluster admin's admission policy (allowed images, volumes,
-    scheduling), which only the operator's settings know.
+    scheduling), which only the operator's settings know. ``local``: the configuration as
+    ``mlbench run --local`` forms it instead (:func:`mlbench_api.config.local_task`).
     """
     name = run.spec.task_ref.name
     if name not in tasks:
@@ -205,16 +208,30 @@ def admission_problems(run: BenchmarkRun, tasks: Mapping[str, BenchmarkTask | No
     task = tasks[name]
     if task is None:
         return [f"spec.taskRef.name: BenchmarkTask {name!r} is invalid (see above); the run would fail {INVALID_TASK}"]
+    refused = _config_problem(run, name, local_task(task.spec, run) if local else task.spec)
+    if refused is None:
+        return []
+    problem, reason = refused
+    if local:
+        return [f"{problem}; `mlbench run --local` would refuse it"]
+    hint = ""
+    if _config_problem(run, name, local_task(task.spec, run)) is None:
+        hint = " (a local run reads an overridden dataset path as it is: `mlbench run --local` runs it; see --local)"
+    return [f"{problem}; the operator would fail the run {reason}{hint}"]
+
+
+def _config_problem(run: BenchmarkRun, name: str, spec: BenchmarkTaskSpec) -> tuple[str, str] | None:
+    """Why no configuration forms for ``run`` of task ``spec``, and the reason the operator fails the run
+    for it; None when one forms."""
     try:
-        effective_config(run, name, task.spec)
+        effective_config(run, name, spec)
     except OverrideNotAllowed as exc:
-        return [f"{exc}; the operator would fail the run {OVERRIDE_NOT_ALLOWED}"]
+        return str(exc), OVERRIDE_NOT_ALLOWED
     except AlgorithmNotAllowed as exc:
-        return [f"{exc}; the operator would fail the run {ALGORITHM_NOT_ALLOWED}"]
+        return str(exc), ALGORITHM_NOT_ALLOWED
     except ValueError as exc:
-        text = "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc)
-        return [f"{text}; the operator would fail the run {INVALID_CONFIG}"]
-    return []
+        return "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc), INVALID_CONFIG
+    return None
 
 
 def _tasks_in(files: list[_File]) -> dict[str, BenchmarkTask | None]:
@@ -228,13 +245,15 @@ def _tasks_in(files: list[_File]) -> dict[str, BenchmarkTask | None]:
     return tasks
 
 
-def sweep_admission_problems(sweep: BenchmarkSweep, tasks: Mapping[str, BenchmarkTask | None], where: str) -> list[str]:
+def sweep_admission_problems(
+    sweep: BenchmarkSweep, tasks: Mapping[str, BenchmarkTask | None], where: str, *, local: bool = False
+) -> list[str]:
     """What the operator's admission would refuse in the runs a schema-valid sweep creates (a closed task's
     algorithms, overrides): each problem once, with the runs it fails (the API server accepts the sweep, and
     the operator then fails those runs one by one)."""
     failing: dict[str, list[str]] = {}
     for run in expand(sweep):
-        for problem in admission_problems(BenchmarkRun.model_validate(run.to_api()), tasks, where):
+        for problem in admission_problems(BenchmarkRun.model_validate(run.to_api()), tasks, where, local=local):
             failing.setdefault(_in_sweep(sweep, problem), []).append(run.name)
     out = []
     for problem, names in failing.items():
@@ -254,30 +273,31 @@ def _in_sweep(sweep: BenchmarkSweep, problem: str) -> str:
     return field + problem[match.end() :]
 
 
-def _admit(files: list[_File]) -> None:
+def _admit(files: list[_File], *, local: bool = False) -> None:
     """Add the admission problems of every schema-valid run, and of the runs of every schema-valid sweep: its
-    task is one of the files' (as applying them would create it) or the catalog's."""
+    task is one of the files' (as applying them would create it) or the catalog's. ``local``: as
+    ``mlbench run --local`` would form them."""
     admitted = [c for f in files for c in f.checked if isinstance(c.obj, BenchmarkRun | BenchmarkSweep)]
     if not admitted:
         return
-    local = _tasks_in(files)
+    given = _tasks_in(files)
     try:
         directory = catalog_dir()
         catalog, where = load_catalog(directory), f"the files given or the catalog ({directory})"
     except FileNotFoundError:
         catalog, where = {}, "the files given (no catalog found; set $MLBENCH_CATALOG)"
-    tasks: dict[str, BenchmarkTask | None] = {**catalog, **local}
+    tasks: dict[str, BenchmarkTask | None] = {**catalog, **given}
     for checked in admitted:
         obj = checked.obj
         if isinstance(obj, BenchmarkSweep):
-            checked.problems = sweep_admission_problems(obj, tasks, where)
+            checked.problems = sweep_admission_problems(obj, tasks, where, local=local)
             task_name = obj.spec.template.task_ref.name
         else:
             assert isinstance(obj, BenchmarkRun)
-            checked.problems = admission_problems(obj, tasks, where)
+            checked.problems = admission_problems(obj, tasks, where, local=local)
             task_name = obj.spec.task_ref.name
         if not checked.problems:
-            origin = "the files given" if task_name in local else "the catalog"
+            origin = "the files given" if task_name in given else "the catalog"
             checked.detail = f" (task {task_name} from {origin})"
 
 
@@ -319,7 +339,7 @@ def _print(file: _File) -> int:
 def _validate(args: argparse.Namespace) -> int:
     files = [_read(name) for name in args.files]
     if not args.schema_only:
-        _admit(files)
+        _admit(files, local=args.local)
     failed = sum(_print(file) for file in files)
     return 1 if failed else 0
 
@@ -335,7 +355,8 @@ def _config(args: argparse.Namespace) -> int:
     task = next((t for t in local if t.metadata.name == run.spec.task_ref.name), None)
     if task is None:
         task = get_task(run.spec.task_ref.name)
-    print(effective_config(run, task.metadata.name, task.spec).dump())
+    spec = local_task(task.spec, run) if args.local else task.spec
+    print(effective_config(run, task.metadata.name, spec).dump())
     return 0
 
 
@@ -404,10 +425,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only what the API server checks (kubectl apply --dry-run=server): no task lookup, no admission",
     )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="admit runs as `mlbench run --local` forms them (an overridden dataset path is read as it is, "
+        "the task's dataset source dropped) instead of as the operator does",
+    )
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("config", help="print the effective run configuration of a BenchmarkRun")
     p.add_argument("run")
+    p.add_argument("--local", action="store_true", help="as `mlbench run --local` forms it (see validate --local)")
     p.set_defaults(func=_config)
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")

@@ -252,6 +252,17 @@ def goal_target(goal: Goal, light: bool) -> float:
     return goal.light_target if light and goal.light_target is not None else goal.target
 
 
+def local_task(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTaskSpec:
+    """The task as ``mlbench run --local`` uses it: a local run fetches nothing, so a run that overrides the
+    dataset's path (and sets no ``datasetSource``) names where the data already is, and the task's
+    ``dataset.source`` (the operator's fetch into ``/data``, which also requires a path under it) is dropped.
+    On a cluster the same run is refused (``InvalidConfig``: the path must lie under ``/data/``)."""
+    overrides = run.spec.overrides
+    if overrides is None or not overrides.dataset or overrides.dataset_source is not None or task.dataset_spec is None:
+        return task
+    return task.model_copy(update={"dataset_spec": task.dataset_spec.model_copy(update={"source": None})})
+
+
 def effective_config(
     run: BenchmarkRun,
     task_name: str,

@@ -1,9 +1,9 @@
 """``mlbench run <run.yaml> --local``: run a BenchmarkRun on this machine.
 
-The same YAML a user would ``kubectl apply`` is resolved exactly as the operator does
-(catalog task + overrides -> RunConfig), then N local ranks train it: under real
-``mpirun`` with a localhost hostfile (through ``mlbench-runner launch``, the launcher
-pod's own code path) when OpenMPI is installed, otherwise as plain subprocesses with
+The same YAML a user would ``kubectl apply`` is resolved as the operator does (catalog task +
+overrides -> RunConfig; an overridden dataset path is read as it is: ``local_task``), then N local
+ranks train it: under real ``mpirun`` with a localhost hostfile (through ``mlbench-runner launch``,
+the launcher pod's own code path) when OpenMPI is installed, otherwise as plain subprocesses with
 ``RANK``/``WORLD_SIZE`` set. Progress is shown live; the run ends with a results table
 and the result files in ``--output`` (default ``./mlbench-results/<run>``).
 """
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
 from mlbench_api.common import API_VERSION
-from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config
+from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config, local_task
 from mlbench_api.errors import InvalidObject
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
 from mlbench_runner import running, stopping
@@ -143,12 +143,7 @@ def task_file_for(name: str, task_file: str | None, beside: str) -> str | None:
 def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     run = load_run(args.run)
     name = run.spec.task_ref.name
-    spec = load_task(name, task_file_for(name, args.task_file, args.run))
-    overrides = run.spec.overrides
-    if overrides is not None and overrides.dataset and overrides.dataset_source is None:
-        # A local run fetches nothing: an overridden dataset path is where the data already is, so the
-        # task's source (the operator's fetch into /data on a cluster) does not apply here.
-        spec = spec.model_copy(update={"dataset_spec": spec.dataset.model_copy(update={"source": None})})
+    spec = local_task(load_task(name, task_file_for(name, args.task_file, args.run)), run)
     if args.ranks is not None:
         if args.ranks < 1:
             raise LocalRunError("--ranks: must be at least 1")

@@ -349,3 +349,53 @@ def test_config_reports_broken_yaml_cleanly(tmp_path: Path, capsys: pytest.Captu
     path = _write(tmp_path, "kind: [\n")
     assert cli.main(["config", str(path)]) == 1
     assert capsys.readouterr().err.startswith(f"error: {path}:2:1: invalid YAML")
+
+
+#: A run of the catalog's smoke task (its dataset has a source) reading the data from this machine's path.
+LOCAL_DATA = RUN + "  overrides: {dataset: ../shared/datasets/cifar10-jpeg.tar.gz}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "rc", "said"),
+    [
+        # the operator refuses a path outside /data for a sourced dataset; a local run reads it as it is
+        (LOCAL_DATA, [], 1, "the operator would fail the run InvalidConfig (a local run reads an overridden"),
+        (LOCAL_DATA, ["--local"], 0, "valid (task cifar10-resnet20-smoke from the catalog)"),
+        # with its own datasetSource the path is a fetch target on both: refused both ways, no hint
+        (
+            RUN
+            + "  overrides: {dataset: /tmp/x, datasetSource: {url: 'https://example.org/x.tar.gz', sha256: '"
+            + "0" * 64
+            + "'}}\n",
+            ["--local"],
+            1,
+            "`mlbench run --local` would refuse it",
+        ),
+        # a problem --local does not mend gets no hint
+        (
+            RUN.replace("cifar10-resnet20-smoke", "cifar10-resnet20") + "  overrides: {momentum: 0.5}\n",
+            [],
+            1,
+            "the operator would fail the run OverrideNotAllowed\n",
+        ),
+    ],
+)
+def test_local_admits_runs_as_a_local_run_forms_them(
+    tmp_path: Path, validate: Any, text: str, flags: list[str], *, rc: int, said: str
+) -> None:
+    """``mlbench run --local`` drops a sourced dataset's source when the run overrides its path (the data is
+    here); the operator does not. ``validate --local`` says what a local run makes of the file, and plain
+    validate, refusing it for the cluster, says that a local run would take it."""
+    result = validate(*flags, _write(tmp_path, text))
+    assert result.rc == rc, result.text
+    assert said in result.text
+    assert ("a local run reads an overridden dataset path as it is" in result.text) is ("a local run" in said)
+
+
+def test_config_local_drops_the_source_the_operator_keeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, LOCAL_DATA)
+    assert cli.main(["config", "--local", str(path)]) == 0
+    dataset = yaml.safe_load(capsys.readouterr().out)["task"]["dataset"]
+    assert (dataset["path"], dataset.get("source")) == ("../shared/datasets/cifar10-jpeg.tar.gz", None)
+    assert cli.main(["config", str(path)]) == 1
+    assert "path must lie under /data/" in capsys.readouterr().err
