@@ -21,6 +21,7 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v lua5.4 >/dev/null || missing="$$missing lua5.4"; \
+	$(or $(MLBENCH_PYTHON),python3) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  command -v containerd >/dev/null || missing="$$missing containerd"; \
 	  command -v runc >/dev/null || missing="$$missing runc"; \
@@ -30,6 +31,10 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	  dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
 	  command -v podman >/dev/null || missing="$$missing podman"; \
 	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	fi; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" != 0 ]; then \
+	  echo "system-deps: missing Debian packages:$$missing (install them as root: apt-get install$$missing)" >&2; \
+	  exit 1; \
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -44,10 +49,11 @@ $(PYTHON):
 	@$(MAKE) --no-print-directory install
 
 .PHONY: lock
-lock: ## re-pin constraints.txt from the current environment (the optional packages of constraints-plots.txt excluded)
+lock: $(PYTHON) ## re-pin constraints.txt from the current environment (the optional packages of constraints-plots.txt excluded)
 	{ echo "# Exact versions of every Python package (regenerate with \`make lock\`)."; \
 	  $(PYTHON) -m pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)==' \
-	    | grep -viE "^($$(grep -oE '^[A-Za-z0-9_.-]+' constraints-plots.txt | paste -sd'|'))=="; } > constraints.txt
+	    | grep -viE "^($$(grep -oE '^[A-Za-z0-9_.-]+' constraints-plots.txt | paste -sd'|'))=="; } > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
 
 .PHONY: crds
 crds: $(PYTHON) ## regenerate crds/bases from the pydantic models

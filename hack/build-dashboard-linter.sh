@@ -38,14 +38,19 @@ if [[ -x "${BIN}" ]]; then
   echo "${BIN}"
   exit 0
 fi
-if [[ "${1:-}" != "--retry" && -f "${UNAVAILABLE}" ]] \
-  && [[ -n "$(find "${UNAVAILABLE}" -mtime "-${DASHBOARD_LINTER_RETRY_DAYS:-7}" 2>/dev/null)" ]]; then
-  echo "build-dashboard-linter: ${MODULE}@${VERSION} could not be built here (not retried before" \
-    "$(date -d "@$(($(stat -c %Y "${UNAVAILABLE}") + ${DASHBOARD_LINTER_RETRY_DAYS:-7} * 86400))" +%F)," \
-    "or with --retry):" >&2
-  sed 's/^/  /' "${UNAVAILABLE}" >&2
-  exit 2
-fi
+# A registry's recent "no" (kept in UNAVAILABLE) is not asked again for DASHBOARD_LINTER_RETRY_DAYS.
+refused_recently() {
+  if [[ "${RETRY}" != "--retry" && -f "${UNAVAILABLE}" ]] \
+    && [[ -n "$(find "${UNAVAILABLE}" -mtime "-${DASHBOARD_LINTER_RETRY_DAYS:-7}" 2>/dev/null)" ]]; then
+    echo "build-dashboard-linter: ${MODULE}@${VERSION} could not be built here (not retried before" \
+      "$(date -d "@$(($(stat -c %Y "${UNAVAILABLE}") + ${DASHBOARD_LINTER_RETRY_DAYS:-7} * 86400))" +%F)," \
+      "or with --retry):" >&2
+    sed 's/^/  /' "${UNAVAILABLE}" >&2
+    exit 2
+  fi
+}
+RETRY="${1:-}"
+refused_recently
 
 command -v go >/dev/null || export PATH="/usr/local/go/bin:${PATH}"
 command -v go >/dev/null || { echo "build-dashboard-linter: needs Go (go.dev or /usr/local/go)" >&2; exit 1; }
@@ -54,6 +59,15 @@ log() { echo "[build-dashboard-linter $(date +%H:%M:%S)] $*" >&2; }
 start=$(date +%s)
 
 mkdir -p "${DIR}/bin"
+# Clones share the cache dir (and its GOPATH, which a build removes when done): one builds while
+# the others wait, then use its binary or its recorded refusal.
+exec 9>"${DIR}.lock"
+flock 9
+if [[ -x "${BIN}" ]]; then
+  echo "${BIN}"
+  exit 0
+fi
+refused_recently
 # GOPATH (module cache) and GOCACHE live in the cache dir and are removed after a
 # successful build (the binary is all that is kept).
 export GOPATH="${DIR}/gopath" GOCACHE="${DIR}/gocache"

@@ -16,7 +16,7 @@ py=${PY:-3.12}
 env_dir=${XDG_CACHE_HOME:-$HOME/.cache}/mlbench/gpu-rehearsal-py$py-torch$torch_version
 python=$(command -v "python$py" || true)
 if [ -z "$python" ] || ! "$python" -c '' 2>/dev/null; then
-  python=$(find "$HOME/.pyenv/versions" -maxdepth 3 -path "*/$py*/bin/python$py" 2>/dev/null | sort | tail -1)
+  python=$({ find "$HOME/.pyenv/versions" -maxdepth 3 -path "*/$py*/bin/python$py" 2>/dev/null || true; } | sort -V | tail -1)
 fi
 [ -n "$python" ] || { echo "gpu-rehearse: no python$py here" >&2; exit 2; }
 if [ ! -e "$env_dir/.complete" ]; then

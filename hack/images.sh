@@ -153,10 +153,16 @@ ensure_base() {
 # -------------------------------------------------------------- wheelhouse
 # Every wheel both images install, downloaded once per constraints.txt into $CACHE (pip's own
 # cache makes this a copy when the host venv was installed already), so an image build never
-# downloads torch again and needs no index at all.
+# downloads torch again and needs no index at all. The wheels are the images' (CPython 3.11 on
+# bookworm's glibc 2.36, x86_64), whatever Python the host runs.
+WHEEL_TARGET=(--only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 --abi abi3 --abi none)
+for n in $(seq 36 -1 5); do WHEEL_TARGET+=(--platform "manylinux_2_${n}_x86_64"); done
+WHEEL_TARGET+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
+WHEEL_TARGET+=(--platform linux_x86_64 --platform any)
+
 wheelhouse_dir() {
   local key
-  key=$(sha256sum constraints.txt | cut -c1-12)
+  key=$( (cat constraints.txt; printf '%s\n' "${WHEEL_REQUIREMENTS[@]}" "${WHEEL_TARGET[@]}") | sha256sum | cut -c1-12)
   echo "${CACHE}/wheelhouse-${key}"
 }
 
@@ -170,14 +176,16 @@ host_pip() {
 ensure_wheelhouse() {
   local dir
   dir=$(wheelhouse_dir)
+  mkdir -p "$dir"
+  # clones share it: one fills it while the others wait; the lock goes with this subshell's exit
+  exec 8>"${dir}.lock"
+  flock 8
   if [ -f "$dir/.complete" ]; then
     log "wheelhouse: cached ${dir}"
   else
     log "wheelhouse: filling ${dir}"
-    mkdir -p "$dir"
-    # the host is the images' platform (linux x86_64, CPython 3.11, glibc of bookworm); called in
-    # $(...), where errexit is off: a failed download must not be marked complete
-    timed "wheelhouse" host_pip download --quiet --only-binary=:all: --dest "$dir" \
+    # called in $(...), where errexit is off: a failed download must not be marked complete
+    timed "wheelhouse" host_pip download --quiet "${WHEEL_TARGET[@]}" --dest "$dir" \
       --constraint constraints.txt "${WHEEL_REQUIREMENTS[@]}" >&2 || return 1
     touch "$dir/.complete"
   fi

@@ -31,6 +31,21 @@ fi
 
 mkdir -p "${BIN}"
 log() { echo "[build-k8s $(date +%H:%M:%S)] $*" >&2; }
+# Clones share the cache: one builds while the others wait, then find the stamp.
+exec 9>"${CACHE}/.${KEY}.lock"
+flock 9
+if [[ -f "${STAMP}" ]]; then
+  echo "${BIN}"
+  exit 0
+fi
+command -v go >/dev/null || export PATH="/usr/local/go/bin:${PATH}"
+# etcd v3.6 and kwok v0.8 declare `go 1.26.0`; with GOTOOLCHAIN=local an older Go stops at `go get`.
+GO_MIN=1.26
+have_go="$(go env GOVERSION 2>/dev/null | sed 's/^go//')" || have_go=""
+if [[ -z "${have_go}" ]] || [[ "$(printf '%s\n%s\n' "${GO_MIN}" "${have_go}" | sort -V | head -1)" != "${GO_MIN}" ]]; then
+  log "needs Go ${GO_MIN} or newer (found: ${have_go:-none}); see README.md"
+  exit 1
+fi
 start=$(date +%s)
 
 export CGO_ENABLED=0

@@ -12,29 +12,29 @@ k8s-bins:
 	tests/cluster/build-k8s.sh
 
 ## cluster-up: start the local cluster (idempotent); prints the kubeconfig path
-cluster-up: k8s-bins
+cluster-up: k8s-bins $(PYTHON)
 	$(PYTHON) -m tests.cluster up
 
 ## cluster-down: stop every cluster process and wipe etcd data (idempotent)
-cluster-down:
+cluster-down: $(PYTHON)
 	$(PYTHON) -m tests.cluster down
 
 ## cluster-env: eval "$$(make -s cluster-env)" to point kubectl (and ctr: MLBENCH_CONTAINERD_ADDRESS) at the cluster
-cluster-env:
+cluster-env: $(PYTHON)
 	@$(PYTHON) -m tests.cluster env
 
-cluster-status:
+cluster-status: $(PYTHON)
 	$(PYTHON) -m tests.cluster status
 
 ## cluster-import-image: ARCHIVE=img.tar: side-load a docker-archive/OCI tar into the real node's containerd
-cluster-import-image:
+cluster-import-image: $(PYTHON)
 	@test -n "$(ARCHIVE)" || { echo "usage: make cluster-import-image ARCHIVE=path/to/image.tar" >&2; exit 2; }
 	$(PYTHON) -m tests.cluster import-image $(ARCHIVE)
 
 ## test-cluster: tests that need the cluster (the fixture starts/stops it)
-test-cluster: k8s-bins
+test-cluster: k8s-bins $(PYTHON)
 	$(PYTHON) -m pytest tests/cluster tests/test_crds_server.py -m cluster
 
 ## test-realnode: the real node's tests only (pods in containerd, DNS, Services, OOM, volumes)
-test-realnode: k8s-bins
+test-realnode: k8s-bins $(PYTHON)
 	$(PYTHON) -m pytest tests/cluster/test_node.py

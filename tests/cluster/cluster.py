@@ -235,7 +235,7 @@ class LocalCluster:
         """Start the cluster; return True if this call started it, False if
         a healthy one was already running."""
         with self._lock():
-            if self._running_and_healthy():
+            if self._running_and_healthy() and not self._lacks_a_required_node():
                 return False
             self._stop_all()
             bins = ensure_binaries()
@@ -423,6 +423,11 @@ class LocalCluster:
         log.close()
         self._procs[component] = proc
         (self.pids / f"{component}.pid").write_text(f"{proc.pid}\n")
+
+    def _lacks_a_required_node(self) -> bool:
+        """MLBENCH_REAL_NODE=1 and the running cluster was started without the real node (an earlier
+        kwok-only session's): it is started again, with the node or failing with the reason."""
+        return rn.real_node_required() and self.real_node() is None
 
     def _real_node_plan(self) -> str | None:
         """None if this ``up`` runs the real node, else why not (logged, kept in

@@ -17,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,27 +145,39 @@ def source_binary(name: str) -> Path:
     return path
 
 
-def archive_key(name: str) -> str:
-    """Cache key: the image name, its config and the source binary's bytes."""
+def image_layer(name: str) -> bytes:
+    """The one layer of image ``name``: its entries (binary, links, passwd, ...) as a deterministic tar."""
+    binary = source_binary(name)
+    return layer_tar(pause_entries(binary) if name == PAUSE_IMAGE else busybox_entries(binary))
+
+
+def archive_key(name: str, layer: bytes) -> str:
+    """Cache key: the image name, its config and its layer (so an edit of the entries, not only of the
+    source binary, builds the archive again)."""
     h = hashlib.sha256(name.encode())
     h.update(json.dumps(IMAGE_CONFIGS[name], sort_keys=True).encode())
-    h.update(source_binary(name).read_bytes())
+    h.update(layer)
     return h.hexdigest()[:16]
 
 
 def build_archive(name: str, cache: Path) -> tuple[Path, str]:
     """The docker-archive of image ``name`` under ``cache`` (built once per key);
     returns (path, key)."""
-    key = archive_key(name)
+    layer = image_layer(name)
+    key = archive_key(name, layer)
     slug = name.rsplit("/", 1)[-1].replace(":", "-")
     path = cache / f"{slug}-{key}.tar"
     if not path.exists():
-        binary = source_binary(name)
-        entries = pause_entries(binary) if name == PAUSE_IMAGE else busybox_entries(binary)
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(docker_archive(name, layer_tar(entries), IMAGE_CONFIGS[name]))
-        tmp.replace(path)
+        # a name of its own: two sessions may build the same archive at once
+        fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{slug}-", suffix=".tmp")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(docker_archive(name, layer, IMAGE_CONFIGS[name]))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return path, key
 
 
