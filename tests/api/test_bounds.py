@@ -111,9 +111,13 @@ def test_largest_safe_integer_is_accepted(path: str) -> None:
     assert json.loads(summary.termination_message())  # strict JSON again
 
 
-def test_a_parsed_summary_always_dumps_to_strict_json() -> None:
-    summary = RunSummary.from_termination_message(_message(_summary()))
-    json.dumps(summary.model_dump(mode="json", by_alias=True), allow_nan=False)
+@pytest.mark.parametrize("value", [MAX_SAFE_INT, 5e-324, 1.7976931348623157e308, 0.0, -0.0])
+def test_a_parsed_summary_always_dumps_to_strict_json(value: float) -> None:
+    """Extreme finite numbers (the largest safe integer, the smallest subnormal, the largest double) come
+    back from the termination message exactly and dump to strict JSON again."""
+    summary = RunSummary.from_termination_message(_message(_with(_summary(), "wallClockSeconds", value)))
+    dumped = json.dumps(summary.model_dump(mode="json", by_alias=True), allow_nan=False)
+    assert json.loads(dumped)["wallClockSeconds"] == value
 
 
 @pytest.mark.parametrize("text", ["1" * 5000, '{"steps": ' + "9" * 5000 + "}"])

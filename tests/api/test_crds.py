@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -130,4 +134,18 @@ def test_cel_rules_are_present() -> None:
 
 
 def test_generation_is_deterministic() -> None:
-    assert [crd(k) for k in KINDS] == [crd(k) for k in KINDS]
+    """The same models give the same CRDs in any process: set and dict orders that follow string hashing
+    change with PYTHONHASHSEED, which is fixed within one process (so two calls here would agree anyway)."""
+    script = "import json; from mlbench_api.crdgen import KINDS, crd; print(json.dumps([crd(k) for k in KINDS]))"
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outputs) == 1
+    assert json.loads(outputs.pop()) == [crd(k) for k in KINDS]

@@ -159,9 +159,10 @@ def test_a_deleted_launcher_pod_stops_the_ranks_gracefully_and_the_run_restarts(
         text=True,
     )
     try:
-        time.sleep(2)  # `logs -f` is attached
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # the log so far (not empty: an epoch started) is coming: attached
         e2e.kubectl("delete", "pod", launcher, "-n", e2e.namespace, "--wait=false")
-        log = follow.communicate(timeout=120)[0]
+        log = first + follow.communicate(timeout=120)[0]
     finally:
         if follow.poll() is None:
             follow.kill()

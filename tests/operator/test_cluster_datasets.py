@@ -20,11 +20,11 @@ from mlbench_operator import builders, reconcile
 from mlbench_operator import conditions as c
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
-from tests.operator.conftest import TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
+from tests.operator.conftest import SESSION, TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
 
 pytestmark = pytest.mark.cluster
 
-SOURCED_TASK = "optest-sourced"
+SOURCED_TASK = f"optest-sourced-{SESSION}"  # cluster-scoped: one per session sharing the cluster
 PVC = "mlbench-datasets"
 
 

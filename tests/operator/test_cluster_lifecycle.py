@@ -185,13 +185,14 @@ def test_launcher_failure_message_is_shown(runs: Runs) -> None:
 
 def test_deadline_exceeded(runs: Runs) -> None:
     name = "slow"
-    runs.apply(h.run(name, workers=1, runPolicy={"activeDeadlineSeconds": 4}))
+    # long enough that a busy machine sees the run Running before the deadline ends it
+    runs.apply(h.run(name, workers=1, runPolicy={"activeDeadlineSeconds": 15}))
     runs.wait_phase(name, "Running")
     # what is left of the deadline is on every pod, for the kubelet to enforce while the operator is down
     deadlines = {p["metadata"]["name"]: p["spec"].get("activeDeadlineSeconds") for p in runs.pods(name).values()}
     assert set(deadlines) == {f"{name}-worker-0", f"{name}-launcher"}
-    assert all(d is not None and 1 <= d <= 4 for d in deadlines.values()), deadlines
-    status = runs.wait_phase(name, "Failed", timeout=30)
+    assert all(d is not None and 1 <= d <= 15 for d in deadlines.values()), deadlines
+    status = runs.wait_phase(name, "Failed", timeout=45)
     assert cond(status, "Failed")["reason"] == "DeadlineExceeded"
 
 
@@ -340,17 +341,31 @@ def test_clean_pod_policy_edited_after_the_run_finished_applies(runs: Runs) -> N
     assert runs.status(name)["phase"] == "Succeeded"
 
 
+def _running_runs(runs: Runs) -> int:
+    """This session's runs in phase Running, in every namespace (what the package's operator watches)."""
+    listed = runs.cluster.kubectl(
+        "get", "benchmarkruns", "-A", "-l", f"{SESSION_LABEL}={SESSION}", "-o", "json", check=True
+    ).stdout
+    return sum(1 for item in json.loads(listed)["items"] if (item.get("status") or {}).get("phase") == "Running")
+
+
 def test_scale_256_workers_ready(runs: Runs, operator: OperatorProcess) -> None:
     name = "wide"
     before = operator.metric("mlbench_operator_api_requests_total")
+    ready_before = operator.metric("mlbench_operator_workers_ready_seconds_count")
     start = time.monotonic()
     runs.apply(h.run(name, workers=256, resources={"cpu": "10m", "memory": "16Mi"}))
     runs.wait_status(name, lambda s: (s.get("workers") or {}).get("ready") == 256, timeout=240, what="256 ready")
     elapsed = time.monotonic() - start
     runs.wait_phase(name, "Running", timeout=60)
     assert len(runs.pods(name)) == 257
-    assert operator.metric("mlbench_operator_workers_ready_seconds_count") >= 1
-    assert operator.metric("mlbench_operator_runs", phase="Running") >= 1
+    # the operator is shared by the package's tests: this run's own observation, and the gauge as the runs are
+    assert operator.metric("mlbench_operator_workers_ready_seconds_count") == ready_before + 1
+    wait_for(
+        lambda: operator.metric("mlbench_operator_runs", phase="Running") == _running_runs(runs),
+        timeout=30,
+        what="mlbench_operator_runs{phase=Running} counts the Running runs",
+    )
     requests = operator.metric("mlbench_operator_api_requests_total") - before
     # one create per pod plus a bounded number of status writes: coalescing works
     assert requests < 256 + 1 + 60, requests

@@ -88,7 +88,8 @@ def test_pathological_label_set_parses_in_linear_time() -> None:
     assert len(line) < 4096  # short enough to reach the regular expression
     start = time.monotonic()
     assert progress.parse((line + "\n") * 50, NOW) is None
-    assert time.monotonic() - start < 2
+    # a hang guard, not a timing claim: backtracking over 1000 escapes would take hours (it takes ms)
+    assert time.monotonic() - start < 30
 
 
 def test_bounds_follow_the_schema() -> None:

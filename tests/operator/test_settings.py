@@ -230,12 +230,38 @@ def test_startup_keeps_the_config_main_gave(clean_env: pytest.MonkeyPatch) -> No
     assert _selector(settings) == "from=main"
 
 
+class _LateWatch(_SyncedWatch):
+    """A pod watch whose first listing has not come back yet: the test says when it has."""
+
+    def start(self) -> None:
+        _SyncedWatch.started.append(self.namespace)
+
+
 def test_startup_watches_the_pods_of_each_namespace(clean_env: pytest.MonkeyPatch) -> None:
-    """One pod watch per namespace served (one cluster-wide without any), each listed before startup ends."""
+    """One pod watch per namespace served (one cluster-wide without any), and startup ends only once every one
+    has listed its pods (kopf starts the runs' daemons after it: they must find every pod)."""
+    from mlbench_operator import handlers, logs
+
+    clean_env.setattr(logs, "configure", lambda: None)
+    clean_env.setattr(handlers, "PodWatch", _LateWatch)
+    _SyncedWatch.started.clear()
     memo = kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0, namespaces=("a", "b")))
-    _configure(memo, clean_env)
-    assert _SyncedWatch.started == ["a", "b"]
-    assert all(watch.synced.is_set() for watch in memo.pod_watches)
+    fn: Any = getattr(handlers.configure, "__wrapped__", handlers.configure)
+
+    async def startup() -> None:
+        task = asyncio.create_task(fn(settings=kopf.OperatorSettings(), memo=memo))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert _SyncedWatch.started == ["a", "b"]
+        assert not task.done()  # neither has listed
+        memo.pod_watches[0].synced.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not task.done()  # "b" has not
+        memo.pod_watches[1].synced.set()
+        await asyncio.wait_for(task, timeout=5)
+
+    asyncio.run(startup())
     _configure(kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0)), clean_env)
     assert _SyncedWatch.started == [None]
 
