@@ -67,7 +67,8 @@ class Reason(StrEnum):
     ALL_WORKERS_READY = "AllWorkersReady"  #: True: every worker of the current attempt is Ready
     UNSCHEDULABLE = "Unschedulable"  #: False: the scheduler cannot place a worker (its message is shown)
     CONTAINER_WAITING = "ContainerWaiting"  #: False: a worker's container is stuck waiting (ImagePullBackOff...)
-    #: WorkersReady/Running False while the API server refuses a create (403, retried); Failed: a 422
+    #: WorkersReady/Running False while the API server refuses a create (403: quota, webhook; retried);
+    #: Failed: a 422
     CREATE_FAILED = "CreateFailed"
     #: WorkersReady/Running False: a pod, Service, ConfigMap or Secret with the run's name has another owner
     NAME_CONFLICT = "NameConflict"
@@ -98,7 +99,8 @@ class Reason(StrEnum):
     ALGORITHM_NOT_ALLOWED = "AlgorithmNotAllowed"  #: a closed-division run's algorithm the task does not list
     #: the effective configuration is invalid (also when it can no longer be rebuilt after admission)
     INVALID_CONFIG = "InvalidConfig"
-    POLICY_VIOLATION = "PolicyViolation"  #: the admin's admission policy refuses the run
+    #: the admin's admission policy refuses the run, or Pod Security admission its pods (the namespace's level)
+    POLICY_VIOLATION = "PolicyViolation"
     # -- Failed (or Restarted): the run's pods -----------------------------------------------------------------
     INVALID_INPUT = "InvalidInput"  #: the runner refused its input (exit code 2): never restarted
     WORKER_FAILED = "WorkerFailed"  #: a worker failed (non-zero exit, no more specific cause)

@@ -688,7 +688,8 @@ class RunReconciler:
     async def creation_refused(
         self, refused: list[tuple[str, int, str]], now: datetime, pods: list[PodView]
     ) -> float | None:
-        """403/422 on pod creates: a visible condition and Event; 422 fails the run, 403 backs off."""
+        """403/422 on pod creates: a visible condition and Event; a final refusal (422, Pod Security) fails the
+        run, another backs off (:func:`reconcile.refusal_is_final`)."""
         plan = reconcile.creation_failed(self.view(), refused, now)
         await self.patch(plan.status)
         self.emit(plan)

@@ -1247,18 +1247,19 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     """The API server refused creations: ``failures`` = (what, HTTP status, its message), what being
     ``pod <name>`` or ``<Kind> <name>`` (the run's Service, ConfigMap or Secret).
 
-    422 (the object is invalid: it will never be accepted) fails the run; anything else (403 from a
-    ResourceQuota, PodSecurity or a webhook: may pass later) is shown as CreateFailed on WorkersReady
-    (or Running, for the launcher) while the caller retries with backoff. A Warning Event is planned
+    What each refusal means is :func:`refusal_is_final`'s: a final one fails the run; anything else (403
+    from a ResourceQuota or a webhook: may pass later) is shown as CreateFailed on WorkersReady (or
+    Running, for the launcher) while the caller retries with backoff. A Warning Event is planned
     whenever the message changes, not on every retry.
     """
     st = _Status.of(body, now)
-    name, code, detail = next((f for f in failures if f[1] == 422), failures[0])
+    name, code, detail = next((f for f in failures if refusal_is_final(f[1], f[2])), failures[0])
     text = f"creating {name} was refused (HTTP {code}): {detail}"
     if len(failures) > 1:
         text += f" (and {len(failures) - 1} more)"
-    if code == 422:
-        st.fail(Reason.CREATE_FAILED, text)
+    reason = refusal_is_final(code, detail)
+    if reason is not None:
+        st.fail(reason, text)
         return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, text)])
     type_ = refusal_condition(name)
     st.cond(type_, "False", Reason.CREATE_FAILED, text)
@@ -1266,6 +1267,29 @@ def creation_failed(body: Mapping[str, Any], failures: list[tuple[str, int, str]
     # the stored message against the one set now (both cleaned): the same refusal again plans no Event
     changed = st.changed(type_, message=True)
     return Plan(status=st.dump(), events=[("Warning", Reason.CREATE_FAILED, text)] if changed else [])
+
+
+#: How Pod Security admission words its refusal (k8s.io/pod-security-admission: ``pods "x" is forbidden:
+#: violates PodSecurity "restricted:latest": ...``).
+POD_SECURITY_REFUSAL = "violates PodSecurity"
+
+
+def refusal_is_final(code: int, detail: str) -> Reason | None:
+    """The reason a refused create fails the run with, or None when a retry may pass.
+
+    - 422: the object is invalid and never will be accepted (``CreateFailed``);
+    - 403 from Pod Security admission: the namespace's ``pod-security.kubernetes.io/enforce`` level refuses
+      what the task and the run ask for (an ``nfs`` or ``hostPath`` dataset volume, ``spec.network``'s
+      NET_ADMIN init container, ``MLBENCH_RUNNER_UID=image``): every retry builds the same pod, so the
+      run fails at once (``PolicyViolation``, the refusal's text naming the field) instead of retrying
+      until its deadline;
+    - any other 403 (a ResourceQuota, a webhook) may pass once something else changes: retried.
+    """
+    if code == 422:
+        return Reason.CREATE_FAILED
+    if code == 403 and POD_SECURITY_REFUSAL in detail:
+        return Reason.POLICY_VIOLATION
+    return None
 
 
 def refusal_condition(what: str) -> str:

@@ -304,7 +304,7 @@ class Sweep:
         run()
         self._sync()
         checked = time.perf_counter() - start
-        check()
+        self._check_on_every_rank(check, size)
         warm = self.spec.warmup_iterations - 1
         self.comm.barrier()
         start = time.perf_counter()
@@ -341,6 +341,22 @@ class Sweep:
         if self.on_row is not None:
             self.on_row(row)
         return row
+
+    def _check_on_every_rank(self, check: Callable[[], None], size: Size) -> None:
+        """Run this rank's check, then agree on it: every rank raises when any found wrong data. A rank that
+        raised alone would leave its peers in the next collective (until nccl's timeout; gloo's peers would
+        report a closed connection, not the wrong data); a broadcast's root, which sends its own data, cannot
+        see a receiver's corruption at all."""
+        try:
+            check()
+            failure: CollectiveError | None = None
+        except CollectiveError as exc:
+            failure = exc
+        (failed,) = self._max_over_ranks([1.0 if failure is not None else 0.0])
+        if failure is not None:
+            raise failure
+        if failed:
+            raise CollectiveError(f"{size.op.value} of {size.nbytes} bytes returned wrong data on another rank")
 
     def _progress(self, iterations: int) -> None:
         self.iterations_done += iterations

@@ -68,6 +68,12 @@ def payload_bytes(tensor: torch.Tensor) -> int:
 CLOSE_BARRIER_SECONDS = 60.0
 
 
+def host_staged(backend: str, device: torch.device) -> bool:
+    """Whether point-to-point transfers of a tensor on ``device`` go through host memory: gloo with a
+    device tensor (ProcessGroupGloo hands send/recv the raw pointer, and a device one fails in writev)."""
+    return backend == "gloo" and device.type != "cpu"
+
+
 class TorchCommunicator(Communicator):
     """torch.distributed with gloo (CPU) or nccl (GPU)."""
 
@@ -89,17 +95,24 @@ class TorchCommunicator(Communicator):
         dist.broadcast(tensor, src=src)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((self.size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather(list(out.unbind(0)), tensor.contiguous())
-        return out
+        # into one flat buffer, as nccl-tests does: the list form gathers into a buffer of its own and then
+        # copies each block out, an extra allocation and copy inside every timed all-gather
+        flat = torch.empty(self.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(flat, tensor.contiguous().reshape(-1))
+        return flat.view(self.size, *tensor.shape)
 
     def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
-        received = [torch.empty_like(tensor, memory_format=torch.contiguous_format) for _ in peers]
-        ops = [dist.P2POp(dist.isend, tensor.contiguous(), peer) for peer in peers]
+        # gloo's send/recv read and write host memory only (its collectives stage device tensors, its
+        # point-to-point calls do not): a GPU run over gloo exchanges through host copies, which its
+        # communication time then includes, as it would on any transport without GPU support
+        staged = host_staged(self.name, tensor.device)
+        send = tensor.detach().cpu() if staged else tensor.contiguous()
+        received = [torch.empty_like(send, memory_format=torch.contiguous_format) for _ in peers]
+        ops = [dist.P2POp(dist.isend, send, peer) for peer in peers]
         ops += [dist.P2POp(dist.irecv, buf, peer) for buf, peer in zip(received, peers, strict=True)]
         for request in dist.batch_isend_irecv(ops) if ops else []:
             request.wait()
-        return received
+        return [buf.to(tensor.device) for buf in received] if staged else received
 
     def barrier(self) -> None:
         dist.barrier()

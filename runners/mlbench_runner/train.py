@@ -320,15 +320,16 @@ class Trainer:
             )
             if choice.path is StepPath.FLAT:
                 return fast, self._warmed_flat(fast, choice, kernel.synthetic_batch(batch, seed=cfg.seed))
-            failure = ""
+            failure, error = "", None
             try:
                 capture_seconds, difference = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
             except Exception as exc:
-                if self.opts.fast_path == "on":
-                    raise
-                failure = f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}"
-            # Every rank takes the same path: one whose capture failed sends the others to eager too.
+                failure, error = f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}", exc
+            # Every rank takes the same path: one whose capture failed sends the others to eager too, or, with
+            # MLBENCH_FAST_PATH=on, stops them too (a rank raising alone left its peers in this vote).
             if self._any_rank(device, bool(failure)):
+                if self.opts.fast_path == "on":
+                    raise error or RuntimeError("MLBENCH_FAST_PATH=on: another rank's CUDA graph capture failed")
                 choice = PathChoice(StepPath.EAGER, failure or OTHER_RANK_CAPTURE_FAILED)
                 self.log.warning("fast_path_fallback", reason=choice.reason)  # every rank: its own cause
             else:

@@ -196,6 +196,24 @@ def test_deadline_exceeded(runs: Runs) -> None:
     assert cond(status, "Failed")["reason"] == "DeadlineExceeded"
 
 
+def test_a_pod_security_refusal_fails_the_run_at_once(runs: Runs) -> None:
+    """An nfs dataset volume (the default policy allows it) in a namespace enforcing ``restricted``: Pod
+    Security admission refuses every worker, so the run fails PolicyViolation with the refusal's text
+    (it retried with backoff until a deadline, if it had one)."""
+    task = h.task(f"optest-nfs-{SESSION}")  # cluster-scoped: one per session
+    task["spec"]["dataset"] = {**task["spec"]["dataset"], "volume": {"nfs": {"server": "nfs.example", "path": "/x"}}}
+    runs.cluster.kubectl("apply", "-f", "-", input=json.dumps(task), check=True)
+    try:
+        runs.apply(h.run("nfs", workers=1, task_name=task["metadata"]["name"]))
+        status = runs.wait_phase("nfs", "Failed", timeout=60)
+        assert cond(status, "Failed")["reason"] == "PolicyViolation", status
+        assert "violates PodSecurity" in status["message"], status["message"]
+        assert '"nfs"' in status["message"], status["message"]
+        assert runs.pods("nfs") == {}
+    finally:
+        runs.cluster.kubectl("delete", "benchmarktask", task["metadata"]["name"], "--ignore-not-found", "--wait=false")
+
+
 def test_unknown_task_creates_nothing(runs: Runs) -> None:
     runs.apply(h.run("orphan", task_name="no-such-task"))
     status = runs.wait_phase("orphan", "Failed")

@@ -270,3 +270,18 @@ def test_a_refused_progress_patch_is_dropped_only_when_a_test_failed(body: str, 
             assert kube.patch_running_progress("ns", "late", {"epoch": 1.0}, 0) is written
     finally:
         kube.close()
+
+
+def test_the_kubelet_waits_longer_than_the_probe_does() -> None:
+    """The liveness probe answers within PROBE_SECONDS (a busy API pool: a fan-out of pod creates queued
+    ahead of its no-op); a kubelet timeout below that restarted a working operator in the middle of it."""
+    from pathlib import Path
+
+    import yaml
+
+    from mlbench_operator import handlers
+
+    manifest = Path(__file__).parents[2] / "manifests" / "operator" / "deployment.yaml"
+    deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["timeoutSeconds"] > handlers.PROBE_SECONDS + 2

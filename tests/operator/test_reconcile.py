@@ -1273,3 +1273,39 @@ def test_serves_metrics_follows_the_task_snapshots_runner(status: dict[str, Any]
     assert (
         REGISTRY.get_sample_value("mlbench_operator_run_serves_metrics", {"namespace": "ns", "run": "served"}) is None
     )
+
+
+#: Pod Security admission's refusal of an nfs dataset volume in a restricted namespace, as the API server words it.
+POD_SECURITY = (
+    'pods "r1-worker-0" is forbidden: violates PodSecurity "restricted:latest": restricted volume types '
+    '(volume "data" uses restricted volume type "nfs")'
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "detail", "final"),
+    [
+        (422, "spec.containers[0].image: Required value", "CreateFailed"),  # never valid
+        (403, POD_SECURITY, "PolicyViolation"),  # the same pod is built on every retry
+        (403, "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10", None),  # may free up
+        (403, 'admission webhook "w.example.com" denied the request: busy', None),
+        (409, "already exists", None),
+    ],
+)
+def test_which_refusals_are_final(code: int, detail: str, final: str | None) -> None:
+    assert reconcile.refusal_is_final(code, detail) == final
+
+
+def test_a_pod_security_refusal_fails_the_run_naming_the_volume() -> None:
+    """An nfs dataset volume in a restricted namespace: the run fails PolicyViolation at once (it retried with
+    backoff until its deadline), with the refusal's text, however many quota refusals came with it."""
+    body, _ = admitted(h.run())
+    quota = "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10"
+    plan = reconcile.creation_failed(
+        body, [("pod r1-worker-1", 403, quota), ("pod r1-worker-0", 403, POD_SECURITY)], T0
+    )
+    assert plan.terminal
+    failed = cond(plan.status, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "PolicyViolation")
+    assert 'restricted volume type "nfs"' in plan.status["message"]
+    assert plan.events[0][:2] == ("Warning", "Failed")

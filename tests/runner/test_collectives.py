@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,58 @@ def test_one_warm_up_iteration_still_keeps_the_time_budget(tmp_path: Path, monke
     assert summary is not None
     assert summary.collectives is not None
     assert [r.iterations for r in summary.collectives.rows] == [1, 1, 1]
+
+
+class OnePeerComm:
+    """Rank ``rank`` of two, the peer simulated: its broadcast may deliver wrong data here, and the peer may
+    report that its own check failed (the first all-gather after a check is the ranks' vote)."""
+
+    size = 2
+
+    def __init__(self, rank: int, *, broken_broadcast: bool = False, peer_failed: bool = False) -> None:
+        self.rank, self.broken_broadcast, self.peer_failed = rank, broken_broadcast, peer_failed
+        self.gathers = 0
+
+    def all_reduce_sum_(self, tensor: Any) -> None:
+        tensor.mul_(2)  # the peer holds the same value: a mean over ranks is this rank's
+
+    def broadcast_(self, tensor: Any, src: int = 0) -> None:
+        if not self.broken_broadcast:
+            tensor.fill_(1.0)  # rank 0's fill
+
+    def all_gather(self, tensor: Any) -> Any:
+        import torch
+
+        self.gathers += 1
+        peer = torch.full_like(tensor, 1.0 if self.peer_failed else 0.0) if self.gathers == 1 else tensor
+        return torch.stack([tensor, peer] if self.rank == 0 else [peer, tensor])
+
+    def barrier(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("comm", "raised"),
+    [
+        (OnePeerComm(1), None),
+        (OnePeerComm(1, broken_broadcast=True), "returned wrong data (expected every element 1"),  # it sees it
+        (OnePeerComm(0, peer_failed=True), "returned wrong data on another rank"),  # the root cannot see it
+    ],
+    ids=["agreed", "wrong-here", "wrong-on-the-peer"],
+)
+def test_every_rank_stops_when_any_rank_got_wrong_data(comm: OnePeerComm, raised: str | None) -> None:
+    """A broadcast receiver that got wrong data must not stop alone (its root, which sent its own data, would
+    wait in the next collective): the ranks vote after every check, and all raise."""
+    import torch
+
+    spec = CollectiveBenchmark.model_validate({**SMALL, "operations": ["broadcast"], "maxBytes": 16})
+    sweep = coll.Sweep(spec, comm, torch.device("cpu"))  # type: ignore[arg-type]
+    if raised is None:
+        assert len(sweep.run()) == len(coll.plan(spec, 2))
+    else:
+        with pytest.raises(coll.CollectiveError, match=re.escape(raised)):
+            sweep.run()
+        assert comm.gathers == 1  # the vote was taken before raising
 
 
 # -- the API -------------------------------------------------------------------------------------------------------

@@ -388,7 +388,7 @@ def test_a_compiled_fast_step_is_compiled_outside_the_clock_and_computes_the_sam
     assert comp.record.param_values[0] != comp.record.param_values[-1], "the parameters moved"
 
 
-def _rank_whose_capture_may_fail(rank: int, port: int, out: str) -> None:
+def _rank_whose_capture_may_fail(rank: int, port: int, out: str, fast_path: str = "auto") -> None:
     """One of two gloo ranks in a spawned process: rank 1's capture raises, rank 0's succeeds."""
 
     def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -401,7 +401,7 @@ def _rank_whose_capture_may_fail(rank: int, port: int, out: str) -> None:
     FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
     config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
     world = World(rank, 2, rank, 2, "127.0.0.1", port, "env")
-    Trainer(config, world, Options(max_steps=3)).run()
+    Trainer(config, world, Options(max_steps=3, fast_path=fast_path)).run()
 
 
 @pytest.mark.timeout(180)
@@ -431,3 +431,32 @@ def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
     assert "rank 1: capture refused" in fallbacks[1]
     assert fallbacks[0] == train_module.OTHER_RANK_CAPTURE_FAILED
     assert summary.steps == 3
+
+
+@pytest.mark.timeout(180)
+def test_with_the_fast_path_required_a_capture_failing_on_one_rank_stops_every_rank(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """MLBENCH_FAST_PATH=on: the rank whose capture failed raises its error and the others raise too, after
+    the same vote (it raised before the vote, and its peers waited in it until gloo's timeout)."""
+    config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
+    (tmp_path / "config.json").write_text(config.dump())
+    ctx = multiprocessing.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=(r, port, str(tmp_path), "on")) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    alive = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        p.kill()
+    assert alive == [], f"rank(s) {alive} still waiting for a peer that had stopped"
+    assert [p.exitcode for p in procs] == [1, 1]
+    assert not (tmp_path / "summary.json").exists()
+    said = capfd.readouterr().err
+    assert "RuntimeError: rank 1: capture refused" in said  # rank 1: its own cause
+    # rank 0: the vote's answer (not gloo's "connection closed" from a peer that had left)
+    assert "RuntimeError: MLBENCH_FAST_PATH=on: another rank's CUDA graph capture failed" in said
