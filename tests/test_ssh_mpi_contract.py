@@ -46,7 +46,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from mlbench_runner.collect import read_remote, ssh_options
-from mlbench_runner.launch import DEFAULT_TERMINATION_LOG
+from mlbench_runner.launch import DEFAULT_TERMINATION_LOG, private_key
 from tests.runner.helpers import logreg_task
 
 SSHD = "/usr/sbin/sshd"
@@ -296,11 +296,16 @@ class Cluster:
         (container,) = pod["spec"]["containers"]
         return launcher_env(self, container, pod, {**self.paths, n.SSH_DIR: ssh_dir or self.paths[n.SSH_DIR]})
 
-    def client_options(self) -> list[str]:
-        """The ssh options ``mlbench-runner launch`` derives from the launcher's environment."""
+    def client_options(self, as_user: int | None = None) -> list[str]:
+        """The ssh options ``mlbench-runner launch`` derives from the launcher's environment, with its
+        private copy of the client key (made as ``as_user``, who runs ssh)."""
         env = self.launcher_env()
+        key = Path(private_key(env[n.ENV_SSH_KEY]))
+        if as_user is not None:  # as if that user had made it (it cannot run this interpreter: see user_args)
+            for path in (key.parent, key):
+                os.chown(path, as_user, as_user)
         return ssh_options(
-            int(env[n.ENV_SSH_PORT]), env[n.ENV_SSH_KEY], env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS]
+            int(env[n.ENV_SSH_PORT]), str(key), env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS]
         )
 
 
@@ -336,8 +341,12 @@ def run_context(run_as_user: int | None = None) -> RunContext:
 
 
 @contextlib.contextmanager
-def started(ctx: RunContext, root: Path, ranks: Iterable[int] = range(WORKERS)) -> Iterator[Cluster]:
-    """The run's objects projected under ``root``, worker ``ranks`` started; everything stopped after."""
+def started(
+    ctx: RunContext, root: Path, ranks: Iterable[int] = range(WORKERS), image_user: int | None = None
+) -> Iterator[Cluster]:
+    """The run's objects projected under ``root``, worker ``ranks`` started; everything stopped after. The
+    containers run as the run's UID, else as ``image_user`` (an image's own non-root USER), else as whoever
+    runs this test."""
     keys = generate_keypair(f"mlbench-{ctx.namespace}-{ctx.name}")  # as handlers.py does
     config_map = builders.config_map(ctx)
     data = config_map["data"]
@@ -362,7 +371,8 @@ def started(ctx: RunContext, root: Path, ranks: Iterable[int] = range(WORKERS)) 
     (volume,) = [v for v in launcher["spec"]["volumes"] if "secret" in v]
     project(volume, objects, paths[n.SSH_DIR], launcher["spec"]["securityContext"].get("fsGroup"))
 
-    cluster = Cluster(ctx, keys, root, paths, objects, free_port(WORKER_ADDRS), as_user=ctx.run_as_user)
+    as_user = ctx.run_as_user if ctx.run_as_user is not None else image_user
+    cluster = Cluster(ctx, keys, root, paths, objects, free_port(WORKER_ADDRS), as_user=as_user)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd's privilege-separation directory
     try:
@@ -523,7 +533,7 @@ def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: P
     objects = {**cluster.objects, n.ssh_secret_name(RUN): builders.ssh_secret(cluster.ctx, impostor_keys)}
     cluster.stop_worker(cluster.workers[1])
     impostor = cluster.start_worker(1, objects, tag="-impostor")
-    key = str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY)
+    key = private_key(str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY))  # the launcher's copy
 
     lax = ssh(ssh_options(cluster.port, key), impostor.addr, "echo", "impostor-ran-it")
     assert lax.stdout == "impostor-ran-it\n", lax.stderr  # the threat is real: it would have run the command
@@ -607,27 +617,34 @@ def has_login(uid: int) -> bool:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays kubelet (root-owned files, fsGroup), switches to the runner's UID")
 @pytest.mark.skipif(not has_login(n.RUNNER_UID), reason=f"no passwd entry with a shell for UID {n.RUNNER_UID}")
-def test_non_root_pods_accept_the_secret_modes() -> None:
-    """The default pods (UID 1000, fsGroup 1000): the Secret's files are root's, 0440, group 1000.
+@pytest.mark.parametrize(
+    ("run_as_user", "owner_group", "mode"),
+    [(n.RUNNER_UID, n.RUNNER_UID, 0o440), (None, 0, 0o444)],
+    ids=["operator-uid", "image-user"],
+)
+def test_non_root_pods_accept_the_secret_modes(run_as_user: int | None, owner_group: int, mode: int) -> None:
+    """Pods running as UID 1000: the operator's default (runAsUser and fsGroup 1000: the Secret's files are
+    root's, 0440, group 1000) and an image whose own USER is 1000 under MLBENCH_RUNNER_UID=image (no
+    fsGroup: root's, 0444).
 
     (sshd runs without its ``mlbench-runner worker`` supervisor here: :func:`without_supervisor`.)
 
-    sshd refuses a group-readable host key, and ssh a group-readable client key, only when they own
-    the file: the worker's sshd starts as 1000 with the mounted host key, and ssh as 1000 with the
-    mounted client key and known_hosts gets in.
+    sshd refuses a host key that others may read, and ssh such a client key, when they own the file: the
+    worker's sshd starts as 1000 with its private copy of the mounted host key, and ssh as 1000 with the
+    launcher's private copy of the client key and the mounted known_hosts gets in.
     """
-    ctx = run_context(run_as_user=n.RUNNER_UID)
+    ctx = run_context(run_as_user=run_as_user)
     root = Path(tempfile.mkdtemp(prefix="mlbench-ssh-uid-"))  # pytest's tmp_path is 0700: not for UID 1000
     try:
         root.chmod(0o755)
-        with started(ctx, root, ranks=[0]) as cluster:
+        with started(ctx, root, ranks=[0], image_user=n.RUNNER_UID) as cluster:
             ssh_dir = cluster.paths[n.SSH_DIR]
             for key in (n.SSH_PRIVATE_KEY, n.SSH_HOST_KEY, n.SSH_AUTHORIZED_KEYS, n.SSH_KNOWN_HOSTS):
                 st = (ssh_dir / key).stat()
-                assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, n.RUNNER_UID, 0o440), key
+                assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, owner_group, mode), key
             (worker,) = cluster.workers
             got = subprocess.run(
-                ["ssh", *cluster.client_options(), worker.addr, "id", "-u"],
+                ["ssh", *cluster.client_options(as_user=n.RUNNER_UID), worker.addr, "id", "-u"],
                 check=False,
                 capture_output=True,
                 text=True,

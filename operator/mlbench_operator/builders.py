@@ -199,14 +199,16 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 #: The worker's entrypoint: a non-root sshd on :2222 that presents the run's host key (from the
 #: Secret) and accepts exactly the run's client key (``restrict``-ed in authorized_keys). The runner
 #: image provides /usr/sbin/sshd; ``mpirun`` (launcher) starts the ranks through it. sshd refuses a
-#: group-readable host key only when it owns the file: the Secret's files are root's (0440 + fsGroup
-#: for a non-root user, 0400 for root, see _volumes). ``mlbench-runner worker`` supervises sshd so
-#: that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named (see
-#: mlbench_runner.worker).
+#: host key that others may read when it owns the file, and the Secret's files are root's (0440 +
+#: fsGroup for the operator's UID, 0444 under the image's own user, see _volumes): it gets a private
+#: copy (0600, its user's) whoever that user is, root included. ``mlbench-runner worker`` supervises
+#: sshd so that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named
+#: (see mlbench_runner.worker).
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
-exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h {n.SSH_DIR}/{n.SSH_HOST_KEY} \\
+(umask 077 && cat {n.SSH_DIR}/{n.SSH_HOST_KEY} > "$d/host_key")
+exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_key" \\
   -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no \\
   -o LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS} -o ClientAliveInterval={SSHD_CLIENT_ALIVE_INTERVAL} \\
@@ -251,14 +253,14 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
 def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
     volumes: list[Obj] = [
         {"name": "config", "configMap": {"name": n.config_map_name(ctx.name)}},
-        # ssh (the client key) and sshd (the host key) refuse a private key readable by others only if the
-        # key is owned by the caller: root-owned 0440 + fsGroup works for a non-root user; a root
-        # container needs 0400.
+        # root's files: readable by the operator's UID through fsGroup (0440), by whatever user the image
+        # runs as otherwise (0444: the Secret is the run's own, and the pod has no other user). sshd and
+        # the launcher's ssh use private copies of the two private keys (WORKER_SCRIPT, launch.private_key).
         {
             "name": "ssh",
             "secret": {
                 "secretName": n.ssh_secret_name(ctx.name),
-                "defaultMode": 0o400 if ctx.run_as_user is None else 0o440,
+                "defaultMode": 0o444 if ctx.run_as_user is None else 0o440,
             },
         },
         {"name": "output", "emptyDir": {}},

@@ -130,8 +130,8 @@ class OperatorConfig:
     policy: AdmissionPolicy = field(default_factory=_default_policy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
     scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)
-    #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, which
-    #: must then be root (the ssh Secret is root-owned 0400, no fsGroup: see docs/operator.md).
+    #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, root
+    #: or not (the ssh Secret is then root-owned 0444, no fsGroup; sshd and ssh copy their keys: docs/operator.md).
     runner_uid: int | None = n.RUNNER_UID
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""

@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -271,6 +272,18 @@ def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget
     return "; ".join(parts)
 
 
+def private_key(path: str) -> str:
+    """A copy of the run's ssh client key that ssh accepts whoever runs the launcher: this user's, 0600, in
+    a private directory. ssh refuses a key others may read when it owns the file, and the mounted one is
+    root's (0440 + fsGroup for the operator's UID; 0444 under the image's own user, which may be root)."""
+    data = Path(path).read_bytes()
+    copy = Path(tempfile.mkdtemp(prefix="mlbench-ssh-")) / Path(path).name
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    return str(copy)
+
+
 def run_launch(args: argparse.Namespace) -> int:
     config_path = args.config or os.environ.get(CONFIG_ENV)
     if not config_path:
@@ -280,6 +293,7 @@ def run_launch(args: argparse.Namespace) -> int:
     try:
         config = RunConfig.load(config_path)
         hosts = parse_hostfile(args.hostfile)
+        ssh_key = private_key(args.ssh_key) if args.ssh_key else None
     except (OSError, ValueError) as exc:
         write_termination(args.termination_log, error_message(str(exc), 2))
         print(f"error: {exc}", file=sys.stderr)
@@ -305,7 +319,7 @@ def run_launch(args: argparse.Namespace) -> int:
         hostfile=args.hostfile,
         config_path=env[CONFIG_ENV],
         ssh_port=args.ssh_port,
-        ssh_key=args.ssh_key,
+        ssh_key=ssh_key,
         ssh_known_hosts=args.ssh_known_hosts,
         ssh_host_key_alias=args.ssh_host_key_alias,
         oversubscribe=args.oversubscribe,
@@ -349,7 +363,7 @@ def run_launch(args: argparse.Namespace) -> int:
             env[CONFIG_ENV],
             hosts[0][0] if hosts else None,
             ssh_port=args.ssh_port,
-            ssh_key=args.ssh_key,
+            ssh_key=ssh_key,
             seen_events=events,
             seen_summary=found[-1] if found else None,
             ssh_known_hosts=args.ssh_known_hosts,

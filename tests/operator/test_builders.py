@@ -238,20 +238,21 @@ def test_ssh_secret() -> None:
 
 
 def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
-    """No host key generated in the pod: sshd presents the Secret's (mounted) key."""
+    """No host key generated in the pod: sshd presents the Secret's (mounted) key, through its private copy."""
     script = builders.worker_pod(ctx_for(), 0, 0)["spec"]["containers"][0]["command"][-1]
     assert script == builders.WORKER_SCRIPT
     assert "ssh-keygen" not in script
-    assert " -h /etc/mlbench-ssh/ssh_host_ed25519_key " in script
+    assert '(umask 077 && cat /etc/mlbench-ssh/ssh_host_ed25519_key > "$d/host_key")' in script
+    assert ' -h "$d/host_key" ' in script
     assert "-o AuthorizedKeysFile=/etc/mlbench-ssh/authorized_keys" in script
     for option in ("LoginGraceTime=30", "ClientAliveInterval=15", "ClientAliveCountMax=4", "PasswordAuthentication=no"):
         assert f"-o {option}" in script
 
 
-@pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o400)])
+@pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o444)])
 def test_ssh_secret_volume_mode(run_as_user: int | None, mode: int) -> None:
-    """sshd and ssh refuse a group-readable private key only if they own it: the Secret's files are
-    root's, 0440 + fsGroup for a non-root user; a root container gets 0400."""
+    """The Secret's files are root's: 0440 + fsGroup for the operator's UID, 0444 under the image's own
+    user (whoever it is must read them); sshd and ssh use private copies of the private keys."""
     ctx = dataclasses.replace(ctx_for(), run_as_user=run_as_user)
     for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
         (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]

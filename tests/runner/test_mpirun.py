@@ -197,3 +197,24 @@ def test_ranks_get_the_config_path_with_its_symlinks_kept(tmp_path: Path) -> Non
     path = rank_config_path(str(tmp_path / "config.json"))
     assert path == str(tmp_path / "config.json")
     assert "..2026" not in path
+
+
+def test_the_client_key_is_used_through_a_private_copy(tmp_path: Path) -> None:
+    """ssh refuses a key others may read when it owns it (the mounted Secret is root's 0440 or 0444): the
+    launcher hands mpirun a copy that is its user's, 0600, in a 0700 directory."""
+    from mlbench_runner.launch import private_key
+
+    mounted = tmp_path / "ssh-privatekey"
+    mounted.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")
+    mounted.chmod(0o444)
+    copy = Path(private_key(str(mounted)))
+    assert copy.read_text() == mounted.read_text()
+    assert (copy.stat().st_mode & 0o777, copy.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    assert copy.stat().st_uid == os.geteuid()
+
+
+def test_an_unreadable_client_key_is_the_launchers_input_error(tmp_path: Path) -> None:
+    path, out = write_config(tmp_path, "nokey", 1)
+    proc = launch(path, out, 1, MLBENCH_SSH_KEY=str(tmp_path / "missing"))
+    assert proc.returncode == 2, proc.stderr
+    assert "missing" in (out / "termination-log").read_text()
