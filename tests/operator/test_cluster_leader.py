@@ -195,8 +195,9 @@ def test_one_of_two_leads_and_the_standby_takes_over_a_killed_leader(election: E
     wait_for(lambda: election.holder() == identity(standby), timeout=lease_seconds + 15, interval=0.1, what="take-over")
     took = time.monotonic() - killed_at
     print(f"SIGKILLed leader: the standby took over after {took:.1f}s (lease {lease_seconds}s)")
-    # its last renewal (at most one retry period before the kill) counts for a whole lease
-    assert lease_seconds - 2 * retry - 0.5 <= took <= lease_seconds + 6, took
+    # not before the lease expired: its last renewal (at most one retry period before the kill) counts for a
+    # whole lease (how late is a matter of load: the wait above bounds it)
+    assert took >= lease_seconds - 2 * retry - 0.5, took
     assert election.leader([standby]) is standby
     wait_for(lambda: logged(standby, "leader_acquired"), timeout=5, what="the new leader to log leader_acquired")
     acquired = logged(standby, "leader_acquired")
