@@ -300,7 +300,7 @@ class Cluster:
         """The ssh options ``mlbench-runner launch`` derives from the launcher's environment, with its
         private copy of the client key (made as ``as_user``, who runs ssh)."""
         env = self.launcher_env()
-        key = Path(private_key(env[n.ENV_SSH_KEY]))
+        key = Path(private_key(env[n.ENV_SSH_KEY], tempfile.mkdtemp(dir=self.root)))
         if as_user is not None:  # as if that user had made it (it cannot run this interpreter: see user_args)
             for path in (key.parent, key):
                 os.chown(path, as_user, as_user)
@@ -412,11 +412,20 @@ def launcher_env(cluster: Cluster, container: Obj, pod: Obj, paths: Mapping[str,
     * ``MLBENCH_SSH_PORT``: the builder's 2222 was replaced by a free port in the workers' sshd.
     * ``MASTER_PORT``: a free port for the rendezvous instead of the launcher's default 29500,
       which another test or process on this shared machine may hold.
+    * ``MLBENCH_SSH_PRIVATE_DIR``: the launcher's ``/tmp/mlbench-sshd`` (its private key copy) in a
+      directory of its own.
     Nothing else: no inherited environment, no OMPI_MCA_* variables.
     """
     env = container_env(container, pod, paths)
     assert env[n.ENV_SSH_PORT] == str(n.SSH_PORT)
-    return {**env, "PATH": IMAGE_PATH, n.ENV_SSH_PORT: str(cluster.port), "MASTER_PORT": str(free_port(["0.0.0.0"]))}
+    return {
+        **env,
+        "PATH": IMAGE_PATH,
+        n.ENV_SSH_PORT: str(cluster.port),
+        "MASTER_PORT": str(free_port(["0.0.0.0"])),
+        # the launcher "pod"'s own /tmp for its copy of the client key (every worker has its own)
+        "MLBENCH_SSH_PRIVATE_DIR": str(cluster.root / "launcher-tmp" / "mlbench-sshd"),
+    }
 
 
 def launch(cluster: Cluster, ssh_dir: Path, termination_log: Path) -> subprocess.CompletedProcess[str]:
@@ -533,7 +542,7 @@ def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: P
     objects = {**cluster.objects, n.ssh_secret_name(RUN): builders.ssh_secret(cluster.ctx, impostor_keys)}
     cluster.stop_worker(cluster.workers[1])
     impostor = cluster.start_worker(1, objects, tag="-impostor")
-    key = private_key(str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY))  # the launcher's copy
+    key = private_key(str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY), str(tmp_path / "copy"))  # the launcher's
 
     lax = ssh(ssh_options(cluster.port, key), impostor.addr, "echo", "impostor-ran-it")
     assert lax.stdout == "impostor-ran-it\n", lax.stderr  # the threat is real: it would have run the command

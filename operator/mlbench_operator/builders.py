@@ -201,13 +201,16 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 #: image provides /usr/sbin/sshd; ``mpirun`` (launcher) starts the ranks through it. sshd refuses a
 #: host key that others may read when it owns the file, and the Secret's files are root's (0440 +
 #: fsGroup for the operator's UID, 0444 under the image's own user, see _volumes): it gets a private
-#: copy (0600, its user's) whoever that user is, root included. ``mlbench-runner worker`` supervises
+#: copy (0600, its user's) whoever that user is, root included; so does ssh of the client key, which
+#: mpirun's tree spawn uses on the workers at the path the launcher uses (``mlbench_runner.launch.
+#: PRIVATE_SSH_DIR``, the same directory). ``mlbench-runner worker`` supervises
 #: sshd so that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named
 #: (see mlbench_runner.worker).
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
-(umask 077 && cat {n.SSH_DIR}/{n.SSH_HOST_KEY} > "$d/host_key")
+(umask 077 && cat {n.SSH_DIR}/{n.SSH_HOST_KEY} > "$d/host_key" \\
+  && cat {n.SSH_DIR}/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")
 exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_key" \\
   -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no \\

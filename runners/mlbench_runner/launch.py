@@ -272,15 +272,26 @@ def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget
     return "; ".join(parts)
 
 
-def private_key(path: str) -> str:
-    """A copy of the run's ssh client key that ssh accepts whoever runs the launcher: this user's, 0600, in
-    a private directory. ssh refuses a key others may read when it owns the file, and the mounted one is
-    root's (0440 + fsGroup for the operator's UID; 0444 under the image's own user, which may be root)."""
+#: Where the pods keep their private copies of the run's private keys: the worker script (the operator's
+#: ``builders.WORKER_SCRIPT``) copies the host key and the client key here, the launcher the client key.
+#: One path in every pod, because mpirun's tree spawn hands the launcher's ssh options (``-i <copy>``) to
+#: the daemons on the workers, which start the next workers with them. ``MLBENCH_SSH_PRIVATE_DIR``
+#: moves it for tests that run several "pods" on one machine.
+PRIVATE_SSH_DIR = "/tmp/mlbench-sshd"
+
+
+def private_key(path: str, directory: str | None = None) -> str:
+    """A copy of the run's ssh client key that ssh accepts whoever runs the launcher: this user's, 0600.
+    ssh refuses a key others may read when it owns the file, and the mounted one is root's (0440 + fsGroup
+    for the operator's UID; 0444 under the image's own user, which may be root)."""
     data = Path(path).read_bytes()
-    copy = Path(tempfile.mkdtemp(prefix="mlbench-ssh-")) / Path(path).name
-    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    target = Path(directory or os.environ.get("MLBENCH_SSH_PRIVATE_DIR") or PRIVATE_SSH_DIR)
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target, prefix=".key-")  # 0600, this user's
     with os.fdopen(fd, "wb") as out:
         out.write(data)
+    copy = target / Path(path).name
+    os.replace(tmp, copy)
     return str(copy)
 
 

@@ -242,8 +242,18 @@ def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
     script = builders.worker_pod(ctx_for(), 0, 0)["spec"]["containers"][0]["command"][-1]
     assert script == builders.WORKER_SCRIPT
     assert "ssh-keygen" not in script
-    assert '(umask 077 && cat /etc/mlbench-ssh/ssh_host_ed25519_key > "$d/host_key")' in script
+    assert '(umask 077 && cat /etc/mlbench-ssh/ssh_host_ed25519_key > "$d/host_key"' in script
     assert ' -h "$d/host_key" ' in script
+
+
+def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
+    """mpirun's tree spawn: the daemons on the workers start the next workers with the launcher's ssh options,
+    ``-i <its private copy>``, so every worker keeps its copy of the client key at that very path."""
+    from mlbench_runner.launch import PRIVATE_SSH_DIR
+
+    script = builders.WORKER_SCRIPT
+    assert f"d={PRIVATE_SSH_DIR}\n" in script
+    assert f'cat /etc/mlbench-ssh/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")' in script
     assert "-o AuthorizedKeysFile=/etc/mlbench-ssh/authorized_keys" in script
     for option in ("LoginGraceTime=30", "ClientAliveInterval=15", "ClientAliveCountMax=4", "PasswordAuthentication=no"):
         assert f"-o {option}" in script

@@ -207,10 +207,13 @@ def test_the_client_key_is_used_through_a_private_copy(tmp_path: Path) -> None:
     mounted = tmp_path / "ssh-privatekey"
     mounted.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")
     mounted.chmod(0o444)
-    copy = Path(private_key(str(mounted)))
+    pod_tmp = tmp_path / "tmp" / "mlbench-sshd"  # the launcher pod's /tmp/mlbench-sshd
+    copy = Path(private_key(str(mounted), str(pod_tmp)))
+    assert copy == pod_tmp / "ssh-privatekey"
     assert copy.read_text() == mounted.read_text()
     assert (copy.stat().st_mode & 0o777, copy.parent.stat().st_mode & 0o777) == (0o600, 0o700)
     assert copy.stat().st_uid == os.geteuid()
+    assert private_key(str(mounted), str(pod_tmp)) == str(copy)  # again (a restarted launcher): replaced
 
 
 def test_an_unreadable_client_key_is_the_launchers_input_error(tmp_path: Path) -> None:
