@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import gzip
 import io
 import json
@@ -37,8 +38,14 @@ CONFIG = "config.json"
 FILES = (SUMMARY, EVENTS, CONFIG)
 #: Compressed bytes of all files together: a ConfigMap holds at most 1 MiB, metadata included.
 BUDGET_BYTES = 900 * 1024
-#: A decompressed file larger than this is refused (a corrupt or hostile log line).
+#: A decompressed file larger than this is refused (a corrupt or hostile log line)...
 MAX_FILE_BYTES = 64 * 1024 * 1024
+#: ... and so are files larger than this together (eight files of 64 MiB of zeros fit the compressed budget
+#: and would fill the operator's memory, twice over with the compressed copies).
+MAX_TOTAL_BYTES = 64 * 1024 * 1024
+#: A results line longer than this cannot be the launcher's (its files fit :data:`BUDGET_BYTES` compressed,
+#: then base64): refused before it is decoded.
+MAX_LINE_CHARS = BUDGET_BYTES * 4 // 3 + 64 * 1024
 #: Key suffix of each file in the ConfigMap's ``binaryData``.
 GZ = ".gz"
 #: A file's key: a ConfigMap key (no path), gzip suffix.
@@ -65,12 +72,16 @@ class Bundle:
         raw = self.files.get(SUMMARY)
         return RunSummary.model_validate_json(raw) if raw is not None else None
 
-    def compressed(self) -> dict[str, bytes]:
-        """``name.gz`` -> gzip bytes (``mtime=0``: the same files give the same bytes)."""
+    @functools.cached_property
+    def _gzipped(self) -> dict[str, bytes]:
         return {name + GZ: gzip.compress(data, mtime=0) for name, data in self.files.items()}
 
+    def compressed(self) -> dict[str, bytes]:
+        """``name.gz`` -> gzip bytes (``mtime=0``: the same files give the same bytes); compressed once."""
+        return dict(self._gzipped)
+
     def compressed_size(self) -> int:
-        return sum(len(v) for v in self.compressed().values())
+        return sum(len(v) for v in self._gzipped.values())
 
 
 def _event_name(line: bytes) -> str | None:
@@ -125,14 +136,19 @@ def results_line(bundle: Bundle) -> str:
     return json.dumps(payload, separators=(",", ":"))
 
 
-def _gunzip(name: str, data: bytes) -> bytes:
+def _gunzip(name: str, data: bytes, room: int) -> bytes:
+    """The file, refused once it is larger than :data:`MAX_FILE_BYTES` or than ``room`` (what the bundle's
+    total allows still): read no further than that, so a gzip bomb costs only the limit."""
+    limit = min(MAX_FILE_BYTES, room)
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-            out = f.read(MAX_FILE_BYTES + 1)
+            out = f.read(limit + 1)
     except (OSError, EOFError) as exc:
         raise BundleError(f"{name}: not gzip data: {exc}") from exc
     if len(out) > MAX_FILE_BYTES:
         raise BundleError(f"{name}: more than {MAX_FILE_BYTES} bytes once decompressed")
+    if len(out) > room:
+        raise BundleError(f"the results files are more than {MAX_TOTAL_BYTES} bytes together once decompressed")
     return out
 
 
@@ -149,7 +165,7 @@ def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = 
     for key, data in compressed.items():
         if not _FILE_KEY.match(key):
             raise BundleError(f"unexpected file {key!r} (expected names like {', '.join(f + GZ for f in FILES)})")
-        files[key.removesuffix(GZ)] = _gunzip(key, data)
+        files[key.removesuffix(GZ)] = _gunzip(key, data, MAX_TOTAL_BYTES - sum(map(len, files.values())))
     return Bundle(files, tuple(truncated))
 
 
@@ -158,6 +174,8 @@ def parse_line(line: str) -> Bundle | None:
     text = line.strip()
     if not text.startswith("{") or f'"{EVENT}"' not in text[:40]:
         return None
+    if len(text) > MAX_LINE_CHARS:
+        raise BundleError(f"the {EVENT} line has {len(text)} characters (at most {MAX_LINE_CHARS})")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -126,6 +126,8 @@ class Wakeups:
 
 #: A failed launcher's log tail kept in an Event at a gang restart: lines read, and the wait for them.
 LAUNCHER_LOG_LINES = 30
+#: ... and at most this much of them (the Event keeps its last KiB).
+LAUNCHER_LOG_BYTES = 64 * 1024
 LAUNCHER_LOG_SECONDS = 5.0
 
 
@@ -669,7 +671,14 @@ class RunReconciler:
         logs, e.g. kwok's, or a timeout only costs the Event)."""
         try:
             text = await asyncio.wait_for(
-                self.kube.run(self.kube.read_log, self.namespace, pod, n.LAUNCHER_CONTAINER, LAUNCHER_LOG_LINES),
+                self.kube.run(
+                    self.kube.read_log,
+                    self.namespace,
+                    pod,
+                    n.LAUNCHER_CONTAINER,
+                    LAUNCHER_LOG_LINES,
+                    LAUNCHER_LOG_BYTES,
+                ),
                 LAUNCHER_LOG_SECONDS,
             )
         except Exception as err:
@@ -863,11 +872,19 @@ class RunReconciler:
         """Read the launcher's log and keep its results line; a failure is retried (see :meth:`retry_later`)."""
         try:
             text = await self.kube.run(
-                self.kube.read_log, self.namespace, pod.name, n.LAUNCHER_CONTAINER, results.TAIL_LINES
+                self.kube.read_log,
+                self.namespace,
+                pod.name,
+                n.LAUNCHER_CONTAINER,
+                results.TAIL_LINES,
+                results.LOG_BYTES,
             )
         except Exception as err:  # the API, the kubelet or the network: retried, then given up
             return await self.retry_later(err, results.READING_LOG, now)
-        found, why = results.from_log(text)
+        # decoding, unzipping and compressing again take CPU seconds at the limits: off the event loop
+        found, why = await asyncio.to_thread(results.from_log, text)
+        if found is not None:
+            await asyncio.to_thread(found.compressed_size)  # computed once, kept
         if found is None:
             return results.Decision(results.Action.GIVE_UP, why)
         return await self.store_results(found, uid, now)

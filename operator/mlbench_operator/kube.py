@@ -288,12 +288,14 @@ class Kube:
         )
         return list((answer or {}).get("items") or [])
 
-    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
-        """The last ``tail_lines`` lines of a container's log (the kubelet reassembles split long lines)."""
+    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int) -> str:
+        """The last ``tail_lines`` lines of a container's log, at most ``limit_bytes`` of them (from the start
+        of those lines). The kubelet reassembles split long lines, so one line can be any size: the limit
+        keeps a pod that prints a giant line from filling the operator's memory."""
         text: str = self.request(
             "GET",
             f"/api/v1/namespaces/{namespace}/pods/{quote(pod)}/log",
-            query=[("container", container), ("tailLines", str(tail_lines))],
+            query=[("container", container), ("tailLines", str(tail_lines)), ("limitBytes", str(limit_bytes))],
             resource="pods/log",
             raw=True,
         )

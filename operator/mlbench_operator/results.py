@@ -32,6 +32,10 @@ from mlbench_operator.reconcile import TERMINAL
 WAIT_SECONDS = 60.0
 #: Log lines read from the end: the results line comes last, split by the runtime into 16 KiB parts.
 TAIL_LINES = 500
+#: At most this much of them: the results line (at most :data:`bundle.MAX_LINE_CHARS`) and ordinary lines
+#: before it fit; a launcher that printed more (a giant line among the last ones) loses its results, not
+#: the operator its memory.
+LOG_BYTES = 4 * 1024 * 1024
 
 
 class Action(Enum):

@@ -7,6 +7,7 @@ import gzip
 import json
 import random
 import time
+import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,50 @@ def _line(**overrides: Any) -> str:
 def test_malformed_results_lines_say_what_is_wrong(line: str, error: str) -> None:
     with pytest.raises(bundle.BundleError, match=error):
         bundle.parse_line(line)
+
+
+def _zeros(megabytes: int) -> str:
+    """A results file of zeros: a few KiB compressed, ``megabytes`` MiB once decompressed."""
+    return base64.b64encode(gzip.compress(bytes(megabytes << 20))).decode()
+
+
+def test_a_gzip_bomb_is_refused_at_the_total_limit_without_reading_past_it() -> None:
+    """Eight files of 40 MiB of zeros fit the compressed budget; together they are refused once the total
+    passes MAX_TOTAL_BYTES (the operator's 1 GiB would go), and each file is read only up to what is left."""
+    files = {f"f{i}.json.gz": _zeros(40) for i in range(8)}
+    line = _line(files=files)
+    assert len(line) < bundle.MAX_LINE_CHARS  # the budget is no defence by itself
+    tracemalloc.start()
+    try:
+        with pytest.raises(bundle.BundleError, match="more than 67108864 bytes together"):
+            bundle.parse_line(line)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 160 << 20, f"{peak >> 20} MiB held (the eight files are 320 MiB)"
+    assert bundle.parse_line(_line(files={"f0.json.gz": _zeros(40)})) is not None  # one file of 40 MiB is fine
+
+
+def test_a_results_line_longer_than_any_launcher_writes_is_refused_before_decoding() -> None:
+    line = _line(files={"summary.json.gz": "A" * (bundle.MAX_LINE_CHARS + 4)})
+    with pytest.raises(bundle.BundleError, match="characters"):
+        bundle.parse_line(line)
+
+
+def test_the_largest_bundle_the_launcher_writes_is_read_back() -> None:
+    """What fit() lets through at the budget (incompressible events) is under the line limit."""
+    import random as rnd
+
+    noise = rnd.Random(0).randbytes(bundle.BUDGET_BYTES)
+    events = b"".join(
+        b'{"event": "x", "n": "%s"}\n' % noise[i : i + 64].hex().encode() for i in range(0, len(noise), 64)
+    )
+    fitted = bundle.fit({bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: events})
+    line = bundle.results_line(fitted)
+    assert len(line) <= bundle.MAX_LINE_CHARS
+    found = bundle.parse_line(line)
+    assert found is not None
+    assert found.files == fitted.files
 
 
 @pytest.mark.parametrize(

@@ -139,11 +139,11 @@ class FakeKube:
     def create(self, obj: dict[str, Any]) -> bool:
         return bool(self.create_many_now([obj])[0])
 
-    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+    def read_log(self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int) -> str:
         self.calls.append(("read_log", pod, container))
         if self.log_error is not None:
             raise self.log_error
-        return self.log
+        return self.log.encode()[:limit_bytes].decode(errors="replace")  # the API server's limitBytes
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get", kind, name))

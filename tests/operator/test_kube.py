@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import kopf
 import pytest
@@ -70,6 +71,8 @@ class _Api(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/api/v1/namespaces/ns/pods/p/log"):
             body, kind = b"line 1\nline \xc3\xa9 2\n", "text/plain"
+            limit = parse_qs(urlsplit(self.path).query).get("limitBytes")
+            body = body[: int(limit[0])] if limit else body
         else:
             body, kind = b'{"kind": "BenchmarkTask", "spec": {}}', "application/json"
         self.send_response(200)
@@ -97,7 +100,8 @@ def api() -> Iterator[Kube]:
 
 
 def test_log_reads_are_text_and_other_answers_json(api: Kube) -> None:
-    assert api.read_log("ns", "p", "launcher", 10) == "line 1\nline é 2\n"
+    assert api.read_log("ns", "p", "launcher", 10, 1024) == "line 1\nline é 2\n"
+    assert api.read_log("ns", "p", "launcher", 10, 8) == "line 1\nl"  # limitBytes is sent
     assert api.get_task("t") == {"kind": "BenchmarkTask", "spec": {}}
 
 
