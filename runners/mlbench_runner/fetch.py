@@ -206,15 +206,32 @@ def _link_stays_inside(member_name: str, target: str, hard: bool) -> bool:
     return True
 
 
+def _through_symlink(name: str, symlinks: set[str]) -> str | None:
+    """The earlier symlink member that ``name``'s folder path runs through, if any."""
+    parts = PurePosixPath(name).parts
+    return next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in symlinks), None)
+
+
 def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
-    """Every member renamed for ``strip``, after refusing anything that could write outside the destination."""
+    """Every member renamed for ``strip``, after refusing anything that could write outside the destination.
+
+    A link's target is checked as text (:func:`_link_stays_inside`), which cannot see symlinks that earlier
+    members made along the way; so no member may be written through a symlink of the archive, and a
+    symlink may not point up (``..``): together no chain of links leaves the folder, whatever the Python
+    (the ``data`` filter underneath was bypassed by such chains before CPython 3.11.13)."""
     out = []
+    symlinks: set[str] = set()
     for member in tar.getmembers():
         name = _stripped(member.name, strip)
         if name is None:
             continue
         if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
             raise FetchError(FetchReason.FETCH_FAILED, f"archive member {member.name!r} is a device or FIFO")
+        through = _through_symlink(name, symlinks)
+        if through is not None:
+            raise FetchError(
+                FetchReason.FETCH_FAILED, f"archive member {member.name!r} lies under the symlink {through!r}"
+            )
         if member.issym() or member.islnk():
             target = _stripped(member.linkname, strip) if member.islnk() else member.linkname
             if target is None or not _link_stays_inside(name, target, member.islnk()):
@@ -222,6 +239,17 @@ def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
                     FetchReason.FETCH_FAILED,
                     f"archive member {member.name!r} links to {member.linkname!r}, outside the destination",
                 )
+            if member.issym() and ".." in PurePosixPath(target).parts:
+                raise FetchError(
+                    FetchReason.FETCH_FAILED,
+                    f"archive member {member.name!r} links to {member.linkname!r}: a symlink may not point up",
+                )
+            if member.islnk() and _through_symlink(target + "/", symlinks) is not None:
+                raise FetchError(
+                    FetchReason.FETCH_FAILED, f"archive member {member.name!r} links to a file under a symlink"
+                )
+            if member.issym():
+                symlinks.add(name)
             if member.islnk():
                 member.linkname = target
         member.name = name

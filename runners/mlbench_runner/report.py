@@ -21,6 +21,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -465,6 +466,13 @@ def write_plots(
     return plots.write_plots(data, dest, fmt)
 
 
+def _file_name(name: str) -> str:
+    """``name`` as one safe file name in the output folder: a summary's run name comes from the results (a
+    cluster's ConfigMap), and ``/home/u/x`` or ``../x`` must not choose where a file is written."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
+    return safe or "run"
+
+
 def write_mllog(runs: Sequence[LoadedRun], where: str | Path) -> list[Path]:
     """One mllog file per run: ``where`` itself for a single run (unless a directory, or ending in ``/``),
     else ``where/<result directory>.log``."""
@@ -477,7 +485,7 @@ def write_mllog(runs: Sequence[LoadedRun], where: str | Path) -> list[Path]:
         names: dict[str, int] = {}
         targets = []
         for r in runs:
-            base = r.directory.name or r.summary.run
+            base = _file_name(r.directory.name or r.summary.run)
             n = names[base] = names.get(base, 0) + 1
             targets.append(out / (f"{base}.log" if n == 1 else f"{base}-{n}.log"))
     for r, target in zip(runs, targets, strict=True):

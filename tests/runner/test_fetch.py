@@ -402,6 +402,56 @@ def test_unsafe_archives_are_refused_before_anything_is_written(
     assert not (tmp_path / "evil").exists()
 
 
+def ordered_tarball(entries: list[tuple[str, bytes, str]]) -> bytes:
+    """A .tar.gz of (name, type, file data or link target) in this order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, kind, payload in entries:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.REGTYPE:
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload.encode()))
+            else:
+                info.linkname = payload
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("entries", "needle"),
+    [
+        # a member written through a symlink of the archive (here one pointing inside: still refused)
+        ([("d/x", tarfile.REGTYPE, "x"), ("a", tarfile.SYMTYPE, "d"), ("a/evil", tarfile.REGTYPE, "x")], "under the"),
+        # up and back down: inside as text, but the kind of link a chain of symlinks turns into an escape
+        ([("d/x", tarfile.REGTYPE, "x"), ("d/up", tarfile.SYMTYPE, "../d")], "may not point up"),
+        # the published chain, one level: x -> a long name's parent, and a member written through it
+        (
+            [
+                ("d" * 200, tarfile.DIRTYPE, ""),
+                ("s", tarfile.SYMTYPE, "d" * 200),
+                ("esc", tarfile.SYMTYPE, "s/.."),
+                ("esc/evil", tarfile.REGTYPE, "x"),
+            ],
+            "may not point up",
+        ),
+        (
+            [("d/x", tarfile.REGTYPE, "x"), ("a", tarfile.SYMTYPE, "d"), ("h", tarfile.LNKTYPE, "a/x")],
+            "under a symlink",
+        ),
+    ],
+)
+def test_symlink_chains_are_refused(
+    server: Server, tmp_path: Path, entries: list[tuple[str, bytes, str]], needle: str
+) -> None:
+    data = ordered_tarball(entries)
+    dest = tmp_path / "vol" / "tree"
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "chain.tar.gz", data), sha256=sha(data), dest=dest, unpack=True))
+    assert needle in info.value.message
+    assert written(tmp_path / "vol") == []
+
+
 def test_a_link_inside_the_tree_is_fine(server: Server, tmp_path: Path) -> None:
     data = tarball({"d/a": b"x"}, {"d/link": ("a", tarfile.SYMTYPE), "top": ("d/a", tarfile.SYMTYPE)})
     dest = tmp_path / "tree"

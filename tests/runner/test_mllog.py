@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -156,3 +157,23 @@ def test_mlcommons_parser_and_compliance_checker_accept_it(tmp_path: Path) -> No
         assert len(lines) == len(log.read_text().splitlines())
         checker = compliance.make_checker("training", "4.1.0", quiet=False, werror=True)
         assert checker.check_file(str(log), str(ours)), checker.warnings
+
+
+def test_mllog_file_names_from_the_results_stay_in_the_output_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run given as ``.`` has no directory name: its file is named after the summary's run, which comes
+    from the results (a cluster's ConfigMap) and must not pick where the file goes."""
+    a = fake_run(tmp_path / "runs", "a", ttg=5.0)
+    b = fake_run(tmp_path / "runs", "b", ttg=6.0, seed=2)
+    loaded = report.load_run(a)
+    assert isinstance(loaded, report.LoadedRun)
+    monkeypatch.chdir(a)  # `mlbench results . ../b --mllog logs/`
+    hostile = loaded.summary.model_copy(update={"run": "../../escaped"})
+    other = report.load_run(b)
+    assert isinstance(other, report.LoadedRun)
+    out = tmp_path / "logs"
+    targets = report.write_mllog([dataclasses.replace(loaded, path=Path("."), summary=hostile), other], out)
+    assert [t.parent for t in targets] == [out, out]
+    assert [t.name for t in targets] == ["_.._escaped.log", "b.log"]
+    assert not (tmp_path / "escaped.log").exists()
