@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -125,6 +126,35 @@ def test_synthetic_epsilon_shape() -> None:
     assert np.allclose(np.linalg.norm(ds.x_train, axis=1), 1.0, atol=1e-5)
     again = synthetic_epsilon(SyntheticData(train_samples=300, test_samples=100, features=2000, seed=1))
     assert np.array_equal(ds.x_train, again.x_train)
+
+
+@pytest.mark.parametrize(
+    ("marker", "refused"),
+    [
+        ({"sha256": "a" * 64, "unpack": True, "stripComponents": 0}, False),  # this task's fetch
+        ({"sha256": "b" * 64, "unpack": True, "stripComponents": 0}, True),  # another source's fetch replaced it
+        (None, False),  # put there by hand: nothing to compare
+    ],
+)
+def test_a_sourced_dataset_is_the_source_the_marker_says(
+    tmp_path: Path, marker: dict[str, Any] | None, refused: bool
+) -> None:
+    folder = write_cifar_python(tmp_path / "data", n_train=20, n_test=10)
+    spec = DatasetSpec.model_validate(
+        {
+            "name": "c",
+            "format": "cifar10-python",
+            "path": "/data/cifar10",
+            "source": {"url": "https://example.org/c.tgz", "sha256": "a" * 64, "unpack": True},
+        }
+    ).model_copy(update={"path": str(folder)})  # the volume's path, here
+    if marker is not None:
+        folder.with_name(folder.name + ".mlbench-dataset.json").write_text(json.dumps(marker))
+    if refused:
+        with pytest.raises(ValueError, match=r"dataset\.source\.sha256: .* another source \(sha256 b{64}\)"):
+            load_dataset(spec)
+    else:
+        assert load_dataset(spec).x_train.shape == (20, 3, 32, 32)
 
 
 def test_missing_path_names_field(tmp_path: Path) -> None:

@@ -6,11 +6,13 @@ shared dataclass and cache, and ``base`` imports none of them.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from mlbench_api.datasets import MARKER_SUFFIX
 from mlbench_api.task import DatasetFormat, DatasetSpec
 from mlbench_runner.data import cifar, tabular
 from mlbench_runner.data.base import TensorDataset
@@ -29,6 +31,26 @@ def resolve_path(path: str | None) -> Path:
     raise FileNotFoundError(f"dataset.path: {path} does not exist (nor under $MLBENCH_DATA_DIR)")
 
 
+def check_fetched(spec: DatasetSpec, path: Path) -> None:
+    """Refuse data at a sourced dataset's path that the marker says came from another source.
+
+    The operator fetches a source once per namespace and path and records its sha256 in a marker beside
+    the data; a task of another source that names the same path (another author's, a mistake) fetches
+    over it. Without a marker (data put there by hand, a local copy) there is nothing to compare."""
+    if spec.source is None:
+        return
+    try:
+        record = json.loads(path.with_name(path.name + MARKER_SUFFIX).read_text())
+    except (OSError, ValueError):
+        return
+    found = record.get("sha256") if isinstance(record, dict) else None
+    if found != spec.source.sha256:
+        raise ValueError(
+            f"dataset.source.sha256: the data at {path} was fetched from another source (sha256 {found}), not "
+            f"this task's ({spec.source.sha256}): a task with another source names the same dataset.path"
+        )
+
+
 def _is_cifar_python(path: Path) -> bool:
     """The standard pickled batches (``data_batch_1`` here or in ``cifar-10-batches-py/``)."""
     return path.is_dir() and ((path / "data_batch_1").exists() or (path / "cifar-10-batches-py").is_dir())
@@ -45,15 +67,20 @@ def load_dataset(spec: DatasetSpec) -> TensorDataset:
         # The format names the family; the path decides the layout, so pointing a task at
         # another copy of CIFAR-10 (overrides.dataset) needs no format change.
         path = resolve_path(spec.path)
+        check_fetched(spec, path)
         if _is_cifar_python(path):
             nested = path / "cifar-10-batches-py"
             ds = cifar.load_cifar_python(nested if nested.is_dir() else path)
         else:
             ds = cifar.load_image_archive(path)
     elif fmt is DatasetFormat.LIBSVM:
-        ds = tabular.load_libsvm_dataset(resolve_path(spec.path))
+        path = resolve_path(spec.path)
+        check_fetched(spec, path)
+        ds = tabular.load_libsvm_dataset(path)
     elif fmt is DatasetFormat.NPZ:
-        ds = tabular.load_npz(resolve_path(spec.path))
+        path = resolve_path(spec.path)
+        check_fetched(spec, path)
+        ds = tabular.load_npz(path)
     else:  # pragma: no cover - the enum is closed
         raise ValueError(f"dataset.format: unsupported {fmt}")
     if spec.test_subset is not None:
