@@ -58,6 +58,13 @@ class Communicator(ABC):
         """The communicator that really moves the data (a wrapper returns what it wraps)."""
         return self
 
+    def alone(self) -> bool:
+        """Nobody to talk to: one process without a process group, whose collectives are identities and are
+        skipped. A process group of one rank (``MLBENCH_PROCESS_GROUP=1``) is not alone: its collectives go
+        through the backend (the nccl path measured on one GPU)."""
+        inner = self.transport()
+        return inner is not self and inner.alone()
+
 
 def payload_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
@@ -191,6 +198,9 @@ class LocalCommunicator(Communicator):
 
     def __init__(self, backend: str) -> None:
         self.rank, self.size, self.name = 0, 1, backend
+
+    def alone(self) -> bool:
+        return True
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
         return None

@@ -95,6 +95,9 @@ class StubComm(Communicator):
         self.peer_value = peer_value
         self.peers = peers or {}
 
+    def alone(self) -> bool:
+        return self.size == 1  # one process: the stand-in for LocalCommunicator
+
     def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
         tensor.add_(self.peer_value * (self.size - 1))
 

@@ -13,6 +13,7 @@ import multiprocessing
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -331,8 +332,19 @@ def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeyp
     assert summary.wall_clock_seconds > 0
 
 
-def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(tmp_path: Path) -> None:
-    """MLBENCH_PROCESS_GROUP=1: world size 1 still all-reduces through gloo (on a GPU: nccl), same result."""
+def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLBENCH_PROCESS_GROUP=1: world size 1 still all-reduces its gradients through gloo (on a GPU: nccl),
+    every step (what the GPU benchmark's nccl row claims to time), with the same result."""
+    reduced: list[int] = []  # the sizes of the tensors all-reduced through the backend
+    real_all_reduce = torch.distributed.all_reduce
+
+    def spy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduced.append(tensor.numel())
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", spy)
     runs = {}
     for process_group in (False, True):
         trainer = Trainer(
@@ -350,6 +362,9 @@ def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(
     assert grouped[1].environment.training_step == alone[1].environment.training_step == "flat"
     assert grouped[1].steps == alone[1].steps == 5
     assert grouped[0].record.param_sha1 == alone[0].record.param_sha1  # an all-reduce over one rank changes nothing
+    assert grouped[0].setup is not None
+    parameters = sum(p.numel() for p in grouped[0].setup.model.parameters())
+    assert reduced.count(parameters) == 5, reduced  # the gradients, once per step (none without the group)
 
 
 @pytest.mark.timeout(300)

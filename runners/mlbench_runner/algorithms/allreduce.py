@@ -35,7 +35,7 @@ class AllReduceSGD(DistributedAlgorithm):
         self.grads.flat.zero_()
 
     def synchronize(self, model: nn.Module, timer: PhaseTimer) -> None:
-        if self.comm.size == 1:
+        if self.comm.alone():
             return
         with timer.phase("communication"):
             if self.bucketing == "by-layer":

@@ -128,7 +128,7 @@ class DistributedAlgorithm(ABC):
 def average_buffers(model: nn.Module, comm: Communicator) -> None:
     """Replace every floating-point buffer by its mean over ranks (one flat all-reduce)."""
     buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if not buffers or comm.size == 1:
+    if not buffers or comm.alone():
         return
     flat = torch.cat([b.reshape(-1) for b in buffers])
     comm.all_reduce_sum_(flat)
@@ -141,7 +141,7 @@ def average_buffers(model: nn.Module, comm: Communicator) -> None:
 
 def broadcast_state(model: nn.Module, comm: Communicator) -> None:
     """Copy rank 0's parameters and buffers to every rank (one flat broadcast per dtype)."""
-    if comm.size == 1:
+    if comm.alone():
         return
     tensors = [t for t in list(model.parameters()) + list(model.buffers())]
     for dtype in sorted({t.dtype for t in tensors}, key=str):  # same order on every rank
