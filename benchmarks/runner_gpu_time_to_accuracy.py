@@ -18,7 +18,8 @@ path (``--cudnn-benchmark 0``: its heuristics, on every path); the runner's coll
 through nccl even at world size 1 (``--process-group 0``: skipped, as a 1-worker run does); the
 clock starts before the data is loaded and includes every per-epoch test evaluation; CUDA-graph
 capture (on synthetic batches) is initialisation and left out, as MLPerf allows for
-compilation. Data: the JPEG copy of CIFAR-10 (decoded once into the runner's cache; that
+compilation, and so is the plain path's first training step on a synthetic batch (where cuDNN
+autotunes the same training shapes). Data: the JPEG copy of CIFAR-10 (decoded once into the runner's cache; that
 one-time decode is left out of every path's clock, as in the runner).
 
 All paths are compared on the same kind of time, host wall clock with the GPU
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import io
 import json
@@ -81,9 +83,12 @@ from mlbench_runner.train import Setup, Trainer
 from mlbench_runner.world import World
 
 SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
-#: CUDA runtime/driver calls that start work on the GPU (what a launch-bound step pays for, one by one).
+#: CUDA runtime/driver calls that start work on the GPU (what a launch-bound step pays for, one by one). Only
+#: for a trace without GPU activities: with them, launches are counted by their correlation ids, which also
+#: covers the names this list lacks (torch on CUDA 13 launches through ``__cudaLaunchKernel``).
 LAUNCH_CALLS = (
     "cudaLaunchKernel",
+    "__cudaLaunchKernel",
     "cudaLaunchKernelExC",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
@@ -195,39 +200,74 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ms_per_step(s: Setup, order: torch.Tensor, n: int, lr: float) -> float:
-    _steps(s, order, 0, 20, lr)  # warm-up (and, for the fast step, the first replays)
+def _ms_per_step(s: Setup, order: torch.Tensor, n: int, lr: float, first: int = 20) -> float:
+    """Synchronised wall ms per step over ``n`` steps from step ``first``."""
     _sync(s.device)
     t0 = time.perf_counter()
-    _steps(s, order, 20, n, lr)
+    _steps(s, order, first, n, lr)
     _sync(s.device)
     s.timer.flush(wait=True)
     return 1e3 * (time.perf_counter() - t0) / n
 
 
+#: Blocks the instrumentation's cost is measured in: phase timing on and off alternate, median of each.
+OVERHEAD_BLOCKS = 6
+
+
+def _ms_per_step_with_and_without_timing(s: Setup, order: torch.Tensor, n: int, lr: float) -> tuple[float, float]:
+    """ms/step with the phase timer's CUDA events on and off, on one set-up (the same captured graphs), in
+    alternating blocks after 20 warm-up steps: the medians, so drift and noise hit both alike."""
+    _steps(s, order, 0, 20, lr)  # warm-up (and, for the fast step, the first replays)
+    block = max(n // OVERHEAD_BLOCKS, 1)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(OVERHEAD_BLOCKS):
+        timed = i % 2 == 0
+        s.timer.enabled = timed
+        times[timed].append(_ms_per_step(s, order, block, lr, first=20 + i * block))
+    s.timer.enabled = True
+    return float(np.median(times[True])), float(np.median(times[False]))
+
+
 def _trace_counts(s: Setup, order: torch.Tensor, n: int, lr: float, trace: Path) -> dict[str, float]:
-    """Launches and kernels per step, and the GPU-busy fraction, from a Kineto trace of ``n`` steps."""
+    """Launches and kernels per step, and the GPU's busy time, from a Kineto trace of ``n`` steps taken after
+    5 profiled warm-up steps (the profiler's first steps are skewed; its schedule leaves them out).
+
+    Launches: distinct correlation ids among the GPU activities (one per launch call, a graph launch once),
+    which holds whatever the runtime calls are named; without GPU activities (CPU), the calls by name."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if s.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    warm = 5
+    schedule = torch.profiler.schedule(wait=0, warmup=warm, active=n, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+        for i in range(warm):
+            _steps(s, order, i, 1, lr)
+            prof.step()
+        _sync(s.device)
         t0 = time.perf_counter()
-        _steps(s, order, 0, n, lr)
+        for i in range(n):
+            _steps(s, order, warm + i, 1, lr)
+            prof.step()
         _sync(s.device)
         wall_us = 1e6 * (time.perf_counter() - t0)
     s.timer.flush(wait=True)
     prof.export_chrome_trace(str(trace))
     events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
-    gpu = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events if e.get("cat") in GPU_ACTIVITIES
-    )
-    launches = sum(1 for e in events if e.get("name") in LAUNCH_CALLS)
+    gpu_events = [e for e in events if e.get("cat") in GPU_ACTIVITIES]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in gpu_events)
+    correlations = {(e.get("args") or {}).get("correlation") for e in gpu_events} - {None}
+    launches = len(correlations) if gpu_events else sum(1 for e in events if e.get("name") in LAUNCH_CALLS)
     busy, end = 0.0, float("-inf")
     for start, stop in gpu:  # union of the intervals
         if stop > end:
             busy += stop - max(start, end)
             end = stop
-    return {"launches_per_step": launches / n, "kernels_per_step": len(gpu) / n, "gpu_busy": busy / wall_us}
+    return {
+        "launches_per_step": launches / n,
+        "kernels_per_step": len(gpu) / n,
+        "gpu_busy": busy / wall_us,  # under the profiler
+        "gpu_ms_per_step": busy / n / 1e3,
+    }
 
 
 #: The step table's possible rows, in its order.
@@ -246,39 +286,52 @@ def step_profile(
     to count.
     """
     rows: dict[str, dict[str, Any]] = {}
-    setups: dict[str, Setup] = {}
+    setups: dict[str, torch.Tensor] = {}
     lr = config.lr.initial_lr
     device = torch.device("cpu")
     for name in names:
         opts = runner_options(base, name)
-        for timing in (True, False):
-            torch.manual_seed(0)
-            s = Trainer(config, SINGLE, dataclasses.replace(opts, phase_timing=timing))._setup()
-            device, order = s.device, _order(s)
-            ms = _ms_per_step(s, order, n, lr)
-            if timing:
-                row = {"path": s.step.path.value + ("+compile" if opts.compile else ""), "ms_per_step": ms}
-                row.update(_trace_counts(s, order, min(n, 50), lr, trace_dir / f"{name}.json"))
-                rows[name] = row
-            else:
-                rows[name]["ms_per_step_untimed"] = ms
+        torch.manual_seed(0)
+        s = Trainer(config, SINGLE, opts)._setup()
+        device, order = s.device, _order(s)
+        timed, untimed = _ms_per_step_with_and_without_timing(s, order, n, lr)
+        counts = _trace_counts(s, order, min(n, 50), lr, trace_dir / f"{name}.json")
+        rows[name] = {
+            "path": s.step.path.value + ("+compile" if opts.compile else ""),
+            "ms_per_step": timed,
+            "ms_per_step_untimed": untimed,
+            **counts,
+            "gpu_busy_unprofiled": counts["gpu_ms_per_step"] / timed,  # the profiler slows the host side
+        }
     if device.type == "cuda" and "fast" in rows:  # the other cuDNN choice
         other = dataclasses.replace(base, cudnn_benchmark=not base.cudnn_benchmark)
         s = Trainer(config, SINGLE, runner_options(other, "fast"))._setup()
-        rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, _order(s), n, lr)
+        order = _order(s)
+        _steps(s, order, 0, 20, lr)
+        rows["fast"]["ms_per_step_other_cudnn"] = _ms_per_step(s, order, n, lr)
         rows["fast"]["cudnn_benchmark"] = base.cudnn_benchmark
     if not {"fast", "eager"} <= rows.keys():
         return rows
-    # Parity: both steps from one start (seeded model, same batches and augmentation), n steps each.
-    for name in ("fast", "eager"):
-        s = Trainer(config, SINGLE, runner_options(base, name))._setup()
-        _steps(s, _order(s), 0, n, lr)
-        setups[name] = s
-    fast_p = torch.cat([p.detach().reshape(-1) for p in setups["fast"].model.parameters()])
-    eager_p = torch.cat([p.detach().reshape(-1) for p in setups["eager"].model.parameters()])
-    rows["fast"]["max_param_difference"] = float((fast_p - eager_p).abs().max())
-    rows["fast"]["max_param"] = float(eager_p.abs().max())
+    # Parity: the steps from one start (seeded model, same batches and augmentation), after 1 step and after
+    # n; a second eager run from the same start is the control: what round-off alone (non-deterministic
+    # kernels, TF32, autotuned algorithms) makes of the same step on this GPU.
+    for name, path in (("fast", "fast"), ("eager", "eager"), ("control", "eager")):
+        s = Trainer(config, SINGLE, runner_options(base, path))._setup()
+        order = _order(s)
+        _steps(s, order, 0, 1, lr)
+        setups[name + "@1"] = _flat_parameters(s)
+        _steps(s, order, 1, n - 1, lr)
+        setups[name] = _flat_parameters(s)
+    eager = setups["eager"]
+    rows["fast"]["max_param_difference"] = float((setups["fast"] - eager).abs().max())
+    rows["fast"]["max_param_difference_1_step"] = float((setups["fast@1"] - setups["eager@1"]).abs().max())
+    rows["fast"]["max_param_difference_eager_control"] = float((setups["control"] - eager).abs().max())
+    rows["fast"]["max_param"] = float(eager.abs().max())
     return rows
+
+
+def _flat_parameters(s: Setup) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in s.model.parameters()]).clone()
 
 
 #: The CPU table's rows: (label, MLBENCH_FAST_PATH, algorithm). ``ddp`` is the comparison baseline:
@@ -348,6 +401,20 @@ class PlainCifar(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.from_numpy(np.ascontiguousarray(img)), int(self.y[i])
 
 
+def _autotune_outside_the_clock(model: torch.nn.Module, device: torch.device) -> float:
+    """One training step's forward and backward on a copy of the model and a synthetic batch: cuDNN picks its
+    algorithms for the training shapes at their first use, which the runner's fast step does in its capture
+    warm-up, outside its clock; so here too. Returns the seconds it took (left out of the clock)."""
+    if device.type != "cuda":
+        return 0.0
+    t0 = time.perf_counter()
+    scratch = copy.deepcopy(model)  # its BatchNorm statistics and gradients are thrown away
+    x = torch.zeros(32, 3, 32, 32, device=device)
+    F.cross_entropy(scratch(x), torch.zeros(32, dtype=torch.long, device=device)).backward()
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def run_plain(config: RunConfig, device: torch.device, workers: int, cudnn: bool) -> dict[str, object]:
     torch.backends.cudnn.benchmark = cudnn  # the runner's choice, so the paths differ only in the step
     start = time.perf_counter()
@@ -373,6 +440,7 @@ def run_plain(config: RunConfig, device: torch.device, workers: int, cudnn: bool
     test_loader = torch.utils.data.DataLoader(test, batch_size=500, num_workers=workers, pin_memory=pin)
     torch.manual_seed(config.seed)
     model = CifarResNet(20, "m1").to(device)
+    start += _autotune_outside_the_clock(model, device)
     tr = task.training
     opt = torch.optim.SGD(
         model.parameters(),
@@ -425,13 +493,15 @@ def run_plain(config: RunConfig, device: torch.device, workers: int, cudnn: bool
 def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
     print(f"\n# the runner's step, {n} steps after 20 warm-up steps (batch 32, ResNet-20)")
     print(
-        f"{'step':20} {'ms/step':>8} {'untimed':>8} {'timing cost':>11} {'launches':>9} {'kernels':>8} {'GPU busy':>9}"
+        f"{'step':20} {'ms/step':>8} {'untimed':>8} {'timing cost':>11} {'launches':>9} {'kernels':>8} "
+        f"{'GPU ms':>7} {'GPU busy':>9} {'(profiled)':>10}"
     )
     for r in rows.values():
         cost = r["ms_per_step"] / r["ms_per_step_untimed"] - 1
         print(
             f"{r['path']:20} {r['ms_per_step']:>8.3f} {r['ms_per_step_untimed']:>8.3f} {100 * cost:>10.1f}% "
-            f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {100 * r['gpu_busy']:>8.1f}%"
+            f"{r['launches_per_step']:>9.1f} {r['kernels_per_step']:>8.1f} {r.get('gpu_ms_per_step', 0.0):>7.3f} "
+            f"{100 * r.get('gpu_busy_unprofiled', 0.0):>8.1f}% {100 * r['gpu_busy']:>9.1f}%"
         )
     fast = rows.get("fast", {})
     if "ms_per_step_other_cudnn" in fast:
@@ -442,11 +512,20 @@ def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
         )
     if "max_param_difference" in fast:
         print(
-            f"largest parameter difference fast vs eager after {n} steps from one start: "
-            f"{fast['max_param_difference']:.3g} (largest parameter {fast['max_param']:.3g})"
+            f"largest parameter difference fast vs eager from one start: {fast['max_param_difference']:.3g} after "
+            f"{n} steps, {fast.get('max_param_difference_1_step', float('nan')):.3g} after 1 "
+            f"(largest parameter {fast['max_param']:.3g}); eager vs eager (the round-off control): "
+            f"{fast.get('max_param_difference_eager_control', float('nan')):.3g} after {n}"
         )
-    print("ms/step: synchronised wall clock; untimed: the phase timer's CUDA events off (MLBENCH_PHASE_TIMING=0);")
-    print("launches: CUDA runtime calls that start GPU work; kernels and GPU busy: from the profiler's trace")
+    print(
+        f"ms/step: synchronised wall clock, median of {OVERHEAD_BLOCKS // 2} blocks; untimed: the phase timer's CUDA "
+        "events off, in the blocks between (the same set-up)"
+    )
+    print(
+        "launches: launch calls that started GPU work (distinct correlation ids of the GPU activities; a graph "
+        "launch once); kernels: GPU activities; GPU ms: their union per step; GPU busy: GPU ms / ms/step "
+        "(profiled: / the wall clock under the profiler, 5 warm-up steps left out)"
+    )
 
 
 def _time_to_goal(r: dict[str, Any]) -> str:
@@ -616,6 +695,8 @@ def main() -> None:
                 args.profile_paths or [p for p in PROFILE_PATHS if p in ("fast", "eager", *args.paths)],
             )
             save()
+            if torch.distributed.is_initialized():  # the nccl group the profile's set-ups shared
+                torch.distributed.destroy_process_group()
     print_results(saved())
 
 

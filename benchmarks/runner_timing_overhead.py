@@ -91,7 +91,7 @@ def main() -> None:
     args = p.parse_args()
     bare, timed = empty_steps(args.empty_steps, False), empty_steps(args.empty_steps, True)
     print(
-        f"(a) instrumentation per step (5 phases + flush): {1e6 * (timed - bare):.2f} us "
+        f"(a) instrumentation per step ({len(PHASES)} phases + flush): {1e6 * (timed - bare):.2f} us "
         f"(timed {1e6 * timed:.2f} us vs bare loop {1e6 * bare:.2f} us)"
     )
     plain, with_timer = resnet_blocks(args.blocks, args.steps, args.threads)

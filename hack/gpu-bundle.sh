@@ -17,13 +17,17 @@ names = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "t
 print(" ".join(f"{n}=={md.version(n)}" for n in names))
 PYEOF
 )
-rm -rf .whl .gpudata
-mkdir -p .whl .gpudata
+# into new folders first: a failed download (no registry) leaves the previous bundle as it was
+rm -rf .whl.new .gpudata.new
+mkdir -p .whl.new .gpudata.new
 platforms=()
 for n in 39 35 34 31 28 27 24 17; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
 # shellcheck disable=SC2086  # one word per package
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d .whl $packages
-cp "${MLBENCH_DATA_DIR:-../shared/datasets}/cifar10-jpeg.tar.gz" .gpudata/
+  "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d .whl.new $packages
+cp "${MLBENCH_DATA_DIR:-../shared/datasets}/cifar10-jpeg.tar.gz" .gpudata.new/
+rm -rf .whl .gpudata
+mv .whl.new .whl
+mv .gpudata.new .gpudata
 du -sh .whl .gpudata
 echo "carry: [\".whl\", \".gpudata\"]   command: bash hack/gpu-run.sh lease   (timeout_s 600; one call, all stages)"
