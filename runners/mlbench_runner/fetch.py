@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from mlbench_api import atomic
 from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
@@ -108,6 +109,20 @@ def _describe_url_error(url: str, exc: BaseException) -> str:
     return f"GET {url}: {reason}"
 
 
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http and https only (urllib also follows them to ftp)."""
+
+    def redirect_request(  # noqa: PLR0917 - urllib's signature
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise urllib.error.URLError(f"redirected to {newurl}: only http and https URLs are fetched")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpOnlyRedirects)
+
+
 @contextlib.contextmanager
 def _open(url: str, timeout: float) -> Iterator[http.client.HTTPResponse]:
     """The response body; any network or HTTP failure is a SourceUnreachable FetchError."""
@@ -115,7 +130,7 @@ def _open(url: str, timeout: float) -> Iterator[http.client.HTTPResponse]:
         raise FetchError(FetchReason.SOURCE_UNREACHABLE, f"GET {url}: only http and https URLs are fetched")
     request = urllib.request.Request(url, headers={"User-Agent": "mlbench-runner fetch-dataset"})
     try:
-        resp = urllib.request.urlopen(request, timeout=timeout)
+        resp = _OPENER.open(request, timeout=timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise FetchError(FetchReason.SOURCE_UNREACHABLE, _describe_url_error(url, exc)) from exc
     with resp:

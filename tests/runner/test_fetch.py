@@ -41,6 +41,7 @@ class Server:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.gets = 0
+        self.redirects: dict[str, str] = {}  # "/name" -> the Location a GET of it answers with (302)
         server = self
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -49,6 +50,11 @@ class Server:
 
             def do_GET(self) -> None:
                 server.gets += 1
+                if self.path in server.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirects[self.path])
+                    self.end_headers()
+                    return
                 super().do_GET()
 
             def log_message(self, format: str, *args: object) -> None:
@@ -458,6 +464,22 @@ def test_a_link_inside_the_tree_is_fine(server: Server, tmp_path: Path) -> None:
     fetch(FetchRequest(url=serve(server, "l.tgz", data), sha256=sha(data), dest=dest, unpack=True))
     assert (dest / "d" / "link").read_bytes() == b"x"
     assert (dest / "top").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize(("location", "fetched"), [("data.bin", True), ("ftp://127.0.0.1/data.bin", False)])
+def test_redirects_are_followed_to_http_only(server: Server, tmp_path: Path, location: str, fetched: bool) -> None:
+    data = b"payload"
+    serve(server, "data.bin", data)
+    server.redirects["/moved.bin"] = server.url(location) if fetched else location
+    req = FetchRequest(url=server.url("moved.bin"), sha256=sha(data), dest=tmp_path / "d.bin")
+    if fetched:
+        fetch(req)
+        assert req.dest.read_bytes() == data
+    else:
+        with pytest.raises(FetchError) as info:
+            fetch(req)
+        assert info.value.reason is FetchReason.SOURCE_UNREACHABLE
+        assert "only http and https" in info.value.message
 
 
 def test_not_an_archive_is_a_fetch_failure(server: Server, tmp_path: Path) -> None:
