@@ -271,7 +271,8 @@ class Document:
         for i, (item, node) in enumerate(zip(items, item_nodes, strict=True)):
             child = Document(self.source, self.index, _inherit(item, data, typed), node)
             problem = child.not_a_mapping() if not isinstance(item, dict) else _misplaced(child.kind, typed)
-            children.append(child.refuse(f"items.{i}: {problem}") if problem else child)
+            # "list item N" (not "items.N", a field path the printer would look up inside the item itself)
+            children.append(child.refuse(f"list item {i}: {problem}") if problem else child)
         return children
 
     def typed_list_of(self) -> str | None:

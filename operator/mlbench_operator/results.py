@@ -133,13 +133,20 @@ def retrying_status(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def from_log(text: str) -> tuple[bundle.Bundle | None, str]:
-    """The bundle in a launcher's log, or None and why not."""
+    """The bundle in a launcher's log (as read: at most :data:`LOG_BYTES`), or None and why not."""
+    cut = len(text.encode(errors="replace")) >= LOG_BYTES
+    too_long = (
+        f"; the launcher's last {TAIL_LINES} log lines are over {LOG_BYTES} bytes, of which only the first "
+        f"{LOG_BYTES} are read (lines that long are not the runner's)"
+        if cut
+        else ""
+    )
     try:
         found = bundle.from_log(text)
     except bundle.BundleError as err:
-        return None, f"the launcher's results line is unreadable: {err}"
+        return None, f"the launcher's results line is unreadable: {err}{too_long}"
     if found is None:
-        return None, "the launcher's log has no results line (mpirun never ran, or the launcher was killed)"
+        return None, f"the launcher's log has no results line (mpirun never ran, or the launcher was killed){too_long}"
     return found, ""
 
 

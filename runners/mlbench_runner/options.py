@@ -143,8 +143,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "MLBENCH_PROCESS_GROUP",
         "process_group",
-        "1: a torch.distributed process group even for one rank, so a world-size-1 run's collectives go "
-        "through its backend (gloo, nccl) instead of being skipped (benchmarks: the nccl path on one GPU)",
+        "1: a torch.distributed process group even for one rank, so a world-size-1 run of the all-reduce "
+        "family (allreduce-sgd, centralized-adam, ddp) all-reduces through its backend (gloo, nccl) instead of "
+        "skipping it (benchmarks: the nccl path on one GPU); the compressing and decentralized algorithms keep "
+        "their one-rank shortcut (the exact gradient)",
         default="0",
         choices=("0", "1"),
         convert=_flag,

@@ -399,3 +399,13 @@ def test_config_local_drops_the_source_the_operator_keeps(tmp_path: Path, capsys
     assert (dataset["path"], dataset.get("source")) == ("../shared/datasets/cifar10-jpeg.tar.gz", None)
     assert cli.main(["config", str(path)]) == 1
     assert "path must lie under /data/" in capsys.readouterr().err
+
+
+def test_a_refused_list_item_is_located_at_the_item(tmp_path: Path, validate: Any) -> None:
+    """A list inside a list is named at its own line, not at a field inside it (its own ``items``)."""
+    text = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: mlbench.io/v1alpha1\n  kind: BenchmarkRunList\n"
+    text += "  items: []\n"
+    result = validate(_write(tmp_path, text))
+    assert result.rc == 1
+    assert ":4:3: " in result.err, result.err
+    assert "list item 0: kind: a BenchmarkRunList inside a List" in result.err

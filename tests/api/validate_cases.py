@@ -130,7 +130,7 @@ CASES = [
         + RUN.replace("\n", "\n    ").rstrip()
         + "\n",
         accepted=False,
-        mention="items.0: kind: a List inside a List",
+        mention="list item 0: kind: a List inside a List",
     ),
     Case(
         "typed-list-in-a-list",
@@ -143,7 +143,7 @@ CASES = [
         "list-with-a-null-item",
         "apiVersion: v1\nkind: List\nitems:\n- null\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
         accepted=False,
-        mention="items.0: expected a Kubernetes object (a mapping), got null",
+        mention="list item 0: expected a Kubernetes object (a mapping), got null",
     ),
     Case(
         "list-items-null", "apiVersion: v1\nkind: List\nitems: null\n", accepted=False, mention="items: expected a list"
@@ -172,14 +172,14 @@ CASES = [
         + RUN.replace("\n", "\n  ").rstrip()
         + "\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: cm}\n",
         accepted=False,
-        mention="items.1: kind: expected BenchmarkRun",
+        mention="list item 1: kind: expected BenchmarkRun",
     ),
     Case(
         "typed-list-item-without-kind",
         "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- apiVersion: mlbench.io/v1alpha1\n"
         "  metadata: {name: case}\n  spec:\n    taskRef: {name: cifar10-resnet20-smoke}\n",
         accepted=False,
-        mention="items.0: kind: expected BenchmarkRun",
+        mention="list item 0: kind: expected BenchmarkRun",
     ),
     Case(
         "typed-list-items-null",

@@ -244,6 +244,9 @@ def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
     assert "ssh-keygen" not in script
     assert '(umask 077 && cat /etc/mlbench-ssh/ssh_host_ed25519_key > "$d/host_key"' in script
     assert ' -h "$d/host_key" ' in script
+    assert "-o AuthorizedKeysFile=/etc/mlbench-ssh/authorized_keys" in script
+    for option in ("LoginGraceTime=30", "ClientAliveInterval=15", "ClientAliveCountMax=4", "PasswordAuthentication=no"):
+        assert f"-o {option}" in script
 
 
 def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
@@ -254,9 +257,6 @@ def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
     script = builders.WORKER_SCRIPT
     assert f"d={PRIVATE_SSH_DIR}\n" in script
     assert f'cat /etc/mlbench-ssh/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")' in script
-    assert "-o AuthorizedKeysFile=/etc/mlbench-ssh/authorized_keys" in script
-    for option in ("LoginGraceTime=30", "ClientAliveInterval=15", "ClientAliveCountMax=4", "PasswordAuthentication=no"):
-        assert f"-o {option}" in script
 
 
 @pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o444)])

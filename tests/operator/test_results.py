@@ -116,6 +116,12 @@ def test_from_log_says_why_there_is_nothing() -> None:
     assert r.from_log("mpirun output\n")[1].startswith("the launcher's log has no results line")
     bad = '{"event": "run_results", "schema": "other"}'
     assert r.from_log(bad)[1].startswith("the launcher's results line is unreadable: unknown results schema")
+    # a log read up to its limit: the reason says the tail was too long, not only that the line is broken
+    giant = "x" * r.LOG_BYTES
+    said = r.from_log(giant)[1]
+    assert said.startswith("the launcher's log has no results line")
+    assert said.endswith(f"of which only the first {r.LOG_BYTES} are read (lines that long are not the runner's)")
+    assert "over" not in r.from_log("mpirun output\n")[1]
 
 
 def test_status_records_size_and_truncation() -> None:

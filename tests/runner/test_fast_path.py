@@ -365,6 +365,10 @@ def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(
     assert grouped[0].setup is not None
     parameters = sum(p.numel() for p in grouped[0].setup.model.parameters())
     assert reduced.count(parameters) == 5, reduced  # the gradients, once per step (none without the group)
+    # and the summary declares what was sent: an all-reduce of the gradients with the group, nothing alone
+    plans = {g: r.communication for g, (_, r) in runs.items() if r is not None}
+    declared = {g: (c.collectives, c.bytes_per_step) for g, c in plans.items() if c is not None}
+    assert declared == {False: ([], 0), True: (["all-reduce"], parameters * 4)}
 
 
 @pytest.mark.timeout(300)

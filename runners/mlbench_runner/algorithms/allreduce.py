@@ -48,7 +48,8 @@ class AllReduceSGD(DistributedAlgorithm):
 
     def plan(self, model: nn.Module) -> CommunicationPlan:
         size = parameter_bytes(model)
-        return CommunicationPlan(("all-reduce",) if self.comm.size > 1 else (), size if self.comm.size > 1 else 0, size)
+        sent = not self.comm.alone()  # a process group of one rank all-reduces too (MLBENCH_PROCESS_GROUP=1)
+        return CommunicationPlan(("all-reduce",) if sent else (), size if sent else 0, size)
 
 
 @register("centralized-adam")
@@ -90,7 +91,8 @@ class DDPBaseline(DistributedAlgorithm):
     def plan(self, model: nn.Module) -> CommunicationPlan:
         # It all-reduces every gradient once per step, as the reference does.
         size = parameter_bytes(model)
-        return CommunicationPlan(("all-reduce",) if self.comm.size > 1 else (), size if self.comm.size > 1 else 0, size)
+        sent = not self.comm.alone()  # a process group of one rank all-reduces too (MLBENCH_PROCESS_GROUP=1)
+        return CommunicationPlan(("all-reduce",) if sent else (), size if sent else 0, size)
 
     # before_evaluation: the base class's average. DDP broadcasts rank 0's buffers at the
     # start of each forward, but BatchNorm then updates them from the rank's own batch, so
