@@ -664,3 +664,29 @@ def test_non_root_pods_accept_the_secret_modes(run_as_user: int | None, owner_gr
             assert "Accepted publickey for" in worker.log.read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_mpirun_tree_spawn_goes_through_a_worker(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open MPI's tree spawn (the default; the launcher starts only its children in a radix tree, ``routed_radix``
+    64, so past 64 workers): here a chain (radix 1), so worker 0's daemon starts worker 1's over ssh. It does so
+    with the launcher's own ssh options, ``-i <the launcher's private copy>`` included: why every worker keeps its
+    copy of the client key at that same path (WORKER_SCRIPT; ``test_workers_keep_the_client_key_where_the_launcher
+    _does``). The run succeeds through the chain."""
+    real_env = launcher_env
+
+    def chained(*args: Any, **kwargs: Any) -> dict[str, str]:
+        return {**real_env(*args, **kwargs), "OMPI_MCA_routed_radix": "1", "OMPI_MCA_plm_base_verbose": "10"}
+
+    monkeypatch.setattr(sys.modules[__name__], "launcher_env", chained)
+    log = tmp_path / "termination-log"
+    proc = launch(cluster, cluster.paths[n.SSH_DIR], log)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert RunSummary.from_termination_message(log.read_text()).environment.world_size == WORKERS
+    key = cluster.launcher_env()["MLBENCH_SSH_PRIVATE_DIR"] + "/" + n.SSH_PRIVATE_KEY
+    by_daemon = [line for line in proc.stdout.splitlines() if ",0],1] plm:rsh: final template argv" in line]
+    assert by_daemon, "worker 0's daemon spawned nobody: no tree spawn"
+    template = proc.stdout.split(by_daemon[0], 1)[1].splitlines()[1]  # the argv follows on the next line
+    assert f"-i {key} " in template, template
+    assert "-o HostKeyAlias=" in template
