@@ -21,7 +21,7 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	command -v ssh-keygen >/dev/null || missing="$$missing openssh-client"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v lua5.4 >/dev/null || missing="$$missing lua5.4"; \
-	$(or $(MLBENCH_PYTHON),python3) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	$(or $(MLBENCH_PYTHON),python3) -c 'import ensurepip' 2>/dev/null || missing="$$missing $$(basename $(or $(MLBENCH_PYTHON),python3))-venv"; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  command -v containerd >/dev/null || missing="$$missing containerd"; \
 	  command -v runc >/dev/null || missing="$$missing runc"; \
