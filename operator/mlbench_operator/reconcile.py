@@ -909,6 +909,35 @@ def deadline_exceeded(inp: PlanInput) -> Plan | None:
     return _finished(inp, st)
 
 
+def _launcher_stop_wait(
+    launcher: PodView | None, workers: Mapping[int, PodView], total: int, now: datetime
+) -> float | None:
+    """Seconds to keep the world of a running launcher that is being deleted (a drain, an eviction,
+    ``kubectl delete pod``): its PID 1 passes the stop on to the ranks through mpirun and prints rank 0's
+    summary (stop reason ``interrupted``) on its way out, over the workers' ssh sessions. Deleting the
+    workers at once (the gang restart for a lost launcher) could cut that off. Until the launcher has
+    stopped (its pod fails or goes) or its deletion is due (``deletionTimestamp``, the kubelet's own
+    deadline). None: decide now (not that case, or a worker already failed or is lost)."""
+    if launcher is None or not launcher.terminating or launcher.phase != PodPhase.RUNNING:
+        return None
+    if any(w.phase == PodPhase.FAILED or w.terminating for w in workers.values()) or len(workers) < total:
+        return None
+    due = c.parse_time(launcher.deletion_timestamp)
+    left = (due - now).total_seconds() if due is not None else 0.0
+    return left if left > 0 else None
+
+
+def launcher_stopping_hold(inp: PlanInput) -> Plan | None:
+    """A running launcher is being deleted: decide nothing while it stops its ranks (see
+    :func:`_launcher_stop_wait`); then :func:`gang_failure` restarts the gang as for any lost launcher."""
+    if not c.holds(inp.old.conditions, c.RUNNING):
+        return None
+    hold = _launcher_stop_wait(inp.launcher, inp.workers, inp.total, inp.now)
+    if hold is None:
+        return None
+    return Plan(status=inp.status().dump(), requeue_after=hold)
+
+
 def root_cause_hold(inp: PlanInput) -> Plan | None:
     """The launcher failed while every worker still runs: decide nothing for up to
     :data:`ROOT_CAUSE_GRACE_SECONDS`, so that a worker can report the real cause first."""
@@ -1078,6 +1107,7 @@ POLICIES: tuple[Policy, ...] = (
     launcher_aborted,
     deadline_exceeded,
     root_cause_hold,
+    launcher_stopping_hold,
     gang_failure,
     stale_attempt,
     make_progress,

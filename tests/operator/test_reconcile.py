@@ -274,6 +274,42 @@ def test_launcher_lost_while_running_is_a_failure() -> None:
     assert not plan.create_launcher
 
 
+def _deleted(view: PodView, due: datetime) -> PodView:
+    """``view`` being deleted (a drain, an eviction, kubectl delete pod): the kubelet's deadline ``due``."""
+    return dataclasses.replace(view, terminating=True, deletion_timestamp=due.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+@pytest.mark.parametrize(
+    ("launcher_phase", "worker_lost", "due_in", "held"),
+    [
+        ("Running", False, 30, 30.0),  # stopping its ranks: keep the world until it is done or due
+        ("Running", False, -1, None),  # its deletion is due: the kubelet kills it, decide now
+        ("Failed", False, 30, None),  # it stopped: its own status says how (gang_failure)
+        ("Running", True, 30, None),  # a worker is gone too: that is the cause, decide now
+    ],
+)
+def test_a_deleted_running_launcher_keeps_its_world_while_it_stops_the_ranks(
+    launcher_phase: str, worker_lost: bool, due_in: int, held: float | None
+) -> None:
+    """Deleting the workers at once (the gang restart for a lost launcher) cut off rank 0's interrupted
+    summary on its way out through mpirun (seen once in e2e: "lost communication with a remote daemon")."""
+    body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 2}))
+    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    assert plan.status["phase"] == "Running"
+    launcher = _deleted(pod(builders.launcher_pod(ctx, 0), phase=launcher_phase), T0 + timedelta(seconds=due_in))
+    world = workers(ctx)
+    if worker_lost:
+        world[1] = _deleted(world[1], T0 + timedelta(seconds=30))
+    _, plan = step(body, ctx, [*world, launcher])
+    if held is not None:
+        assert plan.requeue_after == held
+        assert plan.status.get("restarts", 0) == 0
+        assert not plan.delete_stale
+    else:
+        assert plan.status["restarts"] == 1
+        assert plan.requeue_after != 30.0
+
+
 def test_launcher_dns_wait_failure_is_shown() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
     obj = builders.launcher_pod(ctx, 0)
@@ -941,6 +977,7 @@ def test_the_policies_and_their_order() -> None:
         "launcher_aborted",
         "deadline_exceeded",
         "root_cause_hold",
+        "launcher_stopping_hold",
         "gang_failure",
         "stale_attempt",
         "make_progress",
