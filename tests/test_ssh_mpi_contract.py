@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -161,20 +162,25 @@ def container_env(container: Obj, pod: Obj, paths: Mapping[str, Path]) -> dict[s
     return env
 
 
+#: Ports below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999 by default): the kernel never
+#: hands one out by itself, so no outgoing connection or ``bind(0)`` (ssh, orted, another test) takes it between
+#: this choice and the bind that needs it (seen once: rank 0's rendezvous port taken, EADDRINUSE).
+CHOSEN_PORTS = range(20000, 32768)
+
+
 def free_port(addrs: Iterable[str]) -> int:
-    """A TCP port that is free on every one of ``addrs``."""
+    """A TCP port that is free on every one of ``addrs``, outside the ephemeral range."""
     addrs = list(addrs)
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((addrs[0], 0))
-            port = int(s.getsockname()[1])
-            try:
-                for addr in addrs[1:]:
-                    with socket.socket() as t:
-                        t.bind((addr, port))
-            except OSError:
-                continue
-            return port
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(CHOSEN_PORTS)
+        try:
+            for addr in addrs:
+                with socket.socket() as s:
+                    s.bind((addr, port))
+        except OSError:
+            continue
+        return port
     raise RuntimeError(f"no common free port on {addrs}")
 
 
