@@ -423,20 +423,28 @@ def _rank_whose_capture_may_fail(rank: int, port: int, out: str, fast_path: str 
     Trainer(config, world, Options(max_steps=3, fast_path=fast_path)).run()
 
 
-@pytest.mark.timeout(180)
-def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """Ranks never run different steps: the fallback is agreed with one all-reduce after capture."""
+def _two_ranks_whose_capture_may_fail(tmp_path: Path, fast_path: str) -> list[Any]:
+    """Two gloo ranks started in spawned processes (:func:`_rank_whose_capture_may_fail`): a 2-rank run's
+    config in ``tmp_path``; rank 1's capture raises."""
     config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
     (tmp_path / "config.json").write_text(config.dump())
     ctx = multiprocessing.get_context("spawn")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=(r, port, str(tmp_path))) for r in (0, 1)]
+    args = [(r, port, str(tmp_path), fast_path) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=a) for a in args]
     for p in procs:
         p.start()
+    return procs
+
+
+@pytest.mark.timeout(180)
+def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ranks never run different steps: the fallback is agreed with one all-reduce after capture."""
+    procs = _two_ranks_whose_capture_may_fail(tmp_path, "auto")
     for p in procs:
         p.join(150)
         assert p.exitcode == 0
@@ -458,15 +466,7 @@ def test_with_the_fast_path_required_a_capture_failing_on_one_rank_stops_every_r
 ) -> None:
     """MLBENCH_FAST_PATH=on: the rank whose capture failed raises its error and the others raise too, after
     the same vote (it raised before the vote, and its peers waited in it until gloo's timeout)."""
-    config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
-    (tmp_path / "config.json").write_text(config.dump())
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=(r, port, str(tmp_path), "on")) for r in (0, 1)]
-    for p in procs:
-        p.start()
+    procs = _two_ranks_whose_capture_may_fail(tmp_path, "on")
     for p in procs:
         p.join(60)
     alive = [r for r, p in enumerate(procs) if p.is_alive()]

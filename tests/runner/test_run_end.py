@@ -59,17 +59,10 @@ def test_the_stop_reason_names_how_the_run_ended(
         assert (summary.status, summary.stop_reason) == ended
 
 
-def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """accuracy-after-time: the target crossed after epoch 1 and lost by the end is not reached, and the
-    gauge says so at the end as the summary does (it stayed 1). Before the first evaluation the page has
-    no accuracy, loss or throughput sample at all (a 0 read as an accuracy in ``kubectl get``)."""
+def _kept_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every RunnerMetrics the trainer makes from now on, in order (to read their registries afterwards)."""
     from mlbench_runner import train
 
-    task = logreg_task(batch=10, epochs=3, train=100, features=8)
-    task["goal"] = {"target": 0.6, "metric": "test-accuracy", "mode": "accuracy-after-time", "timeBudgetSeconds": 600}
-    config = make_config(task, tmp_path / "out", 1)
     registries: list[train.RunnerMetrics] = []
     made = train.RunnerMetrics
 
@@ -78,6 +71,20 @@ def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until
         return registries[-1]
 
     monkeypatch.setattr(train, "RunnerMetrics", keep)
+    return registries
+
+
+def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accuracy-after-time: the target crossed after epoch 1 and lost by the end is not reached, and the
+    gauge says so at the end as the summary does (it stayed 1). Before the first evaluation the page has
+    no accuracy, loss or throughput sample at all (a 0 read as an accuracy in ``kubectl get``)."""
+
+    task = logreg_task(batch=10, epochs=3, train=100, features=8)
+    task["goal"] = {"target": 0.6, "metric": "test-accuracy", "mode": "accuracy-after-time", "timeBudgetSeconds": 600}
+    config = make_config(task, tmp_path / "out", 1)
+    registries = _kept_metrics(monkeypatch)
     accuracies, seen = iter([0.9, 0.3, 0.4]), []
 
     def evaluate(self: Trainer, s: object) -> tuple[float, float]:
@@ -115,17 +122,9 @@ def test_steps_are_counted_with_the_phase_timer_off(
     """``MLBENCH_PHASE_TIMING=0`` drops the phase times, not the steps: ``mlbench_steps_total`` (the operator's
     progress and stall detection) still counts every step; the step histogram and the summary's phase means
     get nothing rather than zero-second steps."""
-    from mlbench_runner import train
 
     config = make_config(logreg_task(batch=10, epochs=2, train=100, features=8), tmp_path / "out", 1)
-    registries: list[train.RunnerMetrics] = []
-    made = train.RunnerMetrics
-
-    def keep(*args: object, **kwargs: object) -> train.RunnerMetrics:
-        registries.append(made(*args, **kwargs))  # type: ignore[arg-type]
-        return registries[-1]
-
-    monkeypatch.setattr(train, "RunnerMetrics", keep)
+    registries = _kept_metrics(monkeypatch)
     Trainer(config, SINGLE, Options(phase_timing=phase_timing)).run()
     registry = registries[0].registry
     assert registry.get_sample_value("mlbench_steps_total") == 20  # 2 epochs of 100 samples in batches of 10
