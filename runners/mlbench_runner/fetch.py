@@ -259,7 +259,7 @@ def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
                     FetchReason.FETCH_FAILED,
                     f"archive member {member.name!r} links to {member.linkname!r}: a symlink may not point up",
                 )
-            if member.islnk() and _through_symlink(target + "/", symlinks) is not None:
+            if member.islnk() and _through_symlink(target, symlinks) is not None:
                 raise FetchError(
                     FetchReason.FETCH_FAILED, f"archive member {member.name!r} links to a file under a symlink"
                 )

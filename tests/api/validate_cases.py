@@ -40,6 +40,12 @@ spec:
 """
 
 
+def item(text: str, depth: int = 1) -> str:
+    """``text`` (a document) as a YAML list item ``depth`` lists deep, after its ``- ``: every line but the
+    first indented to match."""
+    return text.replace("\n", "\n" + "  " * depth).rstrip()
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -110,24 +116,20 @@ CASES = [
     # a List's items, applied one by one as kubectl applies them
     Case(
         "list-with-an-invalid-item",
-        "apiVersion: v1\nkind: List\nitems:\n- "
-        + TASK.replace("\n", "\n  ").rstrip()
-        + "\n- "
-        + (RUN + "  workers: 0\n").replace("\n", "\n  ").rstrip()
-        + "\n",
+        "apiVersion: v1\nkind: List\nitems:\n- " + item(TASK) + "\n- " + item(RUN + "  workers: 0\n") + "\n",
         accepted=False,
         mention="spec.workers",
     ),
     Case(
         "list-of-valid-items",
-        "apiVersion: v1\nkind: List\nitems:\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
+        "apiVersion: v1\nkind: List\nitems:\n- " + item(RUN) + "\n",
         accepted=True,
     ),
     # kubectl does not flatten twice: a valid run inside a List inside a List is refused
     Case(
         "list-in-a-list",
         "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: List\n  items:\n  - "
-        + RUN.replace("\n", "\n    ").rstrip()
+        + item(RUN, depth=2)
         + "\n",
         accepted=False,
         mention="list item 0: kind: a List inside a List",
@@ -135,13 +137,13 @@ CASES = [
     Case(
         "typed-list-in-a-list",
         "apiVersion: v1\nkind: List\nitems:\n- apiVersion: mlbench.io/v1alpha1\n"
-        "  kind: BenchmarkRunList\n  items:\n  - " + RUN.replace("\n", "\n    ").rstrip() + "\n",
+        "  kind: BenchmarkRunList\n  items:\n  - " + item(RUN, depth=2) + "\n",
         accepted=False,
         mention="a BenchmarkRunList inside a List",
     ),
     Case(
         "list-with-a-null-item",
-        "apiVersion: v1\nkind: List\nitems:\n- null\n- " + RUN.replace("\n", "\n  ").rstrip() + "\n",
+        "apiVersion: v1\nkind: List\nitems:\n- null\n- " + item(RUN) + "\n",
         accepted=False,
         mention="list item 0: expected a Kubernetes object (a mapping), got null",
     ),
@@ -169,7 +171,7 @@ CASES = [
     Case(
         "typed-list-item-of-another-kind",
         "apiVersion: mlbench.io/v1alpha1\nkind: BenchmarkRunList\nitems:\n- "
-        + RUN.replace("\n", "\n  ").rstrip()
+        + item(RUN)
         + "\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: cm}\n",
         accepted=False,
         mention="list item 1: kind: expected BenchmarkRun",
