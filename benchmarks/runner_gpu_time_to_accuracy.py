@@ -326,6 +326,7 @@ def step_profile(
     for name, path in (("fast", "fast"), ("eager", "eager"), ("control", "eager")):
         s = Trainer(config, SINGLE, runner_options(base, path))._setup()
         order = _order(s)
+        setups[name + "@0"] = _flat_parameters(s)
         _steps(s, order, 0, 1, lr)
         setups[name + "@1"] = _flat_parameters(s)
         _steps(s, order, 1, n - 1, lr)
@@ -335,6 +336,11 @@ def step_profile(
     rows["fast"]["max_param_difference_1_step"] = float((setups["fast@1"] - setups["eager@1"]).abs().max())
     rows["fast"]["max_param_difference_eager_control"] = float((setups["control"] - eager).abs().max())
     rows["fast"]["max_param"] = float(eager.abs().max())
+    # how far the steps moved the parameters: a difference of 0 means the same arithmetic, not that nothing ran
+    rows["fast"]["max_param_change"] = float((eager - setups["eager@0"]).abs().max())
+    rows["fast"]["same_start"] = all(
+        bool(torch.equal(setups[name + "@0"], setups["eager@0"])) for name in ("fast", "control")
+    )
     return rows
 
 
@@ -525,6 +531,11 @@ def print_profile(rows: dict[str, dict[str, Any]], n: int) -> None:
             f"(largest parameter {fast['max_param']:.3g}); eager vs eager (the round-off control): "
             f"{fast.get('max_param_difference_eager_control', float('nan')):.3g} after {n}"
         )
+        if "max_param_change" in fast:  # older saved results lack it
+            print(
+                f"largest parameter change over the {n} eager steps: {fast['max_param_change']:.3g}; "
+                f"the three runs start from {'the same' if fast['same_start'] else 'DIFFERENT'} parameters"
+            )
     print(
         f"ms/step: synchronised wall clock, median of {OVERHEAD_BLOCKS // 2} blocks; untimed: the phase timer's CUDA "
         "events off, in the blocks between (the same set-up)"

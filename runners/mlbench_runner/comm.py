@@ -113,7 +113,8 @@ class TorchCommunicator(Communicator):
         # point-to-point calls do not): a GPU run over gloo exchanges through host copies, which its
         # communication time then includes, as it would on any transport without GPU support
         staged = host_staged(self.name, tensor.device)
-        send = tensor.detach().cpu() if staged else tensor.contiguous()
+        send = tensor.detach().contiguous()  # a transposed view: gloo sends contiguous memory only
+        send = send.cpu() if staged else send
         received = [torch.empty_like(send, memory_format=torch.contiguous_format) for _ in peers]
         ops = [dist.P2POp(dist.isend, send, peer) for peer in peers]
         ops += [dist.P2POp(dist.irecv, buf, peer) for buf, peer in zip(received, peers, strict=True)]

@@ -393,7 +393,7 @@ def test_mpi_ring_of_4_mixes_with_w(tmp_path: Path) -> None:
 )
 def test_gloo_exchanges_device_tensors_through_host_memory(backend: str, device: str, staged: bool) -> None:
     """decentralized-sgd on GPUs over gloo (resources.gpu with the default backend): the gossip exchange goes
-    through host copies. The staging itself needs a GPU to run (not run here)."""
+    through host copies. The staging itself runs in tests/runner/test_comm_devices.py (its cuda case on a GPU)."""
     from mlbench_runner.comm import host_staged
 
     assert host_staged(backend, torch.device(device)) is staged
