@@ -166,8 +166,13 @@ class FastStep:
         #: which shares its parameters and buffers. Compiling happens at the first call, in :meth:`warm_up`.
         self.net: nn.Module = model
         self.compiled = compile
+        #: Seconds spent wrapping the model: torch.compile imports its compiler stack here (about 2 s on CPU),
+        #: initialisation that the run's clock leaves out with the warm-up (the compiling itself happens there).
+        self.compile_seconds = 0.0
         if compile:
+            start = time.perf_counter()
             self.net = torch.compile(model, dynamic=False)  # type: ignore[assignment]
+            self.compile_seconds = time.perf_counter() - start
         self.sgd = FlatSGD(
             self.params.flat, grads.flat, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
         )
@@ -297,10 +302,11 @@ class FastStep:
 def capture_checked(fast: FastStep, kernel: TaskKernel, batch: int, seed: int, lr: float) -> tuple[float, float]:
     """Capture on one synthetic batch and check the graphs on another; (seconds of both, difference).
 
-    Both are initialisation on synthetic batches (no data is read), left out of the run's clock together. Why
-    the check too: with torch.compile, a run whose clock left out the capture alone had about 8 s of its 41 s
-    to the goal outside its epochs (H100; about 0.7 s without compile), most likely the check's eager step
-    compiling again on the default stream (not confirmed on the GPU since).
+    Both are initialisation on synthetic batches (no data is read), left out of the run's clock together with
+    the step's :attr:`FastStep.compile_seconds` (the caller adds those). Why: with torch.compile, a run whose
+    clock left out the capture alone had about 8 s of its 41 s to the goal outside its epochs (H100; 0.7 s
+    without compile); on CPU the wrapper alone was 2 s of it. What the check's own eager step costs on the
+    GPU is not measured separately.
 
     Raises when the capture fails or the replayed step is not the eager one to round-off.
     """

@@ -323,6 +323,7 @@ class Trainer:
             failure, error = "", None
             try:
                 capture_seconds, difference = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
+                capture_seconds += fast.compile_seconds
             except Exception as exc:
                 failure, error = f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}", exc
             # Every rank takes the same path: one whose capture failed sends the others to eager too, or, with
@@ -347,7 +348,7 @@ class Trainer:
         """The flat step (no graphs); compiled (MLBENCH_COMPILE) on a synthetic batch first, outside the clock."""
         if not fast.compiled:
             return ExecutionRecord(choice.path, choice.reason)
-        seconds = fast.warm_up(*batch)
+        seconds = fast.compile_seconds + fast.warm_up(*batch)
         self.clock.exclude(seconds)
         self.log.event("fast_path", capture_s=round(seconds, 3), compiled=True)
         return ExecutionRecord(choice.path, choice.reason, seconds, compiled=True)
