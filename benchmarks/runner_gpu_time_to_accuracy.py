@@ -585,11 +585,34 @@ def print_results(saved: dict[str, Any]) -> None:
             capture = f"; warm-up and capture {r['capture_s']:.2f} s" if r.get("capture_s") else ""
             compiled = ", torch.compile" if r.get("compiled") else ""
             print(f"{path}: {r['training_step']}{compiled} ({r['training_step_reason']}{capture})")
-    fast, plain = results.get("fast", {}), results.get("plain", {})
-    if fast.get("time_to_goal_s") and plain.get("time_to_goal_s"):
-        print(f"time to goal, plain / fast: {plain['time_to_goal_s'] / fast['time_to_goal_s']:.2f}x")
+    for line in speedups(results):
+        print(line)
     if saved["profile"]:
         print_profile(saved["profile"], args["profile"])
+
+
+def speedups(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Plain over each runner path in the same invocation: time to goal, the issue's headline, and per epoch
+    (training + evaluation), which does not depend on how many epochs each run happened to need."""
+    plain = results.get("plain")
+    if not plain:
+        return []
+    lines = []
+    for path, r in results.items():
+        if path == "plain":
+            continue
+        per_epoch = plain["wall_s_per_epoch"] / r["wall_s_per_epoch"] if r["wall_s_per_epoch"] else None
+        goal = (
+            f"{plain['time_to_goal_s'] / r['time_to_goal_s']:.2f}x"
+            if plain.get("time_to_goal_s") and r.get("time_to_goal_s")
+            else "-"
+        )
+        epochs = f" ({plain['epochs']:.0f} against {r['epochs']:.0f} epochs)"
+        lines.append(
+            f"plain / {path}: time to goal {goal}{epochs}, per epoch "
+            f"{'-' if per_epoch is None else f'{per_epoch:.2f}x'}"
+        )
+    return lines
 
 
 def print_report(files: Sequence[Path]) -> None:

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import pwd
-import random
 import re
 import shutil
 import signal
@@ -48,6 +47,7 @@ from mlbench_operator.builders import RunContext
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from mlbench_runner.collect import read_remote, ssh_options
 from mlbench_runner.launch import DEFAULT_TERMINATION_LOG, private_key
+from mlbench_runner.world import free_port
 from tests.runner.helpers import logreg_task
 
 SSHD = "/usr/sbin/sshd"
@@ -160,28 +160,6 @@ def container_env(container: Obj, pod: Obj, paths: Mapping[str, Path]) -> dict[s
         else:
             env[var["name"]] = localize(var["value"], paths, ())
     return env
-
-
-#: Ports below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999 by default): the kernel never
-#: hands one out by itself, so no outgoing connection or ``bind(0)`` (ssh, orted, another test) takes it between
-#: this choice and the bind that needs it (seen once: rank 0's rendezvous port taken, EADDRINUSE).
-CHOSEN_PORTS = range(20000, 32768)
-
-
-def free_port(addrs: Iterable[str]) -> int:
-    """A TCP port that is free on every one of ``addrs``, outside the ephemeral range."""
-    addrs = list(addrs)
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.choice(CHOSEN_PORTS)
-        try:
-            for addr in addrs:
-                with socket.socket() as s:
-                    s.bind((addr, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no common free port on {addrs}")
 
 
 def descendants(pid: int) -> list[int]:

@@ -10,8 +10,9 @@ means a single process.
 from __future__ import annotations
 
 import os
+import random
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,59 @@ DEFAULT_HOSTFILE = "/etc/mlbench/hostfile"
 DEFAULT_PORT = 29500
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (a local rendezvous; racy by nature, fine for one machine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: Where Linux hands out ports by itself (``bind`` to port 0, outgoing connections) unless configured otherwise.
+DEFAULT_EPHEMERAL_PORTS = range(32768, 61000)
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port chosen for a rendezvous (well above the usual services).
+LOWEST_CHOSEN_PORT = 20000
+#: Fewer free ports than this outside the ephemeral range: choose from all of them instead.
+MIN_CHOICE = 1000
+
+
+def ephemeral_ports(text: str | None) -> range:
+    """The kernel's ephemeral range from ``ip_local_port_range``'s text ("low high"); Linux's default if unreadable."""
+    try:
+        low, high = (int(field) for field in (text or "").split())
+    except ValueError:
+        return DEFAULT_EPHEMERAL_PORTS
+    return range(low, high + 1) if 0 < low <= high < 65536 else DEFAULT_EPHEMERAL_PORTS
+
+
+def rendezvous_ports(ephemeral: range) -> range:
+    """Ports to choose a rendezvous from: below the ephemeral range, else above it, else any unprivileged one."""
+    if ephemeral.start - LOWEST_CHOSEN_PORT >= MIN_CHOICE:
+        return range(LOWEST_CHOSEN_PORT, ephemeral.start)
+    if 65536 - ephemeral.stop >= MIN_CHOICE:
+        return range(ephemeral.stop, 65536)
+    return range(1024, 65536)
+
+
+def free_port(addrs: Iterable[str] = ("127.0.0.1",), candidates: range | None = None) -> int:
+    """A TCP port free on every one of ``addrs`` now, chosen outside the kernel's ephemeral range.
+
+    Why outside: a port from ``bind(0)`` is an ephemeral one, which any outgoing connection (ssh, orted, a
+    client of another run) can be given between this choice and rank 0's bind of it (EADDRINUSE, seen once in
+    CI). The kernel never hands out a port outside its range by itself; a program binding the same port on
+    purpose still can, which is rare.
+    """
+    if candidates is None:
+        try:
+            text: str | None = EPHEMERAL_PORTS_FILE.read_text()
+        except OSError:  # not Linux
+            text = None
+        candidates = rendezvous_ports(ephemeral_ports(text))
+    addrs = list(addrs)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(candidates)
+        try:
+            for addr in addrs:
+                with socket.socket() as s:
+                    s.bind((addr, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port on {', '.join(addrs)} among {candidates.start}-{candidates.stop - 1}")
 
 
 @dataclass(frozen=True)

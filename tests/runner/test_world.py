@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
-from mlbench_runner.world import detect_world, parse_hostfile
+from mlbench_runner import world as world_module
+from mlbench_runner.world import detect_world, ephemeral_ports, free_port, parse_hostfile, rendezvous_ports
 
 
 def test_openmpi_env_uses_hostfile_first_host(tmp_path: Path) -> None:
@@ -47,3 +49,57 @@ def test_bad_values_name_the_variable(tmp_path: Path) -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("32768\t60999\n", range(32768, 61000)),
+        ("10000 20000", range(10000, 20001)),
+        (None, range(32768, 61000)),  # not Linux: Linux's default
+        ("", range(32768, 61000)),
+        ("32768", range(32768, 61000)),
+        ("high low", range(32768, 61000)),
+        ("40000 30000", range(32768, 61000)),
+    ],
+)
+def test_the_kernel_s_ephemeral_range(text: str | None, expected: range) -> None:
+    assert ephemeral_ports(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("ephemeral", "expected"),
+    [
+        (range(32768, 61000), range(20000, 32768)),  # Linux's default: below it
+        (range(1024, 50000), range(50000, 65536)),  # starts low: above it
+        (range(15000, 65000), range(1024, 65536)),  # no room either side: any unprivileged port
+    ],
+)
+def test_rendezvous_ports_avoid_the_ephemeral_range(ephemeral: range, expected: range) -> None:
+    assert rendezvous_ports(ephemeral) == expected
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_free(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bind(0) hands out an ephemeral port, which an outgoing connection can take before rank 0 binds it."""
+    ports_file = tmp_path / "ip_local_port_range"
+    ports_file.write_text("32768\t60999\n")
+    monkeypatch.setattr(world_module, "EPHEMERAL_PORTS_FILE", ports_file)
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < 32768 for port in ports), ports
+    assert len(ports) > 1, "chosen at random, so two runs starting together rarely meet"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        neighbour = next(port for port in (busy + 1, busy - 1) if port < 65536 and _bindable(port))
+        candidates = range(min(busy, neighbour), max(busy, neighbour) + 1)
+        assert {free_port(candidates=candidates) for _ in range(10)} == {neighbour}
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
