@@ -280,18 +280,29 @@ def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget
 PRIVATE_SSH_DIR = "/tmp/mlbench-sshd"
 
 
+class PodSetupError(RuntimeError):
+    """The launcher's own pod could not do its part (a full or read-only ``/tmp``): not the run's input, so not
+    exit code 2 (a failed run at once); a new launcher pod may well succeed, as the restart policy decides."""
+
+
 def private_key(path: str, directory: str | None = None) -> str:
     """A copy of the run's ssh client key that ssh accepts whoever runs the launcher: this user's, 0600.
     ssh refuses a key others may read when it owns the file, and the mounted one is root's (0440 + fsGroup
-    for the operator's UID; 0444 under the image's own user, which may be root)."""
+    for the operator's UID; 0444 under the image's own user, which may be root).
+
+    Raises OSError when the mounted key cannot be read (the run's input) and :class:`PodSetupError` when the
+    copy cannot be written (this pod's file system)."""
     data = Path(path).read_bytes()
     target = Path(directory or os.environ.get("MLBENCH_SSH_PRIVATE_DIR") or PRIVATE_SSH_DIR)
-    target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target, prefix=".key-")  # 0600, this user's
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    copy = target / Path(path).name
-    os.replace(tmp, copy)
+    try:
+        target.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target, prefix=".key-")  # 0600, this user's
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        copy = target / Path(path).name
+        os.replace(tmp, copy)
+    except OSError as exc:
+        raise PodSetupError(f"cannot write the ssh key's private copy under {target}: {exc}") from exc
     return str(copy)
 
 
@@ -305,6 +316,10 @@ def run_launch(args: argparse.Namespace) -> int:
         config = RunConfig.load(config_path)
         hosts = parse_hostfile(args.hostfile)
         ssh_key = private_key(args.ssh_key) if args.ssh_key else None
+    except PodSetupError as exc:
+        write_termination(args.termination_log, error_message(str(exc), 1))
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as exc:
         write_termination(args.termination_log, error_message(str(exc), 2))
         print(f"error: {exc}", file=sys.stderr)

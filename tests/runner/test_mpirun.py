@@ -221,3 +221,18 @@ def test_an_unreadable_client_key_is_the_launchers_input_error(tmp_path: Path) -
     proc = launch(path, out, 1, MLBENCH_SSH_KEY=str(tmp_path / "missing"))
     assert proc.returncode == 2, proc.stderr
     assert "missing" in (out / "termination-log").read_text()
+
+
+def test_a_key_copy_that_cannot_be_written_is_the_pods_failure_not_the_runs_input(tmp_path: Path) -> None:
+    """A full or read-only /tmp in the launcher pod: exit 1 (LauncherFailed, the restart policy decides), not
+    2 (InvalidInput: the run would fail at once, though a new pod may well succeed)."""
+    path, out = write_config(tmp_path, "tmpfull", 1)
+    key = tmp_path / "ssh-privatekey"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")  # the copy's directory cannot be made under a file, whoever runs this
+    proc = launch(path, out, 1, MLBENCH_SSH_KEY=str(key), MLBENCH_SSH_PRIVATE_DIR=str(blocked / "sshd"))
+    assert proc.returncode == 1, proc.stderr
+    message = json.loads((out / "termination-log").read_text())
+    assert message["exitCode"] == 1
+    assert "cannot write the ssh key's private copy" in message["error"]
