@@ -582,7 +582,7 @@ def print_results(saved: dict[str, Any]) -> None:
     print("wall = synchronised host wall clock (same kind for every path); device = runner's CUDA-event time")
     for path, r in results.items():
         if r.get("training_step_reason"):
-            capture = f"; warm-up and capture {r['capture_s']:.2f} s" if r.get("capture_s") else ""
+            capture = f"; set-up outside the clock {r['capture_s']:.2f} s" if r.get("capture_s") else ""
             compiled = ", torch.compile" if r.get("compiled") else ""
             print(f"{path}: {r['training_step']}{compiled} ({r['training_step_reason']}{capture})")
     for line in speedups(results):
@@ -633,6 +633,23 @@ def print_report(files: Sequence[Path]) -> None:
                 f"{stem:10} {path:8} {step:12} {division:8} {_time_to_goal(r):>13} {r['epochs']:>7.0f} "
                 f"{r['wall_s_per_epoch']:>16.2f}"
             )
+    across = lease_paths(records)
+    if "plain" in across and len(across) > 1:
+        print("across the stages (same machine, one after another; closed division on the whole training set):")
+        for line in speedups(across):
+            print(line)
+
+
+def lease_paths(records: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Every closed-division path run on the whole training set, keyed ``stage:path`` (``plain`` as it is), so
+    that plain from one stage is put over a path measured in another (the lease runs compiled on its own)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for stem, saved in records:
+        if saved["args"]["bf16"] or saved["args"]["subset"]:
+            continue
+        for path, r in saved["results"].items():
+            paths["plain" if path == "plain" else f"{stem}:{path}"] = r
+    return paths
 
 
 def main() -> None:

@@ -14,15 +14,15 @@
 #   smoke     60  fast step 1 epoch on 4096 images, 20-step profile and parity; the gate: if the fast
 #                 step fell back to eager (or never ran), nothing else runs (its log names the cause);
 #                 if only the profile failed (not ran out of time), the later stages run without --profile
-#   core     420  fast, plain and compiled (torch.compile) to 80 % side by side (the ratio, plain
-#                 first after fast so that a slow compile cannot cost it) and the 200-step profile;
-#                 a failed capture stops the stage (--fast-path on: the smoke gate saw fast's work)
-#   open      60  open division: fast step with bf16 autocast + channels_last to 80 %, profile 200
-#                 (likewise: a failed capture stops it rather than spend the lease on the eager step)
-#   eager     45  the eager reference step, 2 epochs (the third row: s/epoch; to 80 % ~200 s)
-#   ddp       45  DDP at world size 1 (nccl), 2 epochs
-# Not in the lease (measured on an H100 on 2026-11-27, docs/runner.md), by name only:
-#   compiled 110  fast step through torch.compile alone to 80 %, its profile row (--fast-path on)
+#   core     300  fast and plain to 80 % side by side (the ratio) and the 200-step profile
+#   compiled 110  fast step through torch.compile to 80 %, its 200-step profile row (its own stage, so that
+#                 a failed or slow compile cannot cost core's figures; the report puts plain over it)
+#   open      70  open division: fast step with bf16 autocast + channels_last to 80 %, profile 200
+#                 (these two stop at a failed capture instead of spending the lease on the eager step)
+#   eager     55  the eager reference step, 2 epochs (the third row: s/epoch; to 80 % ~200-250 s)
+#   ddp       60  DDP at world size 1 (nccl), 2 epochs
+# Seconds measured on an H100 (2026-11-27): smoke 41, core 282, compiled 68, open 61, eager 46, ddp 48;
+# at the default deadline the last stage may be skipped.
 #
 # Writes gpu.txt, log.txt and one JSON per stage under $OUT (8 files at most come back); each JSON
 # is rewritten as its paths finish, so a stopped stage keeps what it measured.
@@ -31,11 +31,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--help" ] || [ $# -eq 0 ]; then awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0; fi
 start=$SECONDS
 deadline=$((start + ${MLBENCH_GPU_SECONDS:-560}))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONPATH=/tmp/site:crds:operator:runners MLBENCH_DATA_DIR=$PWD/.gpudata PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
-order=(smoke core open eager ddp)  # the lease, most important first
+order=(smoke core compiled open eager ddp)  # the lease, most important first
 stages=()
 extra=()
 while [ $# -gt 0 ]; do
@@ -43,15 +39,22 @@ while [ $# -gt 0 ]; do
   if [ "$1" = lease ]; then stages+=("${order[@]}"); else stages+=("$1"); fi
   shift
 done
-declare -A need=([smoke]=60 [core]=420 [compiled]=110 [open]=60 [eager]=45 [ddp]=45)
+declare -A need=([smoke]=60 [core]=300 [compiled]=110 [open]=70 [eager]=55 [ddp]=60)
 declare -A opts=(
   [smoke]="--paths fast --max-epochs 1 --subset 4096 --profile 20"
-  [core]="--paths fast plain compiled --profile 200 --fast-path on"
+  [core]="--paths fast plain --profile 200"
   [compiled]="--paths compiled --profile 200 --profile-paths compiled --fast-path on"
   [open]="--paths fast --bf16 --profile 200 --fast-path on"
   [eager]="--paths eager --max-epochs 2"
   [ddp]="--paths ddp --max-epochs 2"
 )
+for stage in "${stages[@]}"; do  # before any time is spent
+  if [ -z "${opts[$stage]:-}" ]; then echo "gpu-run: unknown stage $stage (${!opts[*]} lease)" >&2; exit 2; fi
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=/tmp/site:crds:operator:runners MLBENCH_DATA_DIR=$PWD/.gpudata PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv || true
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
@@ -84,7 +87,6 @@ PYEOF
 }
 
 for stage in "${stages[@]}"; do
-  if [ -z "${opts[$stage]:-}" ]; then echo "gpu-run: unknown stage $stage (${order[*]} lease)" >&2; exit 2; fi
   left=$((deadline - SECONDS))
   if [ "$left" -lt "${need[$stage]}" ]; then
     echo "## $stage skipped: ${left} s left before the deadline, it needs about ${need[$stage]} s" | tee -a "$out/log.txt"
@@ -118,4 +120,4 @@ done
 saved=()
 for stage in "${stages[@]}"; do [ -s "$out/$stage.json" ] && saved+=("$out/$stage.json"); done
 [ ${#saved[@]} -gt 0 ] && python3 benchmarks/runner_gpu_time_to_accuracy.py --report "${saved[@]}" 2>&1 | tee -a "$out/log.txt"
-echo "## done at $((SECONDS - start)) s"
+echo "## done at $((SECONDS - start)) s" | tee -a "$out/log.txt"

@@ -294,6 +294,7 @@ def private_key(path: str, directory: str | None = None) -> str:
     copy cannot be written (this pod's file system)."""
     data = Path(path).read_bytes()
     target = Path(directory or os.environ.get("MLBENCH_SSH_PRIVATE_DIR") or PRIVATE_SSH_DIR)
+    tmp = None
     try:
         target.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target, prefix=".key-")  # 0600, this user's
@@ -302,6 +303,8 @@ def private_key(path: str, directory: str | None = None) -> str:
         copy = target / Path(path).name
         os.replace(tmp, copy)
     except OSError as exc:
+        if tmp is not None:  # no partial copy of a private key is left behind
+            Path(tmp).unlink(missing_ok=True)
         raise PodSetupError(f"cannot write the ssh key's private copy under {target}: {exc}") from exc
     return str(copy)
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -299,25 +299,31 @@ class FastStep:
         return float((replayed - eager).abs().max()) / scale
 
 
-def capture_checked(fast: FastStep, kernel: TaskKernel, batch: int, seed: int, lr: float) -> tuple[float, float]:
-    """Capture on one synthetic batch and check the graphs on another; (seconds of both, difference).
+class CaptureCheck(NamedTuple):
+    """What capturing the fast step took, each part in seconds, and how far its replay was from eager."""
 
-    Both are initialisation on synthetic batches (no data is read), left out of the run's clock together with
-    the step's :attr:`FastStep.compile_seconds` (the caller adds those). Why: with torch.compile, a run whose
-    clock left out the capture alone had about 8 s of its 41 s to the goal outside its epochs (H100; 0.7 s
-    without compile); on CPU the wrapper alone was 2 s of it. What the check's own eager step costs on the
-    GPU is not measured separately.
+    capture_seconds: float  #: warm-up (the compiling, with torch.compile) and capture
+    verify_seconds: float  #: the check: one replayed and one eager step
+    difference: float  #: relative, largest parameter
+
+
+def capture_checked(fast: FastStep, kernel: TaskKernel, batch: int, seed: int, lr: float) -> CaptureCheck:
+    """Capture on one synthetic batch and check the graphs on another.
+
+    Each part is timed on its own, for the ``fast_path`` event: the caller leaves the whole attempt out of
+    the clock (initialisation on synthetic batches), whose parts, with torch.compile, were once partly left in
+    (about 8 s of a 41 s H100 run's clock fell outside its epochs).
 
     Raises when the capture fails or the replayed step is not the eager one to round-off.
     """
+    capture_seconds = fast.capture(*kernel.synthetic_batch(batch, seed=seed))
     start = time.perf_counter()
-    fast.capture(*kernel.synthetic_batch(batch, seed=seed))
     difference = fast.verify(*kernel.synthetic_batch(batch, seed=seed + 1), lr=lr)
-    seconds = time.perf_counter() - start
+    verify_seconds = time.perf_counter() - start
     if not difference <= VERIFY_TOLERANCE:  # NaN fails too
         fast.graphs = None
         raise RuntimeError(
             f"a replayed step differs from the eager one by {difference:.3g} (relative; at most "
             f"{VERIFY_TOLERANCE:g} is round-off)"
         )
-    return seconds, difference
+    return CaptureCheck(capture_seconds, verify_seconds, difference)

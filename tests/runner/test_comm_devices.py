@@ -15,17 +15,24 @@ from pathlib import Path
 import pytest
 import torch
 
+from mlbench_runner import comm as comm_module
 from mlbench_runner.comm import TorchCommunicator, close_quietly
 from mlbench_runner.world import World, free_port
 
-DEVICES = [
+#: A device, or ``cpu-staged``: the exchange forced through the host staging, which runs the staging branch
+#: on CPU tensors, so that its code (a contiguous host copy of a transposed tensor) is tested without a GPU.
+CASES = [
     "cpu",
+    "cpu-staged",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
 ]
 
 
-def _rank(rank: int, port: int, out: str, device: str) -> None:
+def _rank(rank: int, port: int, out: str, case: str) -> None:
     """Each call with rank-dependent input; records the values and the device each result is on."""
+    device = case.removesuffix("-staged")
+    if case.endswith("-staged"):
+        comm_module.host_staged = lambda backend, device: True  # this spawned process only
     comm = TorchCommunicator(World(rank, 2, rank, 2, "127.0.0.1", port, "env"), "gloo")
     dev = torch.device(device)
     summed = torch.full((3,), float(rank + 1), device=dev)
@@ -45,11 +52,11 @@ def _rank(rank: int, port: int, out: str, device: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("device", DEVICES)
-def test_gloo_collectives_and_exchange_on_each_device(tmp_path: Path, device: str) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_gloo_collectives_and_exchange_on_each_device(tmp_path: Path, case: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), device)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), case)) for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -58,7 +65,7 @@ def test_gloo_collectives_and_exchange_on_each_device(tmp_path: Path, device: st
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record.pop("close_error") is None
-        assert {name: r["device"] for name, r in record.items()} == dict.fromkeys(record, device)
+        assert {name: r["device"] for name, r in record.items()} == dict.fromkeys(record, case.removesuffix("-staged"))
         values = {name: r["value"] for name, r in record.items()}
         peer = 1 - rank
         assert values == {

@@ -16,13 +16,17 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_gpu_time_to_accuracy.py"
 
 
-def _speedups(results: dict[str, dict[str, Any]]) -> list[str]:
+def _benchmark() -> Any:
     spec = importlib.util.spec_from_file_location("runner_gpu_time_to_accuracy", SCRIPT)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    lines: list[str] = module.speedups(results)
+    return module
+
+
+def _speedups(results: dict[str, dict[str, Any]]) -> list[str]:
+    lines: list[str] = _benchmark().speedups(results)
     return lines
 
 
@@ -51,3 +55,20 @@ def _path(goal: float | None, epochs: float, per_epoch: float) -> dict[str, Any]
 )
 def test_plain_over_each_runner_path(results: dict[str, dict[str, Any]], expected: list[str]) -> None:
     assert _speedups(results) == expected
+
+
+def test_the_lease_puts_plain_over_the_closed_paths_of_every_stage() -> None:
+    """The lease runs compiled in a stage of its own: its report puts core's plain over it; the smoke run (a
+    subset) and the open division (bf16) are not closed-division runs and stay out."""
+
+    def record(results: dict[str, dict[str, Any]], bf16: bool = False, subset: int | None = None) -> dict[str, Any]:
+        return {"args": {"bf16": bf16, "subset": subset}, "results": results}
+
+    fast, plain, compiled = _path(40.4, 13, 3.05), _path(219.4, 15, 14.25), _path(41.2, 13, 2.57)
+    records = [
+        ("smoke", record({"fast": _path(None, 1, 0.78)}, subset=4096)),
+        ("core", record({"fast": fast, "plain": plain})),
+        ("compiled", record({"compiled": compiled})),
+        ("open", record({"fast": _path(28.1, 11, 2.48)}, bf16=True)),
+    ]
+    assert _benchmark().lease_paths(records) == {"core:fast": fast, "plain": plain, "compiled:compiled": compiled}

@@ -236,3 +236,18 @@ def test_a_key_copy_that_cannot_be_written_is_the_pods_failure_not_the_runs_inpu
     message = json.loads((out / "termination-log").read_text())
     assert message["exitCode"] == 1
     assert "cannot write the ssh key's private copy" in message["error"]
+
+
+def test_a_key_copy_that_fails_half_way_leaves_no_partial_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_runner import launch as launch_module
+
+    mounted = tmp_path / "ssh-privatekey"
+    mounted.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")
+
+    def no_space(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(launch_module.os, "replace", no_space)
+    with pytest.raises(launch_module.PodSetupError, match="No space left"):
+        launch_module.private_key(str(mounted), str(tmp_path / "sshd"))
+    assert list((tmp_path / "sshd").iterdir()) == []
