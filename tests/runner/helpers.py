@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +183,22 @@ def read_ranks(out: Path, ranks: int) -> list[dict[str, Any]]:
 def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def spawn_ranks(target: Callable[..., None], *args: object, ranks: int = 2) -> list[BaseProcess]:
+    """``ranks`` spawned processes, each running ``target(rank, port, *args)``: one rendezvous port for all."""
+    from mlbench_runner.world import free_port
+
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs: list[BaseProcess] = [ctx.Process(target=target, args=(rank, port, *args)) for rank in range(ranks)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def join_all(procs: list[BaseProcess], timeout: float) -> None:
+    """Wait for each process; every one must have exited 0."""
+    for p in procs:
+        p.join(timeout)
+        assert p.exitcode == 0, f"{p.name} exited {p.exitcode}"

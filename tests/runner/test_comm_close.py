@@ -8,7 +8,6 @@ already there, which says whether rank 0 waited for it.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import re
 import time
 from pathlib import Path
@@ -19,7 +18,9 @@ import torch.distributed as dist
 
 from mlbench_runner import comm as comm_module
 from mlbench_runner.comm import TorchCommunicator, close_quietly
-from mlbench_runner.world import World, free_port
+from mlbench_runner.world import World
+
+from .helpers import join_all, spawn_ranks
 
 
 class Scenario(NamedTuple):
@@ -57,14 +58,7 @@ def _rank(rank: int, port: int, out: str, scenario: str) -> None:
 
 
 def _close(tmp_path: Path, scenario: str) -> list[dict[str, object]]:
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), scenario)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-        assert p.exitcode == 0
+    join_all(spawn_ranks(_rank, str(tmp_path), scenario), timeout=90)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

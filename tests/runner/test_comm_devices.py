@@ -9,7 +9,6 @@ everywhere and check the same values.
 from __future__ import annotations
 
 import json
-import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,9 @@ import torch
 
 from mlbench_runner import comm as comm_module
 from mlbench_runner.comm import TorchCommunicator, close_quietly
-from mlbench_runner.world import World, free_port
+from mlbench_runner.world import World
+
+from .helpers import join_all, spawn_ranks
 
 #: A device, or ``cpu-staged``: the exchange forced through the host staging, which runs the staging branch
 #: on CPU tensors, so that its code (a contiguous host copy of a transposed tensor) is tested without a GPU.
@@ -54,14 +55,7 @@ def _rank(rank: int, port: int, out: str, case: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", CASES)
 def test_gloo_collectives_and_exchange_on_each_device(tmp_path: Path, case: str) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), case)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(100)
-        assert p.exitcode == 0
+    join_all(spawn_ranks(_rank, str(tmp_path), case), timeout=100)
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record.pop("close_error") is None

@@ -9,8 +9,6 @@ by benchmarks/runner_gpu_time_to_accuracy.py.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from mlbench_runner.timing import PhaseTimer
 from mlbench_runner.train import Trainer, status_for
 from mlbench_runner.world import World
 
-from .helpers import launch_processes, logreg_task, make_config, resnet_task, write_cifar_python
+from .helpers import join_all, launch_processes, logreg_task, make_config, resnet_task, spawn_ranks, write_cifar_python
 
 SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
 
@@ -493,15 +491,7 @@ def _two_ranks_whose_capture_may_fail(tmp_path: Path, fast_path: str) -> list[An
     config in ``tmp_path``; rank 1's capture raises."""
     config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
     (tmp_path / "config.json").write_text(config.dump())
-    ctx = multiprocessing.get_context("spawn")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    args = [(r, port, str(tmp_path), fast_path) for r in (0, 1)]
-    procs = [ctx.Process(target=_rank_whose_capture_may_fail, args=a) for a in args]
-    for p in procs:
-        p.start()
-    return procs
+    return spawn_ranks(_rank_whose_capture_may_fail, str(tmp_path), fast_path)
 
 
 @pytest.mark.timeout(180)
@@ -509,10 +499,7 @@ def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Ranks never run different steps: the fallback is agreed with one all-reduce after capture."""
-    procs = _two_ranks_whose_capture_may_fail(tmp_path, "auto")
-    for p in procs:
-        p.join(150)
-        assert p.exitcode == 0
+    join_all(_two_ranks_whose_capture_may_fail(tmp_path, "auto"), timeout=150)
     summary = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
     assert summary.environment.training_step == "eager"
     assert summary.environment.training_step_reason == train_module.OTHER_RANK_CAPTURE_FAILED
