@@ -133,8 +133,9 @@ class Environment(ApiModel):
     training_step_reason: str | None = Field(default=None, description="Why that step ran (or why not the fast one).")
     capture_seconds: Finite | None = Field(
         default=None,
-        description="The fast step's warm-up (torch.compile, cuDNN autotuning), CUDA graph capture and the capture's "
-        "check against the eager step, all on synthetic batches, left out of the wall clock.",
+        description="The fast step's set-up on synthetic batches, left out of the wall clock: torch.compile's wrapper, "
+        "the warm-up (compiling, cuDNN autotuning), CUDA graph capture, the capture's check against the eager step "
+        "and the ranks' vote on it.",
     )
     compiled: bool | None = Field(
         default=None, description="The fast step's model ran through torch.compile (MLBENCH_COMPILE)."
