@@ -18,6 +18,14 @@ from mlbench_runner.comm import TorchCommunicator
 from mlbench_runner.timing import PhaseTimer
 
 
+def all_reduce_plan(algorithm: DistributedAlgorithm, model: nn.Module) -> CommunicationPlan:
+    """One all-reduce of every gradient per step, unless the rank is alone (a process group of one rank,
+    ``MLBENCH_PROCESS_GROUP=1``, all-reduces too)."""
+    size = parameter_bytes(model)
+    sent = not algorithm.comm.alone()
+    return CommunicationPlan(("all-reduce",) if sent else (), size if sent else 0, size)
+
+
 @register("allreduce-sgd")
 class AllReduceSGD(DistributedAlgorithm):
     """The reference: all-reduce the gradients after every mini-batch, divide by k.
@@ -47,9 +55,7 @@ class AllReduceSGD(DistributedAlgorithm):
             self.grads.flat.div_(self.comm.size)
 
     def plan(self, model: nn.Module) -> CommunicationPlan:
-        size = parameter_bytes(model)
-        sent = not self.comm.alone()  # a process group of one rank all-reduces too (MLBENCH_PROCESS_GROUP=1)
-        return CommunicationPlan(("all-reduce",) if sent else (), size if sent else 0, size)
+        return all_reduce_plan(self, model)
 
 
 @register("centralized-adam")
@@ -89,10 +95,7 @@ class DDPBaseline(DistributedAlgorithm):
         return None
 
     def plan(self, model: nn.Module) -> CommunicationPlan:
-        # It all-reduces every gradient once per step, as the reference does.
-        size = parameter_bytes(model)
-        sent = not self.comm.alone()  # a process group of one rank all-reduces too (MLBENCH_PROCESS_GROUP=1)
-        return CommunicationPlan(("all-reduce",) if sent else (), size if sent else 0, size)
+        return all_reduce_plan(self, model)  # every gradient once per step, as the reference does
 
     # before_evaluation: the base class's average. DDP broadcasts rank 0's buffers at the
     # start of each forward, but BatchNorm then updates them from the rank's own batch, so

@@ -51,6 +51,13 @@ def check_fetched(spec: DatasetSpec, path: Path) -> None:
         )
 
 
+def fetched_path(spec: DatasetSpec) -> Path:
+    """The dataset's path, resolved and checked against its fetch marker (:func:`check_fetched`)."""
+    path = resolve_path(spec.path)
+    check_fetched(spec, path)
+    return path
+
+
 def _is_cifar_python(path: Path) -> bool:
     """The standard pickled batches (``data_batch_1`` here or in ``cifar-10-batches-py/``)."""
     return path.is_dir() and ((path / "data_batch_1").exists() or (path / "cifar-10-batches-py").is_dir())
@@ -66,21 +73,16 @@ def load_dataset(spec: DatasetSpec) -> TensorDataset:
     elif fmt in (DatasetFormat.CIFAR_PYTHON, DatasetFormat.IMAGE_FOLDER, DatasetFormat.IMAGE_TARBALL):
         # The format names the family; the path decides the layout, so pointing a task at
         # another copy of CIFAR-10 (overrides.dataset) needs no format change.
-        path = resolve_path(spec.path)
-        check_fetched(spec, path)
+        path = fetched_path(spec)
         if _is_cifar_python(path):
             nested = path / "cifar-10-batches-py"
             ds = cifar.load_cifar_python(nested if nested.is_dir() else path)
         else:
             ds = cifar.load_image_archive(path)
     elif fmt is DatasetFormat.LIBSVM:
-        path = resolve_path(spec.path)
-        check_fetched(spec, path)
-        ds = tabular.load_libsvm_dataset(path)
+        ds = tabular.load_libsvm_dataset(fetched_path(spec))
     elif fmt is DatasetFormat.NPZ:
-        path = resolve_path(spec.path)
-        check_fetched(spec, path)
-        ds = tabular.load_npz(path)
+        ds = tabular.load_npz(fetched_path(spec))
     else:  # pragma: no cover - the enum is closed
         raise ValueError(f"dataset.format: unsupported {fmt}")
     if spec.test_subset is not None:
