@@ -24,10 +24,10 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -92,11 +93,38 @@ def kubectl_path() -> Path:
     return bin_dir() / "kubectl"
 
 
+def _runner_world() -> ModuleType:
+    """The runner's ``world`` module, loaded from its file: stdlib only, and ``python -m tests.cluster`` may run
+    where ``mlbench_runner`` is not importable."""
+    path = HERE.parent.parent / "runners" / "mlbench_runner" / "world.py"
+    spec = importlib.util.spec_from_file_location("mlbench_cluster_world", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_WORLD = _runner_world()
+#: ports this process has handed out: a port chosen but not yet bound still looks free
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = HOST) -> int:
-    """A currently free TCP port on ``host`` (tiny race accepted for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on ``host`` now, outside the kernel's ephemeral range, and not handed out before.
+
+    Why not ``bind(0)``: that gives an ephemeral port, which an outgoing connection (kubectl, a component's
+    client of etcd or the API server) can be given before the component binds it; the runner's chooser
+    (``mlbench_runner.world.free_port``) picks below that range. The choice is random, so ports handed out
+    by this process (a cluster's components are bound only when they start) are skipped.
+    """
+    for _ in range(100):
+        port = int(_WORLD.free_port([host]))
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} that this process has not handed out already")
 
 
 def _b64(path: Path) -> str:
