@@ -140,9 +140,12 @@ class E2E:
             run, lambda s: s.get("phase") in ("Succeeded", "Failed"), timeout, "a final phase", every
         )
 
-    def get_br(self, run: str) -> dict[str, str]:
-        """``kubectl get br RUN`` as a user sees it: printer columns by header."""
-        out = self.kubectl("get", "br", run, "-n", self.namespace).stdout.splitlines()
+    def get_br(self, run: str, wide: bool = False) -> dict[str, str]:
+        """``kubectl get br RUN`` as a user sees it: printer columns by header (``wide``: with ``-o wide``,
+        which adds the priority-1 columns such as READY)."""
+        out = self.kubectl(
+            "get", "br", run, "-n", self.namespace, *(["-o", "wide"] if wide else [])
+        ).stdout.splitlines()
         header, row = out[0], out[1]
         starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
         cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -33,13 +33,13 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
-def _watch_columns(e2e: E2E, run: str, seen: list[dict[str, str]], ready: list[float]) -> Any:
+def _watch_columns(e2e: E2E, run: str, workers: int, seen: list[dict[str, str]], ready: list[float]) -> Any:
     """Record ``kubectl get br`` rows while the run trains (to show progress appears live), and
-    when READY first showed every worker (the pod start-up time, printed with ``-rP``)."""
+    when READY (``-o wide``) first showed every worker (the pod start-up time, printed with ``-rP``)."""
 
     def every() -> None:
-        row = e2e.get_br(run)
-        if not ready and row.get("READY") == "2":
+        row = e2e.get_br(run, wide=True)
+        if not ready and row.get("READY") == str(workers):
             ready.append(time.monotonic())
         if row.get("PHASE") == "Running" and row.get("EPOCH") not in ("", "<none>"):
             seen.append(row)
@@ -47,10 +47,10 @@ def _watch_columns(e2e: E2E, run: str, seen: list[dict[str, str]], ready: list[f
     return every
 
 
-def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str) -> None:
+def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str, workers: int = 2) -> None:
     assert st.get("phase") == "Succeeded", f"{run} did not succeed: {json.dumps(st)[:2000]}\n{e2e.debug(run)}"
     result = st["result"]
-    assert result["worldSize"] == 2
+    assert result["worldSize"] == workers
     assert result["epochs"] >= 1
     assert 0.0 < result["finalAccuracy"] <= 1.0
     assert result["timeToGoalSeconds"] is not None
@@ -62,9 +62,9 @@ def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str) -> N
     assert float(row["EPOCH"]) == result["epochs"]
     assert float(row["ACCURACY"]) == pytest.approx(result["finalAccuracy"])
     log = e2e.logs(f"{run}-launcher")
-    # both ranks' output comes back through mpirun (tagged [job,rank]) from the worker pods
-    assert "[1,0]<stdout>" in log, log[-2000:]
-    assert "[1,1]<stdout>" in log, log[-2000:]
+    # every rank's output comes back through mpirun (tagged [job,rank]) from the worker pods
+    for rank in range(workers):
+        assert f"[1,{rank}]<stdout>" in log, log[-2000:]
 
 
 def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
@@ -98,16 +98,31 @@ def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
     assert "run_summary" in events
 
 
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_two_workers_train_in_real_pods(e2e: E2E, e2e_task: str, backend: str, tmp_path: Path) -> None:
+class Workers(NamedTuple):
+    """One run's shape; each case's workers and the launcher (100m) fit the test node's 2 CPUs."""
+
+    backend: str
+    workers: int
+    cpu: str
+
+
+#: Three workers: a hostfile of three pods, mpirun starting a daemon in each over ssh, a three-rank rendezvous.
+WORKER_CASES = [Workers("gloo", 3, "550m"), Workers("mpi", 2, "850m")]
+
+
+@pytest.mark.parametrize("case", WORKER_CASES, ids=lambda c: f"{c.backend}-{c.workers}")
+def test_workers_train_in_real_pods(e2e: E2E, e2e_task: str, case: Workers, tmp_path: Path) -> None:
+    backend, workers = case.backend, case.workers
     applied = time.monotonic()
-    run = e2e.run(f"train-{backend}", e2e_task, backend=backend)
+    resources = {"cpu": case.cpu, "memory": "2Gi"}
+    run = e2e.run(f"train-{backend}", e2e_task, backend=backend, workers=workers, resources=resources)
     seen: list[dict[str, str]] = []
     ready: list[float] = []
-    st = e2e.wait_finished(run, every=_watch_columns(e2e, run, seen, ready))
-    print(f"\n{backend}: apply -> 2/2 workers Ready in {ready[0] - applied:.1f} s" if ready else "")
-    _assert_succeeded(e2e, run, st, backend)
+    st = e2e.wait_finished(run, every=_watch_columns(e2e, run, workers, seen, ready))
+    _assert_succeeded(e2e, run, st, backend, workers)
     assert seen, "kubectl get br never showed an epoch while the run was Running"
+    assert ready, f"kubectl get br -o wide never showed READY {workers} while the run was Running"
+    print(f"\n{backend}: apply -> {workers}/{workers} workers Ready in {ready[0] - applied:.1f} s")
     assert _condition(st, "DatasetReady").get("status") == "True"
     print(f"\n{backend}: {e2e.get_br(run)}")
     _assert_results_kept(e2e, run, tmp_path)

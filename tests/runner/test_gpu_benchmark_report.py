@@ -72,3 +72,54 @@ def test_the_lease_puts_plain_over_the_closed_paths_of_every_stage() -> None:
         ("open", record({"fast": _path(28.1, 11, 2.48)}, bf16=True)),
     ]
     assert _benchmark().lease_paths(records) == {"core:fast": fast, "plain": plain, "compiled:compiled": compiled}
+
+
+def _record(results: dict[str, dict[str, Any]], seed: int | None = None, **args: Any) -> dict[str, Any]:
+    """A saved invocation; ``seed`` None: a file from before ``--seed`` (the default seed, 42)."""
+    base = {"bf16": False, "subset": None, **args}
+    return {"args": base if seed is None else {**base, "seed": seed}, "results": results}
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        pytest.param(
+            [
+                ("core", _record({"fast": _path(40.0, 13, 3.0), "plain": _path(220.0, 15, 14.0)})),
+                ("seed2", _record({"fast": _path(44.0, 14, 3.2)}, seed=2)),
+                ("seed3", _record({"fast": _path(None, 164, 3.1)}, seed=3)),
+            ],
+            [
+                "fast: 3 runs (seeds 42, 2, 3): time to goal 40.0 s, 44.0 s, not reached; mean -; "
+                "s/epoch (+eval) mean 3.10",
+                "plain / fast, means: time to goal -, per epoch 4.52x",
+            ],
+            id="a run short of the goal has no mean to the goal",
+        ),
+        pytest.param(
+            [
+                ("core", _record({"fast": _path(40.0, 13, 3.0), "plain": _path(220.0, 15, 14.0)})),
+                ("compiled", _record({"compiled": _path(34.0, 13, 2.5)})),
+                ("seed2", _record({"fast": _path(44.0, 14, 3.2), "compiled": _path(36.0, 14, 2.5)}, seed=2)),
+                ("open", _record({"fast": _path(28.0, 11, 2.4)}, seed=2, bf16=True)),
+                ("smoke", _record({"fast": _path(None, 1, 0.8)}, seed=2, subset=4096)),
+            ],
+            [
+                "fast: 2 runs (seeds 42, 2): time to goal 40.0 s, 44.0 s; mean 42.0 s; s/epoch (+eval) mean 3.10",
+                "plain / fast, means: time to goal 5.24x, per epoch 4.52x",
+                "compiled: 2 runs (seeds 42, 2): time to goal 34.0 s, 36.0 s; mean 35.0 s; s/epoch (+eval) mean 2.50",
+                "plain / compiled, means: time to goal 6.29x, per epoch 5.60x",
+            ],
+            id="the open division and the subset stay out",
+        ),
+        pytest.param(
+            [("core", _record({"fast": _path(40.0, 13, 3.0), "plain": _path(220.0, 15, 14.0)}))],
+            [],
+            id="every path once: nothing to add to the lease's lines",
+        ),
+    ],
+)
+def test_paths_run_more_than_once_get_their_mean(
+    records: list[tuple[str, dict[str, Any]]], expected: list[str]
+) -> None:
+    assert _benchmark().over_runs(records) == expected
