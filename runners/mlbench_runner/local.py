@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -615,13 +615,15 @@ def _prepare(args: argparse.Namespace, say: Any) -> tuple[RunConfig, Path, str]:
     return config, out, launcher
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mlbench run``; returns the exit code."""
+def main(argv: list[str] | None = None, on_start: Callable[[], None] | None = None) -> int:
+    """Entry point of ``mlbench run``; returns the exit code. ``on_start`` is called once every check has
+    passed and the previous run's results are gone, just before the ranks start (``mlbench sweep`` records
+    the run's ``run.yaml`` then, so that a refused run leaves the folder's record as it was)."""
     with stopping.interrupt_on():  # `timeout`'s SIGTERM, a closed terminal's SIGHUP: the Ctrl-C path
-        return _main(argv)
+        return _main(argv, on_start)
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, on_start: Callable[[], None] | None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     if not args.local:
@@ -638,15 +640,28 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("interrupted before the run started", file=sys.stderr)
         return INTERRUPTED
-    with running.marked(out):  # `mlbench results` must not score this folder as a crashed run meanwhile
-        return _run(args, config, out, launcher, env, say=say)
+    try:
+        with running.marked(out):  # `mlbench results` must not score this folder as a crashed run meanwhile
+            return _run(args, config, out, launcher, env, say=say, on_start=on_start)
+    except running.AlreadyRunning as exc:  # raised before the block runs: nothing of the other run was touched
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run(
-    args: argparse.Namespace, config: RunConfig, out: Path, launcher: str, env: dict[str, str], *, say: Any
+    args: argparse.Namespace,
+    config: RunConfig,
+    out: Path,
+    launcher: str,
+    env: dict[str, str],
+    *,
+    say: Any,
+    on_start: Callable[[], None] | None,
 ) -> int:
     """The ranks, their progress and the report: every check has passed."""
     clear_previous(out)
+    if on_start is not None:
+        on_start()
     config_path = out / "config.json"
     config_path.write_text(config.dump())
     env[CONFIG_ENV] = str(config_path)

@@ -31,11 +31,39 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+class AlreadyRunning(Exception):
+    """Another command runs in the folder now: two runs there would overwrite each other's files."""
+
+    def __init__(self, out: Path, pid: int | None) -> None:
+        who = f"mlbench run (pid {pid})" if pid else "another mlbench run"
+        super().__init__(f"--output: {who} is already running in {out}")
+        self.pid = pid
+
+
 @contextmanager
 def marked(out: Path) -> Iterator[None]:
-    """The marker in ``out`` for as long as the block runs."""
+    """The marker in ``out`` for as long as the block runs; :class:`AlreadyRunning` if a live command holds it.
+
+    The marker is created exclusively, so of two commands started at once in one folder exactly one runs. A
+    marker that names no live process here (a killed command's, or another machine's, which cannot be checked
+    and which ``mlbench results`` does not count either) is replaced.
+    """
     path = out / MARKER
-    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n"
+    for _ in range(10):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            pid = running_pid(out)
+            if pid is not None:
+                raise AlreadyRunning(out, pid) from None
+            path.unlink(missing_ok=True)  # stale; another command may take it first: the next try says so
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        break
+    else:
+        raise AlreadyRunning(out, None)
     try:
         yield
     finally:

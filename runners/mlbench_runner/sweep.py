@@ -27,6 +27,11 @@ from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, p
 DONE = ("succeeded", "kept")
 #: The outcome of a run stopped by Ctrl-C: the study stops there (exit 130), and ``--resume`` goes on.
 INTERRUPTED = "interrupted"
+#: The outcome of a run refused before its ranks started (its input, its data, another run in its folder): the
+#: folder's files, if any, are an earlier run's, and the study's table leaves them out.
+NOT_STARTED = "not started"
+#: A run's documents until its ranks start; then they are its folder's ``run.yaml`` (see :func:`run_one`).
+PENDING_RUN = "run.next.yaml"
 
 
 class SweepInputError(Exception):
@@ -161,7 +166,9 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
             print(f"run {run.name} failed and failurePolicy is Stop: the other runs are not started", flush=True)
             break
     summaries = []
-    for name in outcomes:
+    for name, outcome in outcomes.items():
+        if outcome.startswith(NOT_STARTED):
+            continue
         try:
             summaries.append(report.load_summary(out / name))
         except (FileNotFoundError, ValueError):
@@ -193,15 +200,29 @@ def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     from mlbench_runner import local
 
     folder.mkdir(parents=True, exist_ok=True)
-    run_file = folder / "run.yaml"
-    run_file.write_text(yaml.safe_dump_all(run_documents(args, run), sort_keys=False))
-    argv = [str(run_file), "--local", "--output", str(folder), "--launcher", args.launcher]
+    # The run is read from a file of its own and becomes the folder's run.yaml only when its ranks start: a run
+    # refused before (bad data, a run already going on there) leaves the folder's run.yaml beside the results
+    # it describes, else --resume would take those for this run's.
+    pending = folder / PENDING_RUN
+    pending.write_text(yaml.safe_dump_all(run_documents(args, run), sort_keys=False))
+    argv = [str(pending), "--local", "--output", str(folder), "--launcher", args.launcher]
     argv += ["--task-file", args.task_file] if args.task_file else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []
     argv += ["--quiet"] if args.quiet else []
-    code = local.main(argv)
+    started: list[bool] = []
+
+    def start() -> None:
+        pending.replace(folder / "run.yaml")
+        started.append(True)
+
+    try:
+        code = local.main(argv, on_start=start)
+    finally:
+        pending.unlink(missing_ok=True)
     if code == local.INTERRUPTED:
         return INTERRUPTED
+    if not started:
+        return f"{NOT_STARTED} (exit {code})"
     return "succeeded" if code == 0 else f"failed (exit {code})"
 
 

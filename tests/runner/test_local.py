@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -11,7 +14,7 @@ import pytest
 import yaml
 
 from mlbench_api.results import RunSummary
-from mlbench_runner import local, report
+from mlbench_runner import local, report, running
 
 from .helpers import REPO, logreg_task, resnet_task, run_doc, write_cifar_python, write_yaml
 
@@ -414,3 +417,40 @@ def test_a_rank_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path: Path, m
     run = write_yaml(tmp_path / "run.yaml", run_doc("k", "tiny", 1))
     argv = [str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o"), "--launcher", "process"]
     assert local.main(argv) == 137
+
+
+def test_a_second_run_in_a_folder_where_one_runs_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs writing one folder would overwrite each other's files, and the first to end would remove the
+    marker of the other: the second is refused before it touches anything, and the first's marker stays."""
+    monkeypatch.setattr(local, "run_processes", lambda *args, **kwargs: pytest.fail("the ranks started"))
+    task = _task_file(tmp_path, logreg_task())
+    out = tmp_path / "o"
+    out.mkdir()
+    for name, text in PREVIOUS.items():
+        (out / name).write_text(text)
+    marker = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})  # a live process on this host
+    (out / running.MARKER).write_text(marker)
+    run = write_yaml(tmp_path / "run.yaml", run_doc("twice", "tiny", 1))
+    argv = [str(run), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"]
+    assert local.main(argv) == 2
+    assert f"--output: mlbench run (pid {os.getpid()}) is already running in {out}" in capsys.readouterr().err
+    assert {name: (out / name).read_text() for name in PREVIOUS} == PREVIOUS
+    assert (out / running.MARKER).read_text() == marker
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        pytest.param({"host": "this", "pid": 2**22 + 1}, id="a killed command's"),  # above Linux's pid_max
+        pytest.param({"host": "another-machine", "pid": 1}, id="another machine's"),
+        pytest.param("not json", id="unreadable"),
+    ],
+)
+def test_a_marker_naming_no_live_process_here_is_replaced(tmp_path: Path, marker: object) -> None:
+    body = marker if isinstance(marker, str) else json.dumps(marker).replace('"this"', json.dumps(socket.gethostname()))
+    (tmp_path / running.MARKER).write_text(body)
+    with running.marked(tmp_path):
+        assert running.running_pid(tmp_path) == os.getpid()
+    assert not (tmp_path / running.MARKER).exists()

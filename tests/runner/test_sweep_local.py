@@ -172,9 +172,31 @@ def test_failure_policy_stop_stops_here_too(tmp_path: Path, capsys: pytest.Captu
     assert code == 1
     assert "spec.backend: mpi needs mpirun" in captured.err
     assert "failurePolicy is Stop" in captured.out
-    assert "lr-study-mpi: failed (exit 2)" in captured.out
+    assert "lr-study-mpi: not started (exit 2)" in captured.out
     assert "1 of 2 run(s) done" in captured.out
     assert not (out / "lr-study-gloo").exists()
+
+
+def test_a_run_refused_before_it_starts_leaves_the_folder_to_the_run_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The edited sweep's run is refused (mpi under the process launcher): the folder's run.yaml still describes
+    the earlier run's results beside it, so --resume does not take them for the new run's, and the study's table
+    does not show them as its outcome."""
+    task = _task_file(tmp_path, logreg_task())
+    out = tmp_path / "study"
+    earlier = fake_run(out, "lr-study-mpi", ttg=10.0)
+    (earlier / "run.yaml").write_text(yaml.safe_dump_all(RAN))
+    study = _sweep_file(tmp_path, {"backends": ["mpi"]})
+    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process", "--resume"]
+    for _ in range(2):  # the second time, the first's refusal must not have made the earlier results this run's
+        assert sweep.main(args) == 1
+        text = capsys.readouterr().out
+        assert "is not the run the sweep asks for now" in text
+        assert "lr-study-mpi: not started (exit 2)" in text
+        assert "success" not in text  # the earlier run's summary is not in the study's table
+    assert list(yaml.safe_load_all((earlier / "run.yaml").read_text())) == RAN
+    assert not (earlier / sweep.PENDING_RUN).exists()
 
 
 def test_without_local_the_runs_are_printed_as_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
