@@ -358,12 +358,14 @@ RUN_FILES = ("summary.json", "config.json", "run.yaml")
 
 
 def find_results(path: Path) -> list[Path]:
-    """``path`` when it is a result directory or a summary file, else every result directory below it.
+    """``path`` when it is a summary file, else every result directory at or below it.
 
     A result directory is a run's folder: it has a ``summary.json``, or it has the ``config.json`` or
-    ``run.yaml`` of a run that never wrote one (crashed, interrupted), which the report must count.
+    ``run.yaml`` of a run that never wrote one (crashed, interrupted), which the report must count. A folder
+    that is a run's and also holds others (``mlbench run --output`` given a study's folder) gives them all:
+    its own files must not hide the runs below it.
     """
-    if path.is_file() or any((path / name).is_file() for name in RUN_FILES):
+    if path.is_file():
         return [path]
     if path.is_dir():
         found = sorted({p.parent for name in RUN_FILES for p in path.rglob(name)})

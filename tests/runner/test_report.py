@@ -7,6 +7,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -476,3 +477,15 @@ def test_a_mistyped_local_path_is_not_asked_of_a_cluster(
     monkeypatch.chdir(tmp_path)
     assert report.main(["mlbench-results/local-quikc"]) == 2
     assert "mlbench-results/local-quikc: no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stray", ["config.json", "summary.json"])
+def test_a_run_at_the_top_of_a_study_folder_does_not_hide_the_runs_below(tmp_path: Path, stray: str) -> None:
+    """``mlbench run --output study`` (the study's folder taken for a parent) leaves a run's files at its top:
+    that run and the study's runs below are all found, none silently dropped."""
+    root = tmp_path / "study"
+    runs = [fake_run(root, f"r-s{seed}", ttg=100.0, seed=seed) for seed in (1, 2, 3)]
+    shutil.copy(runs[0] / stray, root / stray)
+    assert report.find_results(root) == [root, *runs]
+    assert report.find_results(runs[1]) == [runs[1]]
+    assert report.find_results(runs[1] / "summary.json") == [runs[1] / "summary.json"]
