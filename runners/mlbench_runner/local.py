@@ -31,6 +31,7 @@ from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfi
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config, local_task
 from mlbench_api.errors import InvalidObject
+from mlbench_api.run import MAX_WORKERS
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
 from mlbench_runner import running, stopping
 from mlbench_runner.launch import exit_status, launcher_command, rank_command, strip_tag, summary_from_line
@@ -145,8 +146,8 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     name = run.spec.task_ref.name
     spec = local_task(load_task(name, task_file_for(name, args.task_file, args.run)), run)
     if args.ranks is not None:
-        if args.ranks < 1:
-            raise LocalRunError("--ranks: must be at least 1")
+        if not 1 <= args.ranks <= MAX_WORKERS:  # becomes spec.workers, whose bounds model_copy does not check
+            raise LocalRunError(f"--ranks: must be from 1 to {MAX_WORKERS} (spec.workers' range), got {args.ranks}")
         if args.ranks != run.spec.workers * run.spec.slots_per_worker:
             run = run.model_copy(
                 update={"spec": run.spec.model_copy(update={"workers": args.ranks, "slots_per_worker": 1})}
@@ -239,13 +240,26 @@ class Progress:
             if text and not text.startswith('{"event": "launch"'):
                 self._say(f"  | {text}")
             return
+        try:
+            self._event(ev)
+        except (
+            AttributeError,
+            KeyError,
+            TypeError,
+            ValueError,
+            ArithmeticError,
+        ):  # another runner's event, not as ours are:
+            self._say(f"  | {text}")  # shown as it came (it is in output.log either way), never a crash
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        """One event as a progress line (the reference runner's fields; a custom runner may differ)."""
         name = ev["event"]
         if ev.get("level") in ("warning", "error"):
             if ev.get("level") == "error" and self.first_error is None:
                 self.first_error = f"rank {ev.get('rank')}: {ev.get('error', name)}"
             self._say(f"  ! rank {ev.get('rank')}: {name} {ev.get('error', '')}")
         elif name == "hyperparameters":
-            self.spe = int(ev.get("steps_per_epoch", 1))
+            self.spe = max(1, int(ev.get("steps_per_epoch", 1)))
             ds = ev.get("dataset", {})
             self._say(
                 f"task {ev.get('task')}: {model_text(ev.get('model'))} on {ds.get('train')} train / "

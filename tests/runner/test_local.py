@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -454,3 +455,36 @@ def test_a_marker_naming_no_live_process_here_is_replaced(tmp_path: Path, marker
     with running.marked(tmp_path):
         assert running.running_pid(tmp_path) == os.getpid()
     assert not (tmp_path / running.MARKER).exists()
+
+
+@pytest.mark.parametrize(("ranks", "error"), [(0, True), (1, False), (1024, False), (1025, True), (5000, True)])
+def test_ranks_has_the_bounds_of_spec_workers(tmp_path: Path, ranks: int, error: bool) -> None:
+    """--ranks replaces spec.workers without pydantic's check: 5000 would start 5000 processes."""
+    task = _task_file(tmp_path, logreg_task())
+    run = write_yaml(tmp_path / "run.yaml", run_doc("r", "tiny", 1))
+    args = local.parse_args([str(run), "--local", "--task-file", str(task), "--ranks", str(ranks)])
+    if error:
+        with pytest.raises(local.LocalRunError, match=f"--ranks: must be from 1 to 1024.*got {ranks}"):
+            local.build_config(args, tmp_path / "o")
+    else:
+        assert local.build_config(args, tmp_path / "o").world_size == ranks
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"event": "train_progress"}',
+        '{"event": "eval_accuracy", "epoch": 1, "accuracy": null, "target": 0.8, "elapsed_s": 1}',
+        '{"event": "train_progress", "epoch": "one", "step": 1, "elapsed_s": 1, "samples_per_second": 2}',
+        '{"event": "hyperparameters", "steps_per_epoch": 0, "dataset": []}',
+        '{"event": "eval_accuracy", "epoch": 1, "accuracy": 0.5, "target": 0.8, "elapsed_s": "soon"}',
+    ],
+)
+def test_an_event_unlike_the_reference_runners_is_shown_as_it_came(line: str) -> None:
+    """A custom runner (open division) may print events with other fields: its line is shown raw, not a crash
+    that would stop the run's ranks."""
+    out = io.StringIO()
+    progress = local.Progress(out, 8, False)
+    progress.line(line)
+    progress.line('{"event": "eval_accuracy", "epoch": 2, "accuracy": 0.5, "target": 0.8, "elapsed_s": 3}')
+    assert out.getvalue().splitlines() == [f"  | {line}", "epoch 2/8: test accuracy 50.00% (target 80.0%)  at 3s"]
