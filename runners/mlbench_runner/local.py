@@ -213,6 +213,10 @@ def model_text(model: Any) -> str:
     return f"{name} ({rest})" if rest else name
 
 
+#: What formatting an event whose fields are missing or of other types raises.
+MALFORMED = (AttributeError, KeyError, TypeError, ValueError, ArithmeticError)
+
+
 class Progress:
     """Turns the rank-0 event stream into human progress lines."""
 
@@ -242,14 +246,8 @@ class Progress:
             return
         try:
             self._event(ev)
-        except (
-            AttributeError,
-            KeyError,
-            TypeError,
-            ValueError,
-            ArithmeticError,
-        ):  # another runner's event, not as ours are:
-            self._say(f"  | {text}")  # shown as it came (it is in output.log either way), never a crash
+        except MALFORMED:  # another runner's event, unlike ours: shown as it came (output.log has it), no crash
+            self._say(f"  | {text}")
 
     def _event(self, ev: dict[str, Any]) -> None:
         """One event as a progress line (the reference runner's fields; a custom runner may differ)."""
