@@ -186,14 +186,26 @@ TITLES = {
 RANKS = "ranks (workers x slots per worker)"
 
 
+#: The figure formats ``mlbench results --plot-format`` offers.
+FORMATS = ("svg", "png")
+
+
 def write_plots(data: PlotInput, dest: Path, fmt: str = "svg") -> list[Path]:
-    """The figures into ``dest`` (created); returns their paths. ``fmt``: svg or png (png needs matplotlib)."""
+    """The figures into ``dest`` (created); returns their paths. ``fmt``: svg or png (png needs matplotlib).
+
+    Figures of ours that this call did not write (no speedup without a baseline that reached the goal, no cost
+    without a price, the other format) are removed: an older figure beside the new tables would contradict them.
+    """
     dest.mkdir(parents=True, exist_ok=True)
     if backend() == "matplotlib":
-        return _Matplotlib(data, dest, fmt).all()
-    if fmt != "svg":
-        print(f"matplotlib is not installed: writing SVG instead of {fmt}", file=sys.stderr)
-    return _svg_plots(data, dest)
+        paths = _Matplotlib(data, dest, fmt).all()
+    else:
+        if fmt != "svg":
+            print(f"matplotlib is not installed: writing SVG instead of {fmt}", file=sys.stderr)
+        paths = _svg_plots(data, dest)
+    for stale in {dest / f"{name}.{ext}" for name in TITLES for ext in FORMATS} - set(paths):
+        stale.unlink(missing_ok=True)
+    return paths
 
 
 # -- the hand-written SVG ------------------------------------------------------------------------

@@ -544,7 +544,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="where to write the plots (default: the folder or the one run given; several RUNs need it)",
     )
     p.add_argument("--no-plots", action="store_true", help="write no plots")
-    p.add_argument("--plot-format", choices=("svg", "png"), default="svg", help="png needs matplotlib")
+    p.add_argument("--plot-format", choices=plots.FORMATS, default="svg", help="png needs matplotlib")
     p.add_argument("--mllog", metavar="PATH", help="also write each run as an MLCommons mllog file (a folder: several)")
     p.add_argument("--kubeconfig", help="for <namespace>/<run>: default $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="for <namespace>/<run>: the kubeconfig context")

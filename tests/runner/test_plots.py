@@ -216,3 +216,25 @@ def test_the_svg_colours_a_sweep_by_configuration_as_matplotlib_does(tmp_path: P
     assert strokes[0] != strokes[-1]
     assert "1 ranks" in texts(path)
     assert not any(t.startswith("w1-s") for t in texts(path))
+
+
+@pytest.mark.parametrize("backend", ["svg", "matplotlib"])
+def test_figures_this_report_does_not_draw_are_not_left_from_an_earlier_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """With a price the study has all four figures; without one (and in the other format) the cost figure of
+    the earlier report would contradict the new tables: it goes. Files not ours stay."""
+    if backend == "matplotlib":
+        pytest.importorskip("matplotlib", reason="the optional 'plots' extra (make install) is not installed")
+    monkeypatch.setenv(plots.BACKEND_ENV, backend)
+    root = sweep(tmp_path / "sweep")
+    dest = tmp_path / "figures"
+    dest.mkdir()
+    (dest / "notes.svg").write_text("<svg/>")
+    (dest / "phase-split.png").write_text("an earlier report's, in the other format")
+    assert report.main([str(root), "--plots", str(dest), "--price-per-worker-hour", "2.5"]) == 0
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*(f"{name}.svg" for name in ALL), "notes.svg"])
+    assert report.main([str(root), "--plots", str(dest)]) == 0
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        [*(f"{name}.svg" for name in ALL if name != "cost-vs-workers"), "notes.svg"]
+    )
