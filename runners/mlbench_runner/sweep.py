@@ -241,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlbench_runner import local
 
     name = sweep.spec.template.task_ref.name
-    try:  # a task that every run would refuse (unknown, invalid, another name): said once, before any run
-        args.task_file = local.task_file_for(name, args.task_file, args.sweep)
+    try:  # a task that every run would refuse (unknown, invalid, another name), or an --output that is a file:
+        args.task_file = local.task_file_for(name, args.task_file, args.sweep)  # said once, before any run
         local.load_task(name, args.task_file)
+        local.output_dir(args, sweep.metadata.name)
     except local.LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -199,6 +199,17 @@ def test_a_run_refused_before_it_starts_leaves_the_folder_to_the_run_it_holds(
     assert not (earlier / sweep.PENDING_RUN).exists()
 
 
+def test_an_output_that_is_a_file_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task = _task_file(tmp_path, logreg_task())
+    study = _sweep_file(tmp_path, {"seeds": [1, 2]})
+    (tmp_path / "afile").write_text("")
+    args = [str(study), "--local", "--task-file", str(task), "--output", str(tmp_path / "afile")]
+    assert sweep.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: --output: {tmp_path / 'afile'} is a file, not a directory\n"
+    assert "run lr-study" not in captured.out
+
+
 def test_without_local_the_runs_are_printed_as_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     study = _sweep_file(tmp_path, {"workers": [1, 2], "seeds": [1, 2]})
     assert sweep.main([str(study), "-n", "team-a"]) == 0
