@@ -26,6 +26,8 @@ def caption_lines(caption: str | None, width: int = 125) -> list[str]:
 #: Characters per line of a legend entry (the legend column is 190 px wide); longer names wrap, never cut.
 LEGEND_WIDTH = 24
 LINE = 14
+#: The thinnest bar of a bar chart, in pixels: more rows make the image taller instead.
+MIN_BAR = 12.0
 
 
 def _legend(names: list[str]) -> list[str]:
@@ -49,11 +51,12 @@ def _legend(names: list[str]) -> list[str]:
     return out
 
 
-def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None) -> list[str]:
+def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None, chart: float = H) -> list[str]:
+    """The image around a chart ``chart`` pixels high (``H``, or more for many bars), and its caption below."""
     lines = caption_lines(caption)
-    height = H + 13 * max(0, len(lines) - 1)  # the chart keeps its size; extra caption lines go below
+    height = chart + 13 * max(0, len(lines) - 1)  # the chart keeps its size; extra caption lines go below
     notes = [
-        f'<text x="8" y="{H - 8 + 13 * i}" font-size="10" fill="#555">{escape(line)}</text>'
+        f'<text x="8" y="{chart - 8 + 13 * i}" font-size="10" fill="#555">{escape(line)}</text>'
         for i, line in enumerate(lines)
     ]
     return [
@@ -61,9 +64,9 @@ def _frame(title: str, xlabel: str, ylabel: str, caption: str | None = None) -> 
         'font-size="12">',
         f'<rect width="{W}" height="{height}" fill="white"/>',
         f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
-        f'<text x="{LEFT + (W - LEFT - RIGHT) / 2}" y="{H - 30}" text-anchor="middle">{escape(xlabel)}</text>',
-        f'<text x="16" y="{TOP + (H - TOP - BOTTOM) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {TOP + (H - TOP - BOTTOM) / 2})">{escape(ylabel)}</text>',
+        f'<text x="{LEFT + (W - LEFT - RIGHT) / 2}" y="{chart - 30}" text-anchor="middle">{escape(xlabel)}</text>',
+        f'<text x="16" y="{TOP + (chart - TOP - BOTTOM) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {TOP + (chart - TOP - BOTTOM) / 2})">{escape(ylabel)}</text>',
         *notes,
     ]
 
@@ -121,8 +124,9 @@ def stacked_bars(title: str, xlabel: str, rows: list[tuple[str, dict[str, float]
     parts = list(dict.fromkeys(k for _, r in rows for k in r))
     total = max((sum(r.values()) for _, r in rows), default=1.0) or 1.0
     pw = W - LEFT - RIGHT - 60
-    bar = max(12.0, min(40.0, (H - TOP - BOTTOM) / max(1, len(rows)) - 8 - LINE))
-    out = _frame(title, xlabel, "", caption)
+    bar = max(MIN_BAR, min(40.0, (H - TOP - BOTTOM) / max(1, len(rows)) - 8 - LINE))
+    chart = max(H, TOP + BOTTOM + len(rows) * (bar + 8 + LINE))  # rows that do not fit make the image taller
+    out = _frame(title, xlabel, "", caption, chart)
     for i, (name, r) in enumerate(rows):  # each bar's whole name on a line above it: a name is never cut
         y = TOP + i * (bar + 8 + LINE) + LINE
         out.append(f'<text x="{LEFT + 60}" y="{y - 3:.1f}" font-size="11">{escape(name)}</text>')
@@ -135,6 +139,6 @@ def stacked_bars(title: str, xlabel: str, rows: list[tuple[str, dict[str, float]
             )
             x += w
     out += _legend(parts)
-    out.append(f'<text x="{LEFT + 60 + pw}" y="{H - 30}" text-anchor="end">max {total:.3g}</text>')
+    out.append(f'<text x="{LEFT + 60 + pw}" y="{chart - 30}" text-anchor="end">max {total:.3g}</text>')
     out.append("</svg>")
     return "\n".join(out)

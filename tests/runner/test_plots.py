@@ -238,3 +238,24 @@ def test_figures_this_report_does_not_draw_are_not_left_from_an_earlier_one(
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         [*(f"{name}.svg" for name in ALL if name != "cost-vs-workers"), "notes.svg"]
     )
+
+
+@pytest.mark.parametrize("rows", [1, 9, 14, 40])
+def test_every_bar_and_its_name_lie_inside_the_svg_above_the_axis_label(rows: int) -> None:
+    """Many configurations (a 14-point scaling study): the image grows instead of bars falling off its end."""
+    from mlbench_runner import svg
+
+    bars = [(f"{n} ({n}x1)", {"compute": 1.0, "communication": 0.5}) for n in range(1, rows + 1)]
+    root = ElementTree.fromstring(svg.stacked_bars("t", "seconds per run", bars, "a caption"))
+    height = float(root.attrib["height"])
+    label_y = next(float(t.attrib["y"]) for t in root.iter(f"{SVG}text") if t.text == "seconds per run")
+    bottoms = [
+        float(r.attrib["y"]) + float(r.attrib["height"])
+        for r in root.iter(f"{SVG}rect")
+        if r.find(f"{SVG}title") is not None
+    ]
+    assert len(bottoms) == 2 * rows
+    assert max(bottoms) < label_y - 12 < height
+    names = [float(t.attrib["y"]) for t in root.iter(f"{SVG}text") if t.text and "x1)" in t.text]
+    assert len(names) == rows
+    assert max(names) < label_y
