@@ -36,6 +36,8 @@ def catalog_dir() -> Path:
     """Where the catalog lives: ``$MLBENCH_CATALOG``, the checkout, or the image."""
     env = os.environ.get(CATALOG_ENV)
     if env:
+        if not Path(env).is_dir():  # a mistyped path would read as an empty catalog: "known: none"
+            raise FileNotFoundError(f"${CATALOG_ENV}: {env} is not a directory")
         return Path(env)
     for candidate in _CANDIDATES:
         if candidate.is_dir():

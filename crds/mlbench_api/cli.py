@@ -51,7 +51,12 @@ def _crds(args: argparse.Namespace) -> int:
             return 1
         print(f"CRDs in {directory} are up to date")
         return 0
-    for path in write_all(directory):
+    try:
+        written = write_all(directory)
+    except OSError as exc:
+        print(f"error: --out: cannot write the CRDs into {directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for path in written:
         print(path)
     return 0
 

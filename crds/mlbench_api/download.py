@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mlbench_api import atomic, bundle
 from mlbench_api.common import GROUP, VERSION
 
@@ -45,7 +47,7 @@ def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
 
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
-    except (ConfigException, OSError, TypeError) as exc:
+    except (ConfigException, OSError, TypeError, yaml.YAMLError) as exc:  # YAMLError: a kubeconfig not YAML
         try:
             config.load_incluster_config()
         except ConfigException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,37 @@ def test_catalog_and_config_of_a_collectives_task() -> None:
     assert cfg["task"]["collectives"]["maxBytes"] == 256 * 1024 * 1024
     assert "goalTarget" not in cfg
     assert "lr" not in cfg
+
+
+def mlbench_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mlbench_api.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        env={**os.environ, **env},
+    )
+
+
+def test_a_mistyped_catalog_folder_is_an_error_not_an_empty_catalog(tmp_path: Path) -> None:
+    out = mlbench_env({"MLBENCH_CATALOG": str(tmp_path / "no-such-folder")}, "catalog")
+    assert out.returncode == 1
+    assert out.stderr == f"error: $MLBENCH_CATALOG: {tmp_path / 'no-such-folder'} is not a directory\n"
+
+
+def test_crds_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    out = mlbench("crds", "--out", str(tmp_path / "afile" / "crds"))
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"error: --out: cannot write the CRDs into {tmp_path / 'afile' / 'crds'}: ")
+    assert "Traceback" not in out.stderr
+
+
+def test_a_kubeconfig_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text("garbage: [")
+    env = {"KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
+    out = mlbench_env(env, "fetch", "default/some-run", "--output", str(tmp_path / "out"))
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "no cluster configuration (kubeconfig: " in out.stderr
