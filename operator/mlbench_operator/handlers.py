@@ -571,10 +571,12 @@ class RunReconciler:
         """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
         if not self.ensured:
             try:
-                if not await self.ensure_objects(ctx, now):
-                    return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
+                if not await self.ensure_objects(ctx, now):  # a name conflict is shown; look again later
+                    held = await self.held_past_deadline(now, pods, "its objects' names were held by another owner")
+                    return held or _Stop(min(30.0, self.config.resync_seconds))
             except _Refused as err:  # quota, policy, an invalid object: a condition, not a silent retry
-                return _Stop(await self.creation_refused(err.failures, now, pods))
+                held = await self.held_past_deadline(now, pods, "the creates of its objects were refused")
+                return held or _Stop(await self.creation_refused(err.failures, now, pods))
         dataset = ctx.task.dataset_spec  # None for a collectives task: nothing to fetch
         if (
             dataset is not None
@@ -693,6 +695,16 @@ class RunReconciler:
         for type_, reason, message in plan.events:
             self.event(type_, reason, message)
             self.log.info("run_transition", reason=reason, message=message)
+
+    async def held_past_deadline(self, now: datetime, pods: list[PodView], doing: str) -> _Stop | None:
+        """The run ends ``Failed``/``DeadlineExceeded`` if its deadline has passed while it was held before its
+        pods (:func:`reconcile.deadline_while`); None: not yet."""
+        plan = reconcile.deadline_while(self.view(), now, doing)
+        if plan is None:
+            return None
+        await self.patch(plan.status)
+        self.emit(plan)
+        return _Stop(await self.finished(now, pods))
 
     async def creation_refused(
         self, refused: list[tuple[str, int, str]], now: datetime, pods: list[PodView]

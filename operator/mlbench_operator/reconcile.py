@@ -1136,20 +1136,39 @@ def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now:
     raise AssertionError("unreachable: make_progress, the last policy, always decides")
 
 
+def _deadline_left(body: Mapping[str, Any], start: datetime | None, now: datetime) -> float | None:
+    """Seconds until ``runPolicy.activeDeadlineSeconds`` from ``start`` (negative: past it); None: no deadline."""
+    deadline = ((body.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    return (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
+
+
+def deadline_while(body: Mapping[str, Any], now: datetime, doing: str) -> Plan | None:
+    """``Failed``/``DeadlineExceeded`` once ``activeDeadlineSeconds`` has passed while the run is held before its
+    pods (``doing``: its dataset being fetched, its objects' names held by another owner, their creates refused),
+    where :func:`plan`, whose :func:`deadline_exceeded` decides it otherwise, is never reached; None: not past it.
+    """
+    st = _Status.of(body, now)
+    left = _deadline_left(body, st.old.start_time, now)
+    if left is None or left > 0:
+        return None
+    deadline = body["spec"]["runPolicy"]["activeDeadlineSeconds"]
+    message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {doing}"
+    st.fail(Reason.DEADLINE_EXCEEDED, message)
+    return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, message)])
+
+
 def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> Plan:
     """Status while the run's dataset is fetched (no worker exists yet), once it is there, or when it failed.
 
     DatasetReady carries the state; an Event is planned only when that condition changes (not for every
     retry-count update of the message).
     """
+    if state.action not in (FetchAction.READY, FetchAction.FAIL):
+        ended = deadline_while(body, now, state.message)
+        if ended is not None:
+            return ended
     st = _Status.of(body, now)
-    deadline = ((body.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
-    start = st.old.start_time
-    left = (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
-    if left is not None and left <= 0 and state.action not in (FetchAction.READY, FetchAction.FAIL):
-        message = f"the run exceeded runPolicy.activeDeadlineSeconds={deadline} while {state.message}"
-        st.fail(Reason.DEADLINE_EXCEEDED, message)
-        return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, message)])
+    left = _deadline_left(body, st.old.start_time, now)
     if state.action is FetchAction.READY:
         st.cond(c.DATASET_READY, "True", state.reason, state.message)
     elif state.action is FetchAction.FAIL:

@@ -178,7 +178,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "MLBENCH_THREADS",
         "threads",
-        "torch threads per rank (unset: the CPUs this process may use ÷ local ranks)",
+        "torch threads per rank (unset: the CPUs this process may use ÷ local ranks; a fractional CPU limit "
+        "rounds down, at least 1)",
         number=int,
         minimum=1,
         values="integer ≥ 1",

@@ -73,14 +73,34 @@ class RankRecord:
     accuracies: list[float] = field(default_factory=list)
 
 
+def waited_for_others(waited: float, own: float, slowest: float) -> float:
+    """Of the ``waited`` seconds at a meeting after a one-time set-up (this rank's ``own`` seconds of it, the
+    slowest rank's ``slowest``), those spent waiting for the others' set-up: at most what the slowest spent
+    beyond this rank, and never more than the wait itself. The rest of the wait (ranks that started later, or
+    read their data more slowly) is the run's time and stays in the clock."""
+    return min(waited, max(0.0, slowest - own))
+
+
+def quota_cpus(cpu_max: str) -> int | None:
+    """Whole CPUs of a cgroup v2 ``cpu.max`` ("<quota> <period>", or "max <period>": no limit, None).
+
+    Rounded down (at least 1): threads beyond the quota (3 on a 2.5-CPU limit) are throttled by the kernel
+    in turn and stall each other at every parallel region's barrier, slowing the compute phases they time."""
+    try:
+        quota, period = cpu_max.split()[:2]
+        return None if quota == "max" else max(1, int(quota) // int(period))
+    except ValueError:  # unreadable: as no limit
+        return None
+
+
 def available_cpus() -> int:
     """CPUs this process may use: the cgroup quota (a pod's CPU limit) if any, else its affinity."""
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
+        cpus = quota_cpus(Path("/sys/fs/cgroup/cpu.max").read_text())
+    except OSError:
+        cpus = None
+    if cpus is not None:
+        return cpus
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -215,6 +235,7 @@ class Trainer:
         # One-time ingest (decoding the source into the .npy cache, or waiting for the rank
         # that does) is not part of the run, as MLPerf's data reformatting; reading the cache is.
         self.clock.exclude(data.ingest_seconds)
+        ingest_wait = self._exclude_slower_setup(device, data.ingest_seconds)
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.seed * 7919 + self.rank)
         use_cl = opts.channels_last and device.type == "cuda"
@@ -267,6 +288,7 @@ class Trainer:
                 "train": kernel.n_train,
                 "test": kernel.n_test,
                 "ingest_s": round(data.ingest_seconds, 3),
+                "ingest_wait_s": round(ingest_wait, 3),
             },
             batch_size_per_worker=batch,
             global_batch_size=batch * self.world.size,
@@ -362,12 +384,30 @@ class Trainer:
             return ExecutionRecord(choice.path, choice.reason)
         seconds = fast.compile_seconds + fast.warm_up(*batch)
         self.clock.exclude(seconds)
+        seconds += self._exclude_slower_setup(batch[0].device, seconds)  # else the first all-reduce waits for it
         self.log.event(
             "fast_path", capture_s=round(seconds, 3), compile_s=round(fast.compile_seconds, 3), compiled=True
         )
         return ExecutionRecord(choice.path, choice.reason, seconds, compiled=True)
 
     # -- collective helpers -----------------------------------------------------------
+    def _exclude_slower_setup(self, device: torch.device, own: float) -> float:
+        """Meet every rank after a one-time set-up this rank spent ``own`` seconds on (left out of its clock by
+        the caller), and leave out the part of the wait that was for slower ranks' set-up; returns it.
+
+        Why: without this meeting, the run's first collective waits for the rank that decoded the dataset (a pod
+        without the cache) or compiled longest: that set-up would be inside rank 0's clock, which is the run's,
+        and inside its communication phase. Collective: every rank calls it at the same point.
+        """
+        assert self.comm is not None
+        if self.comm.alone():
+            return 0.0
+        started = time.perf_counter()
+        slowest = float(self.comm.all_gather(torch.tensor([own], dtype=torch.float64, device=device)).max())
+        extra = waited_for_others(time.perf_counter() - started, own, slowest)
+        self.clock.exclude(extra)
+        return extra
+
     def _any(self, s: Setup, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank."""
         return self._any_rank(s.device, flag)

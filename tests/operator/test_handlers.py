@@ -811,3 +811,32 @@ def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch:
     assert "progress" not in body["status"]
     asyncio.run(rec.step([]))
     assert "progress" not in rec.status
+
+
+@pytest.mark.parametrize(
+    ("held", "doing"),
+    [
+        pytest.param("conflict", "its objects' names were held by another owner", id="a name held by another owner"),
+        pytest.param("quota", "the creates of its objects were refused", id="a create refused (quota)"),
+    ],
+)
+def test_the_deadline_ends_a_run_held_before_its_pods(monkeypatch: pytest.MonkeyPatch, held: str, doing: str) -> None:
+    """activeDeadlineSeconds is decided by the plan, which a run whose objects cannot be created never reaches:
+    without this, such a run (and the sweep slot it holds) waited for ever."""
+    from mlbench_operator.kube import ApiError
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run(runPolicy={"activeDeadlineSeconds": 10}))  # admitted at T0, long past
+    kube = FakeKube()
+    if held == "conflict":
+        kube.existing[("ConfigMap", "r1-config")] = {"metadata": {"ownerReferences": [{"uid": "uid-old"}]}}
+    else:
+        kube.object_errors["Secret"] = ApiError(403, "POST", "/secrets", '{"message": "exceeded quota: secrets=0"}')
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    asyncio.run(rec.step([]))
+    message = f"the run exceeded runPolicy.activeDeadlineSeconds=10 while {doing}"
+    assert rec.status["phase"] == "Failed"
+    assert {c["type"]: c for c in rec.status["conditions"]}["Failed"]["reason"] == "DeadlineExceeded"
+    assert rec.status["message"] == message
+    assert ("Warning", "Failed", message) in rec.events
+    assert not [call for call in kube.calls if call[:2] == ("create", "Pod")]
