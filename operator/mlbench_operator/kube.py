@@ -162,15 +162,28 @@ class Kube:
             raise
 
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a core/v1 object; False if it already exists (409 is success: creates are idempotent)."""
+        """Create a core/v1 object; False if it already exists (409 is success: creates are idempotent).
+
+        A 403 may hide an object that exists: quota admission runs before the API server's existence check
+        (kubernetes/kubernetes#106842), so re-creating an object in a namespace whose quota it helps use up
+        (the operator restarted: it ensures a running run's objects again) is refused, not a conflict. The
+        object is read then; if it is there, that is the 409's answer, else the refusal stands.
+        """
         path, plural = _collection(obj, obj["metadata"]["namespace"])
         try:
             self.request("POST", path, obj, resource=plural)
         except ApiError as err:
-            if err.status == 409:
+            if err.status == 409 or (err.status == 403 and self._exists(obj)):
                 return False
             raise
         return True
+
+    def _exists(self, obj: dict[str, Any]) -> bool:
+        """Whether ``obj``'s name exists in its namespace; False when it cannot be read (no ``get`` on pods)."""
+        try:
+            return self.get(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]) is not None
+        except ApiError:
+            return False
 
     async def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool]:
         """Create objects in parallel on the pool; per-object outcome (True/False or the error).

@@ -289,3 +289,41 @@ def test_the_kubelet_waits_longer_than_the_probe_does() -> None:
     deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["livenessProbe"]["timeoutSeconds"] > handlers.PROBE_SECONDS + 2
+
+
+@pytest.mark.parametrize(
+    ("post", "get", "expected"),
+    [
+        pytest.param(409, None, False, id="409: it exists"),
+        pytest.param(403, 200, False, id="403 for one that exists: quota admission before the existence check"),
+        pytest.param(403, 404, 403, id="403 for one that does not: the refusal stands"),
+        pytest.param(403, 403, 403, id="403 and no get on the kind: the refusal stands"),
+        pytest.param(422, None, 422, id="422: invalid, nothing read"),
+        pytest.param(201, None, True, id="created"),
+    ],
+)
+def test_a_create_refused_for_an_object_that_exists_is_a_conflict(post: int, get: int | None, expected: Any) -> None:
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    calls: list[str] = []
+
+    def request(method: str, path: str, body: Any = None, **_: Any) -> Any:
+        calls.append(method)
+        status = post if method == "POST" else get
+        if status is None:
+            raise AssertionError(f"unexpected {method} {path}")
+        if status >= 300:
+            raise ApiError(status, method, path, '{"message": "exceeded quota: persistentvolumeclaims=1"}')
+        return {"metadata": {"name": "mlbench-datasets"}}
+
+    kube.request = request  # type: ignore[method-assign]
+    pvc = {"kind": "PersistentVolumeClaim", "metadata": {"name": "mlbench-datasets", "namespace": "ns"}}
+    try:
+        if isinstance(expected, bool):
+            assert kube.create(pvc) is expected
+        else:
+            with pytest.raises(ApiError) as err:
+                kube.create(pvc)
+            assert err.value.status == expected
+    finally:
+        kube.close()
+    assert calls == (["POST", "GET"] if get is not None else ["POST"])
