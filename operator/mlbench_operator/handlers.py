@@ -464,11 +464,17 @@ class RunReconciler:
         return {"metadata": dict(self.body["metadata"]), "spec": dict(self.body["spec"]), "status": self.status}
 
     def recover(self, live_status: Mapping[str, Any]) -> None:
-        """After a failed pass: trust the cluster's status again (a write may have half-failed),
-        except a finished status we wrote: the watch may not have echoed it yet, and re-planning
-        from the older one while the cleanup deletes pods would misread the result as a lost launcher."""
-        if self.status.get("phase") not in reconcile.TERMINAL:
-            self.status = dict(live_status or {})
+        """After a failed pass: trust the cluster's status again (a write may have landed although its
+        answer was an error), except where ours is provably newer, written by us and not yet echoed by the
+        watch: a finished status (re-planning from the older one while the cleanup deletes pods would misread
+        the result as a lost launcher), or more restarts (the count only grows; planning from the older one
+        would announce and count the same gang restart again)."""
+        live = dict(live_status or {})
+        if self.status.get("phase") in reconcile.TERMINAL:
+            return
+        if int(self.status.get("restarts") or 0) > int(live.get("restarts") or 0):
+            return
+        self.status = live
 
     def event(self, type_: str, reason: str, message: str) -> None:
         kopf.event(self.body, type=type_, reason=reason, message=c.clean(message)[:1024])

@@ -238,6 +238,8 @@ def test_a_restart_is_announced_and_counted_once_even_when_its_deletes_fail(monk
     assert kube.patches()[0]["restarts"] == 1
     assert [e[:2] for e in rec.events] == [("Warning", "Restarting")]
     assert m.RESTARTS._value.get() == before + 1
+    rec.recover(body["status"])  # as the daemon does after a failed pass; the watch has not echoed restarts 1 yet
+    assert rec.status["restarts"] == 1
     asyncio.run(rec.step(pods))
     assert [call[0] for call in kube.calls].count("delete") == 2  # the retry deleted them
     assert [e[:2] for e in rec.events] == [("Warning", "Restarting")]
