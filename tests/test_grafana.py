@@ -231,6 +231,22 @@ def test_units_fit_the_metric(path: Path) -> None:
         assert check(panel), f"{panel['title']} ({pattern}): title, range or value mappings"
 
 
+@by_dashboard
+def test_a_stacked_panel_stacks_one_runs_series_only(path: Path) -> None:
+    """A stack reads as a whole (the phases of one run add up to its wall clock): a stacked panel whose series
+    are kept apart by ``run`` repeats over ``$run`` (one panel per run), else several runs pile into one stack
+    past 100% (the default selection is every run)."""
+    for panel in _data_panels(path):
+        stacking = panel["fieldConfig"]["defaults"].get("custom", {}).get("stacking", {}).get("mode", "none")
+        if stacking == "none":
+            continue
+        for target in panel["targets"]:
+            kept = {label for group in re.findall(r"by \(([^)]*)\)", target["expr"]) for label in group.split(",")}
+            if "run" in {label.strip() for label in kept}:
+                assert panel.get("repeat") == "run", f"{panel['title']}: stacks the series of several runs"
+                assert "$run" in panel["title"], f"{panel['title']}: each repeat must say its run"
+
+
 def test_runner_queries_filter_on_namespace_and_run() -> None:
     pod = r'pod=~"($run)-worker-[0-9]+"'
     for title, expr in panel_queries(RUNNER):

@@ -523,7 +523,7 @@ class RunReconciler:
         The pass is a pipeline that may stop early at each stage: the run's context (admission, or
         rebuilt from the snapshot), the run's objects and dataset, then the plan and its execution.
         """
-        m.RECONCILES.inc()
+        m.RECONCILES.labels(m.RUN_KIND).inc()
         now = _now()
         if self.body["metadata"].get("deletionTimestamp"):
             return self.config.resync_seconds  # kopf stops us; owner references clean up the rest
@@ -991,7 +991,7 @@ async def reconcile_run(
                 raise
             except Exception as err:  # any error: record, back off, retry from the cluster's state
                 failures += 1
-                m.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+                m.RECONCILE_ERRORS.labels(m.RUN_KIND, type(err).__name__).inc()
                 rec.log.warning("reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
                 rec.recover(body.get("status") or {})

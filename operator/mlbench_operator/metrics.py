@@ -11,9 +11,15 @@ from mlbench_api.run import Phase
 PHASES = tuple(p.value for p in Phase)  #: the run phases, in lifecycle order
 
 RUNS = Gauge("mlbench_operator_runs", "BenchmarkRuns known to the operator, by phase.", ["phase"])
-RECONCILES = Counter("mlbench_operator_reconciles_total", "Reconcile passes over a BenchmarkRun.")
+#: ``kind`` of the reconcile counters: whose pass it was (a sweep's failing passes are no run's).
+RUN_KIND, SWEEP_KIND = "benchmarkrun", "benchmarksweep"
+RECONCILES = Counter(
+    "mlbench_operator_reconciles_total", "Reconcile passes over a BenchmarkRun or a BenchmarkSweep.", ["kind"]
+)
 RECONCILE_ERRORS = Counter(
-    "mlbench_operator_reconcile_errors_total", "Reconcile passes that raised (retried with backoff).", ["error"]
+    "mlbench_operator_reconcile_errors_total",
+    "Reconcile passes that raised (retried with backoff), by the kind of object and the error's type.",
+    ["kind", "error"],
 )
 WORKERS_READY_SECONDS = Histogram(
     "mlbench_operator_workers_ready_seconds",

@@ -105,6 +105,7 @@ class SweepReconciler:
 
     async def step(self) -> float | None:
         """One pass. Returns seconds until the next unprompted pass, or None when the sweep has finished."""
+        m.RECONCILES.labels(m.SWEEP_KIND).inc()
         if self.body["metadata"].get("deletionTimestamp"):
             return self.config.resync_seconds  # kopf stops us; garbage collection deletes the runs
         now = _now()
@@ -197,7 +198,7 @@ async def reconcile_sweep(
                 raise
             except Exception as err:  # any error: record, back off, retry from the cluster's state
                 failures += 1
-                m.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+                m.RECONCILE_ERRORS.labels(m.SWEEP_KIND, type(err).__name__).inc()
                 rec.log.warning("sweep_reconcile_error", error=str(err), failures=failures)
                 delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
                 rec.recover()

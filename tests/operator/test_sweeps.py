@@ -425,3 +425,16 @@ def test_another_error_raises_for_the_daemons_back_off(monkeypatch: pytest.Monke
     with pytest.raises(kopf.TemporaryError):
         asyncio.run(rec.step())
     assert kube.patches == []
+
+
+def test_a_sweeps_passes_are_counted_as_a_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconcile counters say whose pass it was: a sweep that keeps failing is no run's trouble
+    (MLBenchReconcileErrors names the kind)."""
+    from prometheus_client import REGISTRY
+
+    def passes(kind: str) -> float:
+        return REGISTRY.get_sample_value("mlbench_operator_reconciles_total", {"kind": kind}) or 0.0
+
+    before = (passes("benchmarksweep"), passes("benchmarkrun"))
+    asyncio.run(_reconciler(sweep(2), FakeKube(), monkeypatch).step())
+    assert (passes("benchmarksweep"), passes("benchmarkrun")) == (before[0] + 1, before[1])
