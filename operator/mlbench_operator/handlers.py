@@ -1009,7 +1009,7 @@ async def expire_run(
     whenever the filter starts to match, so a TTL added (or changed) after the run finished counts."""
     kube: Kube = memo.kube
     resync = config_of(memo).resync_seconds
-    waited = False
+    polls = 0  # looks at the sweep so far: a sweep that never records (invalid since) is asked less and less often
     while not stopped:
         ttl = (body.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
         left = reconcile.ttl_expired(body.get("status") or {}, ttl, _now())
@@ -1020,14 +1020,22 @@ async def expire_run(
             await stopped.wait(min(left, 60.0))  # the live body may change the TTL meanwhile
             continue
         if not await _sweep_recorded(kube, namespace or "", body):
-            if not waited:
+            if not polls:
                 log.info("run_ttl_waits_for_sweep", run=name, namespace=namespace, ttl=ttl)
-                waited = True
-            await stopped.wait(SWEEP_RECORD_POLL_SECONDS)
+            await stopped.wait(sweep_poll_seconds(polls, resync))
+            polls += 1
             continue
         log.info("run_ttl_expired", run=name, namespace=namespace, ttl=ttl)
         await kube.run(kube.delete_run, namespace or "", name)
         return
+
+
+def sweep_poll_seconds(polls: int, resync: float) -> float:
+    """The wait before looking at a sweep again after ``polls`` looks found the run's outcome unrecorded: 1 s, then
+    doubling up to ``resync``. The sweep records at once on the run's last phase change, so the first wait is
+    the usual one; a sweep that does not (made invalid by an upgrade: it stops writing) is not asked every second
+    by each of its expired runs for as long as it stays so."""
+    return min(SWEEP_RECORD_POLL_SECONDS * 2.0**polls, max(resync, SWEEP_RECORD_POLL_SECONDS))
 
 
 async def _sweep_recorded(kube: Kube, namespace: str, body: kopf.Body) -> bool:

@@ -842,3 +842,13 @@ def test_the_deadline_ends_a_run_held_before_its_pods(monkeypatch: pytest.Monkey
     assert rec.status["message"] == message
     assert ("Warning", "Failed", message) in rec.events
     assert not [call for call in kube.calls if call[:2] == ("create", "Pod")]
+
+
+@pytest.mark.parametrize(
+    ("polls", "resync", "seconds"),
+    [(0, 60.0, 1.0), (1, 60.0, 2.0), (5, 60.0, 32.0), (6, 60.0, 60.0), (40, 60.0, 60.0), (3, 0.5, 1.0)],
+)
+def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resync: float, seconds: float) -> None:
+    from mlbench_operator import handlers
+
+    assert handlers.sweep_poll_seconds(polls, resync) == seconds
