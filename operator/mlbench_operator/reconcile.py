@@ -597,8 +597,8 @@ def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[st
 def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: datetime) -> dict[str, Any]:
     """A finished run's status once its cleanup is done: ``workers.ready`` recounted, WorkersReady says so.
 
-    Always a real change after a cleanup (the message gains :data:`CLEANED_UP`), so the run gets a watch
-    event after the daemon stopped and kopf can release the finalizer.
+    A real change after a cleanup (the message gains :data:`CLEANED_UP`, or names a policy edited since the
+    last cleanup), so the run gets a watch event after the daemon stopped and kopf can release the finalizer.
     """
     st = _Status.of(body, now)
     uid = (body.get("metadata") or {}).get("uid", "")
@@ -609,8 +609,8 @@ def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: dat
     st.new.workers = WorkerCounts(ready=ready, total=total)
     wr = c.find(st.new.conditions, c.WORKERS_READY)
     msg = (wr.message if wr is not None else "") or "the run finished"
-    if CLEANED_UP not in msg:
-        msg = f"{msg}; {CLEANED_UP} {clean_pod_policy(body.get('spec')).value}"
+    # the policy in force now: one edited after a first cleanup (Running, then All) cleans again, and says so
+    msg = f"{msg.split(f'; {CLEANED_UP}', 1)[0]}; {CLEANED_UP} {clean_pod_policy(body.get('spec')).value}"
     st.cond(c.WORKERS_READY, "False", wr.reason if wr is not None else Reason.RUN_FINISHED, msg)
     return st.dump()
 

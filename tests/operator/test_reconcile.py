@@ -425,6 +425,20 @@ def test_cleanup_is_derived_from_the_cluster_after_the_final_status() -> None:
     assert closing["result"] == plan.status["result"]
 
 
+def test_a_cleanup_after_the_policy_was_edited_names_the_policy_now() -> None:
+    """Cleaned up under Running, then the policy edited to All (the finished launcher goes too): the message
+    names All once, not Running still."""
+    body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "Running"}))
+    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    body, _ = step(body, ctx, [*workers(ctx), done])
+    first = {**body, "status": reconcile.cleaned_up_status(body, [done], T0)}
+    message = cond(first["status"], "WorkersReady")["message"]
+    assert message.endswith(f"; {reconcile.CLEANED_UP} Running")
+    edited = {**first, "spec": {**first["spec"], "runPolicy": {"cleanPodPolicy": "All"}}}
+    again = cond(reconcile.cleaned_up_status(edited, [], T0), "WorkersReady")["message"]
+    assert again == message.removesuffix("Running") + "All"
+
+
 def test_running_policy_deletes_an_unfinished_launcher() -> None:
     """cleanPodPolicy Running (Kubeflow's meaning): a Pending launcher after DeadlineExceeded goes too."""
     body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 60}))
