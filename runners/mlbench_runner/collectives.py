@@ -66,11 +66,17 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 def bus_factor(op: CollectiveOp | str, world_size: int) -> float:
-    """nccl-tests' correction from algbw to busbw: 2(n-1)/n, (n-1)/n or 1."""
+    """nccl-tests' correction from algbw to busbw: 2(n-1)/n, (n-1)/n or 1; 0 for every operation with one rank.
+
+    One rank moves nothing over a link: nccl-tests would still report a broadcast's algbw, which alone measures
+    a stand-in's call overhead (hundreds of TB/s for a no-op) and would stand as the run's peak bus bandwidth.
+    """
     n = world_size
     if n < 1:
         raise ValueError(f"world size must be at least 1, got {n}")
     op = CollectiveOp(op)
+    if n == 1:
+        return 0.0
     if op is CollectiveOp.ALL_REDUCE:
         return 2 * (n - 1) / n
     if op is CollectiveOp.ALL_GATHER:

@@ -146,7 +146,8 @@ class SummaryBuilder:
             stop_reason=stop_reason,
             goal_reached=goal_reached,
             goal_target=self.config.goal_target,
-            time_to_goal_seconds=self.time_to_goal,
+            # accuracy-after-time: the first crossing is no score, and a run that ended below the target has none
+            time_to_goal_seconds=self.time_to_goal if goal_reached else None,
             best_accuracy=max(accuracies) if accuracies else None,
             final_accuracy=accuracies[-1] if accuracies else None,
             epochs=round(epochs, 6),
@@ -157,7 +158,7 @@ class SummaryBuilder:
             compute_seconds=compute,
             communication_seconds=comm,
             comm_compute_ratio=comm / compute if compute > 0 else None,
-            samples_per_second=samples / train_seconds if train_seconds > 0 else 0.0,
+            samples_per_second=self.throughput(),  # the timed steps' samples over their time, as the live gauge
             phases=PhaseTotals(evaluation=self.evaluation, **t),
             environment=env,
             communication=communication,

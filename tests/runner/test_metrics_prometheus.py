@@ -87,3 +87,23 @@ def test_prometheus_scrapes_runner_metrics(tmp_path: Path) -> None:
         runner.terminate()
         prom.wait(10)
         runner.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("faster", "slower"),
+    [
+        pytest.param(1.68e-3, 1.96e-3, id="the GPU paths: compiled and fast step of task 1a on an H100"),
+        pytest.param(0.4e-3, 0.6e-3, id="logistic regression on one rank"),
+        pytest.param(0.10, 0.14, id="ResNet-20 on CPU"),
+    ],
+)
+def test_step_times_that_differ_by_a_sixth_fall_in_different_buckets(faster: float, slower: float) -> None:
+    """The dashboard's p50/p90/p99 are interpolated within a bucket: two step times in one bucket draw the same
+    curve, however different they are."""
+    import bisect
+
+    from mlbench_runner.metrics import STEP_BUCKETS
+
+    assert STEP_BUCKETS[0] <= 1e-4
+    assert STEP_BUCKETS[-1] >= 10.0
+    assert bisect.bisect_left(STEP_BUCKETS, faster) != bisect.bisect_left(STEP_BUCKETS, slower)
