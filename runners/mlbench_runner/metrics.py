@@ -32,6 +32,7 @@ METRIC_NAMES = (
 #: histogram_quantile interpolates the same curve for both (as the coarser 1-2.5-5 ladder did).
 STEP_BUCKETS = tuple(round(5e-5 * 1.5**i, 9) for i in range(32))
 
+
 class LateGauge:
     """A gauge that is absent from the page until it is first set. A label-less prometheus_client gauge
     reads 0 from the start, and "no evaluation yet" would then read as an accuracy of 0 (the operator

@@ -7,9 +7,12 @@ dispatch from a DatasetSpec to a format is :mod:`mlbench_runner.data.loader`).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import tarfile
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +46,25 @@ class TensorDataset:
         return int(np.prod(self.x_train.shape[1:]))
 
 
+#: Part of every archive's cache key: bump when a decoder's output changes (a parser fix), so that caches made by
+#: the older decoder are not read as this one's.
+DECODER_VERSION = 2
+#: What a decoder raises for a source it cannot read: a broken or truncated archive, a file that is no image.
+UNREADABLE = (OSError, EOFError, tarfile.TarError, zlib.error)
+
+
 def cache_root() -> Path:
     """``${MLBENCH_CACHE:-~/.cache/mlbench}/datasets``: where decoded datasets are kept."""
     return Path(os.environ.get("MLBENCH_CACHE", Path.home() / ".cache" / "mlbench")) / "datasets"
+
+
+def file_stamp(path: Path) -> str:
+    """A source file's part of a cache key: where it is, its size, its modification and change times, and the
+    decoders' version. Size and mtime alone let a corrected archive of the same (block-padded) size copied with
+    its mtime kept (``cp -p``, ``rsync -t``), or another copy of the same name, be served the old cache."""
+    st = path.stat()
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    return f"{where}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}-v{DECODER_VERSION}"
 
 
 log = structlog.get_logger("mlbench.data")
@@ -71,6 +90,14 @@ def cached_arrays(
     start = time.perf_counter()
     hit = meta_file.exists()
 
+    def decode_source() -> dict[str, Any]:
+        """``decode()``, its errors about the source said as such: an OSError from it is not the cache's (which
+        would decode it again, minutes for epsilon, and then show a traceback that names no field)."""
+        try:
+            return decode()
+        except UNREADABLE as exc:
+            raise ValueError(f"dataset.path: {source} cannot be read: {type(exc).__name__}: {exc}") from exc
+
     def fallback(decoded: dict[str, Any]) -> dict[str, Any]:
         return {"arrays": decoded["arrays"], "meta": decoded, "ingest_seconds": time.perf_counter() - start}
 
@@ -80,7 +107,7 @@ def cached_arrays(
             fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank decodes, the others wait and read
             if not meta_file.exists():
                 log.info("dataset_decode", source=str(source), cache=str(cache))
-                decoded = decode()
+                decoded = decode_source()
                 try:
                     for key in keys:
                         np.save(cache / f"{key}.npy", decoded["arrays"][key])
@@ -98,5 +125,5 @@ def cached_arrays(
         arrays = {k: np.load(cache / f"{k}.npy", mmap_mode="r" if mmap else None) for k in keys}
     except OSError as exc:
         log.warning("dataset_cache_unusable", cache=str(cache), error=str(exc), fallback="in-memory")
-        return fallback(decode())
+        return fallback(decode_source())
     return {"arrays": arrays, "meta": meta, "ingest_seconds": ingest}

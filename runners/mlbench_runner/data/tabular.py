@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mlbench_api.task import SyntheticData
-from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays
+from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays, file_stamp
 
 CHUNK_BYTES = 32 << 20
 
@@ -203,23 +203,29 @@ def parse_libsvm(path: Path, features: int | None = None) -> tuple[np.ndarray, n
                 x[r, idx] = val
                 r += 1
     y_all = np.concatenate(labels) if labels else np.zeros(0)
-    found = set(np.unique(y_all).tolist())
-    if not (found <= {-1.0, 1.0} or found <= {0.0, 1.0}):  # {1, 2} would all have become +1
+    return x, binary_labels(y_all, str(path))
+
+
+def binary_labels(y: np.ndarray, where: str) -> np.ndarray:
+    """Labels -1/+1 or 0/1 as float32 -1/+1; any other set (a multi-class file: {1, 2} would all become +1, a
+    trivially perfect run) is refused, naming ``where``."""
+    found = set(np.unique(y).tolist())
+    if not (found <= {-1.0, 1.0} or found <= {0.0, 1.0}):
         shown = ", ".join(f"{v:g}" for v in sorted(found)[:5]) + (", ..." if len(found) > 5 else "")
-        raise ValueError(f"dataset.path: {path}: labels {shown}: a binary task reads -1/+1 or 0/1")
-    return x, np.where(y_all > 0, 1.0, -1.0).astype(np.float32)
+        raise ValueError(f"dataset.path: {where}: labels {shown}: a binary task reads -1/+1 or 0/1")
+    return np.where(y > 0, 1.0, -1.0).astype(np.float32)
 
 
 def _libsvm_cache(train: Path, test: Path) -> Path:
-    stamp = "-".join(f"{p.name}-{p.stat().st_size}-{int(p.stat().st_mtime)}" for p in (train, test))
+    stamp = "-".join(f"{p.name}-{file_stamp(p)}" for p in (train, test))
     return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", f"libsvm-{stamp}")
 
 
 def load_libsvm_dataset(path: Path) -> TensorDataset:
     """``path`` is a folder holding ``<name>`` and ``<name>.t`` (epsilon's layout) or the train file.
 
-    Parsed once and cached as ``.npy`` under ``$MLBENCH_CACHE`` (keyed by both files' size
-    and mtime, file-locked like the image cache); later runs and the other ranks read the cache.
+    Parsed once and cached as ``.npy`` under ``$MLBENCH_CACHE`` (keyed by both files' :func:`file_stamp`,
+    file-locked like the image cache); later runs and the other ranks read the cache.
     """
     if path.is_dir():
         trains = sorted(
@@ -262,12 +268,24 @@ def load_npz(path: Path) -> TensorDataset:
         if missing:
             raise ValueError(f"dataset.path: {path} lacks {', '.join(sorted(missing))}")
         arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(
+                f"dataset.path: {path}: x_{split} {x.shape} and y_{split} {y.shape} must be rows x features and "
+                "one label per row"
+            )
+    if arrays["x_test"].shape[1] != arrays["x_train"].shape[1]:
+        raise ValueError(
+            f"dataset.path: {path}: x_test has {arrays['x_test'].shape[1]} features, x_train "
+            f"{arrays['x_train'].shape[1]}"
+        )
     return TensorDataset(
         "tabular",
         arrays["x_train"].astype(np.float32),
-        np.where(arrays["y_train"] > 0, 1.0, -1.0).astype(np.float32),
+        binary_labels(arrays["y_train"], f"{path} y_train"),
         arrays["x_test"].astype(np.float32),
-        np.where(arrays["y_test"] > 0, 1.0, -1.0).astype(np.float32),
+        binary_labels(arrays["y_test"], f"{path} y_test"),
         source=str(path),
     )
 
