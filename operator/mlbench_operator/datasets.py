@@ -53,14 +53,11 @@ def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def last_failure(pods: Sequence[Mapping[str, Any]]) -> FetchFailure | None:
-    """The newest failed pod's classified failure (the fetcher's JSON termination message)."""
+    """The newest failed pod's classified failure (the fetcher's JSON termination message); None when that pod
+    left none (killed: OOM, the Job's deadline), not an older attempt's, which would be taken for its cause."""
     for pod in sorted(pods, key=_pod_time, reverse=True):
-        if (pod.get("status") or {}).get("phase") != "Failed":
-            continue
-        term = _terminated(pod) or {}
-        failure = FetchFailure.parse(term.get("message"))
-        if failure is not None:
-            return failure
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            return FetchFailure.parse((_terminated(pod) or {}).get("message"))
     return None
 
 
@@ -136,10 +133,14 @@ def _failed_job(
             DatasetReason.FETCHING,
             f"the fetch Job {job_name} failed before this run started ({why}); replacing it",
         )
+    reason = failed.get("reason") or "Failed"
+    if reason == "DeadlineExceeded":  # stopped from outside: the last attempt's own words are not the cause
+        last = f"; last attempt: {failure.reason.value}: {failure.message}" if failure else ""
+        text = f"fetch Job {job_name} failed (DeadlineExceeded: its activeDeadlineSeconds passed){last}"
+        return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
     if failure is not None:
         return FetchState(FetchAction.FAIL, DatasetReason(failure.reason.value), failure.message)
     detail = _unclassified(pods) or failed.get("message") or ""
-    reason = failed.get("reason") or "Failed"
     text = f"fetch Job {job_name} failed ({reason})" + (f": {detail}" if detail else "")
     return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
 

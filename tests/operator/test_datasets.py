@@ -30,7 +30,9 @@ def ts(t: datetime) -> str:
     return c.timestamp(t)
 
 
-def job(*conds: tuple[str, datetime], failed: int = 0, deleting: bool = False) -> dict[str, Any]:
+def job(
+    *conds: tuple[str, datetime], failed: int = 0, deleting: bool = False, reason: str = "BackoffLimitExceeded"
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": JOB}
     if deleting:
         meta["deletionTimestamp"] = ts(T0)
@@ -39,8 +41,7 @@ def job(*conds: tuple[str, datetime], failed: int = 0, deleting: bool = False) -
         "status": {
             "failed": failed,
             "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": ts(at), "reason": "BackoffLimitExceeded"}
-                for t, at in conds
+                {"type": t, "status": "True", "lastTransitionTime": ts(at), "reason": reason} for t, at in conds
             ],
         },
     }
@@ -127,6 +128,31 @@ REFUSED = failure(FetchReason.SOURCE_UNREACHABLE, "GET http://x/y: connection re
             FetchAction.FAIL,
             "DatasetFetchFailed",
             f"fetch Job {JOB} failed (BackoffLimitExceeded)",
+        ),
+        (  # the newest attempt was killed (no message): an older attempt's cause is not shown as its
+            job(failed=2),
+            [
+                pod("p1", T0, message=REFUSED, code=10),
+                pod("p2", T0 + timedelta(seconds=5), code=137),
+                pod("p3", T0 + timedelta(seconds=9), "Running"),
+            ],
+            FetchAction.WAIT,
+            "Fetching",
+            f"fetch Job {JOB} is running (retry 2)",
+        ),
+        (  # the Job's deadline stopped it: that is the cause, not the older attempt's refusal
+            job(("Failed", T0 + timedelta(seconds=30)), reason="DeadlineExceeded"),
+            [pod("p1", T0, message=REFUSED, code=10), pod("p2", T0 + timedelta(seconds=5), code=137)],
+            FetchAction.FAIL,
+            "DatasetFetchFailed",
+            f"fetch Job {JOB} failed (DeadlineExceeded: its activeDeadlineSeconds passed)",
+        ),
+        (  # ... also when the attempt it stopped said why it ended (a signal)
+            job(("Failed", T0 + timedelta(seconds=30)), reason="DeadlineExceeded"),
+            [pod("p1", T0, message=failure(FetchReason.FETCH_FAILED, "stopped by a signal"), code=1)],
+            FetchAction.FAIL,
+            "DatasetFetchFailed",
+            "activeDeadlineSeconds passed); last attempt: DatasetFetchFailed: stopped by a signal",
         ),
         (  # failed before this run was admitted: history, replaced (the namespace is not wedged)
             job(("Failed", T0 - timedelta(seconds=1))),
