@@ -158,3 +158,16 @@ def test_an_npz_that_is_not_a_binary_task_is_refused(tmp_path: Path, arrays: dic
         load_npz(path)
     np.savez(path, **good)
     assert load_npz(path).y_train.tolist() == [-1.0, 1.0, -1.0, 1.0]
+
+
+@pytest.mark.parametrize("fmt", ["cifar10-python", "image-tarball"])
+def test_the_pickled_batches_tarball_is_named_as_such(tmp_path: Path, fmt: str) -> None:
+    """CIFAR-10's python tarball given as a path: say what it is, not that it lacks train/ and test/ images."""
+    path = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name in ("cifar-10-batches-py/batches.meta", "cifar-10-batches-py/data_batch_1"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(ValueError, match="is the pickled batches' tarball .*extract it and give the folder"):
+        load_dataset(_spec(path, fmt))

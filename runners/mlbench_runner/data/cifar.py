@@ -137,8 +137,6 @@ def load_cifar_batch(file: Path) -> dict[bytes, Any]:
 
 def load_cifar_python(path: Path) -> TensorDataset:
     """The standard ``cifar-10-batches-py`` directory (data_batch_1..5, test_batch)."""
-    if path.is_file() and path.name.endswith(".tar.gz"):
-        raise ValueError(f"dataset.path: {path} is a tarball; extract it or use format image-tarball")
 
     def read(name: str) -> tuple[np.ndarray, np.ndarray]:
         file = path / name
@@ -233,6 +231,17 @@ def _cache_dir(path: Path) -> Path:
     return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", stamp)
 
 
+def _is_pickles_tarball(path: Path) -> bool:
+    """Whether a tarball's first member lies under ``cifar-10-batches-py/`` (CIFAR-10's python version). Only its
+    first header is read."""
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            first = tar.next()
+    except (OSError, EOFError, tarfile.TarError):
+        return False  # not a readable tarball: the decoder says why
+    return first is not None and first.name.lstrip("./").startswith("cifar-10-batches-py")
+
+
 def _image_stats(folder: Path) -> Iterator[os.stat_result]:
     """The stat of every image file the loader reads under ``folder`` (:func:`_image_entries`)."""
     for _, entry in _image_entries(folder):
@@ -262,6 +271,10 @@ def _image_entries(
 
 def load_image_archive(path: Path) -> TensorDataset:
     """An image folder or tarball, via the decoded ``.npy`` cache (in memory if the cache is unusable)."""
+    if path.is_file() and _is_pickles_tarball(path):  # else: "needs train/ and test/ images", after decompressing
+        raise ValueError(
+            f"dataset.path: {path} is the pickled batches' tarball (cifar-10-python); extract it and give the folder"
+        )
     keys = ("x_train", "y_train", "x_test", "y_test")
 
     def decode() -> dict[str, object]:
