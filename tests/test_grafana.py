@@ -233,18 +233,23 @@ def test_units_fit_the_metric(path: Path) -> None:
 
 @by_dashboard
 def test_a_stacked_panel_stacks_one_runs_series_only(path: Path) -> None:
-    """A stack reads as a whole (the phases of one run add up to its wall clock): a stacked panel whose series
-    are kept apart by ``run`` repeats over ``$run`` (one panel per run), else several runs pile into one stack
-    past 100% (the default selection is every run)."""
+    """A stack reads as a whole (the phases of one run add up to its wall clock): a stacked panel keeps its series
+    apart only by the label its legend shows (the stacked dimension) and by the variable it repeats over (one
+    panel per run), else several runs or namespaces pile into one stack past 100%."""
     for panel in _data_panels(path):
         stacking = panel["fieldConfig"]["defaults"].get("custom", {}).get("stacking", {}).get("mode", "none")
         if stacking == "none":
             continue
         for target in panel["targets"]:
-            kept = {label for group in re.findall(r"by \(([^)]*)\)", target["expr"]) for label in group.split(",")}
-            if "run" in {label.strip() for label in kept}:
-                assert panel.get("repeat") == "run", f"{panel['title']}: stacks the series of several runs"
-                assert "$run" in panel["title"], f"{panel['title']}: each repeat must say its run"
+            kept = {
+                label.strip() for group in re.findall(r"by \(([^)]*)\)", target["expr"]) for label in group.split(",")
+            }
+            shown = set(re.findall(r"{{\s*(\w+)\s*}}", target.get("legendFormat", "")))
+            assert len(shown) == 1, f"{panel['title']}: a stack's legend names its one stacked dimension"
+            apart = kept - shown - {panel.get("repeat")}
+            assert not apart, f"{panel['title']}: stacks series kept apart by {sorted(apart)} (repeat over them)"
+            if panel.get("repeat"):
+                assert f"${panel['repeat']}" in panel["title"], f"{panel['title']}: each repeat must say its value"
 
 
 def test_runner_queries_filter_on_namespace_and_run() -> None:

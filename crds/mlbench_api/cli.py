@@ -8,6 +8,7 @@ operator image never needs torch.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from mlbench_api.catalog import (
+    CATALOG_ENV,
     Document,
     catalog_dir,
     get_task,
@@ -289,8 +291,9 @@ def _admit(files: list[_File], *, local: bool = False) -> None:
     try:
         directory = catalog_dir()
         catalog, where = load_catalog(directory), f"the files given or the catalog ({directory})"
-    except FileNotFoundError:
-        catalog, where = {}, "the files given (no catalog found; set $MLBENCH_CATALOG)"
+    except FileNotFoundError as exc:  # none found, or $MLBENCH_CATALOG names no folder (said as such)
+        found = str(exc) if os.environ.get(CATALOG_ENV) else "no catalog found; set $MLBENCH_CATALOG"
+        catalog, where = {}, f"the files given ({found})"
     tasks: dict[str, BenchmarkTask | None] = {**catalog, **given}
     for checked in admitted:
         obj = checked.obj

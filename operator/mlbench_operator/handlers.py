@@ -579,10 +579,10 @@ class RunReconciler:
             try:
                 if not await self.ensure_objects(ctx, now):  # a name conflict is shown; look again later
                     held = await self.held_past_deadline(now, pods, "its objects' names were held by another owner")
-                    return held or _Stop(min(30.0, self.config.resync_seconds))
+                    return held or self.until_deadline(min(30.0, self.config.resync_seconds), now)
             except _Refused as err:  # quota, policy, an invalid object: a condition, not a silent retry
                 held = await self.held_past_deadline(now, pods, "the creates of its objects were refused")
-                return held or _Stop(await self.creation_refused(err.failures, now, pods))
+                return held or self.until_deadline(await self.creation_refused(err.failures, now, pods), now)
         dataset = ctx.task.dataset_spec  # None for a collectives task: nothing to fetch
         if (
             dataset is not None
@@ -701,6 +701,10 @@ class RunReconciler:
         for type_, reason, message in plan.events:
             self.event(type_, reason, message)
             self.log.info("run_transition", reason=reason, message=message)
+
+    def until_deadline(self, delay: float | None, now: datetime) -> _Stop:
+        """A held run's next pass: after ``delay``, or when its deadline passes if that comes first."""
+        return _Stop(reconcile.by_deadline(delay, reconcile.deadline_left(self.view(), now)))
 
     async def held_past_deadline(self, now: datetime, pods: list[PodView], doing: str) -> _Stop | None:
         """The run ends ``Failed``/``DeadlineExceeded`` if its deadline has passed while it was held before its
@@ -1035,7 +1039,7 @@ def sweep_poll_seconds(polls: int, resync: float) -> float:
     doubling up to ``resync``. The sweep records at once on the run's last phase change, so the first wait is
     the usual one; a sweep that does not (made invalid by an upgrade: it stops writing) is not asked every second
     by each of its expired runs for as long as it stays so."""
-    return min(SWEEP_RECORD_POLL_SECONDS * 2.0**polls, max(resync, SWEEP_RECORD_POLL_SECONDS))
+    return min(SWEEP_RECORD_POLL_SECONDS * 2.0 ** min(polls, 30), max(resync, SWEEP_RECORD_POLL_SECONDS))
 
 
 async def _sweep_recorded(kube: Kube, namespace: str, body: kopf.Body) -> bool:

@@ -1142,6 +1142,18 @@ def _deadline_left(body: Mapping[str, Any], start: datetime | None, now: datetim
     return (start + _seconds(deadline) - now).total_seconds() if deadline and start else None
 
 
+def deadline_left(body: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds until the run's ``activeDeadlineSeconds`` from its ``startTime`` (negative: past); None: none."""
+    return _deadline_left(body, c.parse_time((body.get("status") or {}).get("startTime")), now)
+
+
+def by_deadline(delay: float | None, left: float | None) -> float | None:
+    """A pass's wait, no longer than what is left of the deadline (a held run is woken when it passes)."""
+    if delay is None or left is None:
+        return delay
+    return min(delay, max(left, 0.0))
+
+
 def deadline_while(body: Mapping[str, Any], now: datetime, doing: str) -> Plan | None:
     """``Failed``/``DeadlineExceeded`` once ``activeDeadlineSeconds`` has passed while the run is held before its
     pods (``doing``: its dataset being fetched, its objects' names held by another owner, their creates refused),

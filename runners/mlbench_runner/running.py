@@ -9,6 +9,7 @@ removed when the command ends, however it ends. A marker left by a killed comman
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -18,6 +19,8 @@ from pathlib import Path
 
 #: The marker's file name in the result folder.
 MARKER = "running"
+#: The lock a command holds while it takes the marker (see :func:`marked`).
+LOCK = ".running.lock"
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,26 +47,21 @@ class AlreadyRunning(Exception):
 def marked(out: Path) -> Iterator[None]:
     """The marker in ``out`` for as long as the block runs; :class:`AlreadyRunning` if a live command holds it.
 
-    The marker is created exclusively, so of two commands started at once in one folder exactly one runs. A
-    marker that names no live process here (a killed command's, or another machine's, which cannot be checked
-    and which ``mlbench results`` does not count either) is replaced.
+    Taking it is one step under an exclusive lock on ``out/.running.lock`` (held only for that step): of two
+    commands started at once in one folder exactly one runs; neither can remove the other's fresh marker as
+    stale. The marker appears whole (written aside, then renamed), so that neither the other command nor
+    ``mlbench results`` reads it empty. A marker that names no live process here (a killed command's, or another
+    machine's, which cannot be checked and which ``mlbench results`` does not count either) is replaced.
     """
     path = out / MARKER
-    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n"
-    for _ in range(10):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            pid = running_pid(out)
-            if pid is not None:
-                raise AlreadyRunning(out, pid) from None
-            path.unlink(missing_ok=True)  # stale; another command may take it first: the next try says so
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-        break
-    else:
-        raise AlreadyRunning(out, None)
+    with (out / LOCK).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pid = running_pid(out)
+        if pid is not None:
+            raise AlreadyRunning(out, pid)
+        aside = out / f".{MARKER}.{os.getpid()}"
+        aside.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+        aside.replace(path)
     try:
         yield
     finally:

@@ -2,8 +2,8 @@
 
 Definitions (also in docs/runner.md): ``train_seconds`` is the sum over steps of the
 six step phases; ``compute_seconds`` = forward + backward + compression + optimizer;
-``communication_seconds`` = the communication phase (collectives only); ``samples_per_second`` = global
-samples / train_seconds; ``wall_clock_seconds`` runs from the start of the run (before
+``communication_seconds`` = the communication phase (collectives only); ``samples_per_second`` = the timed
+steps' global samples / train_seconds (the same steps); ``wall_clock_seconds`` runs from the start of the run (before
 the data is loaded) to the stop, evaluation included.
 """
 

@@ -137,11 +137,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun]) -> int:
-    """Each run through ``mlbench run --local``; 0 when every run succeeded (130 when interrupted)."""
+def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun], out: Path) -> int:
+    """Each run through ``mlbench run --local`` into ``out/<run>``; 0 when every run succeeded (130 when
+    interrupted)."""
     from mlbench_runner import local, report
 
-    out = Path(args.output or Path("mlbench-results") / sweep.metadata.name).resolve()
     stop = sweep.spec.failure_policy is FailurePolicy.STOP
     outcomes: dict[str, str] = {}
     for i, run in enumerate(runs, start=1):
@@ -244,14 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a task that every run would refuse (unknown, invalid, another name), or an --output that is a file:
         args.task_file = local.task_file_for(name, args.task_file, args.sweep)  # said once, before any run
         local.load_task(name, args.task_file)
-        local.output_dir(args, sweep.metadata.name)
+        out = local.output_dir(args, sweep.metadata.name)
     except local.LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from mlbench_runner import stopping
 
     with stopping.interrupt_on():  # between two runs too: `timeout`'s SIGTERM stops the study as a Ctrl-C does
-        return run_local(args, sweep, runs)
+        return run_local(args, sweep, runs, out)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,13 @@ def test_a_kubeconfig_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "Traceback" not in out.stderr, out.stderr
     assert "no cluster configuration (kubeconfig: " in out.stderr
+
+
+def test_validate_names_a_mistyped_catalog_folder(tmp_path: Path) -> None:
+    """A run whose task is in no file given: the message says the catalog variable names no folder, not that
+    it should be set (it is)."""
+    out = mlbench_env(
+        {"MLBENCH_CATALOG": str(tmp_path / "no-such-folder")}, "validate", str(EXAMPLES / "valid" / "run-minimal.yaml")
+    )
+    assert out.returncode == 1
+    assert f"$MLBENCH_CATALOG: {tmp_path / 'no-such-folder'} is not a directory" in out.stderr + out.stdout

@@ -846,9 +846,44 @@ def test_the_deadline_ends_a_run_held_before_its_pods(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize(
     ("polls", "resync", "seconds"),
-    [(0, 60.0, 1.0), (1, 60.0, 2.0), (5, 60.0, 32.0), (6, 60.0, 60.0), (40, 60.0, 60.0), (3, 0.5, 1.0)],
+    [
+        (0, 60.0, 1.0),
+        (1, 60.0, 2.0),
+        (5, 60.0, 32.0),
+        (6, 60.0, 60.0),
+        (40, 60.0, 60.0),
+        (3, 0.5, 1.0),
+        (5000, 60.0, 60.0),
+    ],
 )
 def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resync: float, seconds: float) -> None:
     from mlbench_operator import handlers
 
     assert handlers.sweep_poll_seconds(polls, resync) == seconds
+
+
+def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name conflict is looked at again after 30 s: sooner when the deadline passes first."""
+    from datetime import UTC, datetime
+
+    from tests.operator.test_reconcile import T0, admitted
+
+    left = 7
+    deadline = int((datetime.now(UTC) - T0).total_seconds()) + left
+    body, _ = admitted(h.run(runPolicy={"activeDeadlineSeconds": deadline}))
+    kube = FakeKube()
+    kube.existing[("ConfigMap", "r1-config")] = {"metadata": {"ownerReferences": [{"uid": "uid-old"}]}}
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    delay = asyncio.run(rec.step([]))
+    assert delay is not None
+    assert 0 < delay <= left
+
+
+@pytest.mark.parametrize(
+    ("delay", "left", "expected"),
+    [(30.0, None, 30.0), (30.0, 7.0, 7.0), (5.0, 7.0, 5.0), (30.0, -1.0, 0.0), (None, 7.0, None)],
+)
+def test_a_wait_is_no_longer_than_the_deadline(delay: float | None, left: float | None, expected: float | None) -> None:
+    from mlbench_operator import reconcile
+
+    assert reconcile.by_deadline(delay, left) == expected

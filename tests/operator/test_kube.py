@@ -302,7 +302,13 @@ def test_the_kubelet_waits_longer_than_the_probe_does() -> None:
         pytest.param(201, None, True, id="created"),
     ],
 )
-def test_a_create_refused_for_an_object_that_exists_is_a_conflict(post: int, get: int | None, expected: Any) -> None:
+@pytest.mark.parametrize("kind", ["PersistentVolumeClaim", "Pod"])
+def test_a_create_refused_for_an_object_that_exists_is_a_conflict(
+    post: int, get: int | None, expected: Any, kind: str
+) -> None:
+    """Pods are not read back: the operator may not get them (each refused pod would cost a second 403)."""
+    if kind == "Pod" and get is not None:
+        expected, get = (403 if post == 403 else expected), None
     kube = Kube(k8s.Configuration(), concurrency=1)
     calls: list[str] = []
 
@@ -316,7 +322,7 @@ def test_a_create_refused_for_an_object_that_exists_is_a_conflict(post: int, get
         return {"metadata": {"name": "mlbench-datasets"}}
 
     kube.request = request  # type: ignore[method-assign]
-    pvc = {"kind": "PersistentVolumeClaim", "metadata": {"name": "mlbench-datasets", "namespace": "ns"}}
+    pvc = {"kind": kind, "metadata": {"name": "mlbench-datasets", "namespace": "ns"}}
     try:
         if isinstance(expected, bool):
             assert kube.create(pvc) is expected

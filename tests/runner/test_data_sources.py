@@ -169,5 +169,5 @@ def test_the_pickled_batches_tarball_is_named_as_such(tmp_path: Path, fmt: str) 
             info = tarfile.TarInfo(name)
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
-    with pytest.raises(ValueError, match="is the pickled batches' tarball .*extract it and give the folder"):
+    with pytest.raises(ValueError, match=r"is the pickled batches' tarball .*extract it and give the folder"):
         load_dataset(_spec(path, fmt))

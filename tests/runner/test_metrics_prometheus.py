@@ -97,7 +97,7 @@ def test_prometheus_scrapes_runner_metrics(tmp_path: Path) -> None:
         pytest.param(0.10, 0.14, id="ResNet-20 on CPU"),
     ],
 )
-def test_step_times_that_differ_by_a_sixth_fall_in_different_buckets(faster: float, slower: float) -> None:
+def test_the_step_times_of_the_measured_paths_fall_in_different_buckets(faster: float, slower: float) -> None:
     """The dashboard's p50/p90/p99 are interpolated within a bucket: two step times in one bucket draw the same
     curve, however different they are."""
     import bisect

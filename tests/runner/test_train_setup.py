@@ -80,10 +80,10 @@ def test_a_slower_ranks_set_up_is_not_in_rank_0s_clock(tmp_path: Path, where: st
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     if where == "ingest":
         (hyper,) = [e for e in events if e["event"] == "hyperparameters"]
-        assert hyper["dataset"]["ingest_wait_s"] >= SKEW - 0.5
+        assert hyper["dataset"]["ingest_wait_s"] >= SKEW - 2  # less any head start rank 1 had
     else:
         (fast,) = [e for e in events if e["event"] == "fast_path"]
-        assert fast["capture_s"] >= SKEW  # its own 0.1 s and the wait for rank 1's
+        assert fast["capture_s"] >= SKEW - 2  # its own 0.1 s and the wait for rank 1's, less any head start
         assert summary.communication_seconds < SKEW / 2
     assert summary.wall_clock_seconds < SKEW / 2, summary.wall_clock_seconds
 

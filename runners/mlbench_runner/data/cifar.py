@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import structlog
 
-from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays, file_stamp
+from mlbench_runner.data.base import DECODER_VERSION, TensorDataset, cache_root, cached_arrays, file_stamp
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 #: ``train|test/<class>/<image>``; not macOS's ``._<name>`` AppleDouble files (resource forks that a tarball made
@@ -227,7 +227,7 @@ def _cache_dir(path: Path) -> Path:
         size = sum(st.st_size for st in files)
         # the newest change time as well: unpacking a tarball or `cp -p` restores old mtimes, never ctimes
         newest = max((max(st.st_mtime_ns, st.st_ctime_ns) for st in files), default=0)
-        stamp = f"{path.name}-dir-{where}-{len(files)}-{size}-{newest}"
+        stamp = f"{path.name}-dir-{where}-{len(files)}-{size}-{newest}-v{DECODER_VERSION}"
     return cache_root() / re.sub(r"[^A-Za-z0-9._-]", "_", stamp)
 
 
