@@ -391,11 +391,14 @@ async def run_event(
 # -- the reconciler ----------------------------------------------------------------------------------------
 def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> bool:
     """Unfinished runs, and finished ones whose results are not yet kept or whose cleanPodPolicy still
-    wants pods deleted (e.g. the operator died between writing the final status and deleting the pods)."""
+    wants pods deleted (e.g. the operator died between writing the final status and deleting the pods), or
+    whose cleanup is not recorded yet (it died between deleting the pods and saying so)."""
     status = body.get("status") or {}
     if status.get("phase") not in reconcile.TERMINAL:
         return True
     pods = pods_of(kwargs.get("memo"), (namespace or "", name))
+    if reconcile.cleanup_unrecorded(body, pods):
+        return True
     if not pods:
         return False
     uid = body.get("metadata", {}).get("uid", "")
@@ -847,6 +850,8 @@ class RunReconciler:
             spared.add(n.worker_name(self.name, 0))
         todo = [p for p in todo if p not in spared]
         if not todo:
+            if reconcile.cleanup_unrecorded(self.view(), pods):  # deleted before a restart, never recorded
+                await self.patch(reconcile.cleaned_up_status(self.view(), pods, now))
             return decision.retry_after
         self.log.info("cleanup", pods=len(todo))
         # All or nothing: an error raises, and the next pass (or a restarted operator) deletes what is left.

@@ -594,6 +594,25 @@ def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[st
     return _cleanup(clean_pod_policy(body.get("spec")), mine)
 
 
+def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool:
+    """A finished run whose cleanup deleted its pods but whose status does not say so (the operator stopped
+    between the deletes and the status write): its ``workers.ready`` would keep the count from before, and no
+    daemon would come back for it (nothing is left to delete). Its pods are gone or going, the policy cleans,
+    and WorkersReady does not say :data:`CLEANED_UP`."""
+    status = body.get("status") or {}
+    policy = clean_pod_policy(body.get("spec"))
+    if status.get("phase") not in TERMINAL or policy is CleanPodPolicy.NONE:
+        return False
+    wr: Mapping[str, Any] = next((x for x in status.get("conditions") or [] if x.get("type") == c.WORKERS_READY), {})
+    if CLEANED_UP in (wr.get("message") or ""):
+        return False
+    mine, _ = _own(pods, (body.get("metadata") or {}).get("uid", ""))
+    if _cleanup(policy, mine):  # still to delete: cleanup_pending's case
+        return False
+    ready = int((status.get("workers") or {}).get("ready") or 0)
+    return any(p.terminating for p in mine) or (not mine and ready > 0)
+
+
 def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: datetime) -> dict[str, Any]:
     """A finished run's status once its cleanup is done: ``workers.ready`` recounted, WorkersReady says so.
 

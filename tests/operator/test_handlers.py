@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import socket
 import types
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -490,7 +491,7 @@ def test_ttl_set_after_the_run_finished(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_daemon_filter_covers_pending_cleanup() -> None:
     """Defect 1 after a restart: a finished run with pods its policy wants gone gets a daemon again."""
-    from mlbench_operator import handlers
+    from mlbench_operator import handlers, reconcile
     from tests.operator.test_reconcile import workers
 
     needs: Any = handlers._needs_daemon
@@ -498,10 +499,32 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     finished = {**body, "status": {**body["status"], "phase": "Failed"}}
     index = _memo({("ns", "r1"): workers(ctx)})
     assert needs(body=finished, namespace="ns", name="r1", memo=index)
-    gone = _memo({("ns", "r1"): [dataclasses.replace(p, terminating=True) for p in workers(ctx)]})
-    assert not needs(body=finished, namespace="ns", name="r1", memo=gone)
-    assert not needs(body=finished, namespace="ns", name="r1", memo=_memo({}))
+    terminating = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
+    gone = _memo({("ns", "r1"): terminating})
+    # deleted, but the status does not say so (the operator stopped before writing it): a daemon records it
+    assert needs(body=finished, namespace="ns", name="r1", memo=gone)
+    assert needs(body=finished, namespace="ns", name="r1", memo=_memo({}))  # workers.ready still says 2
+    recorded = {**finished, "status": reconcile.cleaned_up_status(finished, terminating, datetime.now(UTC))}
+    assert not needs(body=recorded, namespace="ns", name="r1", memo=gone)
+    assert not needs(body=recorded, namespace="ns", name="r1", memo=_memo({}))
     assert needs(body=body, namespace="ns", name="r1", memo=_memo({}))
+
+
+def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It deleted the pods and stopped before the status write: workers.ready kept its count from before."""
+    from mlbench_operator import reconcile
+    from tests.operator.test_reconcile import workers
+
+    body, ctx, _ = _running("Running")
+    finished = {**body, "status": {**body["status"], "phase": "Failed", "results": {"configMap": "r1-results"}}}
+    assert finished["status"]["workers"]["ready"] == 2
+    kube = FakeKube()
+    rec = _reconciler(finished, kube, monkeypatch)
+    asyncio.run(rec.step([dataclasses.replace(p, terminating=True) for p in workers(ctx)]))
+    assert not [call for call in kube.calls if call[0] == "delete"]
+    (closing,) = kube.patches()
+    assert closing["workers"] == {"ready": 0, "total": 2}
+    assert reconcile.CLEANED_UP in {x["type"]: x for x in closing["conditions"]}["WorkersReady"]["message"]
 
 
 class _Stopped:
@@ -864,8 +887,6 @@ def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resy
 
 def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A name conflict is looked at again after 30 s: sooner when the deadline passes first."""
-    from datetime import UTC, datetime
-
     from tests.operator.test_reconcile import T0, admitted
 
     left = 7
