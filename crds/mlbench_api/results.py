@@ -27,6 +27,42 @@ StopReason = Literal[
 COLLECTIVES_SCHEMA: Final = "mlbench.io/collectives/v1"
 
 
+#: The longest free text kept in a termination message that is too long (a reason, a host name).
+SHORT_TEXT = 240
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= SHORT_TEXT else text[: SHORT_TEXT - 3] + "..."
+
+
+def _drop_devices(data: dict[str, Any]) -> None:
+    data["environment"].pop("devices", None)
+
+
+def _shorten_texts(data: dict[str, Any]) -> None:
+    env = data["environment"]
+    for key, value in env.items():
+        if isinstance(value, str):
+            env[key] = _shorten(value)
+
+
+def _drop_extras(data: dict[str, Any]) -> None:
+    for key in ("communication", "network", "peakBusBandwidth"):
+        data.pop(key, None)
+
+
+def _only_the_result(data: dict[str, Any]) -> None:
+    """What status.result needs and nothing else: the last resort, always under the limit."""
+    env = data["environment"]
+    data["environment"] = {k: env[k] for k in ("worldSize", "backend") if k in env}
+    for key in [k for k, v in data.items() if isinstance(v, str) and k not in ("run", "task", "status", "stopReason")]:
+        data[key] = _shorten(data[key])
+
+
+#: How a too long termination message is shrunk, in turn, least needed first.
+_SHRINKS = (_drop_devices, _shorten_texts, _drop_extras, _only_the_result)
+
+
 class PhaseTotals(ApiModel):
     """Seconds per training phase, summed over steps on rank 0 (see the runner docs)."""
 
@@ -197,13 +233,19 @@ class RunSummary(ApiModel):
     )
 
     def termination_message(self) -> str:
-        """Compact JSON that fits the kubelet's 4 KiB termination-message limit."""
+        """Compact JSON that fits the kubelet's 4 KiB termination-message limit.
+
+        The kubelet keeps a longer message's *last* 4096 bytes: JSON without its start, which fails the run as
+        InvalidResult. So it is shrunk, least needed first (:data:`_SHRINKS`), until it fits: a fallback reason
+        holding a long CUDA error made a successful run's message 6 KB."""
         data: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.pop("history", None)
         data.pop("collectives", None)  # the full table stays in summary.json; peakBusBandwidth sums it up
         text = json.dumps(data, separators=(",", ":"))
-        if len(text.encode()) > TERMINATION_MESSAGE_LIMIT:
-            data["environment"].pop("devices", None)
+        for shrink in _SHRINKS:
+            if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
+                break
+            shrink(data)
             text = json.dumps(data, separators=(",", ":"))
         return text
 

@@ -203,7 +203,12 @@ def stream(cmd: list[str], on_line: Callable[[str], None], env: dict[str, str] |
     which it passes on to every rank, and as a SIGTERM :data:`RANK_STOP_SECONDS` later if it still runs;
     the output is still read to its end: the ranks' ``aborted`` summary is what the launcher then reports.
     """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    # errors="replace": mpirun tags each piece of output it reads, not each line, so a tag can land inside a
+    # multi-byte character (a progress bar's block), and a rank may print any bytes; a strict decode would end
+    # the launcher with a traceback and no termination message.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env, bufsize=1
+    )
     assert proc.stdout is not None
     with stopping.forwarded_once(proc, escalate_after=RANK_STOP_SECONDS) as stopped:
         for line in proc.stdout:
@@ -385,7 +390,8 @@ def run_launch(args: argparse.Namespace) -> int:
         write_termination(args.termination_log, error_message(f"cannot start mpirun: {exc}", 127))
         return 127
     if not found and Path(config.output_dir, "summary.json").exists():
-        found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
+        with contextlib.suppress(ValidationError):  # an open-division program's broken file: the error below
+            found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
     try:  # best effort: a problem here must not turn a finished run into a failed one
         files = gather(
             config.output_dir,

@@ -331,6 +331,7 @@ def start_child(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[st
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
+        errors="replace",  # a rank's bytes that are not UTF-8 (or a tag inside a character) are no crash
         env=env,
         bufsize=1,
         process_group=0,

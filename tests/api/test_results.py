@@ -50,3 +50,34 @@ def test_termination_message_fits_the_kubelet_limit_and_round_trips() -> None:
 def test_malformed_termination_message_is_a_value_error(text: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - both JSON and schema errors are ValueErrors
         RunSummary.from_termination_message(text)
+
+
+@pytest.mark.parametrize(
+    ("reason", "kept"),
+    [
+        pytest.param("CUDA graph capture failed, eager instead: RuntimeError: short", True, id="short: kept whole"),
+        pytest.param("CUDA graph capture failed, eager instead: " + "x" * 5000, False, id="a long CUDA error: cut"),
+    ],
+)
+def test_a_long_fallback_reason_does_not_push_the_message_past_the_limit(reason: str, kept: bool) -> None:
+    """The kubelet keeps a longer message's last 4096 bytes: JSON without its start, a successful run failed as
+    InvalidResult. Free text is cut before anything the status needs."""
+    summary = _summary()
+    summary.environment.training_step_reason = reason
+    text = summary.termination_message()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
+    back = RunSummary.from_termination_message(text)
+    assert (back.time_to_goal_seconds, back.goal_reached, back.status) == (123.4, True, "success")
+    shown = back.environment.training_step_reason
+    assert shown == reason if kept else (shown is not None and shown.endswith("...") and len(shown) <= 240)
+
+
+def test_a_message_of_only_long_texts_keeps_the_result() -> None:
+    """The last resort: every optional part gone, the result itself still there."""
+    summary = _summary()
+    summary.environment.hostname = "h" * 3000
+    summary.environment.training_step_reason = "r" * 3000
+    summary.environment.torch = "t" * 3000
+    text = summary.termination_message()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
+    assert RunSummary.from_termination_message(text).samples_per_second == pytest.approx(15_384.6)

@@ -510,3 +510,44 @@ def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path:
     code = local.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
     assert code == 1
     assert not (tmp_path / "terminated").exists()
+
+
+def test_output_that_is_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
+    """mpirun tags each piece it reads, so a tag can split a multi-byte character (a progress bar's block)."""
+    from mlbench_runner import launch
+
+    lines: list[str] = []
+    raw = b"[1,0]<stdout>:caf\xc3[1,0]<stdout>:\xa9 ok\n[1,0]<stdout>:next\n"
+    printer = tmp_path / "printer"
+    printer.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.buffer.write({raw!r})\n")
+    printer.chmod(0o755)
+    assert launch.stream([str(printer)], lines.append).code == 0
+    assert len(lines) == 2
+    assert lines[1] == "[1,0]<stdout>:next"
+
+
+def test_a_broken_local_summary_file_is_an_error_message_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open-division program left a summary.json that is no RunSummary, and printed none: the launcher writes
+    its error object (the run fails with the launcher's reason), it does not die with a traceback."""
+    import argparse
+
+    from mlbench_runner import launch
+
+    mpirun = tmp_path / "fake-mpirun"
+    mpirun.write_text(f"#!{sys.executable}\nprint('no summary here')\n")
+    mpirun.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    (tmp_path / "config.json").write_text(make_config(logreg_task(), out, 2).dump())
+    (tmp_path / "hostfile").write_text("worker-0 slots=2\n")
+    monkeypatch.setattr(launch, "gather", lambda *a, **k: {})
+    parser = argparse.ArgumentParser()
+    launch.add_launch_arguments(parser)
+    argv = ["--config", str(tmp_path / "config.json"), "--hostfile", str(tmp_path / "hostfile")]
+    argv += ["--mpirun", str(mpirun), "--termination-log", str(tmp_path / "termination-log")]
+    code = launch.run_launch(parser.parse_args(argv))
+    assert code != 0
+    assert "error" in json.loads((tmp_path / "termination-log").read_text())
