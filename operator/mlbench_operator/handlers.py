@@ -38,7 +38,6 @@ import kopf
 
 from mlbench_api import bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.sweep import LABEL_SWEEP
 from mlbench_operator import builders, datasets, logs, netpol, progress, reconcile, results, sshkeys, sweeps
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
@@ -1049,7 +1048,7 @@ def sweep_poll_seconds(polls: int, resync: float) -> float:
 
 async def _sweep_recorded(kube: Kube, namespace: str, body: kopf.Body) -> bool:
     """A sweep's run: whether its sweep has written down how it ended (see :func:`.sweeps.outcome_recorded`)."""
-    sweep_name = (body.get("metadata", {}).get("labels") or {}).get(LABEL_SWEEP)
+    sweep_name = sweeps.sweep_of(body)
     if not sweep_name:
         return True
     return sweeps.outcome_recorded(await kube.run(kube.get, "BenchmarkSweep", namespace, sweep_name), body)

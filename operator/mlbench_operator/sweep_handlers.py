@@ -100,8 +100,9 @@ class SweepReconciler:
         kopf.event(self.body, type=type_, reason=reason, message=message[:1024])
 
     def recover(self) -> None:
-        """After a failed pass: trust the cluster's status again (a write may have half-failed)."""
-        self.status = dict(self.body.get("status") or {})
+        """After a failed pass: trust the cluster's status again (a write may have half-failed), keeping the run
+        outcomes we wrote that its copy does not show yet (:func:`.sweeps.recovered_status`)."""
+        self.status = sweeps.recovered_status(self.status, self.body.get("status") or {})
 
     async def step(self) -> float | None:
         """One pass. Returns seconds until the next unprompted pass, or None when the sweep has finished."""
@@ -118,7 +119,9 @@ class SweepReconciler:
         if decision.create:
             problems, created, fresh = await self.create(view, decision)
             events = [decision.created_events[name] for name in fresh]
-            if problems:  # the status again, for what could be done
+            # the status again, for what could be done and for runs that existed already (ours, found by the
+            # 409's read because the list missed them: their label was removed), with their real phase
+            if problems or set(created) - set(fresh):
                 decision = sweeps.decide(view, {**observed, **created}, now, problems)
         await self.patch(decision.status)
         for type_, reason, message in [*events, *decision.events]:

@@ -109,6 +109,32 @@ def outcome_recorded(sweep: Mapping[str, Any] | None, run: Mapping[str, Any]) ->
     return bool(status.get("completionTime")) or recorded_phases(status).get(name) in TERMINAL
 
 
+def sweep_of(run: Mapping[str, Any]) -> str | None:
+    """The name of the BenchmarkSweep that controls ``run`` (its controller owner reference), else None. Not the
+    ``mlbench.io/sweep`` label: a user may remove a label (then the run's TTL would not wait for its sweep)."""
+    for ref in (run.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "BenchmarkSweep":
+            return str(ref.get("name"))
+    return None
+
+
+def recovered_status(ours: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The status to go on from after a failed pass: the watch's copy (a write may have landed although its
+    answer was an error), with every run outcome we wrote that it does not show yet. A finished run whose
+    outcome the echo lacks could be deleted by its TTL (which reads the sweep fresh) and then look to the next
+    pass like a run that never ran: created again."""
+    finished = {name: phase for name, phase in recorded_phases(ours).items() if phase in TERMINAL}
+    runs = [
+        {**entry, "phase": finished[entry.get("name")]}
+        if entry.get("name") in finished and entry.get("phase") not in TERMINAL
+        else entry
+        for entry in live.get("runs") or []
+    ]
+    seen = {entry.get("name") for entry in runs}
+    runs += [{"name": name, "phase": phase} for name, phase in finished.items() if name not in seen]
+    return {**live, "runs": runs} if runs else dict(live)
+
+
 def recorded_phases(status: Mapping[str, Any]) -> dict[str, Any]:
     """``status.runs`` by run name: each run's last phase the sweep wrote down."""
     return {e.get("name"): e.get("phase") for e in status.get("runs") or []}

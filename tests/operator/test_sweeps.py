@@ -438,3 +438,58 @@ def test_a_sweeps_passes_are_counted_as_a_sweeps(monkeypatch: pytest.MonkeyPatch
     before = (passes("benchmarksweep"), passes("benchmarkrun"))
     asyncio.run(_reconciler(sweep(2), FakeKube(), monkeypatch).step())
     assert (passes("benchmarksweep"), passes("benchmarkrun")) == (before[0] + 1, before[1])
+
+
+def test_our_run_without_the_label_is_seen_in_its_phase_and_the_sweep_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its label removed (``kubectl label br ... mlbench.io/sweep-``), the list misses the run: its create meets
+    the 409, the read finds it ours and Succeeded. That phase is recorded and the next run created; the sweep
+    froze with it Pending for ever when nothing else conflicted."""
+    kube, body = FakeKube(), sweep(1)
+    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    del mine["metadata"]["labels"][LABEL_SWEEP]
+    kube.runs[W1S1] = {**mine, "status": {"phase": "Succeeded"}}
+    rec = _reconciler(body, kube, monkeypatch)
+    asyncio.run(rec.step())
+    assert {"name": W1S1, "phase": "Succeeded"} in kube.patches[-1]["runs"]
+    asyncio.run(rec.step())  # the next pass: its slot is free
+    assert W1S2 in kube.runs
+
+
+@pytest.mark.parametrize(
+    ("ours", "live", "runs"),
+    [
+        pytest.param(
+            recorded(w1s1="Succeeded"),
+            recorded(w1s1="Running"),
+            recorded(w1s1="Succeeded")["runs"],
+            id="an outcome the echo lacks is kept",
+        ),
+        pytest.param(
+            recorded(w1s1="Running"),
+            recorded(w1s1="Failed"),
+            recorded(w1s1="Failed")["runs"],
+            id="a newer outcome in the cluster's copy stands",
+        ),
+        pytest.param(
+            recorded(w1s1="Succeeded"), {}, [{"name": W1S1, "phase": "Succeeded"}], id="no runs in the copy yet"
+        ),
+    ],
+)
+def test_a_recovered_status_keeps_the_outcomes_we_wrote(
+    ours: dict[str, Any], live: dict[str, Any], runs: list[dict[str, Any]]
+) -> None:
+    """After a failed pass, a finished run's outcome must survive: its TTL (reading the sweep fresh) may delete it,
+    and without the outcome the sweep would create it again."""
+    assert sweeps.recovered_status(ours, live)["runs"] == runs
+
+
+@pytest.mark.parametrize(
+    ("run", "name"),
+    [
+        pytest.param(_owned(W1S1), None, id="a controller that is no sweep"),
+        pytest.param(sweeps.run_object(sweep(), sweeps.decide(sweep(), {}, T0).create[0]), "s", id="the sweep's run"),
+        pytest.param({"metadata": {"name": W1S1, "labels": {LABEL_SWEEP: "s"}}}, None, id="a label only"),
+    ],
+)
+def test_a_runs_sweep_is_its_controller_not_its_label(run: dict[str, Any], name: str | None) -> None:
+    assert sweeps.sweep_of(run) == name
