@@ -31,7 +31,15 @@ ARGOCD = GITOPS / "argocd"
 COMPONENT = ARGOCD / "health-check"
 SCRIPT = COMPONENT / "mlbench.io" / "BenchmarkRun" / "health.lua"
 KEY = "resource.customizations.health.mlbench.io_BenchmarkRun"
+SWEEP_SCRIPT = COMPONENT / "mlbench.io" / "BenchmarkSweep" / "health.lua"
+#: argocd-cm's keys the component sets: one health check per kind applied from Git (a kind without one is
+#: Healthy as soon as it exists)
+SCRIPTS = {
+    KEY: SCRIPT.read_text(),
+    "resource.customizations.health.mlbench.io_BenchmarkSweep": SWEEP_SCRIPT.read_text(),
+}
 RUN_CRD = REPO / "crds" / "bases" / "mlbench.io_benchmarkruns.yaml"
+SWEEP_CRD = REPO / "crds" / "bases" / "mlbench.io_benchmarksweeps.yaml"
 #: condition types of the status contract (docs/operator.md, docs/gitops.md)
 CONDITION_TYPES = {
     "DatasetReady",
@@ -82,7 +90,7 @@ def test_standalone_argocd_cm_embeds_the_script() -> None:
     assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("ConfigMap", "argocd-cm", "argocd")
     # Argo CD only reads ConfigMaps carrying this label
     assert cm["metadata"]["labels"]["app.kubernetes.io/part-of"] == "argocd"
-    assert cm["data"] == {KEY: SCRIPT.read_text()}
+    assert cm["data"] == SCRIPTS
 
 
 def test_component_merges_into_an_existing_argocd_cm(tmp_path: Path) -> None:
@@ -112,7 +120,7 @@ def test_component_merges_into_an_existing_argocd_cm(tmp_path: Path) -> None:
     assert cm["data"] == {
         "url": "https://argocd.example.com",
         "resource.customizations.health.x_Y": "hs = {}",
-        KEY: SCRIPT.read_text(),
+        **SCRIPTS,
     }
 
 
@@ -154,10 +162,24 @@ def flux() -> dict[tuple[str, str], Obj]:
     return {(d["kind"], d["metadata"]["name"]): d for d in docs(GITOPS / "flux" / "mlbench.yaml")}
 
 
-def run_crd() -> Obj:
-    crd = yaml.safe_load(RUN_CRD.read_text())
+def run_crd(path: Path = RUN_CRD) -> Obj:
+    crd = yaml.safe_load(path.read_text())
     assert isinstance(crd, dict)
     return crd
+
+
+def flux_check(kind: str) -> Obj:
+    """The benchmark-runs Kustomization's healthCheckExprs entry for ``kind``."""
+    checks = flux()[("Kustomization", "benchmark-runs")]["spec"]["healthCheckExprs"]
+    (check,) = [c for c in checks if c["kind"] == kind]
+    return dict(check)
+
+
+def test_flux_checks_every_mlbench_kind_applied_from_git() -> None:
+    """Runs and sweeps: Flux's kstatus fallback reads Reconciling before Stalled, so a stalled sweep would be
+    InProgress until the timeout without its own expressions."""
+    checks = flux()[("Kustomization", "benchmark-runs")]["spec"]["healthCheckExprs"]
+    assert sorted(c["kind"] for c in checks) == ["BenchmarkRun", "BenchmarkSweep"]
 
 
 def test_flux_objects() -> None:
@@ -206,10 +228,11 @@ def test_the_runs_namespace_is_created_restricted() -> None:
     assert ns["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
 
 
-def test_flux_health_check_exprs_shape() -> None:
-    crd = run_crd()
+@pytest.mark.parametrize(("kind", "crd_file"), [("BenchmarkRun", RUN_CRD), ("BenchmarkSweep", SWEEP_CRD)])
+def test_flux_health_check_exprs_shape(kind: str, crd_file: Path) -> None:
+    crd = run_crd(crd_file)
     served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
-    (check,) = flux()[("Kustomization", "benchmark-runs")]["spec"]["healthCheckExprs"]
+    check = flux_check(kind)
     assert set(check) <= {"apiVersion", "kind", "current", "inProgress", "failed"}
     assert {"apiVersion", "kind", "current"} <= set(check)
     group, version = check["apiVersion"].split("/")
@@ -232,11 +255,12 @@ def _schema_has(schema: Obj, path: list[str]) -> bool:
     return True
 
 
-def test_flux_health_check_exprs_read_only_real_fields_and_values() -> None:
-    crd = run_crd()
+@pytest.mark.parametrize(("kind", "crd_file"), [("BenchmarkRun", RUN_CRD), ("BenchmarkSweep", SWEEP_CRD)])
+def test_flux_health_check_exprs_read_only_real_fields_and_values(kind: str, crd_file: Path) -> None:
+    crd = run_crd(crd_file)
     (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
     schema = version["schema"]["openAPIV3Schema"]
-    (check,) = flux()[("Kustomization", "benchmark-runs")]["spec"]["healthCheckExprs"]
+    check = flux_check(kind)
     exprs = " ".join(check[k] for k in ("current", "inProgress", "failed"))
 
     fields = re.findall(r"\b((?:status|metadata)(?:\.\??[A-Za-z]+\b(?!\())+)", exprs)  # not .orValue(
@@ -246,7 +270,7 @@ def test_flux_health_check_exprs_read_only_real_fields_and_values() -> None:
         if path[0] == "metadata":
             assert path == ["metadata", "generation"], field
         else:
-            assert _schema_has(schema, path), f"{field}: not in the BenchmarkRun CRD's schema"
+            assert _schema_has(schema, path), f"{field}: not in the {kind} CRD's schema"
     condition_fields = set(re.findall(r"\bc\.([A-Za-z]+)", exprs))
     assert condition_fields
     assert condition_fields <= set(schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"])
@@ -256,6 +280,11 @@ def test_flux_health_check_exprs_read_only_real_fields_and_values() -> None:
     compared_types = set(re.findall(r"c\.type == '([^']*)'", exprs))
     assert compared_types <= CONDITION_TYPES
     assert literals - compared_types - {"True", "False", "Unknown"} <= phases
+    if kind == "BenchmarkSweep":  # no phase: its kstatus conditions decide
+        assert "'Stalled'" in check["failed"]
+        assert "'Ready'" in check["current"]
+        assert "'Stalled'" in check["inProgress"]
+        return
     # the three outcomes are all there: Succeeded is current, Failed failed, the live phases in progress
     assert "'Succeeded'" in check["current"]
     assert "'Failed'" in check["failed"]
