@@ -7,6 +7,7 @@ interpretable after the task changes.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -104,6 +105,10 @@ def _network_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     ]
 
 
+#: Round trips of ssh's connect and handshake (TCP, banners, key exchange, authentication).
+SSH_HANDSHAKE_ROUND_TRIPS = 4
+
+
 class NetworkConditions(ApiModel):
     """Emulated network between the workers (Linux tc on each worker pod's interface, egress: htb for the rate,
     netem for delay and loss).
@@ -122,6 +127,13 @@ class NetworkConditions(ApiModel):
     """Random variation of latencyMs, in milliseconds (needs latencyMs)."""
     loss_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
     """Percentage of sent packets dropped at random (TCP retransmits them: the cost shows as time)."""
+
+    def ssh_handshake_delay(self) -> int:
+        """Whole seconds this delay (latency plus jitter, on either side's egress) adds to an ssh connect and
+        handshake (:data:`SSH_HANDSHAKE_ROUND_TRIPS`): what ssh's ConnectTimeout and sshd's LoginGraceTime must
+        allow on top (5 s of latency made every launch time out in the banner exchange)."""
+        one_way = ((self.latency_ms or 0.0) + (self.jitter_ms or 0.0)) / 1000
+        return math.ceil(2 * SSH_HANDSHAKE_ROUND_TRIPS * one_way)
 
     @model_validator(mode="after")
     def _rules(self) -> NetworkConditions:

@@ -219,6 +219,16 @@ exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} 
 """
 
 
+def worker_script(ctx: RunContext) -> str:
+    """:data:`WORKER_SCRIPT`, with sshd's LoginGraceTime grown by what ``spec.network`` adds to a handshake."""
+    network = ctx.spec.network
+    extra = network.ssh_handshake_delay() if network is not None else 0
+    grace = f"LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS}"
+    return (
+        WORKER_SCRIPT.replace(grace, f"LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS + extra}") if extra else WORKER_SCRIPT
+    )
+
+
 #: The launcher's init container: mpirun starts only once every worker's DNS name resolves (Ready
 #: pods can precede their DNS records; mpi-operator's launcher famously raced them).
 WAIT_FOR_WORKERS_SCRIPT = f"""set -eu
@@ -372,7 +382,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
     container: Obj = {
         "name": n.WORKER_CONTAINER,
         "image": ctx.image,
-        "command": ["/bin/sh", "-c", WORKER_SCRIPT],
+        "command": ["/bin/sh", "-c", worker_script(ctx)],
         "env": [*_env(ctx, n.ROLE_WORKER), {"name": "MLBENCH_WORKER_INDEX", "value": str(rank)}],
         "ports": [{"name": "ssh", "containerPort": n.SSH_PORT, "protocol": "TCP"}, *metrics_ports(ctx, rank)],
         "readinessProbe": {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mlbench_api import bundle
 from mlbench_api.results import RunSummary
+from mlbench_api.run import NetworkConditions
 
 #: Per file: the operator waits at most 60 s for a launcher that is still running (results.WAIT_SECONDS).
 SSH_TIMEOUT_SECONDS = 15
@@ -27,6 +28,11 @@ SSH_TIMEOUT_SECONDS = 15
 CONNECT_TIMEOUT_SECONDS = 10
 SERVER_ALIVE_INTERVAL = 15
 SERVER_ALIVE_COUNT_MAX = 4
+
+
+def handshake_delay(network: NetworkConditions | None) -> int:
+    """Seconds an emulated network (spec.network) adds to an ssh handshake; 0 without one."""
+    return 0 if network is None else network.ssh_handshake_delay()
 
 
 def ssh_options(
@@ -69,9 +75,12 @@ def read_remote(
     *,
     known_hosts: str | None = None,
     host_key_alias: str | None = None,
+    delay: int = 0,
 ) -> bytes | None:
-    """``cat path`` on ``host`` over ssh; None when it fails (no such file, host gone, wrong host key)."""
-    opts = ssh_options(port, key, known_hosts, host_key_alias, connect_timeout=5)
+    """``cat path`` on ``host`` over ssh; None when it fails (no such file, host gone, wrong host key). ``delay``:
+    :func:`handshake_delay`, added to both timeouts."""
+    opts = ssh_options(port, key, known_hosts, host_key_alias, connect_timeout=5 + delay)
+    timeout += delay
     cmd = ["ssh", *opts, host, "cat", path]
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
@@ -105,8 +114,10 @@ def gather(
     seen_summary: RunSummary | None,
     ssh_known_hosts: str | None = None,
     ssh_host_key_alias: str | None = None,
+    delay: int = 0,
 ) -> dict[str, bytes]:
-    """summary.json, events.jsonl and config.json, each from the best source there is."""
+    """summary.json, events.jsonl and config.json, each from the best source there is (``delay``: the emulated
+    network's, :func:`handshake_delay`)."""
     files: dict[str, bytes] = {}
     for name in (bundle.SUMMARY, bundle.EVENTS):
         local = Path(output_dir, name)
@@ -119,6 +130,7 @@ def gather(
                 ssh_key,
                 known_hosts=ssh_known_hosts,
                 host_key_alias=ssh_host_key_alias,
+                delay=delay,
             )
         if data:
             files[name] = data

@@ -35,7 +35,14 @@ from mlbench_api.config import CONFIG_ENV, RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
-from mlbench_runner.collect import gather, rank0_event, results_line, ssh_options
+from mlbench_runner.collect import (
+    CONNECT_TIMEOUT_SECONDS,
+    gather,
+    handshake_delay,
+    rank0_event,
+    results_line,
+    ssh_options,
+)
 from mlbench_runner.options import knob_names
 from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
 
@@ -120,11 +127,14 @@ def mpirun_command(
     env: dict[str, str] | None = None,
     extra_mpi_args: Sequence[str] = (),
     command: Sequence[str] = (RUNNER_ENTRYPOINT, "train"),
+    ssh_delay: int = 0,
 ) -> list[str]:
     """The full mpirun command line (the operator's launcher runs exactly this); ``command`` is the
-    task's ``runner.command``."""
+    task's ``runner.command``; ``ssh_delay`` the seconds an emulated network adds to ssh's connect
+    (:func:`.collect.handshake_delay`)."""
     env = dict(os.environ if env is None else env)
-    rsh = shlex.join(ssh_options(ssh_port, ssh_key, ssh_known_hosts, ssh_host_key_alias))
+    timeout = CONNECT_TIMEOUT_SECONDS + ssh_delay
+    rsh = shlex.join(ssh_options(ssh_port, ssh_key, ssh_known_hosts, ssh_host_key_alias, connect_timeout=timeout))
     cmd = [
         mpirun,
         "--hostfile",
@@ -361,6 +371,7 @@ def run_launch(args: argparse.Namespace) -> int:
         env=env,
         extra_mpi_args=shlex.split(args.mpi_args or ""),
         command=config.task.runner.command,
+        ssh_delay=handshake_delay(config.network),
     )
     print(json.dumps({"event": "launch", "command": cmd}), flush=True)
     if args.dry_run:
@@ -403,6 +414,7 @@ def run_launch(args: argparse.Namespace) -> int:
             seen_summary=found[-1] if found else None,
             ssh_known_hosts=args.ssh_known_hosts,
             ssh_host_key_alias=args.ssh_host_key_alias,
+            delay=handshake_delay(config.network),
         )
         line = results_line(files)
     except Exception as exc:

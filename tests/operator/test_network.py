@@ -170,3 +170,17 @@ def test_readiness_probe_waits_for_the_delayed_answer(network: dict[str, float] 
     probe = builders.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["readinessProbe"]
     assert probe.get("timeoutSeconds") == timeout
     assert probe["tcpSocket"] == {"port": "ssh"}
+
+
+@pytest.mark.parametrize(
+    ("network", "grace"),
+    [(None, 30), ({"bandwidthMbit": 100}, 30), ({"latencyMs": 5}, 31), ({"latencyMs": 5000, "jitterMs": 1000}, 78)],
+)
+def test_sshd_waits_for_a_handshake_the_emulated_delay_slows(network: dict[str, float] | None, grace: int) -> None:
+    """An ssh handshake is about 4 round trips: with seconds of latency it outlasts sshd's 30 s LoginGraceTime
+    (and the launcher's 10 s ConnectTimeout, which grows the same way: tests/runner/test_collect.py)."""
+    spec = {} if network is None else {"network": network}
+    script = builders.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["command"][2]
+    assert f"-o LoginGraceTime={grace} " in script
+    if network is None:
+        assert script == builders.WORKER_SCRIPT

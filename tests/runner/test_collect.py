@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mlbench_api import bundle
 from mlbench_runner import collect
 from tests.operator import helpers as h
@@ -85,3 +87,24 @@ def test_ssh_options_without_known_hosts_do_not_check() -> None:
     assert not any(p.startswith("HostKeyAlias=") for p in pairs)
     assert "-i" not in opts
     assert "HostKeyAlias=a" not in collect.ssh_options(2222, None, None, "a")  # an alias alone checks nothing
+
+
+@pytest.mark.parametrize(
+    ("network", "delay"),
+    [
+        (None, 0),
+        ({"bandwidthMbit": 100}, 0),
+        ({"latencyMs": 5}, 1),  # 40 ms of round trips: a second more
+        ({"latencyMs": 5000}, 40),  # 4 round trips, 2 delays each
+        ({"latencyMs": 2000, "jitterMs": 500}, 20),
+    ],
+)
+def test_the_ssh_connect_timeout_grows_with_the_emulated_latency(network: dict[str, float] | None, delay: int) -> None:
+    """5 s of spec.network latency made every launch fail within the 10 s ConnectTimeout (banner exchange)."""
+    from mlbench_api.run import NetworkConditions
+    from mlbench_runner import launch
+
+    conditions = None if network is None else NetworkConditions.model_validate(network)
+    assert collect.handshake_delay(conditions) == delay
+    cmd = launch.mpirun_command(world_size=2, hostfile="/h", config_path="/c", ssh_delay=delay)
+    assert f"ConnectTimeout={10 + delay}" in " ".join(cmd)
