@@ -74,14 +74,6 @@ def _outcome(script: Path, case: dict[str, Any], interpreter: str) -> Health | s
         return str(err)
 
 
-@pytest.fixture(scope="module")
-def lua54() -> str:
-    found = lua.interpreter(lua.LUA)
-    if found is None:
-        pytest.skip(f"{lua.LUA} is not installed (`make system-deps` installs it, as CI does)")
-    return found
-
-
 def _case_id(case: dict[str, Any]) -> str:
     return Path(case["inputPath"]).stem
 

@@ -12,18 +12,9 @@ import pytest
 
 from mlbench_operator import sweeps
 from mlbench_operator.sweeps import Observed, Problem, SweepReason
-from tests.gitops import lua
 from tests.gitops.lua import Health, run_health
 from tests.gitops.test_manifests import SWEEP_SCRIPT
 from tests.operator.test_sweeps import ALL, T0, W1S1, sweep
-
-
-@pytest.fixture(scope="module")
-def lua54() -> str:
-    found = lua.interpreter(lua.LUA)
-    if found is None:
-        pytest.skip(f"{lua.LUA} is not installed (`make system-deps` installs it, as CI does)")
-    return found
 
 
 def _planned(
@@ -77,3 +68,14 @@ def test_sweep_health(lua54: str, body: dict[str, Any], health: Health | str) ->
         assert got.message == f"{stalled['reason']}: {stalled['message']}"
     if got.status == "Progressing" and "status" in body and "generation 2" not in (got.message or ""):
         assert got.message == f"Progressing: {body['status']['message']}"
+
+
+def test_the_sweep_script_is_lua51_as_in_argo_cd() -> None:
+    """Argo CD embeds gopher-lua, a Lua 5.1: nothing newer (the run's script is checked the same way)."""
+    import re
+
+    from tests.gitops.test_argocd_health import NOT_IN_LUA51
+
+    code = re.sub(r'--[^\n]*|"(?:[^"\\]|\\.)*"', "", SWEEP_SCRIPT.read_text())  # comments and strings out
+    for what, pattern in NOT_IN_LUA51.items():
+        assert not re.search(pattern, code), f"the sweep's health.lua uses {what}, which Lua 5.1 lacks"
