@@ -27,12 +27,21 @@ StopReason = Literal[
 COLLECTIVES_SCHEMA: Final = "mlbench.io/collectives/v1"
 
 
-#: The longest free text kept in a termination message that is too long (a reason, a host name).
+#: The most bytes a free text (a reason, a host name) takes in a termination message that is too long, as JSON.
 SHORT_TEXT = 240
+#: The environment fields a termination message keeps last (what identifies the run; short by construction).
+ENVIRONMENT_IDENTITY = ("worldSize", "backend", "algorithm", "seed", "precision", "trainingStep")
 
 
 def _shorten(text: str) -> str:
-    return text if len(text) <= SHORT_TEXT else text[: SHORT_TEXT - 3] + "..."
+    """``text`` cut (with ``...``) to at most :data:`SHORT_TEXT` bytes as JSON: a non-ASCII character takes 6
+    to 12 bytes there, so a cut by characters alone could leave kilobytes."""
+    if len(json.dumps(text)) <= SHORT_TEXT:
+        return text
+    cut = text[:SHORT_TEXT]
+    while len(json.dumps(cut + "...")) > SHORT_TEXT:
+        cut = cut[: max(0, len(cut) - max(1, (len(json.dumps(cut + "...")) - SHORT_TEXT) // 12))]
+    return cut + "..."
 
 
 def _drop_devices(data: dict[str, Any]) -> None:
@@ -46,21 +55,24 @@ def _shorten_texts(data: dict[str, Any]) -> None:
             env[key] = _shorten(value)
 
 
-def _drop_extras(data: dict[str, Any]) -> None:
-    for key in ("communication", "network", "peakBusBandwidth"):
-        data.pop(key, None)
-
-
-def _only_the_result(data: dict[str, Any]) -> None:
-    """What status.result needs and nothing else: the last resort, always under the limit."""
+def _environment_identity(data: dict[str, Any]) -> None:
     env = data["environment"]
-    data["environment"] = {k: env[k] for k in ("worldSize", "backend") if k in env}
+    data["environment"] = {k: env[k] for k in ENVIRONMENT_IDENTITY if k in env}
+
+
+def _drop_network(data: dict[str, Any]) -> None:
+    data.pop("network", None)
+
+
+def _shorten_the_rest(data: dict[str, Any]) -> None:
+    """The last resort: the top level's free texts too. What status.result reads (the figures,
+    ``communication``, ``peakBusBandwidth``: bounded) stays."""
     for key in [k for k, v in data.items() if isinstance(v, str) and k not in ("run", "task", "status", "stopReason")]:
         data[key] = _shorten(data[key])
 
 
 #: How a too long termination message is shrunk, in turn, least needed first.
-_SHRINKS = (_drop_devices, _shorten_texts, _drop_extras, _only_the_result)
+_SHRINKS = (_drop_devices, _shorten_texts, _environment_identity, _drop_network, _shorten_the_rest)
 
 
 class PhaseTotals(ApiModel):

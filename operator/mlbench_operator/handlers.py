@@ -402,7 +402,7 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
         return False
     uid = body.get("metadata", {}).get("uid", "")
     launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
-    wait = config_of(kwargs.get("memo")).results_wait_seconds
+    wait = results.wait_for(config_of(kwargs.get("memo")).results_wait_seconds, (body.get("spec") or {}).get("network"))
     pending = launcher is not None and results.decide(status, launcher, _now(), wait).action is not results.Action.NONE
     return pending or bool(reconcile.cleanup_pending(body, pods))
 
@@ -456,7 +456,7 @@ class RunReconciler:
         self.pacing = pc.Pacing(resync_seconds=self.config.resync_seconds)  # fed time.monotonic()
         self.datasets = self.config.datasets
         self.linger = self.config.metrics_linger_seconds
-        self.results_wait = self.config.results_wait_seconds
+        self.results_wait = results.wait_for(self.config.results_wait_seconds, body["spec"].get("network"))
         self.pvc_ensured = False
         #: The operator's pod index (memo.pods), told at once of the pods a cleanup deleted (see finished).
         self.index: PodIndex | None = None

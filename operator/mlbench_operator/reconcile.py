@@ -597,8 +597,9 @@ def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[st
 def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool:
     """A finished run whose cleanup deleted its pods but whose status does not say so (the operator stopped
     between the deletes and the status write): its ``workers.ready`` would keep the count from before, and no
-    daemon would come back for it (nothing is left to delete). Its pods are gone or going, the policy cleans,
-    and WorkersReady does not say :data:`CLEANED_UP`."""
+    daemon would come back for it (nothing is left to delete). The policy cleans, WorkersReady does not say
+    :data:`CLEANED_UP`, and a pod of the run is going or ``workers.ready`` counts more workers than are ready
+    (under ``Running`` the finished launcher stays: its pods are not all gone)."""
     status = body.get("status") or {}
     policy = clean_pod_policy(body.get("spec"))
     if status.get("phase") not in TERMINAL or policy is CleanPodPolicy.NONE:
@@ -610,7 +611,12 @@ def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool
     if _cleanup(policy, mine):  # still to delete: cleanup_pending's case
         return False
     ready = int((status.get("workers") or {}).get("ready") or 0)
-    return any(p.terminating for p in mine) or (not mine and ready > 0)
+    return any(p.terminating for p in mine) or ready > _ready_workers(mine, int(status.get("restarts") or 0))
+
+
+def _ready_workers(mine: Iterable[PodView], restarts: int) -> int:
+    """The run's Ready workers of its current attempt (Terminating ones not counted)."""
+    return sum(1 for p in mine if p.role == n.ROLE_WORKER and p.attempt == restarts and p.ready and not p.terminating)
 
 
 def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: datetime) -> dict[str, Any]:
@@ -622,8 +628,7 @@ def cleaned_up_status(body: Mapping[str, Any], pods: Iterable[PodView], now: dat
     st = _Status.of(body, now)
     uid = (body.get("metadata") or {}).get("uid", "")
     mine, _ = _own(pods, uid)
-    restarts = st.old.restarts or 0
-    ready = sum(1 for p in mine if p.role == n.ROLE_WORKER and p.attempt == restarts and p.ready and not p.terminating)
+    ready = _ready_workers(mine, st.old.restarts or 0)
     total = (st.old.workers.total if st.old.workers is not None else 0) or _spec_workers(body, 0)
     st.new.workers = WorkerCounts(ready=ready, total=total)
     wr = c.find(st.new.conditions, c.WORKERS_READY)

@@ -18,7 +18,10 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from pydantic import ValidationError
+
 from mlbench_api import bundle
+from mlbench_api.run import NetworkConditions
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
@@ -26,10 +29,27 @@ from mlbench_operator.podview import PodView
 from mlbench_operator.reconcile import TERMINAL
 
 #: How long after the run ended a launcher that is still running may take to print its results (a
-#: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s), and how
+#: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s, more under a
+#: spec.network delay: :func:`wait_for`), and how
 #: long a log that cannot be read (kubelet restarting) is retried. The launcher and worker 0 are kept
 #: that long at most, even under cleanPodPolicy All.
 WAIT_SECONDS = 60.0
+
+
+def wait_for(base: float, network: Mapping[str, Any] | None) -> float:
+    """How long a run's launcher may take to print its results: ``base`` (:data:`WAIT_SECONDS` unless
+    configured), plus, under ``spec.network``, what its delay adds to each of the launcher's two ssh reads of
+    rank 0's files (:meth:`NetworkConditions.ssh_handshake_delay`): 5 s of latency adds 80 s, which the fixed
+    wait would have cut short, deleting the launcher while it still read a failed run's events."""
+    if not network:
+        return base
+    try:
+        conditions = NetworkConditions.model_validate(network)
+    except ValidationError:  # the spec was checked at admission; an unreadable one changes nothing here
+        return base
+    return base + 2 * conditions.ssh_handshake_delay()
+
+
 #: Log lines read from the end: the results line comes last, split by the runtime into 16 KiB parts.
 TAIL_LINES = 500
 #: At most this much of them: the results line (at most :data:`bundle.MAX_LINE_CHARS`) and ordinary lines

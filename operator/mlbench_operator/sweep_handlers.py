@@ -33,6 +33,9 @@ PLURAL = "benchmarksweeps"
 RUNS = "benchmarkruns"
 #: After a refused create or a name conflict: look again this often (events also wake the sweep).
 STALLED_RETRY_SECONDS = 30.0
+#: A pass whose second plan (after a 409 showed a run of ours in its real phase) holds runs it did not create:
+#: the next pass, which creates them, comes this soon (the status counts them as created meanwhile).
+REPLAN_SECONDS = 1.0
 
 log = logs.get_logger()
 
@@ -116,13 +119,16 @@ class SweepReconciler:
         observed = sweeps.observe(items, uid)
         decision = sweeps.decide(view, observed, now)
         events = []
+        unattempted = False  # the status plans runs this pass did not create: the next pass comes at once
         if decision.create:
+            attempted = {run.name for run in decision.create}
             problems, created, fresh = await self.create(view, decision)
             events = [decision.created_events[name] for name in fresh]
             # the status again, for what could be done and for runs that existed already (ours, found by the
             # 409's read because the list missed them: their label was removed), with their real phase
             if problems or set(created) - set(fresh):
                 decision = sweeps.decide(view, {**observed, **created}, now, problems)
+                unattempted = any(run.name not in attempted for run in decision.create)
         await self.patch(decision.status)
         for type_, reason, message in [*events, *decision.events]:
             self.event(type_, reason, message)
@@ -130,6 +136,8 @@ class SweepReconciler:
         if decision.finished:
             self.log.info("sweep_finished", message=decision.status.get("message"))
             return None
+        if unattempted:
+            return REPLAN_SECONDS
         return STALLED_RETRY_SECONDS if decision.stalled else self.config.resync_seconds
 
     async def create(

@@ -234,13 +234,9 @@ def _verdict(
     finished: bool,
     counts: Mapping[str, int],
 ) -> Verdict:
-    """The reason, the kstatus conditions' (status, reason) and the message."""
+    """The reason, the kstatus conditions' (status, reason) and the message. A failed run under Stop comes first:
+    no run is created any more, so a create refused in the same pass is no longer the sweep's problem."""
     message = summary(counts)
-    if problems:
-        name, first = next(iter(problems.items()))
-        reason = first.reason
-        stalled = {c.READY: ("False", reason), c.RECONCILING: ("True", reason), c.STALLED: ("True", reason)}
-        return reason, stalled, f"cannot create run {name}: {first.message}; {message}"
     if stopped:
         reason = SweepReason.RUN_FAILED
         failed = next(name for name, phase in phases.items() if phase == Phase.FAILED)
@@ -250,6 +246,11 @@ def _verdict(
             c.STALLED: ("True", reason),
         }
         return reason, values, f"run {failed} failed and failurePolicy is Stop: no further run is created; {message}"
+    if problems:
+        name, first = next(iter(problems.items()))
+        reason = first.reason
+        stalled = {c.READY: ("False", reason), c.RECONCILING: ("True", reason), c.STALLED: ("True", reason)}
+        return reason, stalled, f"cannot create run {name}: {first.message}; {message}"
     if finished:
         reason = SweepReason.COMPLETED
         return (
@@ -311,7 +312,8 @@ def decide(
 
     reason, values, message = _verdict(phases, problems, stopped, finished, counts)
     cause = message.rsplit("; ", 1)[0]  # without the counts, which move on
-    if problems and not (c.is_true(old.get("conditions"), c.STALLED) and str(old.get("message", "")).startswith(cause)):
+    said = c.is_true(old.get("conditions"), c.STALLED) and str(old.get("message", "")).startswith(cause)
+    if problems and not stopped and not said:
         events.append(("Warning", reason.value, message))
     if finished:
         status["completionTime"] = c.timestamp(now)
@@ -326,7 +328,7 @@ def decide(
         events=events,
         created_events=created_events,
         finished=finished,
-        stalled=bool(problems),
+        stalled=bool(problems) and not stopped,
     )
 
 

@@ -401,8 +401,9 @@ def run_launch(args: argparse.Namespace) -> int:
         write_termination(args.termination_log, error_message(f"cannot start mpirun: {exc}", 127))
         return 127
     if not found and Path(config.output_dir, "summary.json").exists():
-        with contextlib.suppress(ValidationError):  # an open-division program's broken file: the error below
-            found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_text()))
+        # an open-division program's broken file (not JSON, not UTF-8, unreadable): the error message below
+        with contextlib.suppress(ValidationError, OSError):
+            found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_bytes()))
     try:  # best effort: a problem here must not turn a finished run into a failed one
         files = gather(
             config.output_dir,

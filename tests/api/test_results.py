@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from mlbench_api.results import TERMINATION_MESSAGE_LIMIT, Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_api.results import (
+    TERMINATION_MESSAGE_LIMIT,
+    CommunicationRecord,
+    Environment,
+    EpochRecord,
+    PhaseTotals,
+    RunSummary,
+)
 
 
 def _summary(epochs: int = 164) -> RunSummary:
@@ -72,12 +79,23 @@ def test_a_long_fallback_reason_does_not_push_the_message_past_the_limit(reason:
     assert shown == reason if kept else (shown is not None and shown.endswith("...") and len(shown) <= 240)
 
 
-def test_a_message_of_only_long_texts_keeps_the_result() -> None:
-    """The last resort: every optional part gone, the result itself still there."""
+@pytest.mark.parametrize("char", ["h", "\u00e9", "\U0001f600"])
+def test_long_texts_go_before_what_the_status_reads(char: str) -> None:
+    """status.result reads the figures, ``communication`` and ``peakBusBandwidth``: they stay, while free texts
+    are cut by their size as JSON (a non-ASCII character is 6 to 12 bytes there)."""
     summary = _summary()
-    summary.environment.hostname = "h" * 3000
-    summary.environment.training_step_reason = "r" * 3000
-    summary.environment.torch = "t" * 3000
+    summary.environment.hostname = char * 3000
+    summary.environment.training_step_reason = char * 3000
+    summary.environment.torch = char * 3000
+    summary.peak_bus_bandwidth = {"all-reduce": 1.5e10, "broadcast": 2e10}
+    summary.communication = CommunicationRecord(
+        collectives=["all-reduce"], bytes_per_step=1_088_040, compression_ratio=1
+    )
     text = summary.termination_message()
     assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
-    assert RunSummary.from_termination_message(text).samples_per_second == pytest.approx(15_384.6)
+    back = RunSummary.from_termination_message(text)
+    assert back.samples_per_second == pytest.approx(15_384.6)
+    assert back.peak_bus_bandwidth == {"all-reduce": 1.5e10, "broadcast": 2e10}
+    assert back.communication is not None
+    assert back.communication.bytes_per_step == 1_088_040
+    assert (back.environment.world_size, back.environment.backend, back.environment.seed) == (64, "nccl", 1)

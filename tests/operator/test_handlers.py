@@ -510,17 +510,27 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     assert needs(body=body, namespace="ns", name="r1", memo=_memo({}))
 
 
-def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """It deleted the pods and stopped before the status write: workers.ready kept its count from before."""
-    from mlbench_operator import reconcile
-    from tests.operator.test_reconcile import workers
+@pytest.mark.parametrize("left", ["terminating workers", "the finished launcher only"])
+def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
+    monkeypatch: pytest.MonkeyPatch, left: str
+) -> None:
+    """It deleted the pods and stopped before the status write: workers.ready kept its count from before. Under
+    Running (the default) the finished launcher stays, so "every pod gone" would not see it."""
+    from mlbench_operator import builders, handlers, reconcile
+    from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("Running")
     finished = {**body, "status": {**body["status"], "phase": "Failed", "results": {"configMap": "r1-results"}}}
     assert finished["status"]["workers"]["ready"] == 2
+    if left == "terminating workers":
+        pods = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
+    else:
+        pods = [terminated(builders.launcher_pod(ctx, 0), 1, "")]
+    needs: Any = handlers._needs_daemon
+    assert needs(body=finished, namespace="ns", name="r1", memo=_memo({("ns", "r1"): pods}))
     kube = FakeKube()
     rec = _reconciler(finished, kube, monkeypatch)
-    asyncio.run(rec.step([dataclasses.replace(p, terminating=True) for p in workers(ctx)]))
+    asyncio.run(rec.step(pods))
     assert not [call for call in kube.calls if call[0] == "delete"]
     (closing,) = kube.patches()
     assert closing["workers"] == {"ready": 0, "total": 2}

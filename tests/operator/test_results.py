@@ -150,3 +150,19 @@ def test_log_tail_for_an_event_drops_the_results_line_and_escapes() -> None:
     assert len(out) <= 200
     assert out.startswith("line ")
     assert log_tail("short", 200) == "short"
+
+
+@pytest.mark.parametrize(
+    ("network", "wait"),
+    [
+        (None, 60.0),
+        ({"bandwidthMbit": 100}, 60.0),
+        ({"latencyMs": 5000}, 140.0),  # two reads of rank 0's files, each 40 s slower to connect
+        ({"latencyMs": 20, "jitterMs": 5}, 62.0),
+        ({"jitterMs": 5}, 60.0),  # invalid (jitter needs latency): admission refused it; nothing changes here
+    ],
+)
+def test_the_results_wait_grows_with_the_emulated_delay(network: dict[str, float] | None, wait: float) -> None:
+    """The launcher's ssh reads of rank 0's files take longer under spec.network: the operator must not delete
+    it (and worker 0) while it still reads them."""
+    assert r.wait_for(60.0, network) == wait

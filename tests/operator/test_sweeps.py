@@ -13,7 +13,7 @@ import pytest
 
 from mlbench_api.sweep import LABEL_SWEEP
 from mlbench_operator import conditions as c
-from mlbench_operator import sweeps
+from mlbench_operator import sweep_handlers, sweeps
 from mlbench_operator.kube import ApiError
 from mlbench_operator.sweeps import Observed, Problem, SweepReason
 
@@ -449,9 +449,9 @@ def test_our_run_without_the_label_is_seen_in_its_phase_and_the_sweep_goes_on(mo
     del mine["metadata"]["labels"][LABEL_SWEEP]
     kube.runs[W1S1] = {**mine, "status": {"phase": "Succeeded"}}
     rec = _reconciler(body, kube, monkeypatch)
-    asyncio.run(rec.step())
+    assert asyncio.run(rec.step()) == sweep_handlers.REPLAN_SECONDS  # its slot is free: the next pass at once
     assert {"name": W1S1, "phase": "Succeeded"} in kube.patches[-1]["runs"]
-    asyncio.run(rec.step())  # the next pass: its slot is free
+    asyncio.run(rec.step())
     assert W1S2 in kube.runs
 
 
@@ -493,3 +493,21 @@ def test_a_recovered_status_keeps_the_outcomes_we_wrote(
 )
 def test_a_runs_sweep_is_its_controller_not_its_label(run: dict[str, Any], name: str | None) -> None:
     assert sweeps.sweep_of(run) == name
+
+
+def test_a_run_failed_under_stop_outweighs_a_create_refused_in_the_same_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pass learns both (the failed run was ours, found by the 409's read): the sweep has stopped for good, so
+    its final status says why it stopped, not the refusal, and Reconciling ends (kubectl wait returns)."""
+    kube, body = FakeKube(), sweep(2, policy="Stop")
+    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    del mine["metadata"]["labels"][LABEL_SWEEP]
+    kube.runs[W1S1] = {**mine, "status": {"phase": "Failed"}}
+    kube.refuse[W1S2] = ApiError(403, "POST", "/benchmarkruns", '{"message": "exceeded quota"}')
+    rec = _reconciler(body, kube, monkeypatch)
+    assert asyncio.run(rec.step()) is None  # finished
+    status = kube.patches[-1]
+    assert cond(status, c.STALLED) == ("True", SweepReason.RUN_FAILED)
+    assert cond(status, c.RECONCILING) == ("False", SweepReason.RUN_FAILED)
+    assert status["message"].startswith(f"run {W1S1} failed and failurePolicy is Stop")
+    assert "completionTime" in status
+    assert "CreateFailed" not in [e[1] for e in rec.events]  # the refusal is no longer the story

@@ -526,8 +526,9 @@ def test_output_that_is_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
     assert lines[1] == "[1,0]<stdout>:next"
 
 
+@pytest.mark.parametrize("broken", [b"{}", b"\xff{ not utf-8"])
 def test_a_broken_local_summary_file_is_an_error_message_not_a_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: bytes
 ) -> None:
     """An open-division program left a summary.json that is no RunSummary, and printed none: the launcher writes
     its error object (the run fails with the launcher's reason), it does not die with a traceback."""
@@ -540,7 +541,7 @@ def test_a_broken_local_summary_file_is_an_error_message_not_a_traceback(
     mpirun.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "summary.json").write_text("{}")
+    (out / "summary.json").write_bytes(broken)
     (tmp_path / "config.json").write_text(make_config(logreg_task(), out, 2).dump())
     (tmp_path / "hostfile").write_text("worker-0 slots=2\n")
     monkeypatch.setattr(launch, "gather", lambda *a, **k: {})
