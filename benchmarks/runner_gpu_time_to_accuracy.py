@@ -658,6 +658,12 @@ def print_report(files: Sequence[Path]) -> None:
             print(line)
 
 
+def closed_full_set(saved: dict[str, Any]) -> bool:
+    """A saved invocation of the closed division on the whole training set (not bf16, not a subset): the runs
+    whose times the issue's ratio may compare."""
+    return not (saved["args"]["bf16"] or saved["args"]["subset"])
+
+
 def over_runs(records: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     """Each closed-division path measured more than once on the whole training set (the lease's seed stages):
     its times to goal, their mean and the mean wall s/epoch; then plain's mean over each such path's mean.
@@ -666,7 +672,7 @@ def over_runs(records: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     run), so a ratio to the goal from single runs says less than the same ratio of means."""
     runs: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for _, saved in records:
-        if saved["args"]["bf16"] or saved["args"]["subset"]:
+        if not closed_full_set(saved):
             continue
         for path, r in saved["results"].items():
             runs.setdefault(path, []).append((_seed(saved["args"]), r))
@@ -703,7 +709,7 @@ def lease_paths(records: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, dict
     that plain from one stage is put over a path measured in another (the lease runs compiled on its own)."""
     paths: dict[str, dict[str, Any]] = {}
     for stem, saved in records:
-        if saved["args"]["bf16"] or saved["args"]["subset"]:
+        if not closed_full_set(saved):
             continue
         for path, r in saved["results"].items():
             paths["plain" if path == "plain" else f"{stem}:{path}"] = r

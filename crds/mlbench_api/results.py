@@ -40,7 +40,7 @@ def _shorten(text: str) -> str:
         return text
     cut = text[:SHORT_TEXT]
     while len(json.dumps(cut + "...")) > SHORT_TEXT:
-        cut = cut[: max(0, len(cut) - max(1, (len(json.dumps(cut + "...")) - SHORT_TEXT) // 12))]
+        cut = cut[:-1]
     return cut + "..."
 
 

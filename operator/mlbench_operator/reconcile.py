@@ -604,7 +604,7 @@ def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool
     policy = clean_pod_policy(body.get("spec"))
     if status.get("phase") not in TERMINAL or policy is CleanPodPolicy.NONE:
         return False
-    wr: Mapping[str, Any] = next((x for x in status.get("conditions") or [] if x.get("type") == c.WORKERS_READY), {})
+    wr = c.get(status.get("conditions"), c.WORKERS_READY) or {}
     if CLEANED_UP in (wr.get("message") or ""):
         return False
     mine, _ = _own(pods, (body.get("metadata") or {}).get("uid", ""))

@@ -24,7 +24,14 @@ from typing import Any, BinaryIO
 import numpy as np
 import structlog
 
-from mlbench_runner.data.base import DECODER_VERSION, TensorDataset, cache_root, cached_arrays, file_stamp
+from mlbench_runner.data.base import (
+    DECODER_VERSION,
+    UNREADABLE,
+    TensorDataset,
+    cache_root,
+    cached_arrays,
+    file_stamp,
+)
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 #: ``train|test/<class>/<image>``; not macOS's ``._<name>`` AppleDouble files (resource forks that a tarball made
@@ -237,7 +244,7 @@ def _is_pickles_tarball(path: Path) -> bool:
     try:
         with tarfile.open(path, "r:*") as tar:
             first = tar.next()
-    except (OSError, EOFError, tarfile.TarError):
+    except UNREADABLE:
         return False  # not a readable tarball: the decoder says why
     return first is not None and first.name.lstrip("./").startswith("cifar-10-batches-py")
 
