@@ -4,8 +4,9 @@
    forward, backward and optimizer replayed as CUDA graphs over flat buffers; see
    docs/runner.md), data as uint8 tensors on the GPU, batch-level augmentation on the GPU.
 2. ``eager``: the same Trainer with the eager reference step (``MLBENCH_FAST_PATH=off``).
-   (``--paths compiled`` adds ``fast`` with its model through ``torch.compile`` before capture,
-   ``MLBENCH_COMPILE=1``; compiling is initialisation, outside the clock, as MLPerf allows.)
+   ``fast`` runs with ``MLBENCH_COMPILE=0``; ``--paths compiled`` adds it with its model through
+   ``torch.compile`` before capture (``MLBENCH_COMPILE=1``), which is what the runner's default
+   (``auto``) runs on a GPU; compiling is initialisation, outside the clock, as MLPerf allows.
 3. ``plain``: the same recipe written the usual way: a per-sample ``Dataset`` doing
    pad/crop/flip/normalise in numpy, a ``DataLoader`` (shuffle, workers, pinned memory),
    eager fp32 (what torchvision's CIFAR10 + transforms would do; torchvision itself is
@@ -158,7 +159,8 @@ def runner_options(base: Options, path: str) -> Options:
     """The knobs of one runner path: ``fast`` and ``compiled`` take the fast step (``compiled`` through
     torch.compile), ``eager`` and ``ddp`` the eager reference step."""
     fast = path in ("fast", "compiled")
-    return dataclasses.replace(base, fast_path=base.fast_path if fast else "off", compile=path == "compiled")
+    compiled = "1" if path == "compiled" else "0"
+    return dataclasses.replace(base, fast_path=base.fast_path if fast else "off", compile=compiled)
 
 
 def _order(s: Setup) -> torch.Tensor:
@@ -313,7 +315,7 @@ def step_profile(
         timed, untimed = _ms_per_step_with_and_without_timing(s, order, n, lr)
         counts = _trace_counts(s, order, min(n, 50), lr, trace_dir / f"{name}.json")
         rows[name] = {
-            "path": s.step.path.value + ("+compile" if opts.compile else ""),
+            "path": s.step.path.value + ("+compile" if opts.compile == "1" else ""),
             "ms_per_step": timed,
             "ms_per_step_untimed": untimed,
             **counts,

@@ -24,8 +24,10 @@
 #   ddp       60  DDP at world size 1 (nccl), 2 epochs
 #   seed2    120  fast and compiled to 80 % again with seed 2 (seed3: seed 3); not in the lease: the report
 #                 gives each path's mean over its runs and plain's mean over it (the default seed is 42)
-# Seconds measured on an H100 (2026-11-27): smoke 41, core 282, compiled 68, open 61, eager 46, ddp 48;
-# at the default deadline the last stage may be skipped.
+# Seconds measured on an H100 (2026-11-27): smoke 41-61, core 282 (331 in a later lease, plain slower),
+# compiled 68-77, open 61, eager 46, ddp 48, seed2 125, seed3 111; at the default deadline the last stage
+# may be skipped. confirm's seeds then need a second call at once (the machine idles out after 30 s):
+#   MLBENCH_GPU_SECONDS=330 bash hack/gpu-run.sh seed2 seed3      (timeout_s 345)
 #
 # Writes gpu.txt, log.txt and one JSON per stage under $OUT (8 files at most come back); each JSON
 # is rewritten as its paths finish, so a stopped stage keeps what it measured.

@@ -22,6 +22,8 @@
 #                     passed as BASE_IMAGE (the Dockerfiles' default is python:3.11-slim-bookworm).
 #   TORCH_INDEX       pip index for torch (e.g. https://download.pytorch.org/whl/cpu); empty
 #                     (the default here) means PyPI, i.e. exactly what constraints.txt pins.
+#   MLBENCH_RUNTIME_CC  the runner image's RUNTIME_CC: auto (default: gcc only with a CUDA TORCH_INDEX) | 1 | 0;
+#                     1 for a GPU cluster with PyPI's torch, so that torch.compile (Triton) finds a compiler
 #   MLBENCH_WHEELHOUSE  auto (default with podman) | off | a directory of wheels
 #   MLBENCH_CACHE     where the wheelhouse lives (default ~/.cache/mlbench)
 #   MLBENCH_PIP_CA    CA bundle handed to pip as a build secret (default: the host's, if any)
@@ -274,7 +276,7 @@ cmd_build() {
     *) wheels=${MLBENCH_WHEELHOUSE} ;;
   esac
   build_image operator Dockerfile.operator "$OPERATOR_IMAGE" "$base" "$wheels"
-  build_image runner Dockerfile.runner "$RUNNER_IMAGE" "$base" "$wheels" "TORCH_INDEX=${TORCH_INDEX}"
+  build_image runner Dockerfile.runner "$RUNNER_IMAGE" "$base" "$wheels" "TORCH_INDEX=${TORCH_INDEX}" "RUNTIME_CC=${MLBENCH_RUNTIME_CC:-auto}"
   log "total: $(since "$start")s"
 }
 

@@ -124,11 +124,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "MLBENCH_COMPILE",
         "compile",
-        "1: the fast step's model goes through torch.compile (fixed shapes) before it is warmed up and "
-        "captured; compiling is initialisation, outside the clock (the eager reference step is never compiled)",
-        default="0",
-        choices=("0", "1"),
-        convert=_flag,
+        "torch.compile (fixed shapes) for the fast step's model before it is warmed up and captured, as "
+        "initialisation outside the clock: auto on a GPU's captured step only, and without it if compiling or "
+        "its capture fails; 1 wherever the fast step runs (a failure is the capture's); 0 never (the eager "
+        "reference step is never compiled)",
+        default="auto",
+        choices=("auto", "0", "1"),
     ),
     Knob(
         "MLBENCH_CUDNN_BENCHMARK",
@@ -205,7 +206,7 @@ class Options:
     precision: str = "fp32"
     channels_last: bool = False
     fast_path: str = "auto"
-    compile: bool = False
+    compile: str = "auto"
     cudnn_benchmark: bool = True
     process_group: bool = False
     phase_timing: bool = True

@@ -40,7 +40,17 @@ from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.models import build_model
 from mlbench_runner.options import Options
 from mlbench_runner.schedule import learning_rate
-from mlbench_runner.steps import EagerStep, FastStep, PathChoice, Step, StepPath, capture_checked, choose_path
+from mlbench_runner.steps import (
+    CaptureCheck,
+    EagerStep,
+    FastStep,
+    PathChoice,
+    Step,
+    StepPath,
+    capture_checked,
+    choose_path,
+    compile_wanted,
+)
 from mlbench_runner.summary import ExecutionRecord, SummaryBuilder
 from mlbench_runner.tasks import ImageClassification, LinearClassification, TaskKernel
 from mlbench_runner.timing import PhaseTimer, WallClock
@@ -55,6 +65,15 @@ PROGRESS_SECONDS = 5.0
 
 #: The fallback reason on a rank whose own capture passed: all ranks run one path.
 OTHER_RANK_CAPTURE_FAILED = "another rank's CUDA graph capture failed, eager instead"
+#: What a captured step's reason adds when ``MLBENCH_COMPILE=auto``'s torch.compile failed on some rank.
+COMPILE_DROPPED = "; without torch.compile, whose attempt failed"
+
+
+def brief_error(error: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters: torch.compile's errors run to pages (the
+    backend's traceback and advice), and a reason is a line of the result."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -338,27 +357,21 @@ class Trainer:
                 sgd_options=(cfg.lr.initial_lr, training.momentum, training.nesterov, training.weight_decay),
                 timer=timer,
                 autocast=autocast,
-                compile=self.opts.compile,
+                compile=compile_wanted(self.opts.compile, choice.path),
             )
             if choice.path is StepPath.FLAT:
                 return fast, self._warmed_flat(fast, choice, kernel.synthetic_batch(batch, seed=cfg.seed))
-            failure, error, check = "", None, None
             started = time.perf_counter()
-            try:
-                check = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
-            except Exception as exc:
-                failure, error = f"CUDA graph capture failed, eager instead: {type(exc).__name__}: {exc}", exc
-            # Every rank takes the same path: one whose capture failed sends the others to eager too, or, with
-            # MLBENCH_FAST_PATH=on, stops them too (a rank raising alone left its peers in this vote).
-            fall_back = self._any_rank(device, bool(failure))
+            error, check, dropped = self._capture(fast, kernel, batch, device)
             # The wrapper, the capture's warm-up, the capture, its check and the vote (waiting for the slowest
             # rank's) ran on synthetic batches (no data is read): initialisation, as MLPerf's compile time,
             # left out whichever step follows (a failed attempt is not the eager step's time either).
             seconds = fast.compile_seconds + (time.perf_counter() - started)
             self.clock.exclude(seconds)
-            if fall_back or check is None:
+            if check is None:
                 if self.opts.fast_path == "on":
                     raise error or RuntimeError("MLBENCH_FAST_PATH=on: another rank's CUDA graph capture failed")
+                failure = f"CUDA graph capture failed, eager instead: {brief_error(error)}" if error else ""
                 choice = PathChoice(StepPath.EAGER, failure or OTHER_RANK_CAPTURE_FAILED)
                 # every rank: its own cause
                 self.log.warning("fast_path_fallback", reason=choice.reason, attempt_s=round(seconds, 3))
@@ -370,11 +383,50 @@ class Trainer:
                     warm_up_and_capture_s=round(check.capture_seconds, 3),
                     verify_s=round(check.verify_seconds, 3),
                     verify_difference=check.difference,
+                    compiled=fast.compiled,
                 )
-                return fast, ExecutionRecord(fast.path, choice.reason, seconds, check.difference, fast.compiled)
+                reason = choice.reason + dropped
+                return fast, ExecutionRecord(fast.path, reason, seconds, check.difference, fast.compiled)
         optimizer = algorithm.make_optimizer(cfg, model)
         eager = EagerStep(kernel, model, algorithm, optimizer=optimizer, timer=timer, autocast=autocast)
         return eager, ExecutionRecord(StepPath.EAGER, choice.reason)
+
+    def _capture(
+        self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device
+    ) -> tuple[Exception | None, CaptureCheck | None, str]:
+        """:meth:`_capture_agreed`, and once more without torch.compile where ``MLBENCH_COMPILE=auto`` chose it
+        and it failed on some rank; the third value is what the step's reason then adds ("" otherwise).
+
+        auto's torch.compile is a speed-up, not the user's request: the captured step without it comes before
+        the eager one. Every rank retries or none does: the vote made the outcome common.
+        """
+        error, check = self._capture_agreed(fast, kernel, batch, device)
+        if check is not None or not fast.compiled or self.opts.compile != "auto":
+            return error, check, ""
+        cause = brief_error(error) if error else "on another rank"
+        self.log.warning("compile_fallback", reason=f"torch.compile's attempt failed ({cause}): without it")
+        fast.drop_compile()
+        return (*self._capture_agreed(fast, kernel, batch, device), f"{COMPILE_DROPPED} ({cause})")
+
+    def _capture_agreed(
+        self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device
+    ) -> tuple[Exception | None, CaptureCheck | None]:
+        """Capture and check the fast step, then agree with every rank: the check where all succeeded, else
+        None, with this rank's own error (None where only another rank's failed).
+
+        Collective: every rank votes, its capture failed or not, so that no run mixes paths (a rank raising
+        alone would leave its peers waiting in the vote).
+        """
+        cfg = self.config
+        error, check = None, None
+        try:
+            check = capture_checked(fast, kernel, batch, cfg.seed, cfg.lr.initial_lr)
+        except Exception as exc:
+            error = exc
+        if self._any_rank(device, error is not None):
+            fast.graphs = None
+            return error, None
+        return None, check
 
     def _warmed_flat(
         self, fast: FastStep, choice: PathChoice, batch: tuple[torch.Tensor, torch.Tensor]

@@ -3,8 +3,9 @@
 What the operator's pods need from them (operator/mlbench_operator/builders.py): the runner
 image runs as UID 1000 (user ``mlbench``), starts a non-root sshd with the per-run key, has
 ``mpirun`` and ``mlbench-runner`` and Python with torch + mpi4py, and no compiler (the
-builder stage has one, the runtime stage must not); the operator image runs as 65532,
-imports its handlers and carries no torch. A second build must be a cache hit: ``make
+builder stage has one, the runtime stage must not; only a build from a CUDA torch index, or
+with RUNTIME_CC=1, adds gcc for torch.compile's Triton, and the image built here is neither);
+the operator image runs as 65532, imports its handlers and carries no torch. A second build must be a cache hit: ``make
 images`` runs before every e2e session and must not rebuild several GB.
 
 The images are built once per session (``hack/images.sh build``, itself a no-op when

@@ -28,7 +28,7 @@ from mlbench_runner.data import TensorDataset
 from mlbench_runner.flat import FlatParameters, FlatSGD, dense_view
 from mlbench_runner.models import CifarResNet
 from mlbench_runner.options import Options
-from mlbench_runner.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path
+from mlbench_runner.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path, compile_wanted
 from mlbench_runner.tasks import ImageClassification
 from mlbench_runner.timing import PhaseTimer
 from mlbench_runner.train import Trainer, status_for
@@ -60,6 +60,23 @@ def test_choose_path(requested: str, algorithm: str, optimizer: str, device: str
     assert choice.reason
     if path is StepPath.EAGER and requested == "auto":
         assert algorithm in choice.reason or optimizer in choice.reason
+
+
+@pytest.mark.parametrize(
+    ("setting", "path", "compiled"),
+    [
+        ("auto", StepPath.CUDA_GRAPHS, True),  # measured faster on an H100
+        ("auto", StepPath.FLAT, False),  # not measured faster on CPU
+        ("auto", StepPath.EAGER, False),  # the reference step is never compiled
+        ("1", StepPath.FLAT, True),
+        ("1", StepPath.CUDA_GRAPHS, True),
+        ("1", StepPath.EAGER, False),
+        ("0", StepPath.CUDA_GRAPHS, False),
+        ("0", StepPath.FLAT, False),
+    ],
+)
+def test_compile_wanted(setting: str, path: StepPath, compiled: bool) -> None:
+    assert compile_wanted(setting, path) is compiled
 
 
 @pytest.mark.parametrize(("algorithm", "optimizer"), [("decentralized-sgd", "sgd"), ("allreduce-sgd", "adam")])
@@ -298,7 +315,7 @@ def test_graph_capture_failure_falls_back_to_eager(
     monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", fake_capture)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: verify)
-    summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3)).run()
+    summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="0")).run()
     assert summary is not None
     assert summary.environment.training_step == "eager"
     assert why in (summary.environment.training_step_reason or "")
@@ -308,7 +325,7 @@ def test_graph_capture_failure_falls_back_to_eager(
 
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: verify)
     with pytest.raises(RuntimeError, match=why.split(" by ", maxsplit=1)[0]):
-        Trainer(_single_rank_config(tmp_path / "on"), SINGLE, Options(max_steps=3, fast_path="on")).run()
+        Trainer(_single_rank_config(tmp_path / "on"), SINGLE, Options(max_steps=3, fast_path="on", compile="0")).run()
 
 
 def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,7 +341,7 @@ def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(FastStep, "capture", fake_capture)
     monkeypatch.setattr(FastStep, "verify", fake_verify)
-    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3))
+    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="0"))
     start = trainer.clock.start
     summary = trainer.run()
     assert summary is not None
@@ -389,7 +406,7 @@ def test_a_compiled_fast_step_is_compiled_outside_the_clock_and_computes_the_sam
         trainer = Trainer(
             _single_rank_config(tmp_path / str(compiled)),
             SINGLE,
-            Options(dtype=torch.float64, max_steps=5, trace_params=True, compile=compiled),
+            Options(dtype=torch.float64, max_steps=5, trace_params=True, compile="1" if compiled else "0"),
         )
         start = trainer.clock.start
         summary = trainer.run()
@@ -433,7 +450,7 @@ def test_torch_compile_s_own_start_is_left_out_of_the_clock(
     monkeypatch.setattr(FastStep, "warm_up", prepare)
     monkeypatch.setattr(FastStep, "capture", prepare)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
-    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile=True))
+    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="1"))
     start = trainer.clock.start
     summary = trainer.run()
     assert summary is not None
@@ -458,7 +475,7 @@ def test_a_capture_that_fails_is_left_out_of_the_clock_too(tmp_path: Path, monke
     monkeypatch.setattr(torch, "compile", slow_compile)
     monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", failing_capture)
-    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile=True))
+    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="1"))
     start = trainer.clock.start
     summary = trainer.run()
     assert summary is not None
@@ -468,6 +485,128 @@ def test_a_capture_that_fails_is_left_out_of_the_clock_too(tmp_path: Path, monke
     (fallback,) = [e for e in events if e["event"] == "fast_path_fallback"]
     assert 0.5 <= fallback["attempt_s"] < 2
     assert trainer.clock.start == pytest.approx(start + fallback["attempt_s"], abs=2e-3)
+
+
+class _Compiled(nn.Module):
+    """Stands in for torch.compile's wrapper: runs the model it wraps (no compiler on a CPU test)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def _compile_fails_on_capture(monkeypatch: pytest.MonkeyPatch, calls: list[bool]) -> None:
+    """A GPU where torch.compile's attempt fails in the capture (as inductor does without a C compiler) and
+    the captured step without it succeeds; ``calls`` gets each capture's ``compiled``."""
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        calls.append(self.compiled)
+        if self.compiled:
+            raise RuntimeError("backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found")
+        return 0.25
+
+    monkeypatch.setattr(torch, "compile", lambda model, **_: _Compiled(model))
+    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(FastStep, "capture", fake_capture)
+    monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
+
+
+def test_auto_compile_that_fails_falls_back_to_the_captured_step_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLBENCH_COMPILE=auto (the default) compiles the GPU's captured step; when that attempt fails (a runner
+    image without a C compiler for Triton), the graphs without torch.compile run, not the eager step."""
+    calls: list[bool] = []
+    _compile_fails_on_capture(monkeypatch, calls)
+    trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3))
+    summary = trainer.run()
+    assert summary is not None
+    assert calls == [True, False], "a compiled capture, then one without torch.compile"
+    env = summary.environment
+    assert env.training_step == "flat"  # the fake capture made no graphs: the uncompiled fast step ran
+    assert env.compiled is False
+    reason = env.training_step_reason or ""
+    assert train_module.COMPILE_DROPPED in reason
+    assert "InvalidCxxCompiler: No working C++ compiler found" in reason
+    assert "\n" not in reason, "one line"
+    assert trainer.setup is not None
+    assert isinstance(trainer.setup.step, FastStep)
+    assert trainer.setup.step.net is trainer.setup.model, "the model itself, not the failed wrapper"
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("compile_fallback", "fast_path", "fast_path_fallback")] == [
+        "compile_fallback",
+        "fast_path",
+    ]
+    assert summary.steps == 3
+
+
+def test_an_explicit_compile_that_fails_is_a_failed_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLBENCH_COMPILE=1 asked for torch.compile: its failure is the capture's (eager, or an error with
+    MLBENCH_FAST_PATH=on), never a silent run without it."""
+    calls: list[bool] = []
+    _compile_fails_on_capture(monkeypatch, calls)
+    summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="1")).run()
+    assert summary is not None
+    assert calls == [True]
+    assert summary.environment.training_step == "eager"
+    assert "InvalidCxxCompiler" in (summary.environment.training_step_reason or "")
+    with pytest.raises(RuntimeError, match="InvalidCxxCompiler"):
+        Trainer(_single_rank_config(tmp_path / "on"), SINGLE, Options(max_steps=3, compile="1", fast_path="on")).run()
+
+
+@pytest.mark.parametrize(
+    ("error", "limit", "expected"),
+    [
+        (RuntimeError("boom"), 300, "RuntimeError: boom"),
+        (RuntimeError("a\n  b\n\nc"), 300, "RuntimeError: a b c"),
+        (ValueError("x" * 50), 20, "ValueError: xxxxxxx…"),
+    ],
+)
+def test_brief_error(error: Exception, limit: int, expected: str) -> None:
+    assert train_module.brief_error(error, limit) == expected
+    assert len(train_module.brief_error(error, limit)) <= limit
+
+
+def _rank_whose_compile_may_fail(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks in a spawned process: rank 1's compiled capture raises, every other capture passes."""
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        if rank == 1 and self.compiled:
+            raise RuntimeError("rank 1: compile refused")
+        return 0.25
+
+    torch.compile = lambda model, **_: _Compiled(model)  # type: ignore[assignment]
+    train_module.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
+    FastStep.capture = fake_capture  # type: ignore[method-assign]
+    FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
+    config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
+    world = World(rank, 2, rank, 2, "127.0.0.1", port, "env")
+    Trainer(config, world, Options(max_steps=3)).run()
+
+
+@pytest.mark.timeout(180)
+def test_a_compile_failing_on_one_rank_drops_it_on_every_rank(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ranks never run different steps: when one rank's torch.compile attempt fails, every rank captures again
+    without it (the vote's answer), and the run takes the fast step, not the eager one."""
+    config = make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path, 2)
+    (tmp_path / "config.json").write_text(config.dump())
+    join_all(spawn_ranks(_rank_whose_compile_may_fail, str(tmp_path)), timeout=150)
+    summary = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
+    assert summary.environment.training_step == "flat"  # the fake capture made no graphs
+    assert summary.environment.compiled is False
+    reason = summary.environment.training_step_reason or ""
+    assert reason.endswith(f"{train_module.COMPILE_DROPPED} (on another rank)")
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    dropped = {e.get("rank"): e["reason"] for e in lines if e.get("event") == "compile_fallback"}
+    assert "rank 1: compile refused" in dropped[1]
+    assert "on another rank" in dropped[0]
+    assert not [e for e in lines if e.get("event") == "fast_path_fallback"]
+    assert summary.steps == 3
 
 
 def _rank_whose_capture_may_fail(rank: int, port: int, out: str, fast_path: str = "auto") -> None:
@@ -483,7 +622,7 @@ def _rank_whose_capture_may_fail(rank: int, port: int, out: str, fast_path: str 
     FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
     config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
     world = World(rank, 2, rank, 2, "127.0.0.1", port, "env")
-    Trainer(config, world, Options(max_steps=3, fast_path=fast_path)).run()
+    Trainer(config, world, Options(max_steps=3, fast_path=fast_path, compile="0")).run()
 
 
 def _two_ranks_whose_capture_may_fail(tmp_path: Path, fast_path: str) -> list[Any]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from mlbench_runner.options import Options
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_gpu_time_to_accuracy.py"
 
 
@@ -123,3 +125,18 @@ def test_paths_run_more_than_once_get_their_mean(
     records: list[tuple[str, dict[str, Any]]], expected: list[str]
 ) -> None:
     assert _benchmark().over_runs(records) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "fast_path", "compiled"),
+    [
+        ("fast", "auto", "0"),  # the graphs alone: the runner's default compiles them on a GPU, `compiled` does
+        ("compiled", "auto", "1"),
+        ("eager", "off", "0"),
+        ("ddp", "off", "0"),
+    ],
+)
+def test_each_runner_path_sets_its_own_knobs(path: str, fast_path: str, compiled: str) -> None:
+    """Each row says what it ran whatever the runner's defaults are (MLBENCH_COMPILE became auto)."""
+    opts = _benchmark().runner_options(Options(), path)
+    assert (opts.fast_path, opts.compile) == (fast_path, compiled)

@@ -67,7 +67,7 @@ def _rank(rank: int, port: int, out: str, where: str) -> None:
         FastStep.warm_up = warm_up  # type: ignore[method-assign]
     config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
     world = World(rank, 2, rank, 2, "127.0.0.1", port, "env")
-    Trainer(config, world, Options(max_steps=4, compile=where == "compile")).run()
+    Trainer(config, world, Options(max_steps=4, compile="1" if where == "compile" else "0")).run()
 
 
 @pytest.mark.timeout(180)
