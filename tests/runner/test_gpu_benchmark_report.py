@@ -8,6 +8,7 @@ goal, 4.67x per epoch, 15 against 13 epochs).
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,22 @@ def test_each_runner_path_sets_its_own_knobs(path: str, fast_path: str, compiled
     """Each row says what it ran whatever the runner's defaults are (MLBENCH_COMPILE became auto)."""
     opts = _benchmark().runner_options(Options(), path)
     assert (opts.fast_path, opts.compile) == (fast_path, compiled)
+
+
+def test_the_saved_h100_confirmation_gives_docs_figures() -> None:
+    """docs/runner.md's three-seed means come from the JSON files the H100 lease wrote (kept under
+    benchmarks/results/), through the same report code that a later lease will run."""
+    folder = SCRIPT.parent / "results" / "h100-2026-11-27-confirm"
+    records = [
+        (name, json.loads((folder / f"{name}.json").read_text())) for name in ("core", "compiled", "seed2", "seed3")
+    ]
+    assert _benchmark().over_runs(records) == [
+        "fast: 3 runs (seeds 42, 2, 3): time to goal 38.1 s, 38.5 s, 46.6 s; mean 41.1 s; s/epoch (+eval) mean 3.10",
+        "plain / fast, means: time to goal 6.51x, per epoch 5.60x",
+        "compiled: 3 runs (seeds 42, 2, 3): time to goal 34.3 s, 39.3 s, 38.5 s; mean 37.4 s; "
+        "s/epoch (+eval) mean 2.78",
+        "plain / compiled, means: time to goal 7.15x, per epoch 6.26x",
+    ]
+    docs = (SCRIPT.parents[1] / "docs" / "runner.md").read_text()
+    for figure in ("**41.1 s**", "**37.4 s**", "**7.15\N{MULTIPLICATION SIGN}**", "**6.26\N{MULTIPLICATION SIGN}**"):
+        assert figure in docs, figure
