@@ -8,17 +8,26 @@ and Kubernetes never reports ``OOMKilled``: the run would fail as a vague launch
 counter (``memory.events`` on cgroup v2, ``memory.oom_control`` on v1). When it rises the
 worker writes the cause to its termination log and exits 137, so the pod fails with the
 container runtime's own reason ``OOMKilled`` and the operator names the worker and the limit.
+
+The same holds for the kubelet's stop (a deleted, evicted or preempted pod): SIGTERM reaches only
+this process, and sshd, told to stop, exits 0 while the ranks under its sessions run on until the
+container's end kills them. So a stop signal goes to sshd *and* every process below it (the ranks
+take it as their graceful stop), the worker waits up to :data:`STOP_WAIT_SECONDS` for them, and it
+exits 128 + the signal with the cause in its termination log: the pod reads as stopped, not as
+``Completed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: Where cgroup v2 and v1 keep the memory controller's OOM-kill counter (the container's own cgroup).
@@ -27,6 +36,11 @@ OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memor
 MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 POLL_SECONDS = 0.5
 EXIT_OOM = 137  # 128 + SIGKILL: what a shell reports for an OOM-killed process
+#: The signals a worker passes on to sshd and the ranks: the kubelet's stop, and a Ctrl-C outside a pod.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: How long a stopped worker waits for the processes below it (the pod's grace period is 30 s by default).
+STOP_WAIT_SECONDS = 20.0
+PROC = Path("/proc")
 
 
 def parse_oom_kills(text: str) -> int | None:
@@ -73,6 +87,92 @@ def oom_message(worker: str, kills: int, limit: int | None) -> str:
     )
 
 
+def parse_stat(text: str) -> tuple[str, int] | None:
+    """(state, parent pid) from ``/proc/PID/stat``; None if malformed. The command, in parentheses, may hold
+    spaces and parentheses itself, so the fields are read after its last ``)``."""
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 2 or not fields[1].isdigit():
+        return None
+    return fields[0], int(fields[1])
+
+
+def process_table(proc: Path = PROC) -> dict[int, tuple[str, int]]:
+    """{pid: (state, parent pid)} of every process visible here; empty without a /proc."""
+    table: dict[int, tuple[str, int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            entry = parse_stat(stat.read_text())
+        except OSError:  # the process ended meanwhile
+            continue
+        if entry is not None:
+            table[int(stat.parent.name)] = entry
+    return table
+
+
+def descendants(table: Mapping[int, tuple[str, int]], root: int) -> list[int]:
+    """Every live (not zombie) process below ``root`` in ``table``, parents before their children."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    todo, seen = [root], {root}
+    while todo:
+        for pid in sorted(children.get(todo.pop(0), [])):
+            if pid not in seen:
+                seen.add(pid)
+                todo.append(pid)
+                if table[pid][0] != "Z":
+                    found.append(pid)
+    return found
+
+
+def alive(table: Mapping[int, tuple[str, int]], pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` still running (in ``table`` and not zombies)."""
+    return [pid for pid in pids if pid in table and table[pid][0] != "Z"]
+
+
+def stop_message(worker: str, signum: int) -> str:
+    """The termination message of a worker stopped by ``signum``."""
+    where = f"worker {worker}" if worker else "this worker"
+    name = signal.Signals(signum).name
+    return (
+        f"{where} was stopped by {name} (the kubelet's stop: the pod was deleted, evicted or preempted, or its "
+        f"node drained); sshd and the ranks under it got {name} too"
+    )
+
+
+def _signal_all(pids: Sequence[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _reap() -> None:
+    """Collect ended children: as a container's PID 1 the worker inherits every orphaned rank."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _wait_gone(pids: Sequence[int], seconds: float, poll: float) -> None:
+    """Wait up to ``seconds`` until none of ``pids`` runs any more."""
+    end = time.monotonic() + seconds
+    while alive(process_table(), pids) and time.monotonic() < end:
+        _reap()
+        time.sleep(poll)
+
+
+@contextlib.contextmanager
+def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for the stop signals during the block, the previous ones after it."""
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def supervise(
     argv: Sequence[str],
     *,
@@ -82,33 +182,46 @@ def supervise(
     worker: str = "",
     poll: float = POLL_SECONDS,
 ) -> int:
-    """Run ``argv`` until it exits (its code) or an OOM kill happens in this cgroup (137)."""
+    """Run ``argv`` until it exits (its code), an OOM kill happens in this cgroup (137) or a stop signal comes
+    (128 + the signal, once ``argv`` and the processes below it have ended or :data:`STOP_WAIT_SECONDS` passed)."""
     baseline = read_oom_kills(counters) or 0
     child: subprocess.Popen[bytes] | None = None
+    stopped: list[int] = []  # the first stop signal
+    below: list[int] = []  # what it was passed on to
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if not stopped:
+            stopped.append(signum)
         if child is not None:
-            child.send_signal(signum)
+            below[:] = descendants(process_table(), child.pid)
+            _signal_all([*below, child.pid], signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):  # before the child exists: PID 1 ignores unhandled signals
-        signal.signal(sig, forward)
-    child = subprocess.Popen(list(argv))
-    while True:
-        try:
-            code = child.wait(timeout=poll)
-        except subprocess.TimeoutExpired:
-            code = None
-        kills = read_oom_kills(counters)
-        if kills is not None and kills > baseline:  # also when the child itself was the one killed
-            message = oom_message(worker, kills - baseline, memory_limit(limits))
-            print(message, file=sys.stderr, flush=True)
-            _write(termination_log, message)
-            if code is None:
-                child.kill()
-                child.wait()
-            return EXIT_OOM
-        if code is not None:
-            return code if code >= 0 else 128 - code
+    with _handlers(forward):  # before the child exists: PID 1 ignores unhandled signals
+        child = subprocess.Popen(list(argv))
+        if stopped:  # a stop before the child existed
+            forward(stopped[0], None)
+        while True:
+            try:
+                code = child.wait(timeout=poll)
+            except subprocess.TimeoutExpired:
+                code = None
+            kills = read_oom_kills(counters)
+            if kills is not None and kills > baseline:  # also when the child itself was the one killed
+                message = oom_message(worker, kills - baseline, memory_limit(limits))
+                print(message, file=sys.stderr, flush=True)
+                _write(termination_log, message)
+                if code is None:
+                    child.kill()
+                    child.wait()
+                return EXIT_OOM
+            if code is not None and stopped:
+                _wait_gone(below, STOP_WAIT_SECONDS, poll)
+                message = stop_message(worker, stopped[0])
+                print(message, file=sys.stderr, flush=True)
+                _write(termination_log, message)
+                return 128 + stopped[0]
+            if code is not None:
+                return code if code >= 0 else 128 - code
 
 
 def _write(path: str, text: str) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -11,12 +14,19 @@ import pytest
 
 from mlbench_runner.worker import (
     EXIT_OOM,
+    alive,
+    descendants,
     memory_limit,
     oom_message,
     parse_oom_kills,
+    parse_stat,
+    process_table,
     read_oom_kills,
+    stop_message,
     supervise,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 V2_EVENTS = "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n"
 V1_OOM_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"
@@ -101,3 +111,108 @@ def test_cli_runs_the_command_after_the_double_dash() -> None:
 
     assert main(["worker", "--", sys.executable, "-c", "raise SystemExit(5)"]) == 5
     assert main(["worker"]) == 2
+
+
+# -- a stop signal (the kubelet's SIGTERM) reaches sshd and the ranks below it ----------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1234 (sshd) S 1 1234 1234 0 -1 4194560 0", ("S", 1)),
+        ("77 (python -m (x)) R 76 77 1 0", ("R", 76)),  # a command with spaces and parentheses
+        ("9 (defunct) Z 3 9", ("Z", 3)),
+        ("", None),
+        ("5 (x) S", None),
+        ("5 (x) S abc", None),
+    ],
+)
+def test_parse_stat(text: str, expected: tuple[str, int] | None) -> None:
+    assert parse_stat(text) == expected
+
+
+#: 10 is sshd; 11 and 12 its sessions; 13 a rank under 11; 14 a zombie under 12; 20 elsewhere.
+TABLE = {10: ("S", 1), 11: ("S", 10), 12: ("S", 10), 13: ("R", 11), 14: ("Z", 12), 20: ("S", 1), 21: ("S", 20)}
+
+
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        (10, [11, 12, 13]),  # parents first, the zombie left out
+        (11, [13]),
+        (13, []),
+        (20, [21]),
+        (99, []),
+    ],
+)
+def test_descendants(root: int, expected: list[int]) -> None:
+    assert descendants(TABLE, root) == expected
+
+
+def test_descendants_of_this_process_include_its_grandchild() -> None:
+    child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (below := descendants(process_table(), os.getpid())) or len(below) < 2:
+            assert time.monotonic() < deadline, below
+            time.sleep(0.05)
+        assert below[0] == child.pid
+        assert alive(process_table(), below) == below
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_stop_message_names_the_worker_and_the_signal() -> None:
+    text = stop_message("r-worker-1", signal.SIGTERM)
+    assert text.startswith("worker r-worker-1 was stopped by SIGTERM")
+    assert "ranks" in text
+
+
+#: A rank under sshd: takes SIGTERM as its graceful stop, which takes a moment (its summary), then exits 3.
+RANK = """
+import pathlib, signal, sys, time
+folder = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    time.sleep(0.5)
+    (folder / "stopped").write_text(signal.Signals(signum).name)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+(folder / "ready").write_text("")
+time.sleep(60)
+"""
+
+SUPERVISE = """
+import sys
+from mlbench_runner.worker import supervise
+sys.exit(supervise(sys.argv[2:], termination_log=sys.argv[1], counters=[], worker="r-worker-1", poll=0.05))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_worker_stops_the_ranks_waits_for_them_and_exits_128_plus_the_signal(tmp_path: Path) -> None:
+    """sshd stops at once on SIGTERM (exit 0) and leaves its sessions' ranks running; the worker passes the
+    signal on to them, waits for their graceful stop, and exits 143 with the cause in its termination log."""
+    (tmp_path / "rank.py").write_text(RANK)
+    log = tmp_path / "termination-log"
+    sshd = f"{sys.executable} {tmp_path / 'rank.py'} {tmp_path} & wait; exit 0"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runners", "crds"))}
+    worker = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(log), "sh", "-c", sshd], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert worker.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        worker.kill()
+    assert (tmp_path / "stopped").read_text() == "SIGTERM", "the rank had its graceful stop before the worker left"
+    assert log.read_text().startswith("worker r-worker-1 was stopped by SIGTERM")
+
+
+def test_supervise_puts_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    supervise([sys.executable, "-c", "pass"], termination_log=str(tmp_path / "log"), counters=[])
+    assert signal.getsignal(signal.SIGTERM) is before
