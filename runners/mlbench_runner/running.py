@@ -47,15 +47,15 @@ class AlreadyRunning(Exception):
 def marked(out: Path) -> Iterator[None]:
     """The marker in ``out`` for as long as the block runs; :class:`AlreadyRunning` if a live command holds it.
 
-    Taking it is one step under an exclusive lock on ``out/.running.lock`` (held only for that step): of two
+    Taking it is one step under an exclusive lock on ``out/.running.lock`` (held only for that step, then removed;
+    :func:`locked`): of two
     commands started at once in one folder exactly one runs; neither can remove the other's fresh marker as
     stale. The marker appears whole (written aside, then renamed), so that neither the other command nor
     ``mlbench results`` reads it empty. A marker that names no live process here (a killed command's, or another
     machine's, which cannot be checked and which ``mlbench results`` does not count either) is replaced.
     """
     path = out / MARKER
-    with (out / LOCK).open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(out / LOCK):
         pid = running_pid(out)
         if pid is not None:
             raise AlreadyRunning(out, pid)
@@ -66,6 +66,32 @@ def marked(out: Path) -> Iterator[None]:
         yield
     finally:
         path.unlink(missing_ok=True)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the file ``path`` for the block, and the file removed after it: a lock file left
+    behind would be litter in the result folder (``mlbench results`` and a user's ``ls`` see it).
+
+    Removing a lock file is safe only with a check: a command that opened the file before it was removed holds
+    a lock on a file no one else will open, so whoever gets the lock checks that ``path`` is still the file it
+    locked, and tries again on the new one if not.
+    """
+    while True:
+        with path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held = os.fstat(handle.fileno())
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+                continue
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)  # still under the lock: no one holds the file that is removed
+            return
 
 
 def running_pid(out: Path, host: str | None = None, alive: Callable[[int], bool] = pid_alive) -> int | None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +312,38 @@ def test_the_marker_is_there_while_the_block_runs_and_gone_after(tmp_path: Path)
     assert seen == [os.getpid()]
     assert not (tmp_path / running.MARKER).exists()
     assert running.running_pid(tmp_path) is None
+
+
+def test_no_lock_file_is_left_in_the_result_folder(tmp_path: Path) -> None:
+    with running.marked(tmp_path):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [running.MARKER]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_taken_on_a_removed_lock_file_is_taken_again_on_the_new_one(tmp_path: Path) -> None:
+    """Removing a lock file is safe only with a check: a command that had opened the old file gets its lock
+    once the holder removes it, while a third may hold the new file's; it must not enter beside that one."""
+    path = tmp_path / running.LOCK
+    entered = threading.Event()
+
+    def second_command() -> None:
+        with running.locked(path):
+            entered.set()
+
+    with path.open("a") as first:
+        fcntl.flock(first, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=second_command, daemon=True)
+        waiter.start()
+        time.sleep(0.3)  # the second command has opened the old file and waits for its lock
+        path.unlink()
+        with path.open("a") as third:
+            fcntl.flock(third, fcntl.LOCK_EX)
+            fcntl.flock(first, fcntl.LOCK_UN)  # the first is done: the second gets the old file's lock
+            assert not entered.wait(0.5), "entered while the third command held the lock"
+        # the third is done (its file closed, so unlocked)
+        assert entered.wait(10)
+    waiter.join(10)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize(
