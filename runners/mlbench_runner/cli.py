@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from mlbench_api.config import CONFIG_ENV, RunConfig
+from mlbench_runner import stopping
 
 
 def abort_mpi_if_initialised(code: int) -> None:
@@ -35,10 +36,12 @@ def mpi_initialised() -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
+    stopping.note_early()  # before torch's import, the rank's longest window without its handlers
     return _guarded(_train_rank, args)
 
 
 def _collectives(args: argparse.Namespace) -> int:
+    stopping.note_early()
     return _guarded(_collectives_rank, args)
 
 

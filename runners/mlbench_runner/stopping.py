@@ -8,7 +8,8 @@ Three kinds of process, a policy each:
   a second ``KeyboardInterrupt`` raised while the summary is written would cut it short, and once
   :func:`hold` has been called (the run is finishing, for whatever reason) even the first is only
   noted. The kubelet stops with SIGTERM, whose default action ends Python at once (no summary, no
-  ``run_stop`` event), and a launcher container's PID 1 ignores it altogether.
+  ``run_stop`` event), and a launcher container's PID 1 ignores it altogether. A signal that comes before
+  (while torch is imported) is noted by :func:`note_early` and raised on entering :func:`stop_once`.
 * **The pod launcher** (:func:`forwarded_once`, ``mlbench-runner launch``): the first SIGINT or SIGTERM
   becomes one SIGUSR1 to ``mpirun``, which passes SIGUSR1 (and only it and SIGUSR2) on to every rank.
   Its own way to stop a job, on SIGTERM or SIGINT, gives each rank 1 s before a SIGKILL and blocks
@@ -58,6 +59,7 @@ class _Rank:
 
     received: str | None = None
     holding: bool = False
+    early: int | None = None  #: a stop signal noted before :func:`stop_once` took over (:func:`note_early`)
 
 
 def received() -> str | None:
@@ -99,13 +101,34 @@ def _handlers(signals: Sequence[signal.Signals], handler: Any) -> Iterator[bool]
             signal.signal(sig, old)
 
 
+def _note_early(signum: int, _frame: FrameType | None) -> None:
+    if _Rank.early is None:
+        _Rank.early = signum
+
+
+def note_early() -> None:
+    """Until :func:`stop_once` takes over, a rank's stop signal is only noted, and ``stop_once`` raises it at once.
+
+    A rank spends its first seconds importing torch: there SIGUSR1 (the launcher's stop, passed on by mpirun) and
+    SIGTERM would end it by their default action, with no word, and SIGINT's ``KeyboardInterrupt`` would come
+    out of whatever import ran, as a traceback. Called first by the rank's command (main thread).
+    """
+    _Rank.early = None
+    for sig in RANK_STOP_SIGNALS:
+        signal.signal(sig, _note_early)
+
+
 @contextmanager
 def stop_once() -> Iterator[None]:
     """A rank's policy for the block: the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted`, later
-    ones (and any after :func:`hold`) are only noted in :func:`received`."""
+    ones (and any after :func:`hold`) are only noted in :func:`received`. One noted by :func:`note_early` before
+    the block raises on entering it."""
+    early, _Rank.early = _Rank.early, None
     _Rank.received, _Rank.holding = None, False
     try:
         with _handlers(RANK_STOP_SIGNALS, _on_stop_signal):
+            if early is not None:
+                _on_stop_signal(early, None)
             yield
     finally:
         _Rank.received, _Rank.holding = None, False  # the next run in this process starts clean

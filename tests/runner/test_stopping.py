@@ -61,6 +61,46 @@ def test_after_hold_even_the_first_signal_is_only_noted() -> None:
         assert stopping.received() == "SIGTERM"
 
 
+_EARLY = """
+import os, signal, sys, time
+from mlbench_runner import stopping
+if sys.argv[1] == "noted":
+    stopping.note_early()
+os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's stop while the rank still imports torch
+time.sleep(0.05)
+try:
+    with stopping.stop_once():
+        print("the block ran")
+except stopping.Interrupted as exc:
+    print("stopped by", exc.signal)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize(("mode", "code", "said"), [("noted", 3, "stopped by SIGUSR1\n"), ("bare", -10, "")])
+def test_a_stop_signal_before_the_ranks_handlers_is_raised_when_they_take_over(mode: str, code: int, said: str) -> None:
+    """Without note_early the signal's default action ends the rank with no word (the bare case, the control)."""
+    cmd = [sys.executable, "-c", _EARLY, mode]
+    done = subprocess.run(cmd, check=False, env=env(), capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (code, said), done.stderr
+
+
+def test_the_rank_commands_note_stop_signals_before_their_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_runner import cli
+
+    saved = {sig: signal.getsignal(sig) for sig in stopping.RANK_STOP_SIGNALS}
+    seen: list[object] = []
+    try:
+        for command, rank in (("_train", "_train_rank"), ("_collectives", "_collectives_rank")):
+            monkeypatch.setattr(cli, rank, lambda args: seen.append(signal.getsignal(signal.SIGUSR1)) or 0)
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            assert getattr(cli, command)(None) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert seen == [stopping._note_early, stopping._note_early]
+
+
 _COUNTER = """
 import signal, sys, time
 got = []
