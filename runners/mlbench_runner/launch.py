@@ -325,6 +325,7 @@ def private_key(path: str, directory: str | None = None) -> str:
 
 
 def run_launch(args: argparse.Namespace) -> int:
+    stopping.note_early(stopping.STOP_SIGNALS)  # a stop before mpirun starts is passed on once it does
     config_path = args.config or os.environ.get(CONFIG_ENV)
     if not config_path:
         write_termination(args.termination_log, error_message(f"no --config and no ${CONFIG_ENV}", 2))

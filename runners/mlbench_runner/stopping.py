@@ -17,7 +17,8 @@ Three kinds of process, a policy each:
   summary line would be lost. The ranks end on their own (exit 3, an aborted run) and the launcher
   reads mpirun's output to its end, so the summary line and the results still reach the termination
   log and the operator. Only if they have not ended after ``escalate_after`` seconds, or a second
-  signal comes, does mpirun get its SIGTERM.
+  signal comes, does mpirun get its SIGTERM. A stop that came before mpirun started (the launcher is its
+  pod's PID 1, which ignores a signal it has no handler for) is noted and passed on as soon as it has.
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
   all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
@@ -59,7 +60,7 @@ class _Rank:
 
     received: str | None = None
     holding: bool = False
-    early: int | None = None  #: a stop signal noted before :func:`stop_once` took over (:func:`note_early`)
+    early: int | None = None  #: a stop signal noted before the process's policy took over (:func:`note_early`)
 
 
 def received() -> str | None:
@@ -106,16 +107,24 @@ def _note_early(signum: int, _frame: FrameType | None) -> None:
         _Rank.early = signum
 
 
-def note_early() -> None:
-    """Until :func:`stop_once` takes over, a rank's stop signal is only noted, and ``stop_once`` raises it at once.
+def note_early(signals: Sequence[signal.Signals] = RANK_STOP_SIGNALS) -> None:
+    """Until the process's policy takes over, a stop signal is only noted, and the policy acts on it at once:
+    :func:`stop_once` raises it, :func:`forwarded_once` passes it on.
 
     A rank spends its first seconds importing torch: there SIGUSR1 (the launcher's stop, passed on by mpirun) and
     SIGTERM would end it by their default action, with no word, and SIGINT's ``KeyboardInterrupt`` would come
-    out of whatever import ran, as a traceback. Called first by the rank's command (main thread).
+    out of whatever import ran, as a traceback. The pod launcher is its container's PID 1, which ignores a
+    SIGTERM it has no handler for: one before mpirun started would be lost, and the pod killed after its grace
+    period. Called first by the command (main thread).
     """
     _Rank.early = None
-    for sig in RANK_STOP_SIGNALS:
+    for sig in signals:
         signal.signal(sig, _note_early)
+
+
+def _take_early() -> int | None:
+    early, _Rank.early = _Rank.early, None
+    return early
 
 
 @contextmanager
@@ -123,7 +132,7 @@ def stop_once() -> Iterator[None]:
     """A rank's policy for the block: the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted`, later
     ones (and any after :func:`hold`) are only noted in :func:`received`. One noted by :func:`note_early` before
     the block raises on entering it."""
-    early, _Rank.early = _Rank.early, None
+    early = _take_early()
     _Rank.received, _Rank.holding = None, False
     try:
         with _handlers(RANK_STOP_SIGNALS, _on_stop_signal):
@@ -162,6 +171,9 @@ def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterat
 
     try:
         with _handlers(STOP_SIGNALS, forward):
+            early = _take_early()
+            if early is not None:  # it came before mpirun started
+                forward(early, None)
             yield sent
     finally:
         escalation.cancel()

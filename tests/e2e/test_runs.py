@@ -136,13 +136,7 @@ def test_workers_train_in_real_pods(e2e: E2E, e2e_task: str, case: Workers, tmp_
 
 def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     run = e2e.run("killed-worker", e2e_task, overrides={"maxEpochs": 3})
-    # the first epoch has begun (after the data is decoded): the kill lands mid-training
-    e2e.wait_status(
-        run,
-        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(f"{run}-launcher"),
-        600,
-        "the first epoch to start",
-    )
+    _first_epoch_started(e2e, run)
     e2e.kill_container(f"{run}-worker-1")
     st = e2e.wait_finished(run)
     _assert_succeeded(e2e, run, st, "gloo")
@@ -154,34 +148,50 @@ def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     assert f"{run}-" in message, message
 
 
+class _Follow:
+    """``kubectl logs -f POD``: the pod's log to its end (a deleted pod's log is gone soon after it ends)."""
+
+    def __init__(self, e2e: E2E, pod: str) -> None:
+        cluster = e2e.cluster
+        self.proc = subprocess.Popen(
+            [cluster.kubectl_bin, f"--kubeconfig={cluster.kubeconfig}", "logs", "-f", pod, "-n", e2e.namespace],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.first = self.proc.stdout.readline()  # the log so far (not empty: an epoch started) is coming: attached
+
+    def rest(self, timeout: float = 120) -> str:
+        """The whole log, once the container has ended."""
+        try:
+            return self.first + self.proc.communicate(timeout=timeout)[0]
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+def _first_epoch_started(e2e: E2E, run: str) -> None:
+    """Wait until the first epoch has begun (after the data is decoded): a stop lands mid-training."""
+    e2e.wait_status(
+        run,
+        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(f"{run}-launcher"),
+        600,
+        "the first epoch to start",
+    )
+
+
 def test_a_deleted_launcher_pod_stops_the_ranks_gracefully_and_the_run_restarts(e2e: E2E, e2e_task: str) -> None:
     """``kubectl delete pod`` (as a drain or an eviction does) SIGTERMs the launcher, PID 1 of its pod: it passes
     the stop on through mpirun and ssh to the ranks in the worker pods, rank 0's aborted summary (stop reason
     interrupted) reaches its log before the pod is gone, and the operator restarts the gang, which succeeds."""
     run = e2e.run("stopped-launcher", e2e_task, overrides={"maxEpochs": 3})
     launcher = f"{run}-launcher"
-    e2e.wait_status(
-        run,
-        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(launcher),
-        600,
-        "the first epoch to start",
-    )
-    cluster = e2e.cluster
-    follow = subprocess.Popen(  # the log to its end: the pod and its log are gone soon after
-        [cluster.kubectl_bin, f"--kubeconfig={cluster.kubeconfig}", "logs", "-f", launcher, "-n", e2e.namespace],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert follow.stdout is not None
-        first = follow.stdout.readline()  # the log so far (not empty: an epoch started) is coming: attached
-        e2e.kubectl("delete", "pod", launcher, "-n", e2e.namespace, "--wait=false")
-        log = first + follow.communicate(timeout=120)[0]
-    finally:
-        if follow.poll() is None:
-            follow.kill()
-            follow.communicate()
+    _first_epoch_started(e2e, run)
+    follow = _Follow(e2e, launcher)
+    e2e.kubectl("delete", "pod", launcher, "-n", e2e.namespace, "--wait=false")
+    log = follow.rest()
     stops = [line for line in log.splitlines() if '"run_stop"' in line]
     assert stops, log[-3000:]
     assert '"stop_reason": "interrupted"' in stops[-1], stops[-1]
@@ -189,6 +199,26 @@ def test_a_deleted_launcher_pod_stops_the_ranks_gracefully_and_the_run_restarts(
     st = e2e.wait_finished(run)
     _assert_succeeded(e2e, run, st, "gloo")
     assert st["restarts"] == 1, e2e.debug(run)
+
+
+def test_a_deleted_worker_pod_stops_its_rank_and_says_so(e2e: E2E, e2e_task: str) -> None:
+    """A worker pod deleted (a drain, an eviction, a preemption) gets SIGTERM as PID 1 of its pod: the worker
+    passes it to sshd and the rank under it, which takes it as its graceful stop (its own line, through mpirun,
+    in the launcher's log), waits for it, and exits 143 saying why; the operator restarts the gang."""
+    run = e2e.run("stopped-worker", e2e_task, overrides={"maxEpochs": 3})
+    worker = f"{run}-worker-1"
+    _first_epoch_started(e2e, run)
+    launcher, follow = _Follow(e2e, f"{run}-launcher"), _Follow(e2e, worker)
+    e2e.kubectl("delete", "pod", worker, "-n", e2e.namespace, "--wait=false")
+    worker_log, launcher_log = follow.rest(), launcher.rest()
+    assert f"worker {worker} was stopped by SIGTERM" in worker_log, worker_log[-3000:]
+    assert "worker exits with 143" in worker_log, worker_log[-3000:]
+    assert "rank 1: stopped by SIGTERM" in launcher_log, launcher_log[-3000:]
+    st = e2e.wait_finished(run)
+    _assert_succeeded(e2e, run, st, "gloo")
+    assert st["restarts"] == 1, e2e.debug(run)
+    (restart,) = [ev for ev in e2e.events(run) if ev["reason"] == "Restarting"]
+    assert f"worker 1 (pod {worker})" in restart["message"], restart["message"]
 
 
 def test_too_little_memory_fails_with_oomkilled(e2e: E2E, e2e_task: str) -> None:

@@ -90,9 +90,14 @@ def test_the_rank_commands_note_stop_signals_before_their_imports(monkeypatch: p
 
     saved = {sig: signal.getsignal(sig) for sig in stopping.RANK_STOP_SIGNALS}
     seen: list[object] = []
+
+    def rank(_args: object) -> int:
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        return 0
+
     try:
-        for command, rank in (("_train", "_train_rank"), ("_collectives", "_collectives_rank")):
-            monkeypatch.setattr(cli, rank, lambda args: seen.append(signal.getsignal(signal.SIGUSR1)) or 0)
+        for command, name in (("_train", "_train_rank"), ("_collectives", "_collectives_rank")):
+            monkeypatch.setattr(cli, name, rank)
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             assert getattr(cli, command)(None) == 0
     finally:
@@ -135,6 +140,38 @@ def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path, sig: signal.Sign
         assert sent.is_set()
         assert child.wait(timeout=10) == 0
     assert counted.read_text() == "SIGUSR1"
+
+
+def test_a_stop_before_mpirun_started_is_passed_on_once_it_has(tmp_path: Path) -> None:
+    """The launcher is PID 1 of its pod, which ignores a SIGTERM it has no handler for: one that comes while
+    the launcher reads its config, before mpirun exists, is noted and reaches mpirun as its SIGUSR1."""
+    saved = {sig: signal.getsignal(sig) for sig in stopping.STOP_SIGNALS}
+    counted = tmp_path / "signals"
+    try:
+        stopping.note_early(stopping.STOP_SIGNALS)
+        _signal_self(signal.SIGTERM)
+        child = _counter(counted, 1.5)
+        with stopping.forwarded_once(child, escalate_after=60) as sent:
+            assert sent.is_set()
+            assert child.wait(timeout=10) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert counted.read_text() == "SIGUSR1"
+
+
+def test_the_launcher_notes_stop_signals_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlbench_runner import launch
+
+    saved = {sig: signal.getsignal(sig) for sig in stopping.STOP_SIGNALS}
+    try:
+        monkeypatch.delenv(launch.CONFIG_ENV, raising=False)
+        args = launch.argparse.Namespace(config=None, termination_log=os.devnull)
+        assert launch.run_launch(args) == 2  # no config: it stops there, after noting
+        assert signal.getsignal(signal.SIGTERM) is stopping._note_early
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT)])
