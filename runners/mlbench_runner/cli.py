@@ -36,13 +36,13 @@ def mpi_initialised() -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
-    stopping.note_early()  # before torch's import, the rank's longest window without its handlers
-    return _guarded(_train_rank, args)
+    with stopping.noted_early():  # before torch's import, the rank's longest window without its handlers
+        return _guarded(_train_rank, args)
 
 
 def _collectives(args: argparse.Namespace) -> int:
-    stopping.note_early()
-    return _guarded(_collectives_rank, args)
+    with stopping.noted_early():
+        return _guarded(_collectives_rank, args)
 
 
 def _guarded(rank_main: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

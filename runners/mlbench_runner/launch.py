@@ -325,7 +325,12 @@ def private_key(path: str, directory: str | None = None) -> str:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    stopping.note_early(stopping.STOP_SIGNALS)  # a stop before mpirun starts is passed on once it does
+    """``mlbench-runner launch``: mpirun every rank and write the run's result to the termination log."""
+    with stopping.noted_early(stopping.STOP_SIGNALS):  # from its first line: PID 1 ignores what it cannot handle
+        return _launch(args)
+
+
+def _launch(args: argparse.Namespace) -> int:
     config_path = args.config or os.environ.get(CONFIG_ENV)
     if not config_path:
         write_termination(args.termination_log, error_message(f"no --config and no ${CONFIG_ENV}", 2))
@@ -396,6 +401,12 @@ def run_launch(args: argparse.Namespace) -> int:
         tail.append(line)
         del tail[:-20]
 
+    early = stopping.pending()
+    if early is not None:  # stopped before anything started: nothing to stop, no results to gather
+        msg = f"stopped by {early.name} before mpirun started"
+        write_termination(args.termination_log, error_message(msg, 128 + early))
+        print(f"error: {msg}", file=sys.stderr)
+        return 128 + early
     try:
         code, stopped = stream(cmd, on_line, env)
     except FileNotFoundError as exc:

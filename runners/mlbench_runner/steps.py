@@ -184,9 +184,16 @@ class FastStep:
         #: Seconds spent wrapping the model: torch.compile imports its compiler stack here (about 2 s on CPU),
         #: initialisation that the run's clock leaves out with the warm-up (the compiling itself happens there).
         self.compile_seconds = 0.0
+        #: Why torch.compile could not even wrap the model (an unsupported platform): raised where the compiled
+        #: model is first used (:meth:`warm_up`, :meth:`capture`), so that the caller's fallback and the ranks'
+        #: vote on the capture cover it as they cover a failed compile.
+        self.compile_error: Exception | None = None
         if compile:
             start = time.perf_counter()
-            self.net = torch.compile(model, dynamic=False)  # type: ignore[assignment]
+            try:
+                self.net = torch.compile(model, dynamic=False)  # type: ignore[assignment]
+            except Exception as exc:
+                self.compile_error = exc
             self.compile_seconds = time.perf_counter() - start
         self.sgd = FlatSGD(
             self.params.flat, grads.flat, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
@@ -204,7 +211,12 @@ class FastStep:
         """
         self.net = self.model
         self.compiled = False
+        self.compile_error = None
         self.graphs = None
+
+    def _check_compiled(self) -> None:
+        if self.compile_error is not None:
+            raise RuntimeError(f"torch.compile failed: {self.compile_error}") from self.compile_error
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with precision_context(self.autocast):
@@ -271,6 +283,7 @@ class FastStep:
         What a first step pays once (torch.compile, cuDNN's autotuning) is paid here, as initialisation,
         rather than inside the run's clock. :meth:`capture` does the same before capturing.
         """
+        self._check_compiled()
         start = time.perf_counter()
         with self._restored():
             self._warm(x, y)
@@ -281,6 +294,7 @@ class FastStep:
 
         The warm-up steps and the capture leave the model, gradients and optimizer state as they were.
         """
+        self._check_compiled()
         start = time.perf_counter()
         with self._restored():
             static_x, static_y = x.clone(), y.clone()

@@ -9,7 +9,7 @@ Three kinds of process, a policy each:
   :func:`hold` has been called (the run is finishing, for whatever reason) even the first is only
   noted. The kubelet stops with SIGTERM, whose default action ends Python at once (no summary, no
   ``run_stop`` event), and a launcher container's PID 1 ignores it altogether. A signal that comes before
-  (while torch is imported) is noted by :func:`note_early` and raised on entering :func:`stop_once`.
+  (while torch is imported) is noted by :func:`noted_early` and raised on entering :func:`stop_once`.
 * **The pod launcher** (:func:`forwarded_once`, ``mlbench-runner launch``): the first SIGINT or SIGTERM
   becomes one SIGUSR1 to ``mpirun``, which passes SIGUSR1 (and only it and SIGUSR2) on to every rank.
   Its own way to stop a job, on SIGTERM or SIGINT, gives each rank 1 s before a SIGKILL and blocks
@@ -18,7 +18,7 @@ Three kinds of process, a policy each:
   reads mpirun's output to its end, so the summary line and the results still reach the termination
   log and the operator. Only if they have not ended after ``escalate_after`` seconds, or a second
   signal comes, does mpirun get its SIGTERM. A stop that came before mpirun started (the launcher is its
-  pod's PID 1, which ignores a signal it has no handler for) is noted and passed on as soon as it has.
+  pod's PID 1, which ignores a signal it has no handler for) is noted, and mpirun is not started.
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
   all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
@@ -103,26 +103,39 @@ def _handlers(signals: Sequence[signal.Signals], handler: Any) -> Iterator[bool]
 
 
 def _note_early(signum: int, _frame: FrameType | None) -> None:
+    """:func:`noted_early`'s handler: the first stop signal, kept for the policy that takes over."""
     if _Rank.early is None:
         _Rank.early = signum
 
 
-def note_early(signals: Sequence[signal.Signals] = RANK_STOP_SIGNALS) -> None:
-    """Until the process's policy takes over, a stop signal is only noted, and the policy acts on it at once:
-    :func:`stop_once` raises it, :func:`forwarded_once` passes it on.
+@contextmanager
+def noted_early(signals: Sequence[signal.Signals] = RANK_STOP_SIGNALS) -> Iterator[None]:
+    """For the command's whole life: a stop signal outside its policy is only noted, and the policy acts on
+    one noted before it at once (:func:`stop_once` raises it, :func:`forwarded_once` stops mpirun, and the
+    launcher does not start mpirun at all: :func:`pending`).
 
     A rank spends its first seconds importing torch: there SIGUSR1 (the launcher's stop, passed on by mpirun) and
     SIGTERM would end it by their default action, with no word, and SIGINT's ``KeyboardInterrupt`` would come
     out of whatever import ran, as a traceback. The pod launcher is its container's PID 1, which ignores a
     SIGTERM it has no handler for: one before mpirun started would be lost, and the pod killed after its grace
-    period. Called first by the command (main thread).
+    period. After the policy (the summary written, the results gathered) a signal is only noted too; the
+    handlers the command found are back when the block ends. Main thread only.
     """
     _Rank.early = None
-    for sig in signals:
-        signal.signal(sig, _note_early)
+    try:
+        with _handlers(signals, _note_early):
+            yield
+    finally:
+        _Rank.early = None
+
+
+def pending() -> signal.Signals | None:
+    """The stop signal :func:`noted_early` has noted and no policy has taken yet, if any."""
+    return None if _Rank.early is None else signal.Signals(_Rank.early)
 
 
 def _take_early() -> int | None:
+    """:func:`pending`'s signal, now the caller's to act on (it is no longer pending)."""
     early, _Rank.early = _Rank.early, None
     return early
 
@@ -130,12 +143,12 @@ def _take_early() -> int | None:
 @contextmanager
 def stop_once() -> Iterator[None]:
     """A rank's policy for the block: the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted`, later
-    ones (and any after :func:`hold`) are only noted in :func:`received`. One noted by :func:`note_early` before
-    the block raises on entering it."""
-    early = _take_early()
+    ones (and any after :func:`hold`) are only noted in :func:`received`. One noted by :func:`noted_early`
+    before the block raises on entering it."""
     _Rank.received, _Rank.holding = None, False
     try:
         with _handlers(RANK_STOP_SIGNALS, _on_stop_signal):
+            early = _take_early()  # after the handlers: a signal now is theirs, none falls between
             if early is not None:
                 _on_stop_signal(early, None)
             yield
@@ -171,9 +184,11 @@ def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterat
 
     try:
         with _handlers(STOP_SIGNALS, forward):
-            early = _take_early()
-            if early is not None:  # it came before mpirun started
-                forward(early, None)
+            if _take_early() is not None:
+                # it came while mpirun started (the launcher checks pending() just before): mpirun may not
+                # handle SIGUSR1 yet, and has no ranks to pass it to; its own stop ends what it started
+                sent.set()
+                escalate()
             yield sent
     finally:
         escalation.cancel()

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -67,6 +68,22 @@ PROGRESS_SECONDS = 5.0
 OTHER_RANK_CAPTURE_FAILED = "another rank's CUDA graph capture failed, eager instead"
 #: What a captured step's reason adds when ``MLBENCH_COMPILE=auto``'s torch.compile failed on some rank.
 COMPILE_DROPPED = "; without torch.compile, whose attempt failed"
+
+
+class Captured(NamedTuple):
+    """How capturing the fast step went on every rank: the check where it was used, else this rank's own error
+    (None where only another rank's failed); ``note`` is what the step's reason adds (a dropped compile)."""
+
+    error: Exception | None
+    check: CaptureCheck | None
+    note: str = ""
+
+
+def retry_without_compile(setting: str, compiled: bool, *, succeeded: bool) -> bool:
+    """Whether a capture is tried again without torch.compile: when it failed (on some rank) with the model
+    compiled because ``MLBENCH_COMPILE`` was ``auto``; ``1`` was the user's request, so its failure is the
+    capture's."""
+    return not succeeded and compiled and setting == "auto"
 
 
 def brief_error(error: BaseException, limit: int = 300) -> str:
@@ -391,22 +408,21 @@ class Trainer:
         eager = EagerStep(kernel, model, algorithm, optimizer=optimizer, timer=timer, autocast=autocast)
         return eager, ExecutionRecord(StepPath.EAGER, choice.reason)
 
-    def _capture(
-        self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device
-    ) -> tuple[Exception | None, CaptureCheck | None, str]:
-        """:meth:`_capture_agreed`, and once more without torch.compile where ``MLBENCH_COMPILE=auto`` chose it
-        and it failed on some rank; the third value is what the step's reason then adds ("" otherwise).
+    def _capture(self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device) -> Captured:
+        """:meth:`_capture_agreed`, and once more without torch.compile where :func:`retry_without_compile` says.
 
         auto's torch.compile is a speed-up, not the user's request: the captured step without it comes before
         the eager one. Every rank retries or none does: the vote made the outcome common.
         """
         error, check = self._capture_agreed(fast, kernel, batch, device)
-        if check is not None or not fast.compiled or self.opts.compile != "auto":
-            return error, check, ""
+        if not retry_without_compile(self.opts.compile, fast.compiled, succeeded=check is not None):
+            return Captured(error, check)
         cause = brief_error(error) if error else "on another rank"
         self.log.warning("compile_fallback", reason=f"torch.compile's attempt failed ({cause}): without it")
+        if error is not None:
+            error.__traceback__ = None  # its frames hold the failed capture's tensors and graph pool
         fast.drop_compile()
-        return (*self._capture_agreed(fast, kernel, batch, device), f"{COMPILE_DROPPED} ({cause})")
+        return Captured(*self._capture_agreed(fast, kernel, batch, device), f"{COMPILE_DROPPED} ({cause})")
 
     def _capture_agreed(
         self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device

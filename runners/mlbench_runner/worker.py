@@ -11,10 +11,12 @@ container runtime's own reason ``OOMKilled`` and the operator names the worker a
 
 The same holds for the kubelet's stop (a deleted, evicted or preempted pod): SIGTERM reaches only
 this process, and sshd, told to stop, exits 0 while the ranks under its sessions run on until the
-container's end kills them. So a stop signal goes to sshd *and* every process below it (the ranks
-take it as their graceful stop), the worker waits up to :data:`STOP_WAIT_SECONDS` for them, and it
-exits 128 + the signal with the cause in its termination log: the pod reads as stopped, not as
-``Completed``.
+container's end kills them. So a stop signal goes first to the ranks (every process below the worker
+but sshd, its sessions' shells and Open MPI's daemon, the *carriers*: the daemon forwards a rank's
+last words and reports its exit, and a closed session makes mpirun drop the node), which take it as
+their graceful stop; after they have ended, or :data:`STOP_WAIT_SECONDS`, the carriers get it too,
+and the worker exits 128 + the signal with the cause in its termination log: the pod reads as
+stopped, not as ``Completed``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import NamedTuple
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: Where cgroup v2 and v1 keep the memory controller's OOM-kill counter (the container's own cgroup).
@@ -87,18 +91,32 @@ def oom_message(worker: str, kills: int, limit: int | None) -> str:
     )
 
 
-def parse_stat(text: str) -> tuple[str, int] | None:
-    """(state, parent pid) from ``/proc/PID/stat``; None if malformed. The command, in parentheses, may hold
-    spaces and parentheses itself, so the fields are read after its last ``)``."""
-    fields = text.rpartition(")")[2].split()
-    if len(fields) < 2 or not fields[1].isdigit():
+class Process(NamedTuple):
+    """One line of the process table: what runs, its state (``Z``: a zombie, ended) and its parent."""
+
+    command: str
+    state: str
+    parent: int
+
+
+#: The processes between the worker and a rank (``/proc/PID/stat``'s command names): sshd and its sessions, the
+#: shell a session runs a command in, and Open MPI's per-node daemon (orted; prted from Open MPI 5).
+CARRIERS = frozenset({"sshd", "sshd-session", "sh", "bash", "dash", "orted", "prted"})
+
+
+def parse_stat(text: str) -> Process | None:
+    """``/proc/PID/stat``'s command, state and parent pid; None if malformed. The command, in parentheses, may
+    hold spaces and parentheses itself, so the other fields are read after its last ``)``."""
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    if not head or len(fields) < 2 or not fields[1].isdigit():
         return None
-    return fields[0], int(fields[1])
+    return Process(head.partition("(")[2], fields[0], int(fields[1]))
 
 
-def process_table(proc: Path = PROC) -> dict[int, tuple[str, int]]:
-    """{pid: (state, parent pid)} of every process visible here; empty without a /proc."""
-    table: dict[int, tuple[str, int]] = {}
+def process_table(proc: Path = PROC) -> dict[int, Process]:
+    """Every process visible here by pid; empty without a /proc."""
+    table: dict[int, Process] = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
             entry = parse_stat(stat.read_text())
@@ -109,11 +127,11 @@ def process_table(proc: Path = PROC) -> dict[int, tuple[str, int]]:
     return table
 
 
-def descendants(table: Mapping[int, tuple[str, int]], root: int) -> list[int]:
+def descendants(table: Mapping[int, Process], root: int) -> list[int]:
     """Every live (not zombie) process below ``root`` in ``table``, parents before their children."""
     children: dict[int, list[int]] = {}
-    for pid, (_, parent) in table.items():
-        children.setdefault(parent, []).append(pid)
+    for pid, entry in table.items():
+        children.setdefault(entry.parent, []).append(pid)
     found: list[int] = []
     todo, seen = [root], {root}
     while todo:
@@ -121,14 +139,20 @@ def descendants(table: Mapping[int, tuple[str, int]], root: int) -> list[int]:
             if pid not in seen:
                 seen.add(pid)
                 todo.append(pid)
-                if table[pid][0] != "Z":
+                if table[pid].state != "Z":
                     found.append(pid)
     return found
 
 
-def alive(table: Mapping[int, tuple[str, int]], pids: Sequence[int]) -> list[int]:
+def ranks_below(table: Mapping[int, Process], root: int) -> list[int]:
+    """The processes below ``root`` a stop reaches first: all but the :data:`CARRIERS` (the ranks, and what
+    they started)."""
+    return [pid for pid in descendants(table, root) if table[pid].command not in CARRIERS]
+
+
+def alive(table: Mapping[int, Process], pids: Iterable[int]) -> list[int]:
     """Those of ``pids`` still running (in ``table`` and not zombies)."""
-    return [pid for pid in pids if pid in table and table[pid][0] != "Z"]
+    return [pid for pid in pids if pid in table and table[pid].state != "Z"]
 
 
 def stop_message(worker: str, signum: int) -> str:
@@ -137,11 +161,12 @@ def stop_message(worker: str, signum: int) -> str:
     name = signal.Signals(signum).name
     return (
         f"{where} was stopped by {name} (the kubelet's stop: the pod was deleted, evicted or preempted, or its "
-        f"node drained); sshd and the ranks under it got {name} too"
+        f"node drained); the ranks under sshd got {name} first, then sshd"
     )
 
 
-def _signal_all(pids: Sequence[int], signum: int) -> None:
+def _signal_all(pids: Iterable[int], signum: int) -> None:
+    """``signum`` to each of ``pids`` that still exists."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
@@ -154,12 +179,39 @@ def _reap() -> None:
             pass
 
 
-def _wait_gone(pids: Sequence[int], seconds: float, poll: float) -> None:
+def _wait_gone(pids: Iterable[int], seconds: float, poll: float) -> None:
     """Wait up to ``seconds`` until none of ``pids`` runs any more."""
     end = time.monotonic() + seconds
     while alive(process_table(), pids) and time.monotonic() < end:
         _reap()
         time.sleep(poll)
+
+
+@dataclass
+class Stop:
+    """A stop in progress: its first signal, and the ranks it reached (each later signal may add some)."""
+
+    signum: int | None = None
+    ranks: set[int] = field(default_factory=set)
+
+    def take(self, signum: int) -> None:
+        """A stop signal came (a handler): pass it on to the ranks below this process at once."""
+        if self.signum is None:
+            self.signum = signum
+        ranks = ranks_below(process_table(), os.getpid())
+        self.ranks.update(ranks)
+        _signal_all(ranks, signum)
+
+    def finish(self, child: subprocess.Popen[bytes], poll: float) -> None:
+        """After the ranks' graceful stop (at most :data:`STOP_WAIT_SECONDS`), stop the carriers and sshd."""
+        assert self.signum is not None
+        _wait_gone(self.ranks, STOP_WAIT_SECONDS, poll)
+        _signal_all(descendants(process_table(), os.getpid()), self.signum)  # sshd too, unless it has ended
+        try:
+            child.wait(timeout=STOP_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 @contextlib.contextmanager
@@ -183,28 +235,22 @@ def supervise(
     poll: float = POLL_SECONDS,
 ) -> int:
     """Run ``argv`` until it exits (its code), an OOM kill happens in this cgroup (137) or a stop signal comes
-    (128 + the signal, once ``argv`` and the processes below it have ended or :data:`STOP_WAIT_SECONDS` passed)."""
+    (128 + the signal, after the ranks' graceful stop and then sshd's: :class:`Stop`)."""
     baseline = read_oom_kills(counters) or 0
-    child: subprocess.Popen[bytes] | None = None
-    stopped: list[int] = []  # the first stop signal
-    below: list[int] = []  # what it was passed on to
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        if not stopped:
-            stopped.append(signum)
-        if child is not None:
-            below[:] = descendants(process_table(), child.pid)
-            _signal_all([*below, child.pid], signum)
-
-    with _handlers(forward):  # before the child exists: PID 1 ignores unhandled signals
+    stop = Stop()
+    with _handlers(lambda signum, _frame: stop.take(signum)):  # before the child: PID 1 ignores unhandled signals
         child = subprocess.Popen(list(argv))
-        if stopped:  # a stop before the child existed
-            forward(stopped[0], None)
         while True:
             try:
                 code = child.wait(timeout=poll)
             except subprocess.TimeoutExpired:
                 code = None
+            if stop.signum is not None:
+                stop.finish(child, poll)
+                message = stop_message(worker, stop.signum)
+                print(message, file=sys.stderr, flush=True)
+                _write(termination_log, message)
+                return 128 + stop.signum
             kills = read_oom_kills(counters)
             if kills is not None and kills > baseline:  # also when the child itself was the one killed
                 message = oom_message(worker, kills - baseline, memory_limit(limits))
@@ -214,12 +260,6 @@ def supervise(
                     child.kill()
                     child.wait()
                 return EXIT_OOM
-            if code is not None and stopped:
-                _wait_gone(below, STOP_WAIT_SECONDS, poll)
-                message = stop_message(worker, stopped[0])
-                print(message, file=sys.stderr, flush=True)
-                _write(termination_log, message)
-                return 128 + stopped[0]
             if code is not None:
                 return code if code >= 0 else 128 - code
 

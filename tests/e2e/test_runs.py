@@ -10,6 +10,7 @@ test the plumbing, they are not results.
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -160,7 +161,9 @@ class _Follow:
             text=True,
         )
         assert self.proc.stdout is not None
-        self.first = self.proc.stdout.readline()  # the log so far (not empty: an epoch started) is coming: attached
+        # attached once the log so far starts coming (an empty log: go on after a while, attached or not)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        self.first = self.proc.stdout.readline() if ready else ""
 
     def rest(self, timeout: float = 120) -> str:
         """The whole log, once the container has ended."""

@@ -543,6 +543,60 @@ def test_auto_compile_that_fails_falls_back_to_the_captured_step_without_it(
     assert summary.steps == 3
 
 
+@pytest.mark.parametrize(
+    ("setting", "compiled", "succeeded", "retry"),
+    [
+        ("auto", True, False, True),
+        ("auto", True, True, False),
+        ("auto", False, False, False),  # already without it (or never compiled): the eager step next
+        ("1", True, False, False),  # the user asked for torch.compile: its failure is the capture's
+        ("0", False, False, False),
+    ],
+)
+def test_retry_without_compile(setting: str, compiled: bool, succeeded: bool, retry: bool) -> None:
+    assert train_module.retry_without_compile(setting, compiled, succeeded=succeeded) is retry
+
+
+def test_a_model_torch_compile_cannot_wrap_fails_where_it_is_first_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unsupported platform: torch.compile raises at once. The step keeps the error for its warm-up or capture,
+    inside the caller's fallback and the ranks' vote, and runs the model itself once the compile is dropped."""
+
+    def unsupported(model: nn.Module, **_: object) -> nn.Module:
+        raise RuntimeError("Dynamo is not supported on this Python")
+
+    monkeypatch.setattr(torch, "compile", unsupported)
+    model, fast = _rig(fast=True, compile=True)
+    assert isinstance(fast, FastStep)
+    assert fast.compiled
+    assert fast.net is model
+    x, y = fast.kernel.synthetic_batch(4, seed=1)
+    with pytest.raises(RuntimeError, match=r"torch\.compile failed: Dynamo is not supported"):
+        fast.warm_up(x, y)
+    fast.drop_compile()
+    assert fast.warm_up(x, y) > 0
+
+
+def test_auto_compile_that_cannot_wrap_falls_back_to_the_captured_step_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(model: nn.Module, **_: object) -> nn.Module:
+        raise RuntimeError("Dynamo is not supported on this Python")
+
+    def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
+        self._check_compiled()  # where the real capture starts
+        return 0.25
+
+    monkeypatch.setattr(torch, "compile", unsupported)
+    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(FastStep, "capture", fake_capture)
+    monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
+    summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3)).run()
+    assert summary is not None
+    assert summary.environment.compiled is False
+    assert "torch.compile failed: Dynamo is not supported" in (summary.environment.training_step_reason or "")
+    assert summary.environment.training_step == "flat"  # the fake capture made no graphs
+
+
 def test_an_explicit_compile_that_fails_is_a_failed_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLBENCH_COMPILE=1 asked for torch.compile: its failure is the capture's (eager, or an error with
     MLBENCH_FAST_PATH=on), never a silent run without it."""

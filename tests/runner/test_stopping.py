@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,48 +63,55 @@ def test_after_hold_even_the_first_signal_is_only_noted() -> None:
 
 
 _EARLY = """
-import os, signal, sys, time
+import contextlib, os, signal, sys, time
 from mlbench_runner import stopping
-if sys.argv[1] == "noted":
-    stopping.note_early()
-os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's stop while the rank still imports torch
-time.sleep(0.05)
-try:
-    with stopping.stop_once():
-        print("the block ran")
-except stopping.Interrupted as exc:
-    print("stopped by", exc.signal)
-    sys.exit(3)
+with stopping.noted_early() if sys.argv[1] == "noted" else contextlib.nullcontext():
+    os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's stop while the rank still imports torch
+    time.sleep(0.05)
+    try:
+        with stopping.stop_once():
+            print("the block ran")
+    except stopping.Interrupted as exc:
+        print("stopped by", exc.signal)
+        sys.exit(3)
 """
 
 
 @pytest.mark.parametrize(("mode", "code", "said"), [("noted", 3, "stopped by SIGUSR1\n"), ("bare", -10, "")])
 def test_a_stop_signal_before_the_ranks_handlers_is_raised_when_they_take_over(mode: str, code: int, said: str) -> None:
-    """Without note_early the signal's default action ends the rank with no word (the bare case, the control)."""
+    """Without noted_early the signal's default action ends the rank with no word (the bare case, the control)."""
     cmd = [sys.executable, "-c", _EARLY, mode]
     done = subprocess.run(cmd, check=False, env=env(), capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (code, said), done.stderr
 
 
-def test_the_rank_commands_note_stop_signals_before_their_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rank_commands_note_stop_signals_for_their_whole_life(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Noted from before torch's import to the end; the handlers the command found are back after it."""
     from mlbench_runner import cli
 
-    saved = {sig: signal.getsignal(sig) for sig in stopping.RANK_STOP_SIGNALS}
+    before = signal.getsignal(signal.SIGUSR1)
     seen: list[object] = []
 
     def rank(_args: object) -> int:
         seen.append(signal.getsignal(signal.SIGUSR1))
         return 0
 
-    try:
-        for command, name in (("_train", "_train_rank"), ("_collectives", "_collectives_rank")):
-            monkeypatch.setattr(cli, name, rank)
-            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-            assert getattr(cli, command)(None) == 0
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    for command, name in (("_train", "_train_rank"), ("_collectives", "_collectives_rank")):
+        monkeypatch.setattr(cli, name, rank)
+        assert getattr(cli, command)(None) == 0
+        assert signal.getsignal(signal.SIGUSR1) is before
     assert seen == [stopping._note_early, stopping._note_early]
+
+
+def test_a_signal_after_the_policy_is_only_noted_and_the_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with stopping.noted_early():
+        with stopping.stop_once():
+            pass
+        _signal_self(signal.SIGTERM)  # the summary is written, the rank is on its way out
+        assert stopping.pending() is signal.SIGTERM
+    assert stopping.pending() is None
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 _COUNTER = """
@@ -142,36 +150,52 @@ def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path, sig: signal.Sign
     assert counted.read_text() == "SIGUSR1"
 
 
-def test_a_stop_before_mpirun_started_is_passed_on_once_it_has(tmp_path: Path) -> None:
-    """The launcher is PID 1 of its pod, which ignores a SIGTERM it has no handler for: one that comes while
-    the launcher reads its config, before mpirun exists, is noted and reaches mpirun as its SIGUSR1."""
-    saved = {sig: signal.getsignal(sig) for sig in stopping.STOP_SIGNALS}
+def test_a_stop_noted_while_mpirun_starts_is_mpiruns_own_stop(tmp_path: Path) -> None:
+    """A stop that came in the moment between the launcher's last look (pending()) and mpirun's start: mpirun
+    may not handle SIGUSR1 yet (its default action would kill it) and has no ranks to pass it to: SIGTERM."""
     counted = tmp_path / "signals"
-    try:
-        stopping.note_early(stopping.STOP_SIGNALS)
+    with stopping.noted_early(stopping.STOP_SIGNALS):
         _signal_self(signal.SIGTERM)
         child = _counter(counted, 1.5)
         with stopping.forwarded_once(child, escalate_after=60) as sent:
             assert sent.is_set()
             assert child.wait(timeout=10) == 0
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    assert counted.read_text() == "SIGUSR1"
+    assert counted.read_text() == "SIGTERM"
 
 
-def test_the_launcher_notes_stop_signals_first(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launcher_stopped_before_mpirun_starts_does_not_start_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher is PID 1 of its pod, which ignores a SIGTERM it has no handler for: one that comes while it
+    reads its config and hostfile is noted, mpirun never starts, and the termination log says why."""
+    import argparse
+
     from mlbench_runner import launch
 
-    saved = {sig: signal.getsignal(sig) for sig in stopping.STOP_SIGNALS}
-    try:
-        monkeypatch.delenv(launch.CONFIG_ENV, raising=False)
-        args = launch.argparse.Namespace(config=None, termination_log=os.devnull)
-        assert launch.run_launch(args) == 2  # no config: it stops there, after noting
-        assert signal.getsignal(signal.SIGTERM) is stopping._note_early
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    mpirun = tmp_path / "fake-mpirun"
+    started = tmp_path / "mpirun-started"
+    mpirun.write_text(f"#!{sys.executable}\nopen({str(started)!r}, 'w')\n")
+    mpirun.chmod(0o755)
+    (tmp_path / "config.json").write_text(make_config(logreg_task(), tmp_path / "out", 2).dump())
+    (tmp_path / "hostfile").write_text("worker-0 slots=2\n")
+    command = launch.mpirun_command
+
+    def slow_set_up(**kwargs: Any) -> list[str]:
+        _signal_self(signal.SIGTERM)  # the pod is deleted while the launcher sets up
+        return command(**kwargs)
+
+    monkeypatch.setattr(launch, "mpirun_command", slow_set_up)
+    monkeypatch.setattr(launch, "gather", lambda *a, **k: pytest.fail("gathered results of a run never started"))
+    parser = argparse.ArgumentParser()
+    launch.add_launch_arguments(parser)
+    argv = ["--config", str(tmp_path / "config.json"), "--hostfile", str(tmp_path / "hostfile")]
+    argv += ["--mpirun", str(mpirun), "--termination-log", str(tmp_path / "termination-log")]
+    before = signal.getsignal(signal.SIGTERM)
+    assert launch.run_launch(parser.parse_args(argv)) == 128 + signal.SIGTERM
+    assert not started.exists()
+    message = json.loads((tmp_path / "termination-log").read_text())
+    assert message == {"error": "stopped by SIGTERM before mpirun started", "exitCode": 143}
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT)])

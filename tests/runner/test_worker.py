@@ -14,6 +14,7 @@ import pytest
 
 from mlbench_runner.worker import (
     EXIT_OOM,
+    Process,
     alive,
     descendants,
     memory_limit,
@@ -21,6 +22,7 @@ from mlbench_runner.worker import (
     parse_oom_kills,
     parse_stat,
     process_table,
+    ranks_below,
     read_oom_kills,
     stop_message,
     supervise,
@@ -119,28 +121,43 @@ def test_cli_runs_the_command_after_the_double_dash() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("1234 (sshd) S 1 1234 1234 0 -1 4194560 0", ("S", 1)),
-        ("77 (python -m (x)) R 76 77 1 0", ("R", 76)),  # a command with spaces and parentheses
-        ("9 (defunct) Z 3 9", ("Z", 3)),
+        ("1234 (sshd) S 1 1234 1234 0 -1 4194560 0", Process("sshd", "S", 1)),
+        ("77 (python -m (x)) R 76 77 1 0", Process("python -m (x)", "R", 76)),  # spaces and parentheses
+        ("9 (orted) Z 3 9", Process("orted", "Z", 3)),
         ("", None),
         ("5 (x) S", None),
         ("5 (x) S abc", None),
+        ("5 x S 4", None),
     ],
 )
-def test_parse_stat(text: str, expected: tuple[str, int] | None) -> None:
+def test_parse_stat(text: str, expected: Process | None) -> None:
     assert parse_stat(text) == expected
 
 
-#: 10 is sshd; 11 and 12 its sessions; 13 a rank under 11; 14 a zombie under 12; 20 elsewhere.
-TABLE = {10: ("S", 1), 11: ("S", 10), 12: ("S", 10), 13: ("R", 11), 14: ("Z", 12), 20: ("S", 1), 21: ("S", 20)}
+#: sshd (10) with two sessions (11, 12); under 11 a shell, Open MPI's daemon and two ranks (14, 15), one of
+#: which started a helper (16); under 12 a zombie rank (17); another tree elsewhere (20, 21).
+TABLE = {
+    10: Process("sshd", "S", 1),
+    11: Process("sshd", "S", 10),
+    12: Process("sshd", "S", 10),
+    13: Process("bash", "S", 11),
+    18: Process("orted", "S", 13),
+    14: Process("python", "R", 18),
+    15: Process("mlbench-runner", "R", 18),
+    16: Process("compile worker", "S", 14),
+    17: Process("python", "Z", 12),
+    20: Process("sshd", "S", 1),
+    21: Process("python", "S", 20),
+}
 
 
 @pytest.mark.parametrize(
     ("root", "expected"),
     [
-        (10, [11, 12, 13]),  # parents first, the zombie left out
-        (11, [13]),
-        (13, []),
+        (10, [11, 12, 13, 18, 14, 15, 16]),  # parents first, the zombie left out
+        (11, [13, 18, 14, 15, 16]),
+        (14, [16]),
+        (16, []),
         (20, [21]),
         (99, []),
     ],
@@ -149,15 +166,30 @@ def test_descendants(root: int, expected: list[int]) -> None:
     assert descendants(TABLE, root) == expected
 
 
-def test_descendants_of_this_process_include_its_grandchild() -> None:
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        (1, [21, 14, 15, 16]),  # the worker as PID 1: sessions' shells, the daemon and sshd wait
+        (10, [14, 15, 16]),
+        (18, [14, 15, 16]),
+        (12, []),  # only a zombie below
+    ],
+)
+def test_a_stop_reaches_the_ranks_before_their_carriers(root: int, expected: list[int]) -> None:
+    assert ranks_below(TABLE, root) == expected
+
+
+def test_descendants_of_a_real_child_include_its_child() -> None:
     child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         deadline = time.monotonic() + 10
-        while not (below := descendants(process_table(), os.getpid())) or len(below) < 2:
-            assert time.monotonic() < deadline, below
+        while not (below := descendants(process_table(), child.pid)):
+            assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert below[0] == child.pid
-        assert alive(process_table(), below) == below
+        table = process_table()
+        assert [table[pid].command for pid in below] == ["sleep"]
+        assert table[child.pid] == Process("sh", table[child.pid].state, os.getpid())
+        assert alive(table, below) == below
     finally:
         child.kill()
         child.wait()
@@ -169,13 +201,15 @@ def test_stop_message_names_the_worker_and_the_signal() -> None:
     assert "ranks" in text
 
 
-#: A rank under sshd: takes SIGTERM as its graceful stop, which takes a moment (its summary), then exits 3.
+#: A rank under sshd: takes SIGTERM as its graceful stop, which takes a moment (its summary), then exits 3. It
+#: says whether its parent (sshd's stand-in, a carrier) was still there to pass its last words on.
 RANK = """
-import pathlib, signal, sys, time
-folder = pathlib.Path(sys.argv[1])
+import os, pathlib, signal, sys, time
+folder, parent = pathlib.Path(sys.argv[1]), os.getppid()
 def stop(signum, frame):
     time.sleep(0.5)
-    (folder / "stopped").write_text(signal.Signals(signum).name)
+    carrier = "carrier alive" if os.getppid() == parent else "orphaned"
+    (folder / "stopped").write_text(f"{signal.Signals(signum).name}, {carrier}")
     sys.exit(3)
 signal.signal(signal.SIGTERM, stop)
 (folder / "ready").write_text("")
@@ -192,10 +226,11 @@ sys.exit(supervise(sys.argv[2:], termination_log=sys.argv[1], counters=[], worke
 @pytest.mark.timeout(60)
 def test_a_stopped_worker_stops_the_ranks_waits_for_them_and_exits_128_plus_the_signal(tmp_path: Path) -> None:
     """sshd stops at once on SIGTERM (exit 0) and leaves its sessions' ranks running; the worker passes the
-    signal on to them, waits for their graceful stop, and exits 143 with the cause in its termination log."""
+    signal to the rank first, waits for its graceful stop, then stops sshd (a shell that would die of it at
+    once, here) and exits 143 with the cause in its termination log."""
     (tmp_path / "rank.py").write_text(RANK)
     log = tmp_path / "termination-log"
-    sshd = f"{sys.executable} {tmp_path / 'rank.py'} {tmp_path} & wait; exit 0"
+    sshd = f"{sys.executable} {tmp_path / 'rank.py'} {tmp_path} & wait; sleep 30"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runners", "crds"))}
     worker = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(log), "sh", "-c", sshd], env=env)
     try:
@@ -208,7 +243,7 @@ def test_a_stopped_worker_stops_the_ranks_waits_for_them_and_exits_128_plus_the_
         assert worker.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         worker.kill()
-    assert (tmp_path / "stopped").read_text() == "SIGTERM", "the rank had its graceful stop before the worker left"
+    assert (tmp_path / "stopped").read_text() == "SIGTERM, carrier alive", "the rank stopped first, then sshd"
     assert log.read_text().startswith("worker r-worker-1 was stopped by SIGTERM")
 
 
