@@ -215,6 +215,7 @@ class FastStep:
         self.graphs = None
 
     def _check_compiled(self) -> None:
+        """Raise :attr:`compile_error` where the compiled model would first run."""
         if self.compile_error is not None:
             raise RuntimeError(f"torch.compile failed: {self.compile_error}") from self.compile_error
 

@@ -60,7 +60,7 @@ class _Rank:
 
     received: str | None = None
     holding: bool = False
-    early: int | None = None  #: a stop signal noted before the process's policy took over (:func:`note_early`)
+    early: int | None = None  #: a stop signal noted before the process's policy took over (:func:`noted_early`)
 
 
 def received() -> str | None:
