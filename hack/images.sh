@@ -2,13 +2,15 @@
 # Build the operator and runner images (Dockerfile.operator, Dockerfile.runner), cached by
 # a hash of their inputs, and load them into the test node's containerd.
 #
-# Usage: hack/images.sh [--debian-base] [--load] [build|load|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
+# Usage: hack/images.sh [--debian-base] [--load] [build|load|prune|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
 #        (default: build)
 #
 #   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
 #               image already carries the label io.mlbench.inputs=<hash of its inputs>
 #   load        import both images into the containerd at $MLBENCH_CONTAINERD_ADDRESS
-#               (namespace k8s.io), skipped per image when it already holds that image id
+#               (namespace k8s.io), skipped per image when it already holds that image id; then prune
+#   prune       remove the image-id refs ("sha256:...") no named image points to any more there: what
+#               the CRI kept of images a load replaced (each old runner ~6 GB of the node's disk)
 #   base        only the local Debian base image (mmdebstrap + import)
 #   wheelhouse  only the wheelhouse (pip download with constraints.txt)
 #   tags        print the image tags, one a line
@@ -307,12 +309,31 @@ load_image() {
   ctr_ images label "$image" "io.mlbench.image-id=${id}" >/dev/null
 }
 
-cmd_load() {
+# The refs the CRI made by image id ("sha256:<config digest>") that no named ref points to any more: the
+# images a new load replaced. Each old runner would keep its ~6 GB (layers and unpacked snapshot) for good,
+# since only disk pressure makes the kubelet collect images. --sync: their content goes now.
+prune_stale() {
+  local listing named ref digest
+  listing=$(ctr_ images ls 2>/dev/null | awk 'NR > 1 {print $1, $3}')
+  named=$(awk '$1 !~ /^sha256:/ {print $2}' <<<"$listing")
+  while read -r ref digest; do
+    [[ $ref == sha256:* ]] || continue
+    grep -qxF "$digest" <<<"$named" && continue
+    if ctr_ images rm --sync "$ref" >/dev/null 2>&1; then log "load: removed ${ref:0:19}…, an image no name points to"; fi
+  done <<<"$listing"
+}
+
+need_address() {
   [ -n "${MLBENCH_CONTAINERD_ADDRESS:-}" ] ||
     die "MLBENCH_CONTAINERD_ADDRESS is not set (eval \"\$(python -m tests.cluster env)\" with the real node up)"
   [ -S "$MLBENCH_CONTAINERD_ADDRESS" ] || die "MLBENCH_CONTAINERD_ADDRESS=${MLBENCH_CONTAINERD_ADDRESS}: no socket there"
+}
+
+cmd_load() {
+  need_address
   load_image "$OPERATOR_IMAGE"
   load_image "$RUNNER_IMAGE"
+  prune_stale
 }
 
 # Flags (what tests/e2e passes) and commands.
@@ -337,6 +358,7 @@ case "${cmd:-build}" in
     fi
     ;;
   load) cmd_load ;;
+  prune) need_address && prune_stale ;;
   base) ensure_base >/dev/null ;;
   wheelhouse) ensure_wheelhouse ;;
   tags) printf '%s\n' "$OPERATOR_IMAGE" "$RUNNER_IMAGE" ;;

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import time
@@ -30,6 +31,8 @@ from tests.cluster.plugin import (
     get_json,
     wait_for,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------- no cluster needed
@@ -353,3 +356,43 @@ def test_pod_traffic_cannot_leave_the_bridge(kube_cluster: KubeCluster, real_nod
         ["iptables", "-w", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True, check=True
     )
     assert "10.213.0.0/24" not in nat.stdout  # no masquerading of pod traffic by CNI
+
+
+@pytest.mark.cluster
+@pytest.mark.realnode
+def test_images_sh_prunes_the_image_ids_no_name_points_to(real_node: rn.RealNodeInfo, tmp_path: Path) -> None:
+    """The CRI keeps a ``sha256:<id>`` ref of every image a pod used; when ``make images-load`` replaces the
+    runner, the old one's ref holds its ~6 GB for good. ``hack/images.sh prune`` (run by every load) removes
+    the refs whose image no name points to, and no other."""
+    if real_node.containerd_address is None:
+        pytest.skip("no containerd of the real node to prune")
+    ctr = [images.ctr_bin(), "--address", real_node.containerd_address, "--namespace", "k8s.io"]
+    marker = uuid.uuid4().hex.encode()  # an image of its own: no other ref points to it
+    layer = images.layer_tar([images.Entry("marker", "file", 0o644, marker)])
+    archive = tmp_path / "old.tar"
+    archive.write_bytes(images.docker_archive("docker.io/mlbench/old-runner:test", layer, {}))
+    subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
+    stale = "sha256:" + hashlib.sha256(marker).hexdigest()  # as the CRI names it: by id
+    subprocess.run([*ctr, "images", "tag", "docker.io/mlbench/old-runner:test", stale], check=True, capture_output=True)
+    kept = "sha256:" + hashlib.sha256(marker + b"kept").hexdigest()  # an id ref whose image has a name
+    subprocess.run([*ctr, "images", "tag", images.BUSYBOX_IMAGE, kept], check=True, capture_output=True)
+    subprocess.run([*ctr, "images", "rm", "docker.io/mlbench/old-runner:test"], check=True, capture_output=True)
+
+    def refs() -> set[str]:
+        out = subprocess.run([*ctr, "images", "ls", "-q"], check=True, capture_output=True, text=True).stdout
+        return set(out.split())
+
+    try:
+        before = refs()
+        assert {stale, kept} <= before
+        env = {**os.environ, "MLBENCH_CONTAINERD_ADDRESS": real_node.containerd_address}
+        done = subprocess.run(
+            ["bash", str(REPO / "hack" / "images.sh"), "prune"], env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        after = refs()
+        assert stale not in after, done.stderr
+        assert kept in after, "its image has a name"
+        assert {ref for ref in before if not ref.startswith("sha256:")} <= after, "a named image was removed"
+    finally:
+        subprocess.run([*ctr, "images", "rm", stale, kept], check=False, capture_output=True)
