@@ -89,7 +89,7 @@ def _on_stop_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _handlers(signals: Sequence[signal.Signals], handler: Any) -> Iterator[bool]:
+def handlers(signals: Sequence[signal.Signals], handler: Any) -> Iterator[bool]:
     """``handler`` for ``signals`` during the block (yields False, changing nothing, outside the main thread)."""
     if threading.current_thread() is not threading.main_thread():  # Python sets handlers there only
         yield False
@@ -123,7 +123,7 @@ def noted_early(signals: Sequence[signal.Signals] = RANK_STOP_SIGNALS) -> Iterat
     """
     _Rank.early = None
     try:
-        with _handlers(signals, _note_early):
+        with handlers(signals, _note_early):
             yield
     finally:
         _Rank.early = None
@@ -147,7 +147,7 @@ def stop_once() -> Iterator[None]:
     before the block raises on entering it."""
     _Rank.received, _Rank.holding = None, False
     try:
-        with _handlers(RANK_STOP_SIGNALS, _on_stop_signal):
+        with handlers(RANK_STOP_SIGNALS, _on_stop_signal):
             early = _take_early()  # after the handlers: a signal now is theirs, none falls between
             if early is not None:
                 _on_stop_signal(early, None)
@@ -183,7 +183,7 @@ def forwarded_once(proc: subprocess.Popen[Any], escalate_after: float) -> Iterat
         escalation.start()
 
     try:
-        with _handlers(STOP_SIGNALS, forward):
+        with handlers(STOP_SIGNALS, forward):
             if _take_early() is not None:
                 # it came while mpirun started (the launcher checks pending() just before): mpirun may not
                 # handle SIGUSR1 yet, and has no ranks to pass it to; its own stop ends what it started
@@ -203,7 +203,7 @@ def noted(signals: Sequence[signal.Signals] = COMMAND_STOP_SIGNALS) -> Iterator[
     """While the local command stops its children: ``signals`` only set the yielded event, which cuts the wait
     at hand short. A ``KeyboardInterrupt`` raised between two steps of the stop would skip the rest of it."""
     cut = threading.Event()
-    with _handlers(signals, lambda _signum, _frame: cut.set()):
+    with handlers(signals, lambda _signum, _frame: cut.set()):
         yield cut
 
 
@@ -214,5 +214,5 @@ def _raise_keyboard_interrupt(_signum: int, _frame: FrameType | None) -> None:
 @contextmanager
 def interrupt_on(signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
     """The local command's policy: ``signals`` raise ``KeyboardInterrupt`` during the block, as SIGINT does."""
-    with _handlers(signals, _raise_keyboard_interrupt):
+    with handlers(signals, _raise_keyboard_interrupt):
         yield

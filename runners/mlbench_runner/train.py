@@ -414,19 +414,17 @@ class Trainer:
         auto's torch.compile is a speed-up, not the user's request: the captured step without it comes before
         the eager one. Every rank retries or none does: the vote made the outcome common.
         """
-        error, check = self._capture_agreed(fast, kernel, batch, device)
-        if not retry_without_compile(self.opts.compile, fast.compiled, succeeded=check is not None):
-            return Captured(error, check)
-        cause = brief_error(error) if error else "on another rank"
+        first = self._capture_agreed(fast, kernel, batch, device)
+        if not retry_without_compile(self.opts.compile, fast.compiled, succeeded=first.check is not None):
+            return first
+        cause = brief_error(first.error) if first.error else "on another rank"
         self.log.warning("compile_fallback", reason=f"torch.compile's attempt failed ({cause}): without it")
-        if error is not None:
-            error.__traceback__ = None  # its frames hold the failed capture's tensors and graph pool
+        if first.error is not None:
+            first.error.__traceback__ = None  # its frames hold the failed capture's tensors and graph pool
         fast.drop_compile()
-        return Captured(*self._capture_agreed(fast, kernel, batch, device), f"{COMPILE_DROPPED} ({cause})")
+        return self._capture_agreed(fast, kernel, batch, device)._replace(note=f"{COMPILE_DROPPED} ({cause})")
 
-    def _capture_agreed(
-        self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device
-    ) -> tuple[Exception | None, CaptureCheck | None]:
+    def _capture_agreed(self, fast: FastStep, kernel: TaskKernel, batch: int, device: torch.device) -> Captured:
         """Capture and check the fast step, then agree with every rank: the check where all succeeded, else
         None, with this rank's own error (None where only another rank's failed).
 
@@ -441,8 +439,8 @@ class Trainer:
             error = exc
         if self._any_rank(device, error is not None):
             fast.graphs = None
-            return error, None
-        return None, check
+            return Captured(error, None)
+        return Captured(None, check)
 
     def _warmed_flat(
         self, fast: FastStep, choice: PathChoice, batch: tuple[torch.Tensor, torch.Tensor]

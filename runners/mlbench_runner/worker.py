@@ -27,11 +27,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import NamedTuple
+
+from mlbench_runner import stopping
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: Where cgroup v2 and v1 keep the memory controller's OOM-kill counter (the container's own cgroup).
@@ -40,8 +41,6 @@ OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memor
 MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 POLL_SECONDS = 0.5
 EXIT_OOM = 137  # 128 + SIGKILL: what a shell reports for an OOM-killed process
-#: The signals a worker passes on to sshd and the ranks: the kubelet's stop, and a Ctrl-C outside a pod.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How long a stopped worker waits for the processes below it (the pod's grace period is 30 s by default).
 STOP_WAIT_SECONDS = 20.0
 PROC = Path("/proc")
@@ -214,17 +213,6 @@ class Stop:
             child.wait()
 
 
-@contextlib.contextmanager
-def _handlers(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """``handler`` for the stop signals during the block, the previous ones after it."""
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def supervise(
     argv: Sequence[str],
     *,
@@ -238,7 +226,8 @@ def supervise(
     (128 + the signal, after the ranks' graceful stop and then sshd's: :class:`Stop`)."""
     baseline = read_oom_kills(counters) or 0
     stop = Stop()
-    with _handlers(lambda signum, _frame: stop.take(signum)):  # before the child: PID 1 ignores unhandled signals
+    # before the child exists: PID 1 ignores unhandled signals; the kubelet's stop, or a Ctrl-C outside a pod
+    with stopping.handlers(stopping.STOP_SIGNALS, lambda signum, _frame: stop.take(signum)):
         child = subprocess.Popen(list(argv))
         while True:
             try:
