@@ -100,7 +100,7 @@ e2e-images: ## build the images the e2e tests load (cached by their inputs; need
 	else echo "e2e-images: skipped (needs root and podman or docker); the e2e tests will skip"; fi
 
 .PHONY: e2e
-e2e: install k8s-bins e2e-images ## end to end on the test cluster's real node: images, operator Deployment, runs in real pods
+e2e: install k8s-bins e2e-images ## end to end on the test cluster's real nodes: images, operator Deployment, runs in real pods
 	$(PYTHON) -m pytest -m e2e tests/e2e tests/images $(PYTEST_ARGS)
 
 .PHONY: test-fast
@@ -121,7 +121,7 @@ images: ## build the operator and runner images (docker or podman; cached by a h
 	hack/images.sh build
 
 .PHONY: images-load
-images-load: ## import both images into the test node's containerd (MLBENCH_CONTAINERD_ADDRESS, from python -m tests.cluster env)
+images-load: ## import both images into every test node's containerd (MLBENCH_CONTAINERD_ADDRESSES, from python -m tests.cluster env)
 	hack/images.sh load
 
 .PHONY: clean

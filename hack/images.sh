@@ -7,8 +7,9 @@
 #
 #   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
 #               image already carries the label io.mlbench.inputs=<hash of its inputs>
-#   load        import both images into the containerd at $MLBENCH_CONTAINERD_ADDRESS
-#               (namespace k8s.io), skipped per image when it already holds that image id; then prune
+#   load        import both images into every node's containerd, $MLBENCH_CONTAINERD_ADDRESSES (space-separated;
+#               else $MLBENCH_CONTAINERD_ADDRESS) in namespace k8s.io, skipped per image and node when it already
+#               holds that image id; then prune
 #   prune       remove the image-id refs ("sha256:...") no named image points to any more there: what
 #               the CRI kept of images a load replaced (each old runner ~6 GB of the node's disk)
 #   base        only the local Debian base image (mmdebstrap + import)
@@ -283,7 +284,9 @@ cmd_build() {
 }
 
 # ------------------------------------------------------------------- load
-ctr_() { ctr --address "$MLBENCH_CONTAINERD_ADDRESS" --namespace k8s.io "$@"; }
+# The node's containerd that load and prune work on now (each of MLBENCH_CONTAINERD_ADDRESSES in turn).
+CTR_ADDRESS=""
+ctr_() { ctr --address "$CTR_ADDRESS" --namespace k8s.io "$@"; }
 
 # The builder's image id (its config digest), recorded as a containerd label at import: the
 # same id means the same image, so a warm load is a no-op.
@@ -297,10 +300,10 @@ load_image() {
   id=$(image_id "$image" || true)
   [ -n "$id" ] || die "${image} is not built (run make images)"
   if [ "$(loaded_id "$image")" = "$id" ]; then
-    log "load: cached ${image} (id ${id:0:12}) in ${MLBENCH_CONTAINERD_ADDRESS}"
+    log "load: cached ${image} (id ${id:0:12}) in ${CTR_ADDRESS}"
     return
   fi
-  log "load: importing ${image} (id ${id:0:12}, $(image_size "$image"))"
+  log "load: importing ${image} (id ${id:0:12}, $(image_size "$image")) into ${CTR_ADDRESS}"
   local -a save=("$(builder)" save "$image")
   [ "$(builder)" = podman ] && save=(podman save --format docker-archive "$image")
   # shellcheck disable=SC2317
@@ -323,17 +326,31 @@ prune_stale() {
   done <<<"$listing"
 }
 
-need_address() {
-  [ -n "${MLBENCH_CONTAINERD_ADDRESS:-}" ] ||
-    die "MLBENCH_CONTAINERD_ADDRESS is not set (eval \"\$(python -m tests.cluster env)\" with the real node up)"
-  [ -S "$MLBENCH_CONTAINERD_ADDRESS" ] || die "MLBENCH_CONTAINERD_ADDRESS=${MLBENCH_CONTAINERD_ADDRESS}: no socket there"
+# Every node's containerd: MLBENCH_CONTAINERD_ADDRESSES (space-separated), else MLBENCH_CONTAINERD_ADDRESS.
+addresses() {
+  local list=${MLBENCH_CONTAINERD_ADDRESSES:-${MLBENCH_CONTAINERD_ADDRESS:-}} addr
+  [ -n "$list" ] ||
+    die "MLBENCH_CONTAINERD_ADDRESSES is not set (eval \"\$(python -m tests.cluster env)\" with the real nodes up)"
+  for addr in $list; do
+    [ -S "$addr" ] || die "containerd address ${addr}: no socket there"
+    echo "$addr"
+  done
 }
 
 cmd_load() {
-  need_address
-  load_image "$OPERATOR_IMAGE"
-  load_image "$RUNNER_IMAGE"
-  prune_stale
+  local list
+  list=$(addresses)
+  for CTR_ADDRESS in $list; do
+    load_image "$OPERATOR_IMAGE"
+    load_image "$RUNNER_IMAGE"
+    prune_stale
+  done
+}
+
+cmd_prune() {
+  local list
+  list=$(addresses)
+  for CTR_ADDRESS in $list; do prune_stale; done
 }
 
 # Flags (what tests/e2e passes) and commands.
@@ -354,11 +371,12 @@ case "${cmd:-build}" in
   build)
     cmd_build
     if [ "$load_after" = 1 ]; then
-      if [ -n "${MLBENCH_CONTAINERD_ADDRESS:-}" ]; then cmd_load; else log "load: skipped (MLBENCH_CONTAINERD_ADDRESS not set)"; fi
+      if [ -n "${MLBENCH_CONTAINERD_ADDRESSES:-${MLBENCH_CONTAINERD_ADDRESS:-}}" ]; then cmd_load
+      else log "load: skipped (MLBENCH_CONTAINERD_ADDRESSES not set)"; fi
     fi
     ;;
   load) cmd_load ;;
-  prune) need_address && prune_stale ;;
+  prune) cmd_prune ;;
   base) ensure_base >/dev/null ;;
   wheelhouse) ensure_wheelhouse ;;
   tags) printf '%s\n' "$OPERATOR_IMAGE" "$RUNNER_IMAGE" ;;

@@ -26,7 +26,7 @@ cluster-env: $(PYTHON)
 cluster-status: $(PYTHON)
 	$(PYTHON) -m tests.cluster status
 
-## cluster-import-image: ARCHIVE=img.tar: side-load a docker-archive/OCI tar into the real node's containerd
+## cluster-import-image: ARCHIVE=img.tar: side-load a docker-archive/OCI tar into every real node's containerd
 cluster-import-image: $(PYTHON)
 	@test -n "$(ARCHIVE)" || { echo "usage: make cluster-import-image ARCHIVE=path/to/image.tar" >&2; exit 2; }
 	$(PYTHON) -m tests.cluster import-image $(ARCHIVE)
@@ -35,6 +35,6 @@ cluster-import-image: $(PYTHON)
 test-cluster: k8s-bins $(PYTHON)
 	$(PYTHON) -m pytest tests/cluster tests/test_crds_server.py -m cluster
 
-## test-realnode: the real node's tests only (pods in containerd, DNS, Services, OOM, volumes)
+## test-realnode: the real nodes' tests only (pods in containerd, DNS and Services across nodes, OOM, volumes)
 test-realnode: k8s-bins $(PYTHON)
 	$(PYTHON) -m pytest tests/cluster/test_node.py

@@ -57,8 +57,8 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 #: components that are not a binary named like themselves: a marker in their argv
 ARGV_MARKERS = {"pv-reclaimer": "tests.cluster.pvreclaim"}
 #: bump when the certificates change (new SANs, new identities): the PKI is remade
-PKI_VERSION = "2-realnode"
-#: who runs this machine's real node (there is one bridge and one 10.213.0.1)
+PKI_VERSION = "3-multinode"
+#: who runs this machine's real nodes (there is one bridge and one 10.213.0.1)
 REAL_NODE_OWNER = Path("/run/mlbench-real-node.owner")
 
 
@@ -233,11 +233,26 @@ class LocalCluster:
     def state_file(self) -> Path:
         return self.root / "state.json"
 
+    def node_paths(self, node: rn.NodeSpec) -> rn.NodePaths:
+        """A real node's dirs: state here, containerd's image store in the cache
+        (a 6 GB runner image is imported once per node and survives ``down``)."""
+        return rn.NodePaths(
+            node, self.root / "nodes" / node.name, cache_root() / "node-containerd-1.6" / "roots" / node.name
+        )
+
     @property
-    def node_paths(self) -> rn.NodePaths:
-        """The real node's dirs: state here, containerd's image store in the cache
-        (a 6 GB runner image is imported once and survives ``down``)."""
-        return rn.NodePaths(self.root / "node", cache_root() / "node-containerd-1.6" / "root")
+    def pv_dir(self) -> Path:
+        """Every real node's local PV directories (one filesystem: the nodes share this machine)."""
+        return self.root / "pv"
+
+    def real_node_specs(self) -> list[rn.NodeSpec]:
+        """The running cluster's real nodes (none when it runs without them)."""
+        node = self.state().get("real_node") or {}
+        return rn.node_specs(len(node.get("names", [])))
+
+    def _node_components(self, nodes: Sequence[rn.NodeSpec]) -> tuple[str, ...]:
+        agents = tuple(node.component(agent) for node in nodes for agent in rn.NODE_AGENTS)
+        return (*agents, *rn.HOST_COMPONENTS) if nodes else ()
 
     @property
     def etcd_data(self) -> Path:
@@ -281,7 +296,7 @@ class LocalCluster:
             self._stop_all()
 
     def status(self) -> dict[str, bool]:
-        names = COMPONENTS + (rn.NODE_COMPONENTS if self.real_node() else ())
+        names = COMPONENTS + self._node_components(self.real_node_specs())
         return {c: self._pid_alive(c) is not None for c in names}
 
     def is_up(self) -> bool:
@@ -296,30 +311,39 @@ class LocalCluster:
             return {}
 
     def real_node(self) -> rn.RealNodeInfo | None:
-        """The running cluster's real node, or None (see ``real_node_reason``)."""
+        """The running cluster's real nodes, or None (see ``real_node_reason``)."""
         node = self.state().get("real_node")
         if not node:
             return None
-        return rn.RealNodeInfo(name=node["name"], containerd_address=node["containerd_address"], ip=node["ip"])
+        return rn.RealNodeInfo(
+            name=node["name"],
+            containerd_address=node["containerd_address"],
+            ip=node["ip"],
+            names=tuple(node["names"]),
+            containerd_addresses=tuple(node["containerd_addresses"]),
+        )
 
     def real_node_reason(self) -> str:
         """Why the running cluster has no real node ("" when it has one)."""
         return str(self.state().get("real_node_reason", "cluster is not running"))
 
     def import_image(self, archive: Path) -> list[str]:
-        """Import a docker-archive/OCI tar into the real node's containerd (kept
+        """Import a docker-archive/OCI tar into every real node's containerd (kept
         across ``down``/``up``); returns the image names imported."""
         node = self.real_node()
-        if node is None or node.containerd_address is None:
+        if node is None or not node.containerd_addresses:
             raise RuntimeError(f"no real node to import {archive} into: {self.real_node_reason()}")
-        return rn.import_image(Path(node.containerd_address), archive)
+        names: list[str] = []
+        for address in node.containerd_addresses:
+            names = rn.import_image(Path(address), archive)
+        return names
 
     # ------------------------------------------------------------- internals
     def _running_and_healthy(self) -> bool:
         if not self.state_file.exists() or not self.kubeconfig.exists():
             return False
         state = self.state()
-        names = COMPONENTS + (rn.NODE_COMPONENTS if state.get("real_node") else ())
+        names = COMPONENTS + self._node_components(self.real_node_specs())
         if not all(self._pid_alive(c) for c in names):
             return False
         return "server" in state and self._get_ok(f"{state['server']}/readyz")
@@ -339,10 +363,11 @@ class LocalCluster:
         except (OSError, ValueError):
             return None
         marker = ARGV_MARKERS.get(component)
+        binary = component.split("@", maxsplit=1)[0]  # a node's agent: "kubelet@mlbench-node-1"
         if marker is not None:
             if marker.encode() not in cmdline:
                 return None
-        elif not cmdline or not cmdline[0].endswith(component.encode()):
+        elif not cmdline or not cmdline[0].endswith(binary.encode()):
             return None
         if str(self.root).encode() not in b" ".join(cmdline):
             return None
@@ -360,15 +385,26 @@ class LocalCluster:
             self._terminate(pid, grace)
         (self.pids / f"{component}.pid").unlink(missing_ok=True)
 
+    def _nodes_left_behind(self) -> list[rn.NodeSpec]:
+        """Every real node this cluster dir may have started: those of its state, of its
+        node dirs, and any whose namespace is still there (after a crash)."""
+        dirs = {p.name for p in (self.root / "nodes").glob("mlbench-node-*")}
+        specs = rn.node_specs(rn.MAX_NODE_COUNT)
+        return [n for n in specs if n.name in dirs or rn.netns_exists(n.netns)] or self.real_node_specs()
+
     def _stop_all(self) -> None:
-        node_was_here = self._owns_real_node() or (self.node_paths.root.exists() and os.geteuid() == 0)
-        # the node first: its agents, then every container, then containerd
-        for component in ("pv-reclaimer", "kubelet", "kube-proxy", "coredns"):
+        nodes = self._nodes_left_behind()
+        node_was_here = self._owns_real_node() or (bool(nodes) and os.geteuid() == 0)
+        # the nodes first: the host's agents, then each node's kubelet and kube-proxy, every container, containerd
+        for component in reversed(rn.HOST_COMPONENTS):
             self._stop_component(component, grace=5.0)
-        if self._pid_alive("containerd") is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError, FileNotFoundError):
-                rn.remove_all_containers(self.node_paths.containerd_socket, timeout=20)
-        self._stop_component("containerd", grace=5.0)
+        for node in nodes:
+            for agent in ("kubelet", "kube-proxy"):
+                self._stop_component(node.component(agent), grace=5.0)
+            if self._pid_alive(node.component("containerd")) is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError, FileNotFoundError):
+                    rn.remove_all_containers(self.node_paths(node).containerd_socket, timeout=20)
+            self._stop_component(node.component("containerd"), grace=5.0)
         for component in reversed(COMPONENTS):
             self._stop_component(component, grace=10.0)
         for proc in self._procs.values():
@@ -376,22 +412,17 @@ class LocalCluster:
                 proc.poll()
         self._procs.clear()
         if node_was_here and rn.real_node_blocker({}) is None and self._may_touch_real_node():
-            left = rn.host_cleanup(self.node_paths, self._bins_if_built())
+            all_paths = [self.node_paths(node) for node in nodes]
+            left = rn.host_cleanup(all_paths)
             if left:
                 print(f"warning: could not unmount {left}", file=sys.stderr)
-            for d in ("containerd/state", "kubelet/pods", "kubelet/plugins", "containerd/opt"):
-                subprocess.run(["rm", "-rf", "--one-file-system", str(self.node_paths.root / d)], check=False)
+            for paths in all_paths:
+                for d in ("containerd/state", "kubelet/pods", "kubelet/plugins", "containerd/opt"):
+                    subprocess.run(["rm", "-rf", "--one-file-system", str(paths.root / d)], check=False)
             if self._owns_real_node():
                 REAL_NODE_OWNER.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(self.etcd_data)], check=False)
         self.state_file.unlink(missing_ok=True)
-
-    def _bins_if_built(self) -> Path | None:
-        try:
-            path = bin_dir()
-        except (subprocess.CalledProcessError, OSError):
-            return None
-        return path if path.is_dir() else None
 
     def _owns_real_node(self) -> bool:
         try:
@@ -408,7 +439,8 @@ class LocalCluster:
         if owner == str(self.root.resolve()):
             return True
         other = LocalCluster(root=Path(owner))
-        return not any(other._pid_alive(c) for c in ("containerd", "kubelet"))
+        agents = [n.component(a) for n in rn.node_specs(rn.MAX_NODE_COUNT) for a in ("containerd", "kubelet")]
+        return not any(other._pid_alive(c) for c in agents)
 
     @staticmethod
     def _terminate(pid: int, grace: float = 10.0) -> None:
@@ -474,11 +506,14 @@ class LocalCluster:
         self._ensure_pki()
         no_node_reason = self._real_node_plan()
         with_node = no_node_reason is None
+        nodes = rn.node_specs(rn.node_count()) if with_node else []
         if with_node:
             REAL_NODE_OWNER.write_text(f"{self.root.resolve()}\n")
             rn.bridge_up()
             rn.isolation_up()
-            self._start_containerd()
+            for node in nodes:
+                rn.node_network_up(node, nodes)
+                self._start_containerd(node)
         else:
             print(f"local cluster: no real node ({no_node_reason}); kwok nodes only", file=sys.stderr)
         api_host = rn.BRIDGE_IP if with_node else HOST
@@ -616,11 +651,14 @@ class LocalCluster:
         self._wait(lambda: self._get_ok(sched), deadline, "kube-scheduler")
         self._create_nodes(bins)
         if with_node:
-            state.update(self._start_node(bins, api, deadline))
+            state.update(self._start_nodes(bins, api, nodes, deadline))
+            sockets = [str(self.node_paths(node).containerd_socket) for node in nodes]
             state["real_node"] = {
-                "name": rn.NODE_NAME,
-                "containerd_address": str(self.node_paths.containerd_socket),
-                "ip": rn.BRIDGE_IP,
+                "name": nodes[0].name,
+                "containerd_address": sockets[0],
+                "ip": nodes[0].ip,
+                "names": [node.name for node in nodes],
+                "containerd_addresses": sockets,
             }
         self._wait(lambda: self._nodes_ready(bins), deadline, "kwok nodes Ready and untainted")
         self._wait(
@@ -632,10 +670,10 @@ class LocalCluster:
         self.state_file.write_text(json.dumps(state, indent=2))
 
     # ------------------------------------------------------------ real node
-    def _start_containerd(self) -> None:
-        """containerd first (it needs no apiserver): write the node's configs and
-        start it while the control plane comes up."""
-        paths = self.node_paths
+    def _start_containerd(self, node: rn.NodeSpec) -> None:
+        """A node's containerd first (it needs no apiserver): write the node's configs and
+        start it in the node's namespace while the control plane comes up."""
+        paths = self.node_paths(node)
         for d in paths.all_dirs():
             d.mkdir(parents=True, exist_ok=True)
         paths.containerd_config.write_text(rn.containerd_config(paths))
@@ -644,54 +682,32 @@ class LocalCluster:
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         # image pulls go to a proxy that is not there: only imported images exist
         env.update(HTTP_PROXY=rn.NO_EGRESS_PROXY, HTTPS_PROXY=rn.NO_EGRESS_PROXY, NO_PROXY="")
-        self._spawn("containerd", ["containerd", "--config", str(paths.containerd_config)], env=env)
+        self._spawn(node.component("containerd"), rn.containerd_args(paths), env=env)
 
-    def _start_node(self, bins: Path, api: str, deadline: float) -> dict[str, Any]:
-        """Images, RBAC, storage, then CoreDNS, kube-proxy, kubelet, pv-reclaimer;
-        wait for the node Ready and DNS serving.  Returns timings for state.json."""
+    def _start_nodes(self, bins: Path, api: str, nodes: Sequence[rn.NodeSpec], deadline: float) -> dict[str, Any]:
+        """Images, RBAC, storage, CoreDNS and the pv-reclaimer for all, then each node's
+        kube-proxy and kubelet; wait for every node Ready and DNS serving.  Returns ports
+        and timings for state.json."""
         t0 = time.monotonic()
-        paths = self.node_paths
-        sock = paths.containerd_socket
-        node_deadline = min(deadline, t0 + 90)
-        self._wait(
-            lambda: sock.exists() and rn.ctr(sock, "version", check=False, timeout=5).returncode == 0,
-            node_deadline,
-            f"containerd on {sock}",
-        )
-        images = rn.ensure_node_images(sock, paths.images_cache)
+        node_deadline = min(deadline, t0 + 90 + 30 * len(nodes))
+        images: dict[str, dict[str, float]] = {}
+        for node in nodes:
+            sock = self.node_paths(node).containerd_socket
+            self._wait(
+                lambda sock=sock: sock.exists() and rn.ctr(sock, "version", check=False, timeout=5).returncode == 0,
+                node_deadline,
+                f"containerd on {sock}",
+            )
+            images[node.name] = rn.ensure_node_images(sock, self.node_paths(node).images_cache)
         kc = self.root / "kubeconfigs"
         self._kubectl_apply(bins, rn.node_rbac())
-        rn.prepare_pv_dirs(paths.pv_dir)
-        self._kubectl_apply(bins, rn.storage_objects(paths.pv_dir))
-
-        ports = {
-            "kubelet_port": free_port(rn.BRIDGE_IP),
-            "kubelet_healthz_port": free_port(),
-            "kube_proxy_healthz_port": free_port(),
-            "kube_proxy_metrics_port": free_port(),
-            "coredns_ready_port": free_port(),
-        }
-        paths.corefile.write_text(rn.corefile(kc / "coredns.kubeconfig", ports["coredns_ready_port"]))
-        paths.kube_proxy_config.write_text(
-            yaml.safe_dump(
-                rn.kube_proxy_config(
-                    kc / "kube-proxy.kubeconfig", ports["kube_proxy_healthz_port"], ports["kube_proxy_metrics_port"]
-                )
-            )
-        )
-        paths.kubelet_config.write_text(
-            yaml.safe_dump(rn.kubelet_config(paths, self.pki, ports["kubelet_port"], ports["kubelet_healthz_port"]))
-        )
+        rn.prepare_pv_dirs(self.pv_dir, nodes)
+        self._kubectl_apply(bins, rn.storage_objects(self.pv_dir, nodes))
+        ports: dict[str, Any] = {"coredns_ready_port": free_port()}
+        corefile = self.root / "Corefile"
+        corefile.write_text(rn.corefile(kc / "coredns.kubeconfig", ports["coredns_ready_port"]))
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-        self._spawn("coredns", rn.coredns_args(bins, paths), env=env)
-        self._spawn(
-            "kube-proxy",
-            [str(bins / "kube-proxy"), f"--config={paths.kube_proxy_config}", "--v=1"],
-            env=env,
-        )
-        rn.ensure_cgroup_root()
-        t_kubelet = time.monotonic()
-        self._spawn("kubelet", rn.kubelet_args(bins, paths, kc / "kubelet.kubeconfig"), env=env)
+        self._spawn("coredns", rn.coredns_args(bins, corefile), env=env)
         self._spawn(
             "pv-reclaimer",
             [
@@ -700,16 +716,22 @@ class LocalCluster:
                 "tests.cluster.pvreclaim",
                 f"--kubectl={bins / 'kubectl'}",
                 f"--kubeconfig={self.kubeconfig}",
-                f"--pv-dir={paths.pv_dir}",
+                f"--pv-dir={self.pv_dir}",
             ],
             env={**env, "PYTHONPATH": str(HERE.parents[1])},
         )
-        self._wait(lambda: self._real_node_ready(bins), node_deadline, f"real node {rn.NODE_NAME} Ready")
+        t_kubelet = time.monotonic()
+        ports["nodes"] = {node.name: self._start_node_agents(bins, api, node, env) for node in nodes}
+        for node in nodes:
+            self._wait(
+                lambda node=node: self._real_node_ready(bins, node), node_deadline, f"real node {node.name} Ready"
+            )
         node_ready = time.monotonic() - t_kubelet
         ready_url = f"http://127.0.0.1:{ports['coredns_ready_port']}/ready"
         self._wait(lambda: self._get_ok(ready_url, tls=False), node_deadline, "CoreDNS ready")
-        kp = f"http://127.0.0.1:{ports['kube_proxy_healthz_port']}/healthz"
-        self._wait(lambda: self._get_ok(kp, tls=False), node_deadline, "kube-proxy healthy")
+        for node in nodes:
+            kp = f"http://{node.ip}:{ports['nodes'][node.name]['kube_proxy_healthz_port']}/healthz"
+            self._wait(lambda kp=kp: self._get_ok(kp, tls=False), node_deadline, f"kube-proxy of {node.name} healthy")
         return {
             **ports,
             "node_image_seconds": images,
@@ -717,17 +739,43 @@ class LocalCluster:
             "node_start_seconds": round(time.monotonic() - t0, 2),
         }
 
-    def _real_node_ready(self, bins: Path) -> bool:
+    def _start_node_agents(self, bins: Path, api: str, node: rn.NodeSpec, env: dict[str, str]) -> dict[str, int]:
+        """One node's kube-proxy and kubelet, in its namespace (ports on the node's address)."""
+        paths = self.node_paths(node)
+        self._ensure_node_pki(node)
+        kc = self.root / "kubeconfigs"
+        kubelet_kc = kc / f"kubelet-{node.name}.kubeconfig"
+        kubelet_kc.write_text(yaml.safe_dump(self._kubeconfig_doc(api, node.name, f"kubelet-{node.name}")))
+        kubelet_kc.chmod(0o600)
+        ports = {
+            "kubelet_port": free_port(),
+            "kubelet_healthz_port": free_port(),
+            "kube_proxy_healthz_port": free_port(),
+            "kube_proxy_metrics_port": free_port(),
+        }
+        proxy = rn.kube_proxy_config(
+            node, kc / "kube-proxy.kubeconfig", ports["kube_proxy_healthz_port"], ports["kube_proxy_metrics_port"]
+        )
+        paths.kube_proxy_config.write_text(yaml.safe_dump(proxy))
+        paths.kubelet_config.write_text(
+            yaml.safe_dump(rn.kubelet_config(paths, self.pki, ports["kubelet_port"], ports["kubelet_healthz_port"]))
+        )
+        self._spawn(node.component("kube-proxy"), rn.kube_proxy_args(bins, paths), env=env)
+        rn.ensure_cgroup_root(node.cgroup_root)
+        self._spawn(node.component("kubelet"), rn.kubelet_args(bins, paths, kubelet_kc), env=env)
+        return ports
+
+    def _real_node_ready(self, bins: Path, node: rn.NodeSpec) -> bool:
         res = subprocess.run(
-            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "node", rn.NODE_NAME, "-o", "json"],
+            [str(bins / "kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "node", node.name, "-o", "json"],
             capture_output=True,
             text=True,
             check=False,
         )
         if res.returncode != 0:
             return False
-        node = json.loads(res.stdout)
-        return rn.ready_condition(node) and rn.has_real_node_taint(node)
+        doc = json.loads(res.stdout)
+        return rn.ready_condition(doc) and rn.has_real_node_taint(doc)
 
     def _kubectl_apply(self, bins: Path, docs: list[dict[str, Any]]) -> None:
         body = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
@@ -874,43 +922,40 @@ class LocalCluster:
             # kwok plays every kubelet (node status, leases, pod status and
             # deletion): simplest truthful identity is a cluster admin.
             "kwok": ("/O=system:masters/CN=kwok-controller", "clientAuth", None),
-            # the real node: kubelet (Node authorizer identity), its serving cert on
-            # the bridge address, kube-proxy (default binding system:node-proxier),
-            # CoreDNS (mlbench:coredns role) and the apiserver's kubelet client
-            "kubelet": (f"/O=system:nodes/CN=system:node:{rn.NODE_NAME}", "clientAuth", None),
-            "kubelet-serving": (f"/CN={rn.NODE_NAME}", "serverAuth", f"IP:{rn.BRIDGE_IP},DNS:{rn.NODE_NAME}"),
+            # the real nodes (their kubelets' certs: _ensure_node_pki): kube-proxy (default binding
+            # system:node-proxier), CoreDNS (mlbench:coredns role) and the apiserver's kubelet client
             "kube-proxy": ("/CN=system:kube-proxy", "clientAuth", None),
             "coredns": ("/CN=mlbench:coredns", "clientAuth", None),
             "apiserver-kubelet-client": ("/CN=kube-apiserver-kubelet-client", "clientAuth", None),
         }
         for name, (subj, eku, san) in certs.items():
-            _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki)
-            ext = [f"extendedKeyUsage={eku}", "keyUsage=critical,digitalSignature,keyEncipherment"]
-            if san:
-                ext.append(f"subjectAltName={san}")
-            (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
-            _openssl(
-                "x509",
-                "-req",
-                "-in",
-                f"{name}.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                f"{name}.crt",
-                "-days",
-                "3650",
-                "-sha256",
-                "-extfile",
-                f"{name}.ext",
-                cwd=pki,
-            )
+            self._issue(name, subj, eku, san)
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
         _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
         marker.write_text(f"{PKI_VERSION}\n")
+
+    def _ensure_node_pki(self, node: rn.NodeSpec) -> None:
+        """A real node's kubelet certificates (once per cluster dir): its client identity for the
+        Node authorizer and its serving certificate on the node's address."""
+        if (self.pki / f"kubelet-serving-{node.name}.crt").exists():
+            return
+        self._issue(f"kubelet-{node.name}", f"/O=system:nodes/CN=system:node:{node.name}", "clientAuth", None)
+        self._issue(f"kubelet-serving-{node.name}", f"/CN={node.name}", "serverAuth", f"IP:{node.ip},DNS:{node.name}")
+
+    def _issue(self, name: str, subj: str, eku: str, san: str | None) -> None:
+        """A key and a certificate signed by the cluster CA."""
+        pki = self.pki
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki)
+        ext = [f"extendedKeyUsage={eku}", "keyUsage=critical,digitalSignature,keyEncipherment"]
+        if san:
+            ext.append(f"subjectAltName={san}")
+        (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
+        _openssl(
+            *("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"),
+            *("-out", f"{name}.crt", "-days", "3650", "-sha256", "-extfile", f"{name}.ext"),
+            cwd=pki,
+        )
 
     def _kubeconfig_doc(self, server: str, user: str, cert: str) -> dict[str, Any]:
         pki = self.pki
@@ -942,7 +987,7 @@ class LocalCluster:
     def _write_kubeconfigs(self, server: str) -> None:
         kc = self.root / "kubeconfigs"
         kc.mkdir(parents=True, exist_ok=True)
-        for cert in ("controller-manager", "scheduler", "kwok", "kubelet", "kube-proxy", "coredns"):
+        for cert in ("controller-manager", "scheduler", "kwok", "kube-proxy", "coredns"):
             path = kc / f"{cert}.kubeconfig"
             path.write_text(yaml.safe_dump(self._kubeconfig_doc(server, cert, cert)))
             path.chmod(0o600)
@@ -969,7 +1014,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = cluster.up()
         verb = "started" if started else "already running"
         node = cluster.real_node()
-        where = f"real node {node.name} + kwok nodes" if node else f"kwok nodes only ({cluster.real_node_reason()})"
+        where = (
+            f"real nodes {', '.join(node.names)} + kwok nodes"
+            if node
+            else f"kwok nodes only ({cluster.real_node_reason()})"
+        )
         print(f"cluster {verb} in {time.monotonic() - t0:.1f}s, {where}; kubeconfig:", file=sys.stderr)
         print(cluster.kubeconfig)
     elif args.command == "down":
@@ -983,6 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         node = cluster.real_node()
         if node is not None and node.containerd_address:
             print(f"export MLBENCH_CONTAINERD_ADDRESS={node.containerd_address}")
+            print(f"export MLBENCH_CONTAINERD_ADDRESSES='{' '.join(node.containerd_addresses)}'")
         else:
             print(f"# no real node: {cluster.real_node_reason()}")
     elif args.command == "status":

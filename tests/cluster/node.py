@@ -1,15 +1,28 @@
-"""The test cluster's one REAL node: containerd + runc + CNI bridge + kubelet +
-kube-proxy + CoreDNS on this machine, next to the kwok fake nodes.
+"""The test cluster's REAL nodes: on this machine, each node is a network namespace
+with its own containerd + runc + CNI bridge + kubelet + kube-proxy, next to the kwok
+fake nodes.
 
 Why: the operator's pods must really run somewhere (ssh between workers, mpirun,
-DNS names of a headless Service, datasets on a volume, OOM kills), and kwok only
-simulates pod status.  Everything stays on this machine: pods live on the bridge
-``mlbench0`` (10.213.0.0/24, no masquerading, forwarding off the bridge dropped),
-and the kube-apiserver, kubelet and CoreDNS listen on the bridge address only.
+DNS names of a headless Service, datasets on a volume, OOM kills), and a distributed
+benchmark must cross nodes.  Topology (every address made here, nothing leaves the
+machine):
+
+- the host bridge ``mlbench0`` (10.213.0.1/24) is the nodes' network: the
+  kube-apiserver and CoreDNS listen on 10.213.0.1 only; forwarding between it and any
+  other interface is dropped (``MLBENCH-ISOLATION``);
+- node ``i`` is the network namespace ``mlbench-node-<i>``, joined to ``mlbench0`` by
+  a veth (``eth0`` = 10.213.0.<11+i> inside); its pods live on its own bridge ``cni0``
+  with the pod CIDR 10.213.<1+i>.0/24; pod networks reach each other by plain routes
+  (each node's namespace and the host route a pod CIDR via its node's address: no
+  masquerade, no overlay), as a host-gw cluster does;
+- its containerd, kubelet and kube-proxy run inside that namespace (``nsenter
+  --net``, the host's mount namespace: the kubelet's volumes are containerd's), so
+  kube-proxy's and the kubelet's iptables rules are the node's own and never touch the
+  host's tables; each node has its own cgroup root ``/mlbench-node-<i>``.
 
 This module holds the pure config builders (unit-tested without root) and the host
-operations (bridge, iptables, cleanup of containers, mounts, netns, cgroups);
-``LocalCluster`` in cluster.py runs the processes.
+operations (namespaces, bridge, routes, iptables guard, cleanup of containers, mounts,
+netns, cgroups); ``LocalCluster`` in cluster.py runs the processes.
 """
 
 from __future__ import annotations
@@ -17,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -29,24 +41,37 @@ from typing import Any
 
 from tests.cluster.images import BUSYBOX_IMAGE, PAUSE_IMAGE, build_archive, ctr_bin
 
-NODE_NAME = "mlbench-node-0"
+#: the host's side of the nodes' network: the apiserver, CoreDNS and every node's gateway
 BRIDGE = "mlbench0"
 BRIDGE_IP = "10.213.0.1"
-POD_CIDR = "10.213.0.0/24"
+NODE_NETWORK = "10.213.0.0/24"
+#: every address of the cluster's real side: the nodes' network and every pod CIDR
+CLUSTER_CIDR = "10.213.0.0/16"
+#: the bridge of a node's pods, inside the node's namespace
+POD_BRIDGE = "cni0"
 CLUSTER_DOMAIN = "cluster.local"
 REAL_NODE_KEY = "mlbench.io/real-node"
 REAL_NODE_LABELS = {REAL_NODE_KEY: "true"}
 REAL_NODE_TAINT = {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}
-#: what a pod needs to land on the real node
+#: what a pod needs to land on a real node
 REAL_NODE_TOLERATIONS = [{"key": REAL_NODE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
-CGROUP_ROOT = "/mlbench-node-0"
 ISOLATION_CHAIN = "MLBENCH-ISOLATION"
 STORAGE_CLASS = "standard"
+#: ReadWriteMany volumes every real node mounts (the nodes share this machine's disk, as NFS would share one)
+SHARED_STORAGE_CLASS = "shared"
+SHARED_PV_COUNT = 4
 LOCAL_PV_LABEL = "mlbench.io/local-pv"
+#: local PVs per node
 LOCAL_PV_COUNT = 6
 LOCAL_PV_SIZE = "10Gi"
-#: the processes of the node, in start order (stopped in reverse)
-NODE_COMPONENTS = ("containerd", "coredns", "kube-proxy", "kubelet", "pv-reclaimer")
+#: real nodes by default: two (a run crosses nodes) on a 2-core, 24 GiB machine; each node imports the
+#: ~6 GB runner image into its own containerd, so a third costs disk and ~1 min of `up` per image change
+DEFAULT_NODE_COUNT = 2
+MAX_NODE_COUNT = 4
+#: the agents of one node, in start order (stopped in reverse)
+NODE_AGENTS = ("containerd", "kube-proxy", "kubelet")
+#: the host's processes serving every node
+HOST_COMPONENTS = ("coredns", "pv-reclaimer")
 #: containerd sends image pulls through this proxy: nothing listens there, so a pull of
 #: an image that was not imported fails at once instead of reaching for the internet
 NO_EGRESS_PROXY = "http://127.0.0.1:9"
@@ -57,32 +82,106 @@ REQUIRED_TOOLS = {
     "iptables": "iptables",
     "ip": "iproute2",
     "mount": "mount",
+    "nsenter": "util-linux",
 }
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 
 @dataclass(frozen=True)
-class RealNodeInfo:
-    """What tests need to put pods on a real node and side-load images into it.
+class NodeSpec:
+    """One real node: its names and addresses follow from its index."""
 
-    On the local cluster: ``mlbench-node-0`` with its taint/label and its containerd
-    socket.  On another real cluster (``MLBENCH_TEST_KUBECONFIG``): no name, no
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"mlbench-node-{self.index}"
+
+    @property
+    def netns(self) -> str:
+        """The node's network namespace (``/run/netns/<name>``)."""
+        return self.name
+
+    @property
+    def ip(self) -> str:
+        """The node's address on the nodes' network (its kubelet, NodePorts, InternalIP)."""
+        return f"10.213.0.{11 + self.index}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.213.{1 + self.index}.0/24"
+
+    @property
+    def pod_gateway(self) -> str:
+        return f"10.213.{1 + self.index}.1"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.name}"
+
+    @property
+    def host_veth(self) -> str:
+        """The host's end of the node's link (the node's end is its ``eth0``)."""
+        return f"mlbn{self.index}"
+
+    def component(self, agent: str) -> str:
+        """The process name of one of the node's agents (pid and log files)."""
+        return f"{agent}@{self.name}"
+
+    def in_netns(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the node's network namespace (the host's mount namespace)."""
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+
+def node_specs(count: int) -> list[NodeSpec]:
+    return [NodeSpec(i) for i in range(count)]
+
+
+#: the first real node (tests that need one node's name)
+NODE_NAME = NodeSpec(0).name
+
+
+def node_count(env: dict[str, str] | None = None) -> int:
+    """``MLBENCH_REAL_NODES`` (1 to MAX_NODE_COUNT), default DEFAULT_NODE_COUNT."""
+    env = dict(os.environ) if env is None else env
+    raw = env.get("MLBENCH_REAL_NODES", "").strip()
+    if not raw:
+        return DEFAULT_NODE_COUNT
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_NODE_COUNT:
+        raise ValueError(f"MLBENCH_REAL_NODES={raw!r}: expected a whole number from 1 to {MAX_NODE_COUNT}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class RealNodeInfo:
+    """What tests need to put pods on the real nodes and side-load images into them.
+
+    On the local cluster: ``mlbench-node-0..`` with their taint/label and their containerd
+    sockets.  On another real cluster (``MLBENCH_TEST_KUBECONFIG``): the nodes it has, no
     scheduling constraints, containerd only if ``MLBENCH_CONTAINERD_ADDRESS`` says so.
+    ``name``, ``containerd_address`` and ``ip`` are the first node's.
     """
 
     name: str | None
     containerd_address: str | None
     node_selector: dict[str, str] = field(default_factory=lambda: dict(REAL_NODE_LABELS))
     tolerations: list[dict[str, str]] = field(default_factory=lambda: [dict(t) for t in REAL_NODE_TOLERATIONS])
-    ip: str | None = BRIDGE_IP
+    ip: str | None = NodeSpec(0).ip
+    #: every real node's name (one entry per node; empty where they are not known)
+    names: tuple[str, ...] = ()
+    #: every real node's containerd socket (images are imported into each)
+    containerd_addresses: tuple[str, ...] = ()
 
-    def scheduling(self) -> dict[str, Any]:
-        """Pod-spec fields (``nodeSelector`` + ``tolerations``) that place a pod here
-        (empty on a cluster where every node is real)."""
+    def scheduling(self, node: str | None = None) -> dict[str, Any]:
+        """Pod-spec fields (``nodeSelector`` + ``tolerations``) that place a pod on a real
+        node, or on the one named ``node`` (empty on a cluster where every node is real)."""
         out: dict[str, Any] = {}
-        if self.node_selector:
-            out["nodeSelector"] = dict(self.node_selector)
+        selector = dict(self.node_selector)
+        if node is not None:
+            selector["kubernetes.io/hostname"] = node
+        if selector:
+            out["nodeSelector"] = selector
         if self.tolerations:
             out["tolerations"] = [dict(t) for t in self.tolerations]
         return out
@@ -124,11 +223,12 @@ def real_node_required(env: dict[str, str] | None = None) -> bool:
 # ------------------------------------------------------------ config builders
 @dataclass(frozen=True)
 class NodePaths:
-    """Where the node keeps things: state under the cluster dir (wiped freely),
+    """Where a node keeps things: state under the cluster dir (wiped freely),
     containerd's root (images, snapshots) under the cache (survives ``down``)."""
 
-    root: Path  # <cluster dir>/node
-    containerd_root: Path
+    node: NodeSpec
+    root: Path  # <cluster dir>/nodes/<name>
+    containerd_root: Path  # <cache>/node-containerd-1.6/roots/<name>
 
     @property
     def containerd_dir(self) -> Path:
@@ -179,12 +279,9 @@ class NodePaths:
         return self.root / "resolv.conf"
 
     @property
-    def pv_dir(self) -> Path:
-        return self.root / "pv"
-
-    @property
     def images_cache(self) -> Path:
-        return self.containerd_root.parent / "images"
+        """The node images' archives, built once for every node."""
+        return self.containerd_root.parent.parent / "images"
 
     def all_dirs(self) -> list[Path]:
         return [
@@ -195,7 +292,6 @@ class NodePaths:
             self.cni_ipam_dir,
             self.kubelet_dir,
             self.pod_logs,
-            self.pv_dir,
         ]
 
 
@@ -249,22 +345,22 @@ disabled_plugins = {json.dumps(unused)}
 
 
 def cni_conflist(paths: NodePaths) -> dict[str, Any]:
-    """Bridge + host-local IPAM + portmap (containerd adds loopback itself).
-    ``ipMasq`` stays off: pod traffic never leaves this machine."""
+    """Bridge + host-local IPAM + portmap (containerd adds loopback itself), in the
+    node's namespace.  ``ipMasq`` stays off: pods reach other nodes' pods by routes."""
     return {
         "cniVersion": "1.0.0",
         "name": "mlbench",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": BRIDGE,
+                "bridge": POD_BRIDGE,
                 "isGateway": True,
                 "isDefaultGateway": True,
                 "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR, "gateway": BRIDGE_IP}]],
+                    "ranges": [[{"subnet": paths.node.pod_cidr, "gateway": paths.node.pod_gateway}]],
                     "dataDir": str(paths.cni_ipam_dir),
                 },
             },
@@ -276,17 +372,19 @@ def cni_conflist(paths: NodePaths) -> dict[str, Any]:
 def kubelet_config(paths: NodePaths, pki: Path, port: int, healthz_port: int) -> dict[str, Any]:
     """KubeletConfiguration: x509 + webhook authn/authz, cgroupfs on cgroup v1, our
     containerd, cluster DNS on the bridge, image GC off (imported images cannot be
-    pulled again), the real-node taint."""
+    pulled again), the real-node taint.  It listens on the node's address (the host reaches
+    it there; 127.0.0.1 inside the node's namespace is not the host's)."""
+    node = paths.node
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": BRIDGE_IP,
+        "address": node.ip,
         "port": port,
         "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
+        "healthzBindAddress": node.ip,
         "healthzPort": healthz_port,
-        "tlsCertFile": str(pki / "kubelet-serving.crt"),
-        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+        "tlsCertFile": str(pki / f"kubelet-serving-{node.name}.crt"),
+        "tlsPrivateKeyFile": str(pki / f"kubelet-serving-{node.name}.key"),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True, "cacheTTL": "30s"},
@@ -295,7 +393,7 @@ def kubelet_config(paths: NodePaths, pki: Path, port: int, healthz_port: int) ->
         "authorization": {"mode": "Webhook"},
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": CGROUP_ROOT,
+        "cgroupRoot": node.cgroup_root,
         "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
         "podLogsDir": str(paths.pod_logs),
         "clusterDNS": [BRIDGE_IP],
@@ -324,36 +422,39 @@ def kubelet_config(paths: NodePaths, pki: Path, port: int, healthz_port: int) ->
 
 
 def kubelet_args(bins: Path, paths: NodePaths, kubeconfig: Path) -> list[str]:
-    return [
-        str(bins / "kubelet"),
-        f"--config={paths.kubelet_config}",
-        f"--kubeconfig={kubeconfig}",
-        f"--root-dir={paths.kubelet_dir}",
-        f"--cert-dir={paths.root / 'kubelet-pki'}",
-        f"--hostname-override={NODE_NAME}",
-        f"--node-ip={BRIDGE_IP}",
-        # cAdvisor (the kubelet's /metrics/cadvisor) asks containerd which pod a cgroup belongs to; without
-        # our socket it labels nothing with namespace/pod/container and the dashboards' resource panels are empty
-        f"--containerd={paths.containerd_socket}",
-        "--node-labels=" + ",".join(f"{k}={v}" for k, v in REAL_NODE_LABELS.items()),
-        "--v=1",
-    ]
+    node = paths.node
+    return node.in_netns(
+        [
+            str(bins / "kubelet"),
+            f"--config={paths.kubelet_config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={paths.kubelet_dir}",
+            f"--cert-dir={paths.root / 'kubelet-pki'}",
+            f"--hostname-override={node.name}",
+            f"--node-ip={node.ip}",
+            # cAdvisor (the kubelet's /metrics/cadvisor) asks containerd which pod a cgroup belongs to; without
+            # our socket it labels nothing with namespace/pod/container and the dashboards' resource panels are empty
+            f"--containerd={paths.containerd_socket}",
+            "--node-labels=" + ",".join(f"{k}={v}" for k, v in REAL_NODE_LABELS.items()),
+            "--v=1",
+        ]
+    )
 
 
-def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict[str, Any]:
-    """iptables mode on the host; touches no global conntrack/route_localnet sysctls
-    and opens NodePorts on the bridge address only."""
+def kube_proxy_config(node: NodeSpec, kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict[str, Any]:
+    """iptables mode in the node's namespace (its rules are the node's own); touches no
+    conntrack/route_localnet sysctls and opens NodePorts on the node's address only."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "mode": "iptables",
-        "hostnameOverride": NODE_NAME,
-        "bindAddress": BRIDGE_IP,
-        "clusterCIDR": POD_CIDR,
-        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
-        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
-        "nodePortAddresses": [f"{BRIDGE_IP}/32"],
+        "hostnameOverride": node.name,
+        "bindAddress": node.ip,
+        "clusterCIDR": CLUSTER_CIDR,
+        "healthzBindAddress": f"{node.ip}:{healthz_port}",
+        "metricsBindAddress": f"{node.ip}:{metrics_port}",
+        "nodePortAddresses": [f"{node.ip}/32"],
         "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
         "conntrack": {
             "maxPerCore": 0,
@@ -383,8 +484,16 @@ def corefile(kubeconfig: Path, ready_port: int) -> str:
 """
 
 
-def coredns_args(bins: Path, paths: NodePaths) -> list[str]:
-    return [str(bins / "coredns"), "-conf", str(paths.corefile), "-pidfile", ""]
+def coredns_args(bins: Path, corefile_path: Path) -> list[str]:
+    return [str(bins / "coredns"), "-conf", str(corefile_path), "-pidfile", ""]
+
+
+def kube_proxy_args(bins: Path, paths: NodePaths) -> list[str]:
+    return paths.node.in_netns([str(bins / "kube-proxy"), f"--config={paths.kube_proxy_config}", "--v=1"])
+
+
+def containerd_args(paths: NodePaths) -> list[str]:
+    return paths.node.in_netns(["containerd", "--config", str(paths.containerd_config)])
 
 
 def node_rbac() -> list[dict[str, Any]]:
@@ -420,9 +529,9 @@ def node_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def storage_objects(pv_dir: Path, count: int = LOCAL_PV_COUNT) -> list[dict[str, Any]]:
+def storage_objects(pv_dir: Path, nodes: Sequence[NodeSpec], count: int = LOCAL_PV_COUNT) -> list[dict[str, Any]]:
     """Default StorageClass ``standard`` (no provisioner, WaitForFirstConsumer, as a
-    kind cluster has one) and ``count`` local PVs on the real node."""
+    kind cluster has one) and ``count`` local PVs on each real node."""
     sc = {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
@@ -434,17 +543,30 @@ def storage_objects(pv_dir: Path, count: int = LOCAL_PV_COUNT) -> list[dict[str,
         "volumeBindingMode": "WaitForFirstConsumer",
         "reclaimPolicy": "Retain",
     }
-    return [sc] + [local_pv(i, pv_dir / f"pv-{i}") for i in range(count)]
+    shared = {**sc, "metadata": {"name": SHARED_STORAGE_CLASS}}
+    return [
+        sc,
+        shared,
+        *(local_pv(node, i, pv_dir / pv_dir_name(node, i)) for node in nodes for i in range(count)),
+        *(shared_pv(i, pv_dir / f"shared-{i}") for i in range(SHARED_PV_COUNT)),
+    ]
 
 
-def local_pv(index: int, path: Path) -> dict[str, Any]:
-    """A ``local`` PV; Retain, and the cluster's pv-reclaimer wipes and frees it once
-    released (what the local static provisioner does in real clusters)."""
-    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+def pv_dir_name(node: NodeSpec, index: int) -> str:
+    return f"n{node.index}-pv-{index}"
+
+
+def local_pv(node: NodeSpec, index: int, path: Path) -> dict[str, Any]:
+    """A ``local`` PV on ``node``; Retain, and the cluster's pv-reclaimer wipes and frees it
+    once released (what the local static provisioner does in real clusters)."""
+    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node.name]}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": f"mlbench-local-{index}", "labels": {LOCAL_PV_LABEL: "true"}},
+        "metadata": {
+            "name": f"mlbench-local-n{node.index}-{index}",
+            "labels": {LOCAL_PV_LABEL: "true"},
+        },
         "spec": {
             "capacity": {"storage": LOCAL_PV_SIZE},
             "accessModes": ["ReadWriteOnce"],
@@ -457,11 +579,31 @@ def local_pv(index: int, path: Path) -> dict[str, Any]:
     }
 
 
-def prepare_pv_dirs(pv_dir: Path, count: int = LOCAL_PV_COUNT) -> None:
-    """Fresh, empty, world-writable directories (pods run as any uid)."""
-    for i in range(count):
-        d = pv_dir / f"pv-{i}"
-        wipe_dir_contents(d)
+def shared_pv(index: int, path: Path) -> dict[str, Any]:
+    """A ReadWriteMany PV that every real node mounts: a directory of this machine, which all
+    the nodes share (the role an NFS export plays in a real cluster); no node affinity."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"mlbench-shared-{index}", "labels": {LOCAL_PV_LABEL: "true"}},
+        "spec": {
+            "capacity": {"storage": LOCAL_PV_SIZE},
+            "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": SHARED_STORAGE_CLASS,
+            "volumeMode": "Filesystem",
+            "hostPath": {"path": str(path), "type": "Directory"},
+        },
+    }
+
+
+def prepare_pv_dirs(pv_dir: Path, nodes: Sequence[NodeSpec], count: int = LOCAL_PV_COUNT) -> None:
+    """Fresh, empty, world-writable directories (pods run as any uid); none left of a
+    node that this ``up`` does not start."""
+    wipe_dir_contents(pv_dir)
+    names = [pv_dir_name(node, i) for node in nodes for i in range(count)]
+    for name in names + [f"shared-{i}" for i in range(SHARED_PV_COUNT)]:
+        d = pv_dir / name
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o777)
 
@@ -491,8 +633,46 @@ def bridge_down() -> None:
     _run("ip", "link", "del", BRIDGE)
 
 
+def node_network_commands(node: NodeSpec, nodes: Sequence[NodeSpec]) -> list[list[str]]:
+    """The ``ip`` commands that make ``node``'s namespace, its link to the host bridge,
+    its address and the routes: default via the host, each other node's pod CIDR via
+    that node (host-gw), and on the host this node's pod CIDR via this node."""
+    ns = node.netns
+    cmds = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", node.host_veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+        ["ip", "link", "set", node.host_veth, "master", BRIDGE, "up"],
+        ["ip", "-n", ns, "addr", "add", f"{node.ip}/24", "dev", "eth0"],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "link", "set", "eth0", "up"],
+        ["ip", "-n", ns, "route", "add", "default", "via", BRIDGE_IP],
+    ]
+    cmds += [["ip", "-n", ns, "route", "add", other.pod_cidr, "via", other.ip] for other in nodes if other != node]
+    cmds.append(["ip", "route", "replace", node.pod_cidr, "via", node.ip, "dev", BRIDGE])
+    return cmds
+
+
+def node_network_up(node: NodeSpec, nodes: Sequence[NodeSpec]) -> None:
+    """Make the node's namespace and routes (after ``bridge_up``); forwarding on inside
+    it (the node routes its pods' traffic), not on the host."""
+    node_network_down(node)
+    for cmd in node_network_commands(node, nodes):
+        _run(*cmd, check=True)
+    _run(*node.in_netns(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]), check=True)
+
+
+def node_network_down(node: NodeSpec) -> None:
+    """Delete the node's namespace: its link, its pod bridge and its iptables go with it."""
+    _run("ip", "netns", "delete", node.netns)
+    _run("ip", "link", "del", node.host_veth)
+
+
+def netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
 def isolation_rules() -> list[list[str]]:
-    """Rules of our FORWARD guard: pod <-> pod on the bridge is fine; anything routed
+    """Rules of our FORWARD guard: node <-> node on the bridge is fine; anything routed
     between the bridge and another interface is dropped."""
     return [
         ["-i", BRIDGE, "-o", BRIDGE, "-j", "RETURN"],
@@ -501,22 +681,21 @@ def isolation_rules() -> list[list[str]]:
     ]
 
 
-#: Tables holding the guard. mangle's FORWARD runs before filter's, and kube-proxy puts no ACCEPT
-#: there: its filter-table KUBE-FORWARD accepts marked NodePort/externalIP traffic ahead of our
-#: filter-table jump, so the filter copy alone could be bypassed by a Service with outside endpoints.
+#: Tables holding the guard: mangle's FORWARD runs before filter's and nothing accepts there, so
+#: whatever another program puts in the filter table cannot bypass it.
 ISOLATION_TABLES = ("mangle", "filter")
 
 
 def isolation_up() -> None:
-    """Install the guard chain (rebuilt from scratch) and make sure routing on the
-    bridge works (Service VIP -> pod is routed back onto the same bridge)."""
+    """Install the guard chain (rebuilt from scratch).  The host's own forwarding switch
+    is left as it is: pods reach each other through the bridge, and the host itself only
+    as an end (the apiserver, CoreDNS)."""
     isolation_down()
     for table in ISOLATION_TABLES:
         _run("iptables", "-w", "-t", table, "-N", ISOLATION_CHAIN, check=True)
         for rule in isolation_rules():
             _run("iptables", "-w", "-t", table, "-A", ISOLATION_CHAIN, *rule, check=True)
         _run("iptables", "-w", "-t", table, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN, check=True)
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
 
 
 def isolation_down() -> None:
@@ -526,28 +705,6 @@ def isolation_down() -> None:
                 break
         _run("iptables", "-w", "-t", table, "-F", ISOLATION_CHAIN)
         _run("iptables", "-w", "-t", table, "-X", ISOLATION_CHAIN)
-
-
-def kubelet_chains_down() -> None:
-    """The kubelet's chains (KUBE-FIREWALL, canaries, hint): the jumps to them first,
-    then the chains (kube-proxy --cleanup handles kube-proxy's own)."""
-    chains = {
-        "filter": ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY"),
-        "nat": ("KUBE-KUBELET-CANARY",),
-        "mangle": ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"),
-    }
-    for tool in ("iptables", "ip6tables"):
-        if not shutil.which(tool):
-            continue
-        for table, names in chains.items():
-            rules = _run(tool, "-w", "-t", table, "-S").stdout.splitlines()
-            for rule in rules:
-                words = shlex.split(rule)
-                if words[:1] == ["-A"] and any(f"-j {n}" in rule for n in names):
-                    _run(tool, "-w", "-t", table, "-D", *words[1:])
-            for name in names:
-                if _run(tool, "-w", "-t", table, "-F", name).returncode == 0:
-                    _run(tool, "-w", "-t", table, "-X", name)
 
 
 def ctr(address: Path, *args: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -643,7 +800,7 @@ def shim_pids(address: Path) -> list[int]:
     return out
 
 
-def cgroup_dirs(root: str = CGROUP_ROOT) -> list[Path]:
+def cgroup_dirs(root: str) -> list[Path]:
     """The node's cgroup root in every mounted hierarchy (v1 controllers + unified)."""
     base = Path("/sys/fs/cgroup")
     rel = root.lstrip("/")
@@ -655,7 +812,7 @@ def cgroup_dirs(root: str = CGROUP_ROOT) -> list[Path]:
     return [d for d in out if d.is_dir()]
 
 
-def ensure_cgroup_root(root: str = CGROUP_ROOT) -> None:
+def ensure_cgroup_root(root: str) -> None:
     """The kubelet wants its cgroupRoot to exist in every hierarchy (cgroup v1);
     a new cpuset cgroup is unusable until it has cpus and mems (copied from /)."""
     base = Path("/sys/fs/cgroup")
@@ -673,7 +830,7 @@ def ensure_cgroup_root(root: str = CGROUP_ROOT) -> None:
                 (d / name).write_text(source.read_text())
 
 
-def cgroup_pids(root: str = CGROUP_ROOT) -> set[int]:
+def cgroup_pids(root: str) -> set[int]:
     pids: set[int] = set()
     for d in cgroup_dirs(root):
         for procs in d.rglob("cgroup.procs"):
@@ -682,7 +839,7 @@ def cgroup_pids(root: str = CGROUP_ROOT) -> set[int]:
     return pids
 
 
-def kill_node_processes(address: Path, root: str = CGROUP_ROOT, timeout: float = 10) -> None:
+def kill_node_processes(address: Path, root: str, timeout: float = 10) -> None:
     """SIGKILL what containers left behind: every process in the node's cgroups, then
     our shims; wait until they are gone."""
     deadline = time.monotonic() + timeout
@@ -696,7 +853,7 @@ def kill_node_processes(address: Path, root: str = CGROUP_ROOT, timeout: float =
         time.sleep(0.1)
 
 
-def remove_cgroups(root: str = CGROUP_ROOT) -> None:
+def remove_cgroups(root: str) -> None:
     """rmdir the node's (now empty) cgroup trees, deepest first."""
     for d in cgroup_dirs(root):
         for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
@@ -728,12 +885,12 @@ def unmount_all(prefixes: Sequence[Path]) -> list[str]:
 
 
 def pod_netns() -> list[str]:
-    """Network namespaces the CRI created for pods on our bridge (an address in
-    POD_CIDR), e.g. left behind when sandboxes were killed without CNI teardown."""
+    """Network namespaces the CRI created for pods of our nodes (an address in
+    CLUSTER_CIDR), e.g. left behind when sandboxes were killed without CNI teardown."""
     netns_dir = Path("/run/netns")
     if not netns_dir.is_dir():
         return []
-    prefix = POD_CIDR.rsplit(".", 1)[0] + "."
+    prefix = CLUSTER_CIDR.split(".0.0/", maxsplit=1)[0] + "."
     out = []
     for ns in sorted(netns_dir.iterdir()):
         if not ns.name.startswith("cni-"):
@@ -749,27 +906,22 @@ def remove_pod_netns() -> None:
         _run("ip", "netns", "delete", name, timeout=5)
 
 
-def kube_proxy_cleanup(bins: Path) -> None:
-    """Remove kube-proxy's iptables chains (idempotent, needs no apiserver)."""
-    binary = bins / "kube-proxy"
-    if binary.exists():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            _run(str(binary), "--cleanup", timeout=30)
-
-
-def host_cleanup(paths: NodePaths, bins: Path | None) -> list[str]:
-    """Undo everything the node did to this machine, whatever state it crashed in.
+def host_cleanup(nodes: Sequence[NodePaths], ipam_dirs: Sequence[Path] = ()) -> list[str]:
+    """Undo everything the nodes did to this machine, whatever state they crashed in:
+    only what ``up`` made (the namespaces, the bridge, our guard chain, our cgroups and
+    mounts); the host's own iptables tables, kubelets and IPVS are never touched.
     Returns the problems it could not fix (mounts that stayed)."""
-    kill_node_processes(paths.containerd_socket)
-    left = unmount_all([paths.root, paths.containerd_root])
+    left: list[str] = []
+    for paths in nodes:
+        kill_node_processes(paths.containerd_socket, paths.node.cgroup_root)
+        left += unmount_all([paths.root, paths.containerd_root])
     remove_pod_netns()
-    if bins is not None:
-        kube_proxy_cleanup(bins)
-    kubelet_chains_down()
+    for paths in nodes:
+        node_network_down(paths.node)
+        remove_cgroups(paths.node.cgroup_root)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(paths.cni_ipam_dir)], check=False)
     isolation_down()
     bridge_down()
-    remove_cgroups()
-    subprocess.run(["rm", "-rf", "--one-file-system", str(paths.cni_ipam_dir)], check=False)
     return left
 
 

@@ -10,9 +10,9 @@ Fixtures:
   namespace (function)    a fresh namespace enforcing the ``restricted`` Pod Security Standard
                           (enforce, warn and audit), deleted afterwards; a test that needs another
                           level says so with ``@pytest.mark.pod_security(level, reason=...)``.
-  real_node (session)     ``RealNodeInfo`` of a node that really runs pods (the local
-                          cluster's ``mlbench-node-0``, or any node of an external
-                          cluster that is not kwok's); skips with the reason if none.
+  real_node (session)     ``RealNodeInfo`` of the nodes that really run pods (the local
+                          cluster's ``mlbench-node-0..``, or the nodes of an external
+                          cluster that are not kwok's); skips with the reason if none.
 
 ``MLBENCH_KUBECTL`` overrides the kubectl binary (default: the one built by
 ``tests/cluster/build-k8s.sh``, or ``kubectl`` on PATH with an external
@@ -189,13 +189,28 @@ def find_real_node(cluster: KubeCluster) -> RealNodeInfo | str:
         return f"cannot list nodes: {res.stderr.strip()}"
     nodes = json.loads(res.stdout)["items"]
     containerd = os.environ.get("MLBENCH_CONTAINERD_ADDRESS") or None
-    for n in nodes:
-        if (n["metadata"].get("labels") or {}).get(REAL_NODE_KEY) == "true":
-            return RealNodeInfo(name=n["metadata"]["name"], containerd_address=containerd)
-    real = [n for n in nodes if "kwok.x-k8s.io/node" not in (n["metadata"].get("annotations") or {})]
+    sockets = tuple((os.environ.get("MLBENCH_CONTAINERD_ADDRESSES") or containerd or "").split())
+    labelled = [
+        n["metadata"]["name"] for n in nodes if (n["metadata"].get("labels") or {}).get(REAL_NODE_KEY) == "true"
+    ]
+    if labelled:
+        return RealNodeInfo(
+            name=labelled[0], containerd_address=containerd, names=tuple(labelled), containerd_addresses=sockets
+        )
+    real = [
+        n["metadata"]["name"] for n in nodes if "kwok.x-k8s.io/node" not in (n["metadata"].get("annotations") or {})
+    ]
     if not real:
         return "the cluster has only kwok (fake) nodes"
-    return RealNodeInfo(name=None, containerd_address=containerd, node_selector={}, tolerations=[], ip=None)
+    return RealNodeInfo(
+        name=None,
+        containerd_address=containerd,
+        node_selector={},
+        tolerations=[],
+        ip=None,
+        names=tuple(real),
+        containerd_addresses=sockets,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ def released_volumes(pvs: list[dict[str, Any]], pv_dir: Path) -> list[tuple[str,
     for pv in pvs:
         if pv.get("status", {}).get("phase") != "Released":
             continue
-        path = Path(pv.get("spec", {}).get("local", {}).get("path", "/")).resolve()
+        spec = pv.get("spec", {})
+        path = Path((spec.get("local") or spec.get("hostPath") or {}).get("path", "/")).resolve()
         if path.parent == base:
             out.append((pv["metadata"]["name"], path))
     return out

@@ -57,6 +57,8 @@ class E2E:
     containerd_address: str | None
     dataset_url: str
     dataset_sha256: str
+    #: the real nodes' names (where the runs' pods may go)
+    real_nodes: tuple[str, ...] = ()
     tasks: list[str] = field(default_factory=list)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -194,12 +196,13 @@ class E2E:
             self.kubectl("exec", pod, "-n", self.namespace, "--", "sh", "-c", "kill -9 -1", check=False)
 
 
-def _build_images(containerd_address: str | None) -> None:
+def _build_images(containerd_addresses: tuple[str, ...]) -> None:
+    """Build the images and load them into every real node's containerd."""
     if os.environ.get("MLBENCH_E2E_BUILD_IMAGES", "1") == "0":
         return
     env = dict(os.environ)
-    if containerd_address:
-        env["MLBENCH_CONTAINERD_ADDRESS"] = containerd_address
+    if containerd_addresses:
+        env["MLBENCH_CONTAINERD_ADDRESSES"] = " ".join(containerd_addresses)
     proc = subprocess.run(
         ["bash", str(REPO / "hack/images.sh"), "--debian-base", "--load"],
         env=env,
@@ -284,7 +287,7 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
     """Images built and loaded, the operator running as a Deployment, a restricted namespace with data."""
     if not DATASET.exists():
         pytest.skip(f"{DATASET} is not there")
-    _build_images(real_node.containerd_address)
+    _build_images(real_node.containerd_addresses or tuple(filter(None, [real_node.containerd_address])))
     _install_operator(kube_cluster)
     namespace = create_namespace(kube_cluster, f"mlbench-e2e-{SESSION}")  # enforcing restricted
     scheduling = real_node.scheduling()
@@ -296,6 +299,7 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
         containerd_address=real_node.containerd_address,
         dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
         dataset_sha256=sha256(DATASET),
+        real_nodes=real_node.names,
     )
     yield env
     kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
