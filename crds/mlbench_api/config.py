@@ -20,6 +20,8 @@ from mlbench_api.run import Algorithm, AlgorithmParameters, Backend, BenchmarkRu
 from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
 
 CONFIG_ENV = "MLBENCH_RUN_CONFIG"
+#: The Kubernetes node a rank's pod runs on (the pod's spec.nodeName), recorded with every result.
+NODE_NAME_ENV = "MLBENCH_NODE_NAME"
 
 
 class OverrideNotAllowed(ValueError):

@@ -171,6 +171,11 @@ class Environment(ApiModel):
     algorithm: str | None = None
     seed: SafeInt | None = None
     hostname: str | None = None
+    nodes: Annotated[list[str], Field(max_length=4096)] | None = Field(
+        default=None,
+        description="The machine of each rank, in rank order: its pod's Kubernetes node, or the host's name outside "
+        "a cluster.",
+    )
     precision: str | None = Field(default=None, description="fp32, fp64 or bf16-autocast.")
     channels_last: bool | None = None
     training_step: Literal["eager", "flat", "cuda-graphs"] | None = Field(

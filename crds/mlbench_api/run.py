@@ -229,8 +229,24 @@ class Toleration(ApiModel):
     """With effect NoExecute: seconds the pod stays bound after the taint appears; unset: forever."""
 
 
+class Placement(StrEnum):
+    """Where the workers go relative to each other (the scheduler decides the rest)."""
+
+    ANY = "Any"
+    """Wherever the scheduler puts them, several on one node included."""
+    ONE_WORKER_PER_NODE = "OneWorkerPerNode"
+    """Every worker of a world on a node of its own (required pod anti-affinity on kubernetes.io/hostname): the
+    seeds' scaling environment, where every message between workers crosses the network. A run with more workers
+    than fitting nodes waits Unschedulable."""
+    SPREAD = "Spread"
+    """Spread over nodes as evenly as they allow (topology spread, maxSkew 1, best effort)."""
+
+
 class Scheduling(ApiModel):
     """Where the run's pods may go: applied to the workers, the launcher and the dataset fetch Job's pods."""
+
+    placement: Placement | None = None
+    """Where the workers go relative to each other: Any (default), OneWorkerPerNode or Spread."""
 
     node_selector: Annotated[dict[str, str], Field(max_length=32)] | None = None
     """Node labels every pod requires (the pods' nodeSelector)."""
@@ -537,7 +553,10 @@ class BenchmarkRunStatus(ApiModel):
     workers: WorkerCounts | None = None
     """Worker pods ready and wanted."""
     restarts: Annotated[int, Field(ge=0)] | None = None
-    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts."""
+    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts plus disruptionRestarts."""
+    disruption_restarts: Annotated[int, Field(ge=0)] | None = None
+    """Of those, the restarts a disruption caused (a drain, an eviction, a preemption, a lost node: a pod with the
+    DisruptionTarget condition); they do not count against runPolicy.maxRestarts."""
     progress: Progress | None = None
     """Live figures from rank 0's metrics, refreshed about every 30 s while Running; best effort."""
     result: RunResult | None = None

@@ -14,9 +14,9 @@ from typing import Any
 
 from mlbench_api import bundle
 from mlbench_api.common import API_VERSION, MAX_INT32
-from mlbench_api.config import RunConfig
+from mlbench_api.config import NODE_NAME_ENV, RunConfig
 from mlbench_api.datasets import PERMANENT_EXITS
-from mlbench_api.run import BenchmarkRunSpec
+from mlbench_api.run import BenchmarkRunSpec, Placement
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
 from mlbench_operator.settings import DatasetSettings
@@ -260,6 +260,7 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
         {"name": "MLBENCH_METRICS_LINGER_SECONDS", "value": str(ctx.metrics_linger_seconds)},
         {"name": "MLBENCH_ROLE", "value": role},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
 
 
@@ -328,6 +329,24 @@ def _scheduling(ctx: RunContext) -> Obj:
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
     return out
+
+
+#: the node label that tells nodes apart (every kubelet sets it)
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def worker_placement(ctx: RunContext, attempt: int) -> Obj:
+    """The worker pods' fields for ``spec.scheduling.placement``, over the workers of one world (attempt):
+    a required anti-affinity for OneWorkerPerNode, a best-effort topology spread for Spread, nothing for Any."""
+    placement = ctx.spec.scheduling.placement if ctx.spec.scheduling else None
+    world = {"matchLabels": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER, n.LABEL_ATTEMPT: str(attempt)}}
+    if placement == Placement.ONE_WORKER_PER_NODE:
+        term = {"labelSelector": world, "topologyKey": HOSTNAME_TOPOLOGY}
+        return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+    if placement == Placement.SPREAD:
+        spread = {"maxSkew": 1, "topologyKey": HOSTNAME_TOPOLOGY, "whenUnsatisfiable": "ScheduleAnyway"}
+        return {"topologySpreadConstraints": [{**spread, "labelSelector": world}]}
+    return {}
 
 
 def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
@@ -405,6 +424,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
         "metadata": _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt),
         "spec": {
             **_pod_spec_common(ctx, deadline_seconds),
+            **worker_placement(ctx, attempt),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
             **({"initContainers": [netem]} if netem is not None else {}),

@@ -110,6 +110,8 @@ class Reason(StrEnum):
     #: a pod exceeded its own activeDeadlineSeconds, or the run its runPolicy.activeDeadlineSeconds
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     WORKER_LOST = "WorkerLost"  #: a worker disappeared (or is Terminating) while the launcher ran
+    #: a pod of the world was disrupted (DisruptionTarget: drain, eviction, preemption, taint): a restart not counted
+    DISRUPTED = "Disrupted"
     LAUNCHER_LOST = "LauncherLost"  #: the launcher disappeared while it was running
     WORKER_EXITED = "WorkerExited"  #: a worker exited 0 before the launcher finished
     #: the launcher's result is unusable, or the API server refused (422) to store the status

@@ -48,6 +48,14 @@ STUCK_WAITING = frozenset(
 OOM_PREFIX = "OOMKilled:"
 
 
+def disruption(condition: Mapping[str, Any] | None) -> str | None:
+    """``"reason: message"`` of a pod's DisruptionTarget condition when it is True (the pod is being removed by a
+    drain, an eviction, the taint manager or a preemption, not failing of itself), else None."""
+    if not condition or condition.get("status") != "True":
+        return None
+    return f"{condition.get('reason') or 'DisruptionTarget'}: {condition.get('message') or 'no message'}"
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -71,6 +79,8 @@ class PodView:
     finished_at: str | None = None  #: when the container that decided exit_code terminated
     uid: str | None = None  #: the pod's own UID (deletes are conditional on it: names repeat across attempts)
     image_id: str | None = None  #: the digest the main container runs (the kubelet's imageID): what a tag meant
+    #: "reason: message" of the pod's DisruptionTarget condition (a drain's eviction, the taint manager, preemption)
+    disrupted: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -138,6 +148,7 @@ class PodView:
             finished_at=finished_at,
             uid=meta.get("uid"),
             image_id=next((cs.get("imageID") for cs in main if cs.get("imageID")), None),
+            disrupted=disruption(conds.get("DisruptionTarget")),
         )
 
     def failure(self) -> tuple[Reason, str]:

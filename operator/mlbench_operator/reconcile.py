@@ -693,6 +693,18 @@ def _find_failure(
     return None
 
 
+def world_disruption(workers: Mapping[int, PodView], launcher: PodView | None) -> str | None:
+    """Why the current world is being taken apart from outside (a pod of it carries DisruptionTarget: a drain,
+    an eviction, the taint manager of a lost node, a preemption), or None. Such a restart is not the run's
+    failure: it does not count against ``maxRestarts`` (JobSet's RestartJobSetAndIgnoreMaxRestarts)."""
+    pods = [workers[rank] for rank in sorted(workers)] + ([launcher] if launcher is not None else [])
+    for pod in pods:
+        if pod.disrupted:
+            what = "launcher" if pod.role == n.ROLE_LAUNCHER else f"worker {pod.rank}"
+            return f"{what} (pod {pod.name}) was disrupted ({pod.disrupted})"
+    return None
+
+
 #: Failures a gang restart would only repeat: the run fails at once instead of burning maxRestarts.
 PERMANENT_FAILURES = frozenset({Reason.INVALID_INPUT})
 
@@ -987,11 +999,19 @@ def gang_failure(inp: PlanInput) -> Plan | None:
     if reason in PERMANENT_FAILURES:
         st.fail(reason, f"{message} (not restarted: the runner refused its input, a restart would repeat it)")
         return _finished(inp, st)
-    if inp.restarts >= limit:
-        st.fail(reason, f"{message} (gave up after {inp.restarts} of maxRestarts={limit} restarts)")
+    disrupted = world_disruption(inp.workers, inp.launcher)
+    spared = inp.old.disruption_restarts or 0
+    counted = inp.restarts - spared
+    if disrupted is None and counted >= limit:
+        st.fail(reason, f"{message} (gave up after {counted} of maxRestarts={limit} restarts)")
         return _finished(inp, st)
     restarts = inp.restarts + 1
-    text = f"restart {restarts}/{limit}: {message}"
+    if disrupted is None:
+        text = f"restart {counted + 1}/{limit}: {message}"
+    else:
+        reason = Reason.DISRUPTED
+        text = f"restart after a disruption, not counted against maxRestarts={limit}: {disrupted}; {message}"
+        st.new.disruption_restarts = spared + 1
     st.new.restarts = restarts
     st.new.phase = Phase.PENDING
     st.say(text)

@@ -21,6 +21,9 @@ import torch.distributed as dist
 
 from mlbench_runner.world import World, free_port
 
+#: Bytes of one rank's text in :func:`gather_texts` (longer texts are cut).
+TEXT_BYTES = 256
+
 
 class Communicator(ABC):
     """Sum all-reduce, broadcast and barrier over the job's ranks."""
@@ -294,3 +297,11 @@ def close_quietly(comm: Communicator, orderly: bool) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def gather_texts(comm: Communicator, text: str, device: torch.device) -> list[str]:
+    """Every rank's ``text`` in rank order (at most TEXT_BYTES of UTF-8 each), through one all-gather."""
+    raw = text.encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
+    mine = torch.tensor(list(raw), dtype=torch.uint8, device=device)
+    rows = comm.all_gather(mine).cpu().tolist()
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in rows]

@@ -73,9 +73,12 @@ class SummaryBuilder:
         device: torch.device,
         precision: str,
         execution: ExecutionRecord | None = None,
+        *,
+        nodes: list[str] | None = None,
     ) -> None:
         self.config, self.world, self.device, self.precision = config, world, device, precision
         self.execution = execution
+        self.nodes = nodes
         self.totals = {p: 0.0 for p in PHASES}
         self.evaluation = 0.0
         self.steps_timed = 0
@@ -129,6 +132,7 @@ class SummaryBuilder:
             algorithm=f"{self.config.algorithm.value}/{self.config.bucketing.value}",
             seed=self.config.seed,
             hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
+            nodes=self.nodes,
             training_step=self.execution.path if self.execution else None,
             training_step_reason=self.execution.reason if self.execution else None,
             capture_seconds=self.execution.capture_seconds if self.execution else None,

@@ -34,7 +34,7 @@ from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import partition, stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
-from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, make_communicator
+from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, gather_texts, make_communicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
@@ -55,7 +55,7 @@ from mlbench_runner.steps import (
 from mlbench_runner.summary import ExecutionRecord, SummaryBuilder
 from mlbench_runner.tasks import ImageClassification, LinearClassification, TaskKernel
 from mlbench_runner.timing import PhaseTimer, WallClock
-from mlbench_runner.world import World, detect_world
+from mlbench_runner.world import World, detect_world, node_name
 
 __all__ = ["Options", "RankRecord", "Trainer", "train"]
 
@@ -253,6 +253,7 @@ class Trainer:
         process_group = cfg.algorithm.value == "ddp" or opts.process_group  # DDP needs one even alone
         comm = self.comm = make_communicator(self.world, cfg.backend.value, process_group)
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
+        nodes = gather_texts(comm, node_name(), device)  # which machine each rank ran on, kept with the result
         torch.manual_seed(cfg.seed)
         # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,
         # instead of a target that is down until the data is decoded (MLBenchWorkerUnreachable).
@@ -311,7 +312,7 @@ class Trainer:
             batch=batch,
             steps_per_epoch=partition.steps_per_epoch(kernel.n_train, batch, self.world.size),
             timer=timer,
-            summary=SummaryBuilder(cfg, self.world, device, precision_label(opts, device), execution),
+            summary=SummaryBuilder(cfg, self.world, device, precision_label(opts, device), execution, nodes=nodes),
             autocast=autocast,
         )
         self.log.event(

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlbench_api.config import NODE_NAME_ENV
+
 DEFAULT_HOSTFILE = "/etc/mlbench/hostfile"
 DEFAULT_PORT = 29500
 
@@ -117,6 +119,12 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """The machine this rank runs on: its pod's Kubernetes node (set by the operator), else the host's name."""
+    env = os.environ if env is None else env
+    return env.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def detect_world(env: Mapping[str, str] | None = None) -> World:

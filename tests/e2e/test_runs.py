@@ -68,9 +68,10 @@ def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str, work
         assert f"[1,{rank}]<stdout>" in log, log[-2000:]
 
 
-def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
+def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> dict[str, Any]:
     """The full results outlive the pods: a ConfigMap owned by the run, and ``mlbench results
-    <namespace>/<run>`` (what a user types) downloads them and prints the table and the plots."""
+    <namespace>/<run>`` (what a user types) downloads them and prints the table and the plots.
+    Returns the downloaded summary."""
     st = e2e.wait_status(run, recorded, RESULTS_TIMEOUT, "status.results recorded")
     ref = st["results"]
     assert ref.get("configMap") == f"{run}-results", ref
@@ -97,26 +98,36 @@ def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> None:
     events = [json.loads(line)["event"] for line in (fetched / "events.jsonl").read_text().splitlines()]
     assert events[0] == "run_start"
     assert "run_summary" in events
+    return dict(summary)
 
 
 class Workers(NamedTuple):
-    """One run's shape; each case's workers and the launcher (100m) fit the test node's 2 CPUs."""
+    """One run's shape; each case's workers and the launcher (100m) fit the test nodes' CPUs (every real node
+    reports the machine's 2 cores: they share them)."""
 
     backend: str
     workers: int
     cpu: str
+    placement: str = "Any"
 
 
 #: Three workers: a hostfile of three pods, mpirun starting a daemon in each over ssh, a three-rank rendezvous.
-WORKER_CASES = [Workers("gloo", 3, "550m"), Workers("mpi", 2, "850m")]
+#: OneWorkerPerNode: the seeds' environment, every message between workers crosses from one node to another.
+WORKER_CASES = [
+    Workers("gloo", 3, "550m"),
+    Workers("gloo", 2, "850m", "OneWorkerPerNode"),
+    Workers("mpi", 2, "850m", "OneWorkerPerNode"),
+]
 
 
-@pytest.mark.parametrize("case", WORKER_CASES, ids=lambda c: f"{c.backend}-{c.workers}")
+@pytest.mark.parametrize("case", WORKER_CASES, ids=lambda c: f"{c.backend}-{c.workers}-{c.placement}")
 def test_workers_train_in_real_pods(e2e: E2E, e2e_task: str, case: Workers, tmp_path: Path) -> None:
     backend, workers = case.backend, case.workers
     applied = time.monotonic()
     resources = {"cpu": case.cpu, "memory": "2Gi"}
-    run = e2e.run(f"train-{backend}", e2e_task, backend=backend, workers=workers, resources=resources)
+    scheduling = {**e2e.scheduling, "placement": case.placement}
+    name = f"train-{backend}-{workers}" + ("-pernode" if case.placement == "OneWorkerPerNode" else "")
+    run = e2e.run(name, e2e_task, backend=backend, workers=workers, resources=resources, scheduling=scheduling)
     seen: list[dict[str, str]] = []
     ready: list[float] = []
     st = e2e.wait_finished(run, every=_watch_columns(e2e, run, workers, seen, ready))
@@ -126,7 +137,12 @@ def test_workers_train_in_real_pods(e2e: E2E, e2e_task: str, case: Workers, tmp_
     print(f"\n{backend}: apply -> {workers}/{workers} workers Ready in {ready[0] - applied:.1f} s")
     assert _condition(st, "DatasetReady").get("status") == "True"
     print(f"\n{backend}: {e2e.get_br(run)}")
-    _assert_results_kept(e2e, run, tmp_path)
+    nodes = _assert_results_kept(e2e, run, tmp_path)["environment"]["nodes"]
+    print(f"{run}: ranks on nodes {nodes}")
+    assert len(nodes) == workers
+    assert set(nodes) <= set(e2e.real_nodes), nodes  # the pods' spec.nodeName, as each rank saw it
+    if case.placement == "OneWorkerPerNode":
+        assert len(set(nodes)) == workers, f"{run} put two workers on one node: {nodes}"
     if backend == "mpi":  # deleting the run deletes its results (owner reference, garbage collector)
         e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=true", "--timeout=60s")
         deadline = time.monotonic() + 60
@@ -147,6 +163,39 @@ def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     message = restarts[0]["message"]
     assert "restart 1/2" in message, message
     assert f"{run}-" in message, message
+
+
+def test_a_drained_node_restarts_the_gang_on_the_others_without_spending_max_restarts(e2e: E2E, e2e_task: str) -> None:
+    """``kubectl drain`` of the node that holds worker 1 mid-run: its pods are evicted (DisruptionTarget), the run
+    restarts its gang on the node left and succeeds, with maxRestarts 0 (a disruption is not the run's failure),
+    and its Events say why it restarted."""
+    if len(e2e.real_nodes) < 2:
+        pytest.skip(f"one real node only ({e2e.real_nodes}): nothing to drain to")
+    scheduling = {**e2e.scheduling, "placement": "Spread"}
+    policy = {"maxRestarts": 0, "cleanPodPolicy": "None"}  # the workers stay: where did the new world go?
+    run = e2e.run("drained", e2e_task, overrides={"maxEpochs": 3}, scheduling=scheduling, runPolicy=policy)
+    _first_epoch_started(e2e, run)
+    node = e2e.get("pod", f"{run}-worker-1")["spec"]["nodeName"]
+    try:
+        drain = e2e.kubectl(
+            *("drain", node, f"--pod-selector=mlbench.io/run={run}", "--ignore-daemonsets", "--delete-emptydir-data"),
+            "--timeout=120s",
+            check=False,
+        )
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        st = e2e.wait_finished(run)
+        _assert_succeeded(e2e, run, st, "gloo")
+        assert (st["restarts"], st["disruptionRestarts"]) == (1, 1), json.dumps(st)[:2000]
+        assert _condition(st, "Restarted")["reason"] == "Disrupted"
+        restarts = [ev for ev in e2e.events(run) if ev["reason"] == "Restarting"]
+        assert restarts, e2e.debug(run)
+        assert "not counted against maxRestarts=0" in restarts[0]["message"], restarts[0]["message"]
+        assert "EvictionByEvictionAPI" in restarts[0]["message"], restarts[0]["message"]
+        for rank in range(2):  # the new world avoided the cordoned node
+            assert e2e.get("pod", f"{run}-worker-{rank}")["spec"]["nodeName"] != node
+    finally:
+        e2e.kubectl("uncordon", node, check=False)
+        e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
 
 
 class _Follow:

@@ -91,6 +91,53 @@ def test_run_config_maps_are_immutable() -> None:
     assert kept["immutable"] is True
 
 
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        (None, {}),
+        ("Any", {}),
+        (
+            "OneWorkerPerNode",
+            {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"labelSelector": "WORLD", "topologyKey": "kubernetes.io/hostname"}
+                        ]
+                    }
+                }
+            },
+        ),
+        (
+            "Spread",
+            {
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": "WORLD",
+                    }
+                ]
+            },
+        ),
+    ],
+)
+def test_worker_placement_is_over_one_world(placement: str | None, expected: dict[str, object]) -> None:
+    scheduling = {"placement": placement} if placement else None
+    ctx = ctx_for(name="bench", workers=3, scheduling=scheduling)
+    world = {"matchLabels": {n.LABEL_RUN: "bench", n.LABEL_ROLE: "worker", n.LABEL_ATTEMPT: "2"}}
+    want = json.loads(json.dumps(expected).replace('"WORLD"', json.dumps(world)))
+    pod = builders.worker_pod(ctx, 1, 2)
+    assert {k: pod["spec"][k] for k in ("affinity", "topologySpreadConstraints") if k in pod["spec"]} == want
+    # the selector matches this world's workers (itself included), never the launcher or another attempt
+    if want:
+        assert world["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        launcher = builders.launcher_pod(ctx, 2)["spec"]
+        assert "affinity" not in launcher
+        assert "topologySpreadConstraints" not in launcher
+
+
 def test_worker_pod_shape() -> None:
     ctx = ctx_for(
         name="bench",

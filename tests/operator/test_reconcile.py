@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders, podview, reconcile
 from mlbench_operator import conditions as c
 from mlbench_operator.podview import PodView
 from tests.operator import helpers as h
@@ -240,6 +240,57 @@ def test_worker_failure_restarts_the_gang_then_gives_up() -> None:
     assert "exit code 1" in st["message"]
     assert "maxRestarts=1" in st["message"]
     assert plan.cleanup == ["r1-worker-0", "r1-worker-1"]  # failed launcher kept for its log
+
+
+def _drained(obj: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> PodView:
+    """A worker being removed by a drain: DisruptionTarget, then the kubelet's SIGTERM fails it (exit 143)."""
+    disruption = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "Eviction API: evicting"}
+    view = terminated(obj, 143, "worker was stopped by SIGTERM")
+    return dataclasses.replace(view, disrupted=podview.disruption(disruption))
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        (None, None),
+        ({"type": "DisruptionTarget", "status": "False", "reason": "EvictionByEvictionAPI"}, None),
+        (
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager", "message": "Taint"},
+            "DeletionByTaintManager: Taint",
+        ),
+        ({"type": "DisruptionTarget", "status": "True"}, "DisruptionTarget: no message"),
+    ],
+)
+def test_a_disruption_is_read_from_the_pod_condition(condition: dict[str, str] | None, expected: str | None) -> None:
+    assert podview.disruption(condition) == expected
+
+
+def test_disruptions_restart_the_gang_without_spending_max_restarts() -> None:
+    """A drained worker (DisruptionTarget) restarts the world even with maxRestarts=0, and says so; the next
+    failure of the run's own still meets maxRestarts=0 (JobSet's RestartJobSetAndIgnoreMaxRestarts)."""
+    body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
+    launcher = pod(builders.launcher_pod(ctx, 0))
+    body, plan = step(body, ctx, [workers(ctx)[0], _drained(builders.worker_pod(ctx, 1, 0)), launcher])
+    st = plan.status
+    assert (st["phase"], st["restarts"], st["disruptionRestarts"]) == ("Pending", 1, 1)
+    assert cond(st, "Restarted")["reason"] == "Disrupted"
+    assert "not counted against maxRestarts=0" in st["message"]
+    assert "worker 1 (pod r1-worker-1) was disrupted (EvictionByEvictionAPI" in st["message"]
+    assert plan.events[0][:2] == ("Warning", "Restarting")
+
+    # a second disruption in the next world: restarted again, still free
+    body, plan = step(body, ctx, [])
+    assert plan.create_workers == [0, 1]
+    new_launcher = pod(builders.launcher_pod(ctx, 1))
+    body, plan = step(body, ctx, [_drained(builders.worker_pod(ctx, 0, 1), "PreemptionByScheduler"), new_launcher])
+    assert (plan.status["restarts"], plan.status["disruptionRestarts"]) == (2, 2)
+
+    # the run's own failure in the third world: maxRestarts=0 counts only its own restarts, so it fails now
+    body, plan = step(body, ctx, [])
+    oom = terminated(builders.worker_pod(ctx, 1, 2), 137, reason="OOMKilled")
+    body, plan = step(body, ctx, [pod(builders.worker_pod(ctx, 0, 2)), oom, pod(builders.launcher_pod(ctx, 2))])
+    assert plan.status["phase"] == "Failed"
+    assert "gave up after 0 of maxRestarts=0 restarts" in plan.status["message"]
 
 
 def test_evicted_worker_names_the_cause() -> None:

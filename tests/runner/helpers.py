@@ -8,7 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -135,8 +135,11 @@ def make_config(task: dict[str, Any], out: Path, ranks: int, name: str = "t", **
     )
 
 
-def launch_processes(config: RunConfig, ranks: int, timeout: float = 240, **extra: str) -> list[dict[str, Any]]:
-    """Run ``ranks`` processes of ``mlbench-runner train`` (torch-style env); return rank records."""
+def launch_processes(
+    config: RunConfig, ranks: int, timeout: float = 240, rank_env: Sequence[dict[str, str]] = (), **extra: str
+) -> list[dict[str, Any]]:
+    """Run ``ranks`` processes of ``mlbench-runner train`` (torch-style env, plus ``rank_env[r]`` for rank ``r``);
+    return rank records."""
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
@@ -154,6 +157,7 @@ def launch_processes(config: RunConfig, ranks: int, timeout: float = 240, **extr
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
                 **extra,
+                **(rank_env[r] if r < len(rank_env) else {}),
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -50,6 +50,15 @@ def test_resnet_ranks_identical_every_step(tmp_path: Path, ranks: int, algorithm
         assert summary.communication_seconds > 0
 
 
+def test_the_result_names_each_rank_s_node(tmp_path: Path) -> None:
+    """Each rank's MLBENCH_NODE_NAME (its pod's spec.nodeName) is gathered once and kept in rank order."""
+    task = logreg_task(batch=5, epochs=1, train=40, features=4)
+    nodes = [{"MLBENCH_NODE_NAME": "node-b"}, {"MLBENCH_NODE_NAME": "node-a"}]
+    launch_processes(make_config(task, tmp_path / "out", 2), 2, rank_env=nodes)
+    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    assert summary.environment.nodes == ["node-b", "node-a"]
+
+
 def test_logreg_k_workers_match_one_big_batch(tmp_path: Path) -> None:
     """k workers x batch b == 1 worker x batch k*b, step for step (fp64)."""
     k, b = 4, 5

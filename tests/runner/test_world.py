@@ -109,3 +109,9 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_the_node_name_is_the_pod_s_node_else_the_host_s() -> None:
+    assert world_module.node_name({"MLBENCH_NODE_NAME": "mlbench-node-1"}) == "mlbench-node-1"
+    assert world_module.node_name({}) == socket.gethostname()
+    assert world_module.node_name({"MLBENCH_NODE_NAME": ""}) == socket.gethostname()
