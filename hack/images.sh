@@ -295,21 +295,53 @@ loaded_id() {
     n = split($NF, kv, ","); for (i = 1; i <= n; i++) if (index(kv[i], l) == 1) print substr(kv[i], length(l) + 1) }'
 }
 
+save_cmd() {
+  if [ "$(builder)" = podman ]; then echo podman save --format docker-archive "$1"; else echo "$(builder)" save "$1"; fi
+}
+
+# Import one image into every node's containerd that lacks this id: streamed from the builder for one node; for
+# several, saved once to a file that their containerds import at the same time (a save takes as long as an import).
 load_image() {
-  local image=$1 id
+  local image=$1 id addr
+  shift
   id=$(image_id "$image" || true)
   [ -n "$id" ] || die "${image} is not built (run make images)"
-  if [ "$(loaded_id "$image")" = "$id" ]; then
-    log "load: cached ${image} (id ${id:0:12}) in ${CTR_ADDRESS}"
-    return
+  local -a need=()
+  for addr in "$@"; do
+    CTR_ADDRESS=$addr
+    if [ "$(loaded_id "$image")" = "$id" ]; then
+      log "load: cached ${image} (id ${id:0:12}) in ${addr}"
+    else
+      need+=("$addr")
+    fi
+  done
+  [ "${#need[@]}" -gt 0 ] || return 0
+  log "load: importing ${image} (id ${id:0:12}, $(image_size "$image")) into ${need[*]}"
+  local -a save
+  read -r -a save <<<"$(save_cmd "$image")"
+  if [ "${#need[@]}" = 1 ]; then
+    CTR_ADDRESS=${need[0]}
+    # shellcheck disable=SC2317
+    import() { "${save[@]}" | ctr_ images import --snapshotter overlayfs -; }
+    timed "load ${image##*/}" import >/dev/null
+  else
+    local archive
+    archive=$(mktemp "${CACHE}/load.XXXXXX.tar")
+    # shellcheck disable=SC2317
+    import_all() {
+      "${save[@]}" >"$archive"
+      local -a pids=()
+      for CTR_ADDRESS in "${need[@]}"; do
+        ctr_ images import --snapshotter overlayfs "$archive" >/dev/null & pids+=($!)
+      done
+      local pid rc=0
+      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+      rm -f "$archive"
+      return "$rc"
+    }
+    timed "load ${image##*/} (${#need[@]} nodes)" import_all || { rm -f "$archive"; die "importing ${image} failed"; }
   fi
-  log "load: importing ${image} (id ${id:0:12}, $(image_size "$image")) into ${CTR_ADDRESS}"
-  local -a save=("$(builder)" save "$image")
-  [ "$(builder)" = podman ] && save=(podman save --format docker-archive "$image")
-  # shellcheck disable=SC2317
-  import() { "${save[@]}" | ctr_ images import --snapshotter overlayfs -; }
-  timed "load ${image##*/}" import >/dev/null
-  ctr_ images label "$image" "io.mlbench.image-id=${id}" >/dev/null
+  for CTR_ADDRESS in "${need[@]}"; do ctr_ images label "$image" "io.mlbench.image-id=${id}" >/dev/null; done
 }
 
 # The refs the CRI made by image id ("sha256:<config digest>") that no named ref points to any more: the
@@ -338,13 +370,11 @@ addresses() {
 }
 
 cmd_load() {
-  local list
-  list=$(addresses)
-  for CTR_ADDRESS in $list; do
-    load_image "$OPERATOR_IMAGE"
-    load_image "$RUNNER_IMAGE"
-    prune_stale
-  done
+  local -a list
+  read -r -a list <<<"$(addresses | tr '\n' ' ')"
+  load_image "$OPERATOR_IMAGE" "${list[@]}"
+  load_image "$RUNNER_IMAGE" "${list[@]}"
+  for CTR_ADDRESS in "${list[@]}"; do prune_stale; done
 }
 
 cmd_prune() {

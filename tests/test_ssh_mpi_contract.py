@@ -150,13 +150,21 @@ def project(volume: Obj, objects: Mapping[str, Obj], dest: Path, fs_group: int |
         (dest / key).chmod(mode)
 
 
+def node_of(pod: Obj) -> str:
+    """The node this test "schedules" a pod on (the downward API's ``spec.nodeName``)."""
+    return f"node-of-{pod['metadata']['name']}"
+
+
 def container_env(container: Obj, pod: Obj, paths: Mapping[str, Path]) -> dict[str, str]:
-    """The container's environment: values localized, the downward API's ``metadata.name`` resolved."""
+    """The container's environment: values localized, the downward API's ``metadata.name`` and ``spec.nodeName``
+    resolved."""
+    fields = {"metadata.name": pod["metadata"]["name"], "spec.nodeName": node_of(pod)}
     env: dict[str, str] = {}
     for var in container["env"]:
         if "valueFrom" in var:
-            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, var
-            env[var["name"]] = pod["metadata"]["name"]
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path in fields, var
+            env[var["name"]] = fields[path]
         else:
             env[var["name"]] = localize(var["value"], paths, ())
     return env
@@ -469,6 +477,8 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     summary = RunSummary.from_termination_message(log.read_text())
     assert summary.run == RUN
     assert summary.environment.world_size == WORKERS
+    # each rank's session got its pod's node name from sshd (SetEnv), not only mpirun's -x variables
+    assert summary.environment.nodes == [f"node-of-{n.worker_name(RUN, rank)}" for rank in range(WORKERS)]
     assert summary.steps == 2 * 200 // (5 * WORKERS)
     # Through mpirun's forwarded output (rank 0's tagged stdout), not the shared summary.json.
     assert any(line.startswith("[1,0]<stdout>:") and '"run_summary"' in line for line in proc.stdout.splitlines())

@@ -205,7 +205,8 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 #: mpirun's tree spawn uses on the workers at the path the launcher uses (``mlbench_runner.launch.
 #: PRIVATE_SSH_DIR``, the same directory). ``mlbench-runner worker`` supervises
 #: sshd so that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named
-#: (see mlbench_runner.worker).
+#: (see mlbench_runner.worker). The ranks' sessions get the pod's node name (``SetEnv``: an ssh session starts with
+#: sshd's environment, not the container's), so that each rank's result names its node.
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
@@ -215,7 +216,7 @@ exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} 
   -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no \\
   -o LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS} -o ClientAliveInterval={SSHD_CLIENT_ALIVE_INTERVAL} \\
-  -o ClientAliveCountMax={SSHD_CLIENT_ALIVE_COUNT_MAX}
+  -o ClientAliveCountMax={SSHD_CLIENT_ALIVE_COUNT_MAX} -o "SetEnv={NODE_NAME_ENV}=${{{NODE_NAME_ENV}:-}}"
 """
 
 
