@@ -203,6 +203,7 @@ class EpochRecord(ApiModel):
     epoch: SafeInt
     accuracy: Finite | None = None
     loss: Finite | None = None
+    score: Finite | None = Field(default=None, description="The goal metric's value after this epoch.")
     wall_seconds: Finite
     lr: Finite | None = None
 
@@ -220,6 +221,11 @@ class RunSummary(ApiModel):
     time_to_goal_seconds: Finite | None = Field(default=None, description="Wall clock from run start to the goal.")
     best_accuracy: Finite | None = None
     final_accuracy: Finite | None = None
+    goal_metric: str | None = Field(default=None, description="The metric the goal compares (task goal.metric).")
+    best_score: Finite | None = Field(
+        default=None, description="The goal metric's best value (lowest for perplexity, loss)."
+    )
+    final_score: Finite | None = Field(default=None, description="The goal metric's value at the last evaluation.")
     epochs: Finite
     steps: SafeInt
     samples: SafeInt
