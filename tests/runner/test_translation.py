@@ -4,6 +4,7 @@ test_translation_ranks.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import sacrebleu
 import torch
 
+from mlbench_api.task import Goal
 from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
@@ -25,7 +27,7 @@ from mlbench_runner.translation.corpus import (
     write_synthetic,
 )
 from mlbench_runner.translation.decoding import beam_search, greedy
-from mlbench_runner.translation.loop import gather_hypotheses, step_plan
+from mlbench_runner.translation.loop import SMOKE, gather_hypotheses, step_plan, train_translation
 from mlbench_runner.translation.optim import (
     LossScaler,
     MicroBatch,
@@ -36,6 +38,7 @@ from mlbench_runner.translation.optim import (
 )
 from mlbench_runner.translation.transformer import Transformer, TransformerShape, shift_right
 
+ALONE = LocalCommunicator("gloo")
 TINY = TransformerShape(d_model=32, heads=2, ffn=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_positions=64)
 
 
@@ -287,3 +290,41 @@ def test_accumulation_equals_one_big_batch_alone() -> None:
     assert results[0][1].tokens == results[1][1].tokens
     assert results[0][1].loss == pytest.approx(results[1][1].loss, rel=1e-5)
     assert math.isfinite(results[0][1].loss)
+
+
+# -- the loop's goals -----------------------------------------------------------------------------------------------
+
+QUICK = dataclasses.replace(
+    SMOKE,
+    shape=TransformerShape(d_model=32, heads=2, ffn=64, encoder_layers=1, decoder_layers=1, max_positions=64),
+    max_epochs=3,
+)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic(tmp_path_factory.mktemp("pair"), {"train": 400, "test": 40}, seed=0)
+
+
+def test_a_loss_goal_stops_at_the_first_epoch_that_meets_it(pair: Path) -> None:
+    probe = train_translation(pair, dataclasses.replace(QUICK, goal=Goal(metric="loss", target=1e3)), ALONE)
+    assert probe.reached
+    assert len(probe.history) == 1  # any loss meets 1000: stopped after epoch 1
+    assert probe.history[0].bleu is None  # no decoding for a loss goal
+    assert probe.history[0].score == probe.history[0].test_loss
+    assert probe.time_to_goal == probe.history[0].wall_seconds
+    never = train_translation(pair, dataclasses.replace(QUICK, goal=Goal(metric="perplexity", target=1.0001)), ALONE)
+    assert not never.reached
+    assert never.time_to_goal is None
+    assert len(never.history) == QUICK.max_epochs
+    assert [h.score for h in never.history] == pytest.approx([math.exp(h.test_loss) for h in never.history])
+    assert never.history[-1].test_loss < never.history[0].test_loss  # it learns
+
+
+def test_accuracy_after_time_is_judged_by_the_last_evaluation(pair: Path) -> None:
+    goal = Goal(metric="loss", target=1e3, mode="accuracy-after-time", time_budget_seconds=1)
+    recipe = dataclasses.replace(QUICK, goal=goal, max_epochs=50)
+    result = train_translation(pair, recipe, ALONE)
+    assert result.reached
+    assert len(result.history) < 50  # the budget ended it, not the epochs
+    assert result.time_to_goal == result.history[0].wall_seconds

@@ -4,6 +4,10 @@ and the smoke recipe reaches its BLEU goal on the synthetic pair (NOT WMT) on a 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +18,9 @@ from mlbench_runner.translation.corpus import write_synthetic
 from mlbench_runner.translation.loop import SMOKE, train_translation
 from mlbench_runner.translation.optim import LossScaler, accumulated_step
 
-from .helpers import join_all, spawn_ranks
+from .helpers import env, join_all, spawn_ranks
 from .test_translation import micro_batches, tiny_model
+from .translation_rank import smoke_record
 
 STEPS = 3
 
@@ -64,29 +69,37 @@ def _smoke_rank(rank: int, port: int, root: str, out: str) -> None:
     comm = TorchCommunicator(World(rank, 2, rank, 2, "127.0.0.1", port, "env"), "gloo")
     result = train_translation(Path(root), SMOKE, comm, seed=0)
     close_quietly(comm, True)
-    record = {
-        "bleu": [h.bleu for h in result.history],
-        "wall": [h.wall_seconds for h in result.history],
-        "reached": result.reached,
-        "steps": result.steps,
-        "update_freq": result.update_freq,
-        "skipped": result.skipped_steps,
-        "signature": result.signature,
-        "hypotheses": result.hypotheses,
-    }
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(smoke_record(result)))
+
+
+def check_smoke(out: Path) -> None:
+    """Both ranks' records: from near 0 BLEU to the goal, judged alike on every rank."""
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    first = ranks[0]
+    print("BLEU per epoch", first["bleu"], "seconds", first["wall"], "steps", first["steps"])
+    assert first["reached"]
+    assert first["bleu"][0] < 5.0 < SMOKE.goal.target <= first["bleu"][-1]
+    assert first["update_freq"] == 1  # 1024 tokens over 2 ranks of 512: no accumulation needed
+    assert first["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert ranks[1]["bleu"] == first["bleu"]
+    assert ranks[1]["hypotheses"] == first["hypotheses"]  # every rank judged the same gathered test set
 
 
 @pytest.mark.timeout(600)
 def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_gloo_ranks(tmp_path: Path) -> None:
     root = write_synthetic(tmp_path / "synthetic", {"train": 3000, "test": 200}, seed=0)
     join_all(spawn_ranks(_smoke_rank, str(root), str(tmp_path)), timeout=540)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    first = ranks[0]
-    print("BLEU per epoch", first["bleu"], "seconds", first["wall"], "steps", first["steps"])
-    assert first["reached"]
-    assert first["bleu"][0] < 5.0 < SMOKE.target_bleu <= first["bleu"][-1]  # from near 0 to the goal
-    assert first["update_freq"] == 1  # 1024 tokens over 2 ranks of 512: no accumulation needed
-    assert first["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert ranks[1]["bleu"] == first["bleu"]
-    assert ranks[1]["hypotheses"] == first["hypotheses"]  # every rank judged the same gathered test set
+    check_smoke(tmp_path)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
+def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_mpi_ranks(tmp_path: Path) -> None:
+    root = write_synthetic(tmp_path / "synthetic", {"train": 3000, "test": 200}, seed=0)
+    root_flag = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", *root_flag, sys.executable, "-m", "tests.runner.translation_rank"]
+    proc = subprocess.run(
+        [*cmd, str(root), str(tmp_path), "mpi"], env=env(), capture_output=True, text=True, timeout=540, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_smoke(tmp_path)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from mlbench_api.task import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
+from mlbench_runner.goals import epoch_score
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     ParallelText,
@@ -27,11 +29,24 @@ from mlbench_runner.translation.corpus import (
     token_batches,
 )
 from mlbench_runner.translation.decoding import beam_search
-from mlbench_runner.translation.optim import LossScaler, MicroBatch, accumulated_step, inverse_sqrt_lr, update_freq
+from mlbench_runner.translation.optim import (
+    LossScaler,
+    MicroBatch,
+    accumulated_step,
+    inverse_sqrt_lr,
+    label_smoothed_loss,
+    update_freq,
+)
 from mlbench_runner.translation.transformer import BASE, Transformer, TransformerShape, shift_right
 
 #: Sentences per decoding batch at evaluation.
 DECODE_BATCH = 64
+#: Optimizer steps between two checks of an accuracy-after-time budget (rank 0's clock, broadcast).
+BUDGET_EVERY = 25
+
+
+def bleu_goal(target: float, light: float | None = None) -> Goal:
+    return Goal(metric=GoalMetric.BLEU, target=target, light_target=light)
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,7 @@ class TranslationRecipe:
     max_epochs: int = 10
     beam: int = 4
     length_penalty: float = 0.6
-    target_bleu: float = 25.0
+    goal: Goal = field(default_factory=lambda: bleu_goal(25.0, 20.0))  #: light 20 BLEU: the reference's
 
 
 RECIPE_4B = TranslationRecipe()
@@ -68,22 +83,25 @@ SMOKE = TranslationRecipe(
     warmup=50,
     max_length=24,
     max_epochs=10,
-    target_bleu=60.0,
+    goal=bleu_goal(60.0),
 )
 
 
 @dataclass(frozen=True)
-class EpochBleu:
+class EpochScore:
     epoch: int
-    bleu: float
+    score: float  #: the goal metric's value
+    bleu: float | None  #: only when the goal is BLEU (decoding costs more than an epoch of the smoke task)
+    test_loss: float  #: mean NLL per target token of the test split (perplexity: its exp)
     loss: float  #: mean label-smoothed training loss per target token
     wall_seconds: float
 
 
 @dataclass
 class TranslationResult:
-    history: list[EpochBleu] = field(default_factory=list)
-    time_to_goal: float | None = None
+    history: list[EpochScore] = field(default_factory=list)
+    time_to_goal: float | None = None  #: the first evaluation that met the goal
+    reached: bool = False  #: time-to-accuracy: met at some evaluation; accuracy-after-time: at the last one
     steps: int = 0
     skipped_steps: int = 0  #: optimizer steps the loss scaler dropped (non-finite gradient)
     update_freq: int = 1
@@ -92,10 +110,6 @@ class TranslationResult:
     communication_seconds: float = 0.0
     signature: str = ""  #: sacrebleu's
     hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
-
-    @property
-    def reached(self) -> bool:
-        return self.time_to_goal is not None
 
 
 def step_plan(
@@ -141,6 +155,33 @@ def translate(
     return out
 
 
+@torch.no_grad()
+def mean_test_nll(
+    model: Transformer, data: ParallelText, rows: list[int], vocab: Vocabulary, comm: Communicator
+) -> float:
+    """Mean NLL per target token (no smoothing) over every rank's ``rows`` of ``data``, teacher-forced."""
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64)
+    lengths = [max(len(data.source[i]), len(data.target[i])) for i in rows]
+    for batch in token_batches(lengths, 4096):
+        mb = micro_batch(data, [rows[i] for i in batch], vocab)
+        logits = model(mb.source, mb.previous).float()
+        totals[0] += label_smoothed_loss(logits, mb.target, vocab.pad, 0.0).double()
+        totals[1] += int(mb.target.ne(vocab.pad).sum())
+    model.train()
+    comm.all_reduce_sum_(totals)
+    return float(totals[0] / totals[1].clamp(min=1))
+
+
+def budget_spent(comm: Communicator, started: float, budget: float | None) -> bool:
+    """Rank 0's clock decides for every rank (collective when there is a budget)."""
+    if budget is None:
+        return False
+    flag = torch.tensor([1.0 if time.perf_counter() - started >= budget else 0.0])
+    comm.broadcast_(flag, src=0)
+    return bool(flag.item() > 0)
+
+
 def gather_hypotheses(comm: Communicator, mine: list[list[int]], total: int, width: int) -> list[list[int]]:
     """Every rank's hypotheses (rank r decoded sentences r, r + k, ...) back in test-set order, on every rank."""
     rows = -(-total // comm.size)
@@ -165,8 +206,12 @@ def train_translation(
     src: str = "en",
     tgt: str = "de",
 ) -> TranslationResult:
-    """Train on ``root``'s ``train`` split until the ``test`` split's BLEU reaches the target or the epochs run out."""
+    """Train on ``root``'s ``train`` split to the recipe's goal on the ``test`` split: time-to-accuracy stops at
+    the first evaluation that meets it; accuracy-after-time trains until the budget is spent (checked every
+    BUDGET_EVERY steps) and is judged by its last evaluation. Either way at most ``max_epochs``."""
     clock = time.perf_counter()
+    goal = recipe.goal
+    budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
     vocab = read_dictionary(root / "dict.txt")
     train = read_split(root, "train", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
     test = read_split(root, "test", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
@@ -181,7 +226,7 @@ def train_translation(
     result = TranslationResult(update_freq=freq)
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
-        loss_tokens, loss_sum = 0, 0.0
+        loss_tokens, loss_sum, out_of_time = 0, 0.0, False
         for rows in step_plan(batches, world=comm.size, rank=comm.rank, freq=freq, seed=seed, epoch=epoch):
             lr = inverse_sqrt_lr(result.steps + 1, recipe.peak_lr, recipe.warmup)
             outcome = accumulated_step(
@@ -201,15 +246,30 @@ def train_translation(
             result.communication_seconds += outcome.communication_seconds
             loss_sum += outcome.loss * outcome.tokens
             loss_tokens += outcome.tokens
+            if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget):
+                out_of_time = True
+                break
         result.skipped_steps = scaler.skipped
-        mine = translate(model, test, list(range(comm.rank, len(test.source), comm.size)), vocab, recipe)
-        ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1)
-        result.hypotheses = [vocab.decode(h) for h in ids]
-        score = corpus_bleu(result.hypotheses, test.references)
-        result.signature = score.signature
+        mine_rows = list(range(comm.rank, len(test.source), comm.size))
+        nll = mean_test_nll(model, test, mine_rows, vocab, comm)
+        bleu = None
+        if goal.metric is GoalMetric.BLEU:
+            mine = translate(model, test, mine_rows, vocab, recipe)
+            ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1)
+            result.hypotheses = [vocab.decode(h) for h in ids]
+            scored = corpus_bleu(result.hypotheses, test.references)
+            bleu, result.signature = scored.score, scored.signature
+        score = epoch_score(goal.metric, 0.0, nll, bleu)
         elapsed = time.perf_counter() - clock
-        result.history.append(EpochBleu(epoch + 1, score.score, loss_sum / max(loss_tokens, 1), elapsed))
-        if score.score >= recipe.target_bleu:
+        result.history.append(EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed))
+        met = goal.met(score)
+        if met and result.time_to_goal is None:
             result.time_to_goal = elapsed
+        if budget is None and met:
+            result.reached = True
             break
+        if out_of_time or (budget is not None and budget_spent(comm, clock, budget)):
+            break
+    if budget is not None:
+        result.reached = bool(result.history) and goal.met(result.history[-1].score)
     return result
