@@ -226,6 +226,15 @@ class RunSummary(ApiModel):
         default=None, description="The goal metric's best value (lowest for perplexity, loss)."
     )
     final_score: Finite | None = Field(default=None, description="The goal metric's value at the last evaluation.")
+    bleu_signature: str | None = Field(
+        default=None, description="Translation tasks with a bleu goal: sacrebleu's signature (how BLEU was computed)."
+    )
+    skipped_steps: SafeInt | None = Field(
+        default=None, description="Translation tasks: optimizer steps the loss scaler skipped (non-finite gradient)."
+    )
+    update_freq: SafeInt | None = Field(
+        default=None, description="Translation tasks: micro-batches accumulated per optimizer step on each rank."
+    )
     epochs: Finite
     steps: SafeInt
     samples: SafeInt

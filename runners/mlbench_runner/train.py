@@ -30,7 +30,7 @@ from torch import nn
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
-from mlbench_api.task import GoalMetric, GoalMode, ModelName
+from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import partition, stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
@@ -269,8 +269,6 @@ class Trainer:
         port = cfg.metrics_port + self.world.local_rank if cfg.metrics_port else 0
         metrics.serve(port)
         task = cfg.task
-        if task.goal.metric is GoalMetric.BLEU:  # fail before the data is read: no kernel here decodes
-            raise ValueError(f"goal.metric: bleu needs a translation task; model {task.model.name.value} has none")
         data = load_dataset(task.dataset)
         # One-time ingest (decoding the source into the .npy cache, or waiting for the rank
         # that does) is not part of the run, as MLPerf's data reformatting; reading the cache is.
@@ -728,5 +726,10 @@ class Trainer:
 
 
 def train(config: RunConfig, world: World | None = None, options: Options | None = None) -> RunSummary | None:
-    """Train this rank; rank 0 returns (and writes) the RunSummary."""
+    """Train this rank; rank 0 returns (and writes) the RunSummary. A transformer task is the translation kind's
+    (:mod:`mlbench_runner.translation.task`)."""
+    if config.task.model.name is ModelName.TRANSFORMER:
+        from mlbench_runner.translation import task as translation
+
+        return translation.run(config, world)
     return Trainer(config, world, options).run()

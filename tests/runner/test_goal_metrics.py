@@ -1,5 +1,6 @@
-"""Time-to-target and accuracy-after-time for each goal metric: the runner compares the metric's value, in its
-direction (lower is better for perplexity and loss), and the summary carries it."""
+"""Time-to-target and accuracy-after-time for the Trainer's goal metrics (accuracy, loss): the runner compares the
+metric's value in its direction (lower is better for loss), and the summary carries it. BLEU and perplexity are
+the translation kind's (test_translation.py)."""
 
 from __future__ import annotations
 
@@ -45,15 +46,6 @@ def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, mon
     assert summary.time_to_goal_seconds == summary.history[-1].wall_seconds
 
 
-def test_a_perplexity_goal_compares_exp_of_the_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    summary = run_with_evaluations(
-        tmp_path, monkeypatch, {"metric": "perplexity", "target": 3.0}, [(0.0, 2.0), (0.0, 1.0), (0.0, 0.5)]
-    )
-    assert summary.goal_reached
-    assert len(summary.history) == 2
-    assert summary.final_score == pytest.approx(math.e)
-
-
 @pytest.mark.parametrize(("last_loss", "reached"), [(0.25, True), (0.4, False)])
 def test_loss_after_time_judges_the_last_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last_loss: float, reached: bool
@@ -73,14 +65,6 @@ def test_an_accuracy_goal_is_unchanged(tmp_path: Path, monkeypatch: pytest.Monke
     assert summary.goal_reached
     assert summary.goal_metric == "test-accuracy"
     assert summary.final_score == summary.final_accuracy == 0.85
-
-
-def test_a_bleu_goal_needs_a_model_that_decodes(tmp_path: Path) -> None:
-    task = logreg_task()
-    task["goal"] = {"metric": "bleu", "target": 25.0}
-    config = make_config(task, tmp_path / "out", 1)
-    with pytest.raises(ValueError, match=r"goal\.metric: bleu needs a translation task"):
-        Trainer(config, SINGLE, Options()).run()
 
 
 def test_epoch_score_per_metric() -> None:

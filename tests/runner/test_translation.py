@@ -15,6 +15,7 @@ import torch
 
 from mlbench_api.task import Goal
 from mlbench_runner.comm import LocalCommunicator
+from mlbench_runner.schedule import warmup_inverse_sqrt
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     build_vocabulary,
@@ -32,7 +33,6 @@ from mlbench_runner.translation.optim import (
     LossScaler,
     MicroBatch,
     accumulated_step,
-    inverse_sqrt_lr,
     label_smoothed_loss,
     update_freq,
 )
@@ -84,11 +84,14 @@ def test_a_fairseq_dictionary_and_bpe_text_as_written_by_hand(tmp_path: Path) ->
     assert vocab.tokens[:4] == ("<pad>", "<s>", "</s>", "<unk>")
     assert vocab.encode("die Kat@@ ze .") == [4, 5, 6, 7, vocab.eos]
     short = read_split(tmp_path, "test", vocab, max_tokens=8)  # the second pair has 11 target tokens
-    assert short.references == ["die Kat@@ ze ."]
+    assert short.references == ["die Katze ."]  # BLEU's reference: BPE merged
+    (tmp_path / "test.ref.de").write_text("Die Katze.\nDie die.\n")
+    assert read_split(tmp_path, "test", vocab, max_tokens=8).references == ["Die Katze."]  # detokenized refs
     assert short.source[0] == [vocab.unk, vocab.unk, 7, vocab.eos]  # English is not in this German dictionary
     (tmp_path / "bad.txt").write_text("die\n")
     with pytest.raises(ValueError, match=r"bad\.txt:1: expected"):
         read_dictionary(tmp_path / "bad.txt")
+    (tmp_path / "test.ref.de").unlink()
     (tmp_path / "test.de").write_text("die .\n")
     with pytest.raises(ValueError, match="2 en lines but 1 de lines"):
         read_split(tmp_path, "test", vocab)
@@ -199,10 +202,10 @@ def test_bleu_is_sacrebleus_on_the_same_hypotheses() -> None:
 
 
 def test_the_schedule_warms_up_linearly_then_decays_as_inverse_sqrt() -> None:
-    assert inverse_sqrt_lr(0, 1.976e-3, 1000) == 0.0
-    assert inverse_sqrt_lr(500, 1.976e-3, 1000) == pytest.approx(0.988e-3)
-    assert inverse_sqrt_lr(1000, 1.976e-3, 1000) == pytest.approx(1.976e-3)
-    assert inverse_sqrt_lr(4000, 1.976e-3, 1000) == pytest.approx(0.988e-3)
+    assert warmup_inverse_sqrt(0, 1.976e-3, 1000) == 0.0
+    assert warmup_inverse_sqrt(500, 1.976e-3, 1000) == pytest.approx(0.988e-3)
+    assert warmup_inverse_sqrt(1000, 1.976e-3, 1000) == pytest.approx(1.976e-3)
+    assert warmup_inverse_sqrt(4000, 1.976e-3, 1000) == pytest.approx(0.988e-3)
 
 
 @pytest.mark.parametrize(("world", "freq"), [(1, 16), (2, 8), (8, 2), (16, 1), (32, 1)])

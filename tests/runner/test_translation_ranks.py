@@ -3,6 +3,7 @@ and the smoke recipe reaches its BLEU goal on the synthetic pair (NOT WMT) on a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,12 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from mlbench_api.catalog import get_task
+from mlbench_api.results import RunSummary
 from mlbench_runner.comm import LocalCommunicator, TorchCommunicator, close_quietly
 from mlbench_runner.translation.corpus import write_synthetic
-from mlbench_runner.translation.loop import SMOKE, train_translation
+from mlbench_runner.translation.loop import RECIPE_4B, SMOKE, train_translation
 from mlbench_runner.translation.optim import LossScaler, accumulated_step
+from mlbench_runner.translation.task import recipe_for
 
-from .helpers import env, join_all, spawn_ranks
+from .helpers import env, join_all, launch_processes, make_config, spawn_ranks
 from .test_translation import micro_batches, tiny_model
 from .translation_rank import smoke_record
 
@@ -103,3 +107,34 @@ def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_mpi_ranks(tmp_path: Pat
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     check_smoke(tmp_path)
+
+
+def test_the_catalog_4b_task_is_the_pages_recipe() -> None:
+    """recipe_for reads task 4b's sections into the loop's recipe: the same numbers as RECIPE_4B."""
+    config = make_config(get_task("wmt17-transformer").spec.to_api(), Path("/tmp/unused"), 4)
+    recipe = recipe_for(config)
+    assert recipe == dataclasses.replace(
+        RECIPE_4B, shape=dataclasses.replace(RECIPE_4B.shape, max_positions=81), goal=recipe.goal
+    )
+    assert (recipe.goal.metric.value, recipe.goal.target) == ("bleu", 25.0)
+
+
+@pytest.mark.timeout(600)
+def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_path: Path) -> None:
+    """``mlbench-runner train`` on two gloo ranks runs a transformer task through the translation kind; rank 0's
+    summary carries BLEU per epoch, sacrebleu's signature and the loss scaler's count."""
+    config = make_config(get_task("synthetic-transformer-smoke").spec.to_api(), tmp_path / "out", 2)
+    ranks = launch_processes(config, 2, timeout=540)
+    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    print("scores", [h.score for h in summary.history], "wall", summary.wall_clock_seconds)
+    assert (summary.status, summary.stop_reason, summary.goal_reached) == ("success", "goal", True)
+    assert summary.goal_metric == "bleu"
+    assert summary.final_score is not None
+    assert summary.final_score >= 60.0
+    assert summary.history[0].score is not None
+    assert summary.history[0].score < 5.0
+    assert summary.bleu_signature is not None
+    assert summary.bleu_signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert (summary.skipped_steps, summary.update_freq) == (0, 1)
+    assert summary.communication_seconds > 0
+    assert [r["steps"] for r in ranks] == [summary.steps, summary.steps]

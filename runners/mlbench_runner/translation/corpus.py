@@ -193,23 +193,33 @@ class ParallelText:
     references: list[str]
 
 
+def merge_bpe(text: str) -> str:
+    """Subword-nmt's pieces joined: ``Kat@@ ze`` is ``Katze`` (text without ``@@`` is unchanged)."""
+    return (text + " ").replace("@@ ", "").rstrip(" ")
+
+
 def read_split(
     root: Path, split: str, vocab: Vocabulary, *, src: str = "en", tgt: str = "de", max_tokens: int | None = None
 ) -> ParallelText:
     """``<split>.<src>`` and ``<split>.<tgt>`` line by line; pairs with a side longer than ``max_tokens`` (eos
-    counted) are dropped, as the recipe trains on sentences of at most 80 tokens."""
+    counted) are dropped, as the recipe trains on sentences of at most 80 tokens. BLEU's references are the lines
+    of ``<split>.ref.<tgt>`` (detokenized text) where that file exists, else the target lines with BPE merged."""
     sources = (root / f"{split}.{src}").read_text().splitlines()
     targets = (root / f"{split}.{tgt}").read_text().splitlines()
     if len(sources) != len(targets):
         raise ValueError(f"{root}/{split}: {len(sources)} {src} lines but {len(targets)} {tgt} lines")
+    ref_file = root / f"{split}.ref.{tgt}"
+    refs = ref_file.read_text().splitlines() if ref_file.exists() else [merge_bpe(t) for t in targets]
+    if len(refs) != len(targets):
+        raise ValueError(f"{ref_file}: {len(refs)} references for {len(targets)} {tgt} lines")
     out = ParallelText([], [], [])
-    for s, t in zip(sources, targets, strict=True):
+    for s, t, ref in zip(sources, targets, refs, strict=True):
         s_ids, t_ids = vocab.encode(s), vocab.encode(t)
         if max_tokens is not None and max(len(s_ids), len(t_ids)) > max_tokens:
             continue
         out.source.append(s_ids)
         out.target.append(t_ids)
-        out.references.append(t)
+        out.references.append(ref)
     return out
 
 

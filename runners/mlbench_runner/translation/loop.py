@@ -19,10 +19,12 @@ import torch
 from mlbench_api.task import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
 from mlbench_runner.goals import epoch_score
+from mlbench_runner.schedule import warmup_inverse_sqrt
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     ParallelText,
     Vocabulary,
+    merge_bpe,
     pad_batch,
     read_dictionary,
     read_split,
@@ -33,7 +35,6 @@ from mlbench_runner.translation.optim import (
     LossScaler,
     MicroBatch,
     accumulated_step,
-    inverse_sqrt_lr,
     label_smoothed_loss,
     update_freq,
 )
@@ -126,11 +127,12 @@ def step_plan(
     ]
 
 
-def micro_batch(data: ParallelText, rows: list[int], vocab: Vocabulary) -> MicroBatch:
-    target = pad_batch([data.target[i] for i in rows], vocab.pad)
-    return MicroBatch(
-        pad_batch([data.source[i] for i in rows], vocab.pad), shift_right(target, vocab.bos, vocab.pad), target
-    )
+def micro_batch(
+    data: ParallelText, rows: list[int], vocab: Vocabulary, device: torch.device | None = None
+) -> MicroBatch:
+    target = pad_batch([data.target[i] for i in rows], vocab.pad).to(device)
+    source = pad_batch([data.source[i] for i in rows], vocab.pad).to(device)
+    return MicroBatch(source, shift_right(target, vocab.bos, vocab.pad), target)
 
 
 def translate(
@@ -138,10 +140,11 @@ def translate(
 ) -> list[list[int]]:
     """Beam-search hypotheses (token ids, no eos) for sentences ``rows`` of ``data``."""
     model.eval()
+    device = next(model.parameters()).device
     out: list[list[int]] = []
     for start in range(0, len(rows), DECODE_BATCH):
         chunk = rows[start : start + DECODE_BATCH]
-        source = pad_batch([data.source[i] for i in chunk], vocab.pad)
+        source = pad_batch([data.source[i] for i in chunk], vocab.pad).to(device)
         out += beam_search(
             model,
             source,
@@ -161,10 +164,11 @@ def mean_test_nll(
 ) -> float:
     """Mean NLL per target token (no smoothing) over every rank's ``rows`` of ``data``, teacher-forced."""
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64)
+    device = next(model.parameters()).device
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
     lengths = [max(len(data.source[i]), len(data.target[i])) for i in rows]
     for batch in token_batches(lengths, 4096):
-        mb = micro_batch(data, [rows[i] for i in batch], vocab)
+        mb = micro_batch(data, [rows[i] for i in batch], vocab, device)
         logits = model(mb.source, mb.previous).float()
         totals[0] += label_smoothed_loss(logits, mb.target, vocab.pad, 0.0).double()
         totals[1] += int(mb.target.ne(vocab.pad).sum())
@@ -173,22 +177,24 @@ def mean_test_nll(
     return float(totals[0] / totals[1].clamp(min=1))
 
 
-def budget_spent(comm: Communicator, started: float, budget: float | None) -> bool:
+def budget_spent(comm: Communicator, started: float, budget: float | None, device: torch.device) -> bool:
     """Rank 0's clock decides for every rank (collective when there is a budget)."""
     if budget is None:
         return False
-    flag = torch.tensor([1.0 if time.perf_counter() - started >= budget else 0.0])
+    flag = torch.tensor([1.0 if time.perf_counter() - started >= budget else 0.0], device=device)
     comm.broadcast_(flag, src=0)
     return bool(flag.item() > 0)
 
 
-def gather_hypotheses(comm: Communicator, mine: list[list[int]], total: int, width: int) -> list[list[int]]:
+def gather_hypotheses(
+    comm: Communicator, mine: list[list[int]], total: int, width: int, device: torch.device | None = None
+) -> list[list[int]]:
     """Every rank's hypotheses (rank r decoded sentences r, r + k, ...) back in test-set order, on every rank."""
     rows = -(-total // comm.size)
     block = torch.full((rows, width), -1, dtype=torch.long)
     for i, ids in enumerate(mine):
         block[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    gathered = comm.all_gather(block)  # (ranks, rows, width)
+    gathered = comm.all_gather(block.to(device)).cpu()  # (ranks, rows, width)
     ordered: list[list[int]] = []
     for i in range(total):
         row = gathered[i % comm.size, i // comm.size]
@@ -205,6 +211,7 @@ def train_translation(
     autocast: torch.dtype | None = None,
     src: str = "en",
     tgt: str = "de",
+    device: torch.device | None = None,
 ) -> TranslationResult:
     """Train on ``root``'s ``train`` split to the recipe's goal on the ``test`` split: time-to-accuracy stops at
     the first evaluation that meets it; accuracy-after-time trains until the budget is spent (checked every
@@ -216,7 +223,8 @@ def train_translation(
     train = read_split(root, "train", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
     test = read_split(root, "test", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = Transformer(len(vocab), vocab.pad, recipe.shape)
+    device = device or torch.device("cpu")
+    model = Transformer(len(vocab), vocab.pad, recipe.shape).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=recipe.betas, eps=recipe.eps)
     scaler = LossScaler(recipe.initial_scale, recipe.scale_factor, recipe.scale_window)
     freq = update_freq(recipe.global_tokens, recipe.max_tokens, comm.size)
@@ -228,11 +236,11 @@ def train_translation(
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
         for rows in step_plan(batches, world=comm.size, rank=comm.rank, freq=freq, seed=seed, epoch=epoch):
-            lr = inverse_sqrt_lr(result.steps + 1, recipe.peak_lr, recipe.warmup)
+            lr = warmup_inverse_sqrt(result.steps + 1, recipe.peak_lr, recipe.warmup)
             outcome = accumulated_step(
                 model,
                 optimizer,
-                [micro_batch(train, r, vocab) for r in rows],
+                [micro_batch(train, r, vocab, device) for r in rows],
                 comm,
                 scaler,
                 lr=lr,
@@ -246,7 +254,7 @@ def train_translation(
             result.communication_seconds += outcome.communication_seconds
             loss_sum += outcome.loss * outcome.tokens
             loss_tokens += outcome.tokens
-            if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget):
+            if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget, device):
                 out_of_time = True
                 break
         result.skipped_steps = scaler.skipped
@@ -255,8 +263,8 @@ def train_translation(
         bleu = None
         if goal.metric is GoalMetric.BLEU:
             mine = translate(model, test, mine_rows, vocab, recipe)
-            ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1)
-            result.hypotheses = [vocab.decode(h) for h in ids]
+            ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1, device)
+            result.hypotheses = [merge_bpe(vocab.decode(h)) for h in ids]
             scored = corpus_bleu(result.hypotheses, test.references)
             bleu, result.signature = scored.score, scored.signature
         score = epoch_score(goal.metric, 0.0, nll, bleu)
@@ -268,7 +276,7 @@ def train_translation(
         if budget is None and met:
             result.reached = True
             break
-        if out_of_time or (budget is not None and budget_spent(comm, clock, budget)):
+        if out_of_time or (budget is not None and budget_spent(comm, clock, budget, device)):
             break
     if budget is not None:
         result.reached = bool(result.history) and goal.met(result.history[-1].score)

@@ -1,5 +1,5 @@
-"""Task 4b's training rule: label-smoothed loss, Adam's warm-up and inverse-square-root rate, gradient
-accumulation over ``update_freq`` micro-batches with one all-reduce per optimizer step, and the dynamic loss
+"""Task 4b's training rule (its rate: :func:`mlbench_runner.schedule.warmup_inverse_sqrt`): label-smoothed loss,
+gradient accumulation over ``update_freq`` micro-batches with one all-reduce per optimizer step, and the dynamic loss
 scaler of the public recipe (mlbench-core's FP16Optimizer).
 
 One optimizer step (:func:`accumulated_step`): every micro-batch's summed token loss, times the loss scale, is
@@ -32,14 +32,6 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, pad: int, sm
         label_smoothing=smoothing,
         reduction="sum",
     )
-
-
-def inverse_sqrt_lr(step: int, peak: float, warmup: int, initial: float = 0.0) -> float:
-    """fairseq's inverse_sqrt: linear from ``initial`` to ``peak`` over ``warmup`` updates, then
-    ``peak * sqrt(warmup / step)``; ``step`` counts optimizer updates from 1."""
-    if step < warmup:
-        return initial + (peak - initial) * step / warmup
-    return peak * (warmup / max(step, 1)) ** 0.5
 
 
 def update_freq(global_tokens: int, max_tokens: int, world_size: int) -> int:
