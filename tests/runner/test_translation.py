@@ -15,6 +15,7 @@ import torch
 
 from mlbench_api.task import Goal
 from mlbench_runner.comm import LocalCommunicator
+from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.schedule import warmup_inverse_sqrt
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
@@ -331,3 +332,18 @@ def test_accuracy_after_time_is_judged_by_the_last_evaluation(pair: Path) -> Non
     assert result.reached
     assert len(result.history) < 50  # the budget ended it, not the epochs
     assert result.time_to_goal == result.history[0].wall_seconds
+
+
+def test_the_loop_feeds_the_runners_metrics(pair: Path) -> None:
+    metrics = RunnerMetrics("r", "t", "gloo", world_size=1, algorithm="allreduce-sgd", rank=0)
+    goal = Goal(metric="loss", target=1e-6)  # never met: every epoch runs
+    result = train_translation(pair, dataclasses.replace(QUICK, goal=goal, max_epochs=2), ALONE, metrics=metrics)
+    sample = metrics.registry.get_sample_value
+    assert sample("mlbench_steps_total") == result.steps > 0
+    assert sample("mlbench_samples_total") == result.tokens
+    assert sample("mlbench_epoch") == 2
+    assert sample("mlbench_goal_reached") == 0
+    assert sample("mlbench_loss") == result.history[-1].loss
+    assert sample("mlbench_phase_seconds_total", {"phase": "communication"}) == pytest.approx(
+        result.communication_seconds
+    )

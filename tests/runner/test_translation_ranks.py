@@ -138,3 +138,8 @@ def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_
     assert (summary.skipped_steps, summary.update_freq) == (0, 1)
     assert summary.communication_seconds > 0
     assert [r["steps"] for r in ranks] == [summary.steps, summary.steps]
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    evaluations = [e for e in events if e["event"] == "eval_accuracy"]
+    assert [e["score"] for e in evaluations] == [h.score for h in summary.history]
+    assert {e["metric"] for e in evaluations} == {"bleu"}
+    assert events[-1]["event"] == "run_summary"

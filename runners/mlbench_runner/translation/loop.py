@@ -18,7 +18,9 @@ import torch
 
 from mlbench_api.task import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
+from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
+from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.schedule import warmup_inverse_sqrt
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
@@ -212,6 +214,8 @@ def train_translation(
     src: str = "en",
     tgt: str = "de",
     device: torch.device | None = None,
+    metrics: RunnerMetrics | None = None,
+    log: EventLog | None = None,
 ) -> TranslationResult:
     """Train on ``root``'s ``train`` split to the recipe's goal on the ``test`` split: time-to-accuracy stops at
     the first evaluation that meets it; accuracy-after-time trains until the budget is spent (checked every
@@ -254,6 +258,12 @@ def train_translation(
             result.communication_seconds += outcome.communication_seconds
             loss_sum += outcome.loss * outcome.tokens
             loss_tokens += outcome.tokens
+            if metrics is not None:  # compute is not split into forward/backward/optimizer here: only comm is
+                metrics.steps.inc()
+                metrics.samples.inc(outcome.tokens / comm.size)
+                metrics.lr.set(lr)
+                metrics.phase_seconds.labels("communication").inc(outcome.communication_seconds)
+                metrics.step_duration.observe(outcome.compute_seconds + outcome.communication_seconds)
             if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget, device):
                 out_of_time = True
                 break
@@ -269,8 +279,35 @@ def train_translation(
             bleu, result.signature = scored.score, scored.signature
         score = epoch_score(goal.metric, 0.0, nll, bleu)
         elapsed = time.perf_counter() - clock
-        result.history.append(EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed))
+        record = EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed)
+        result.history.append(record)
         met = goal.met(score)
+        if metrics is not None:
+            metrics.epoch.set(epoch + 1)
+            metrics.loss.set(record.loss)
+            metrics.goal.set(1 if met else 0)
+            busy = result.compute_seconds + result.communication_seconds
+            metrics.throughput.set(result.tokens / busy if busy > 0 else 0.0)
+        if log is not None:
+            log.event(
+                "eval_accuracy",
+                epoch=epoch + 1,
+                metric=goal.metric.value,
+                score=score,
+                bleu=bleu,
+                test_nll=nll,
+                target=goal.target,
+                elapsed_s=round(elapsed, 3),
+            )
+            log.event(
+                "epoch_stop",
+                epoch=epoch + 1,
+                loss=record.loss,
+                step=result.steps,
+                skipped_steps=scaler.skipped,
+                samples_per_second=result.tokens / max(result.compute_seconds + result.communication_seconds, 1e-9),
+                elapsed_s=round(elapsed, 3),
+            )
         if met and result.time_to_goal is None:
             result.time_to_goal = elapsed
         if budget is None and met:

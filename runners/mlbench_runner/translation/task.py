@@ -22,6 +22,8 @@ from mlbench_api.config import RunConfig
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
 from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec, GoalMode, better
 from mlbench_runner.comm import close_quietly, make_communicator
+from mlbench_runner.events import EventLog
+from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.translation.corpus import write_synthetic
 from mlbench_runner.translation.loop import TranslationRecipe, TranslationResult, train_translation
 from mlbench_runner.translation.transformer import TransformerShape
@@ -166,10 +168,24 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     recipe = recipe_for(config)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    log = EventLog(world.rank, out)
+    metrics = RunnerMetrics(
+        config.run_name,
+        config.task_name,
+        config.backend.value,
+        world_size=world.size,
+        algorithm=config.algorithm.value,
+        rank=world.rank,
+    )
+    metrics.serve(config.metrics_port + world.local_rank if config.metrics_port else 0)
+    log.event("run_start", run=config.run_name, task=config.task_name, rank_count=world.size, device=str(device))
     root = data_folder(config.task.dataset, out, world.rank)
+    log.event("hyperparameters", task=config.task_name, recipe=str(recipe), data=str(root))
     comm = make_communicator(world, config.backend.value)
     try:
-        result = train_translation(root, recipe, comm, seed=config.seed, autocast=autocast, device=device)
+        result = train_translation(
+            root, recipe, comm, seed=config.seed, autocast=autocast, device=device, metrics=metrics, log=log
+        )
     finally:
         close_quietly(comm, orderly=True)
     _status, reason = stop_of(config, result)
@@ -177,7 +193,11 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     (out / "ranks").mkdir(exist_ok=True)
     (out / "ranks" / f"rank-{world.rank}.json").write_text(json.dumps(record))  # as the Trainer's RankRecord
     if world.rank != 0:
+        log.close()
         return None
     summary = summary_of(config, world, device, result, time.perf_counter() - started)
     atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
+    log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, goal_reached=summary.goal_reached)
+    log.event("run_summary", summary=json.loads(summary.termination_message()))
+    log.close()
     return summary
