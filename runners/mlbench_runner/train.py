@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -725,11 +726,25 @@ class Trainer:
         self.log.close()
 
 
-def train(config: RunConfig, world: World | None = None, options: Options | None = None) -> RunSummary | None:
-    """Train this rank; rank 0 returns (and writes) the RunSummary. A transformer task is the translation kind's
-    (:mod:`mlbench_runner.translation.task`)."""
-    if config.task.model.name is ModelName.TRANSFORMER:
-        from mlbench_runner.translation import task as translation
-
-        return translation.run(config, world)
+def _trained(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
     return Trainer(config, world, options).run()
+
+
+def _translated(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
+    from mlbench_runner.translation import task as translation  # torch-only kinds need not import sacrebleu
+
+    return translation.run(config, world)
+
+
+#: The task kinds this runner trains, by the API's model name: what ``mlbench-runner train`` runs for each. The
+#: API's ModelName and this table must agree (tests/runner/test_translation.py checks).
+KINDS: dict[ModelName, Callable[[RunConfig, World | None, Options | None], RunSummary | None]] = {
+    ModelName.RESNET: _trained,
+    ModelName.LOGISTIC_REGRESSION: _trained,
+    ModelName.TRANSFORMER: _translated,
+}
+
+
+def train(config: RunConfig, world: World | None = None, options: Options | None = None) -> RunSummary | None:
+    """Train this rank with the task's kind (:data:`KINDS`); rank 0 returns (and writes) the RunSummary."""
+    return KINDS[config.task.model.name](config, world, options)

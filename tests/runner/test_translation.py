@@ -13,10 +13,11 @@ import pytest
 import sacrebleu
 import torch
 
-from mlbench_api.task import Goal
+from mlbench_api.task import Goal, ModelName
 from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.schedule import warmup_inverse_sqrt
+from mlbench_runner.train import KINDS
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     build_vocabulary,
@@ -347,3 +348,7 @@ def test_the_loop_feeds_the_runners_metrics(pair: Path) -> None:
     assert sample("mlbench_phase_seconds_total", {"phase": "communication"}) == pytest.approx(
         result.communication_seconds
     )
+
+
+def test_every_model_the_api_knows_has_a_kind_in_the_runner() -> None:
+    assert set(KINDS) == set(ModelName)
