@@ -39,7 +39,7 @@ from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
-from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
+from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec, GoalMetric
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
@@ -81,9 +81,19 @@ def _catalog(args: argparse.Namespace) -> int:
         model = s.model.name.value + (f"-{s.model.depth}{s.model.version}" if s.model.depth else "")
         print(
             f"{name:<28} {s.division.value:<8} {model:<24} {s.dataset.name:<18} "
-            f"{s.training.batch_size_per_worker:>5} {s.training.max_epochs:>6} {s.goal.target:>6.0%}"
+            f"{s.training.batch_size_per_worker:>5} {s.training.max_epochs:>6} "
+            f"{_target(s.goal.metric, s.goal.target):>6}"
         )
     return 0
+
+
+def _target(metric: GoalMetric, target: float) -> str:
+    """``80%`` for an accuracy, ``25 BLEU`` for BLEU, ``ppl 4.5``, ``loss 0.3``: a goal as the listing shows it."""
+    if metric in (GoalMetric.TEST_TOP1_ACCURACY, GoalMetric.TEST_ACCURACY):
+        return f"{target:.0%}"
+    if metric is GoalMetric.BLEU:
+        return f"{target:g} BLEU"
+    return f"{'ppl' if metric is GoalMetric.PERPLEXITY else 'loss'} {target:g}"
 
 
 def _bytes(n: int) -> str:

@@ -47,6 +47,7 @@ class ResolvedSchedule(ApiModel):
     decay_factor: float = 0.1
     alpha: float | None = None
     decay_unit: str = "step"
+    warmup_steps: int = Field(default=0, description="warmup-inverse-sqrt: optimizer steps of warm-up from 0.")
 
 
 class RunConfig(ApiModel):
@@ -140,6 +141,9 @@ def resolve_schedule(lr: LearningRate, batch: int, world_size: int) -> ResolvedS
             schedule=lr.schedule, initial_lr=alpha, peak_lr=alpha, alpha=alpha, decay_unit=lr.decay_unit
         )
     assert lr.value is not None
+    if lr.schedule is Schedule.WARMUP_INVERSE_SQRT:
+        assert lr.warmup_steps is not None
+        return ResolvedSchedule(schedule=lr.schedule, initial_lr=0.0, peak_lr=lr.value, warmup_steps=lr.warmup_steps)
     return ResolvedSchedule(schedule=lr.schedule, initial_lr=lr.value, peak_lr=lr.value)
 
 

@@ -219,7 +219,7 @@ KINDS: list[CrdSpec] = [
             _col("Model", ".spec.model.name"),
             _col("Depth", ".spec.model.depth", "integer", priority=1),
             _col("Dataset", ".spec.dataset.name"),
-            _col("Target", ".spec.goal.target", "number", description="Goal accuracy (fraction)"),
+            _col("Target", ".spec.goal.target", "number", description="Goal target, in the goal metric's units"),
             _col("Epochs", ".spec.training.maxEpochs", "integer", priority=1),
             AGE,
         ],

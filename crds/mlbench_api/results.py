@@ -208,6 +208,7 @@ class EpochRecord(ApiModel):
     epoch: SafeInt
     accuracy: Finite | None = None
     loss: Finite | None = None
+    score: Finite | None = Field(default=None, description="The goal metric's value after this epoch.")
     wall_seconds: Finite
     lr: Finite | None = None
 
@@ -225,6 +226,20 @@ class RunSummary(ApiModel):
     time_to_goal_seconds: Finite | None = Field(default=None, description="Wall clock from run start to the goal.")
     best_accuracy: Finite | None = None
     final_accuracy: Finite | None = None
+    goal_metric: str | None = Field(default=None, description="The metric the goal compares (task goal.metric).")
+    best_score: Finite | None = Field(
+        default=None, description="The goal metric's best value (lowest for perplexity, loss)."
+    )
+    final_score: Finite | None = Field(default=None, description="The goal metric's value at the last evaluation.")
+    bleu_signature: str | None = Field(
+        default=None, description="Translation tasks with a bleu goal: sacrebleu's signature (how BLEU was computed)."
+    )
+    skipped_steps: SafeInt | None = Field(
+        default=None, description="Translation tasks: optimizer steps the loss scaler skipped (non-finite gradient)."
+    )
+    update_freq: SafeInt | None = Field(
+        default=None, description="Translation tasks: micro-batches accumulated per optimizer step on each rank."
+    )
     epochs: Finite
     steps: SafeInt
     samples: SafeInt

@@ -36,6 +36,38 @@ class Division(StrEnum):
 class ModelName(StrEnum):
     RESNET = "resnet"
     LOGISTIC_REGRESSION = "logistic-regression"
+    TRANSFORMER = "transformer"
+
+
+class TransformerSize(ApiModel):
+    """A Transformer's sizes (fairseq's transformer_wmt_en_de by default: task 4b's base model)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self.dModel % self.heads == 0", "dModel must divide by heads", ".heads")]
+        }
+    )
+
+    d_model: Annotated[int, Field(ge=2, le=16384)] = 512
+    """Embedding and layer width (default 512)."""
+    heads: Annotated[int, Field(ge=1, le=256)] = 8
+    """Attention heads (default 8); must divide dModel."""
+    ffn: Annotated[int, Field(ge=1, le=65536)] = 2048
+    """Feed-forward inner width (default 2048)."""
+    encoder_layers: Annotated[int, Field(ge=1, le=64)] = 6
+    """Encoder layers (default 6)."""
+    decoder_layers: Annotated[int, Field(ge=1, le=64)] = 6
+    """Decoder layers (default 6)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """Dropout after embeddings, attention and feed-forward blocks (default 0.1)."""
+    norm_first: bool = False
+    """Pre-norm layers (fairseq's --*-normalize-before); default false: post-norm, as the base model."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> TransformerSize:
+        if self.d_model % self.heads:
+            raise ValueError("heads: dModel must divide by heads")
+        return self
 
 
 class ModelSpec(ApiModel):
@@ -48,7 +80,12 @@ class ModelSpec(ApiModel):
                     "self.name != 'resnet' || (has(self.version) && has(self.depth))",
                     "a resnet model needs version and depth",
                     ".depth",
-                )
+                ),
+                cel(
+                    "self.name == 'transformer' || !has(self.transformer)",
+                    "transformer sizes are for a transformer model only",
+                    ".transformer",
+                ),
             ]
         }
     )
@@ -59,11 +96,15 @@ class ModelSpec(ApiModel):
     """ResNet variant: m1 = original (He et al. 2015), m2 = pre-activation (He et al. 2016). Required for resnet."""
     depth: Literal[20, 32, 44, 56] | None = None
     """ResNet depth in layers (20, 32, 44 or 56). Required for resnet; ignored by logistic-regression."""
+    transformer: TransformerSize | None = None
+    """transformer only: the sizes; unset: the base model (6+6 layers, 512 wide, 8 heads, FFN 2048)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
         if self.name is ModelName.RESNET and (self.version is None or self.depth is None):
             raise ValueError("depth: a resnet model needs version and depth")
+        if self.name is not ModelName.TRANSFORMER and self.transformer is not None:
+            raise ValueError("transformer: transformer sizes are for a transformer model only")
         return self
 
 
@@ -73,7 +114,8 @@ class DatasetFormat(StrEnum):
     IMAGE_TARBALL = "image-tarball"  #: the same folder tree inside a .tar.gz
     LIBSVM = "libsvm"  #: ``label idx:value ...`` text (epsilon's distribution format)
     NPZ = "npz"  #: dense ``x_train, y_train, x_test, y_test`` arrays
-    SYNTHETIC = "synthetic"  #: generated in process, for tests and smoke runs
+    PARALLEL_TEXT = "parallel-text"  #: a folder of ``train|test.<lang>`` sentence files and fairseq's ``dict.txt``
+    SYNTHETIC = "synthetic"  #: generated in process, for tests and smoke runs (a transformer: the synthetic pair)
 
 
 class SyntheticData(ApiModel):
@@ -228,6 +270,7 @@ class Schedule(StrEnum):
     MULTI_STEP = "multistep"  #: per-sample rate, linear-scaling warm-up, step decays
     INVERSE_SQRT = "inverse-sqrt"  #: alpha / sqrt(t), alpha chosen by worker count
     CONSTANT = "constant"
+    WARMUP_INVERSE_SQRT = "warmup-inverse-sqrt"  #: linear from 0 to value over warmupSteps, then value*sqrt(w/t)
 
 
 class AlphaForWorkers(ApiModel):
@@ -261,6 +304,11 @@ class LearningRate(ApiModel):
                     ".value",
                 ),
                 cel(
+                    "self.schedule != 'warmup-inverse-sqrt' || (has(self.value) && has(self.warmupSteps))",
+                    "the warmup-inverse-sqrt schedule needs value and warmupSteps",
+                    ".warmupSteps",
+                ),
+                cel(
                     "!has(self.milestones) || (self.milestones.isSorted() && "
                     "self.milestones.all(m, self.milestones.filter(n, n == m).size() == 1))",
                     "milestones must be strictly increasing",
@@ -271,14 +319,22 @@ class LearningRate(ApiModel):
     )
 
     schedule: Schedule
-    """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers) or constant (needs value)."""
+    """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers), constant (needs value) or
+    warmup-inverse-sqrt (needs value and warmupSteps; the transformer's)."""
     per_sample: Annotated[float, Field(gt=0, le=10)] | None = Field(
         default=None,
         description="multistep: eta, the learning rate per sample; a rank steps with eta * batchSizePerWorker "
         "(before linear scaling).",
     )
     value: Annotated[float, Field(gt=0)] | None = Field(
-        default=None, description="constant: the learning rate of every step."
+        default=None,
+        description="constant: the learning rate of every step; warmup-inverse-sqrt: the peak rate, reached at "
+        "warmupSteps.",
+    )
+    warmup_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None,
+        description="warmup-inverse-sqrt: optimizer steps of linear warm-up from 0 to value, after which the rate is "
+        "value * sqrt(warmupSteps / step) (fairseq's inverse_sqrt).",
     )
     linear_scaling: bool = Field(
         default=True,
@@ -310,6 +366,8 @@ class LearningRate(ApiModel):
             raise ValueError("alphaByWorkers: the inverse-sqrt schedule needs alphaByWorkers")
         if self.schedule is Schedule.CONSTANT and self.value is None:
             raise ValueError("value: the constant schedule needs value")
+        if self.schedule is Schedule.WARMUP_INVERSE_SQRT and (self.value is None or self.warmup_steps is None):
+            raise ValueError("warmupSteps: the warmup-inverse-sqrt schedule needs value and warmupSteps")
         if self.milestones != sorted(set(self.milestones)):
             raise ValueError("milestones: milestones must be strictly increasing")
         return self
@@ -335,6 +393,47 @@ class Algorithm(StrEnum):
 #: The algorithms that compute the reference's update (synchronous averaged-gradient SGD): what a closed task
 #: allows unless it lists others in ``algorithms``.
 REFERENCE_ALGORITHMS = (Algorithm.ALLREDUCE_SGD, Algorithm.DDP)
+
+
+class LossScaling(ApiModel):
+    """The dynamic loss scale of mixed-precision training (task 4b's page): the loss is multiplied by the scale
+    before backward and the gradient divided by it; a non-finite gradient skips the step and divides the scale by
+    factor, ``window`` clean steps in a row multiply it by factor."""
+
+    initial_scale: Annotated[float, Field(gt=0)] = 128.0
+    """The first scale (default 2**7)."""
+    factor: Annotated[float, Field(gt=1)] = 2.0
+    """Down- and up-scaling factor (default 2)."""
+    window: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
+    """Clean steps before the scale grows (default 2000)."""
+
+
+class TranslationTraining(ApiModel):
+    """What a translation task (model transformer) adds to its training: batches by tokens, Adam's constants,
+    label smoothing, loss scaling, and the decoding its BLEU is measured with."""
+
+    tokens_per_step: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 17
+    """b: target tokens per optimizer step over all ranks (default 2**17). Each rank accumulates
+    update_freq = max(1, b / (batchSizePerWorker * world size)) micro-batches of at most
+    b / (world size * update_freq) tokens, and all-reduces once per optimizer step."""
+    adam_betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [0.9, 0.98]
+    )
+    """Adam's beta1 and beta2 (default 0.9, 0.98)."""
+    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-9
+    """Adam's epsilon (default 1e-9)."""
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """Label smoothing of the cross-entropy (default 0.1)."""
+    precision: Literal["fp32", "fp16", "bf16"] = "fp16"
+    """Mixed precision on a GPU: fp16 (default, with lossScaling), bf16, or fp32; a CPU trains in fp32."""
+    loss_scaling: LossScaling = Field(default_factory=LossScaling)
+    """The dynamic loss scale (also applied in fp32 and bf16, where it rarely matters)."""
+    max_length: Annotated[int, Field(ge=2, le=4096)] = 80
+    """Longest sentence in tokens (end of sentence included), in training and test; longer pairs are dropped."""
+    beam: Annotated[int, Field(ge=1, le=64)] = 4
+    """Beam size of the decoding that BLEU is measured on (default 4)."""
+    length_penalty: Annotated[float, Field(ge=0, le=10)] = 0.6
+    """Hypothesis score = log-probability / length**lengthPenalty (default 0.6)."""
 
 
 class Training(ApiModel):
@@ -365,7 +464,8 @@ class Training(ApiModel):
     optimizer: Optimizer = Optimizer.SGD
     """sgd (default) or adam."""
     batch_size_per_worker: Annotated[int, Field(ge=1, le=65536)]
-    """Samples per optimizer step on each process (rank); the global batch is this times the world size."""
+    """Samples per optimizer step on each process (rank); the global batch is this times the world size. A
+    transformer: the most target tokens in one micro-batch (bs_max; translation.tokensPerStep is the batch)."""
     learning_rate: LearningRate
     """The learning-rate schedule."""
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
@@ -379,6 +479,9 @@ class Training(ApiModel):
     )
     max_epochs: Annotated[int, Field(ge=1, le=100_000)]
     """Training stops after this many epochs (passes over the training data) if the goal was not met earlier."""
+    translation: TranslationTraining | None = None
+    """A transformer's (required there, refused elsewhere): token batches, Adam's constants, label smoothing,
+    loss scaling and decoding."""
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
@@ -397,8 +500,39 @@ class GoalMode(StrEnum):
     ACCURACY_AFTER_TIME = "accuracy-after-time"  #: train for the budget; report accuracy
 
 
+class GoalMetric(StrEnum):
+    """What the goal measures after every epoch, on the whole test split."""
+
+    TEST_TOP1_ACCURACY = "test-top1-accuracy"  #: fraction of correct predictions (multi-class)
+    TEST_ACCURACY = "test-accuracy"  #: fraction of correct predictions (binary, task 2a)
+    BLEU = "bleu"  #: corpus BLEU (0..100) of the decoded test set against its references (sacrebleu)
+    PERPLEXITY = "perplexity"  #: exp of the mean per-token test loss; lower is better
+    LOSS = "loss"  #: the mean test loss; lower is better
+
+
+#: The metrics whose goal is met at or below the target; all others at or above it.
+LOWER_IS_BETTER = frozenset({GoalMetric.PERPLEXITY, GoalMetric.LOSS})
+#: The largest target each bounded metric can reach.
+METRIC_MAXIMUM = {GoalMetric.TEST_TOP1_ACCURACY: 1.0, GoalMetric.TEST_ACCURACY: 1.0, GoalMetric.BLEU: 100.0}
+
+
+def comparator_of(metric: GoalMetric) -> Literal[">=", "<="]:
+    """``<=`` for the metrics where lower is better (perplexity, loss), ``>=`` for the others."""
+    return "<=" if metric in LOWER_IS_BETTER else ">="
+
+
+def goal_met(metric: GoalMetric, value: float, target: float) -> bool:
+    """Whether ``value`` of ``metric`` meets ``target`` (a NaN never does)."""
+    return value <= target if metric in LOWER_IS_BETTER else value >= target
+
+
+def better(metric: GoalMetric, values: list[float]) -> float:
+    """The best of ``values`` for ``metric`` (the lowest where lower is better)."""
+    return min(values) if metric in LOWER_IS_BETTER else max(values)
+
+
 class Goal(ApiModel):
-    """What counts as done. Accuracies are fractions (0.8 = 80 %)."""
+    """What counts as done: a metric of the test split compared with a target after every epoch."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -409,27 +543,42 @@ class Goal(ApiModel):
                     ".timeBudgetSeconds",
                 ),
                 cel(
-                    "!has(self.lightTarget) || self.lightTarget <= self.target",
-                    "lightTarget must not exceed target",
+                    "!has(self.lightTarget) || (self.metric in ['perplexity', 'loss'] ? "
+                    "self.lightTarget >= self.target : self.lightTarget <= self.target)",
+                    "lightTarget must not be harder to reach than target",
                     ".lightTarget",
                 ),
+                cel(
+                    "!has(self.comparator) || self.comparator == (self.metric in ['perplexity', 'loss'] ? '<=' : '>=')",
+                    "comparator must be the metric's: <= for perplexity and loss, >= for the others",
+                    ".comparator",
+                ),
+                cel(
+                    "!(self.metric in ['test-top1-accuracy', 'test-accuracy']) || self.target <= 1.0",
+                    "an accuracy target is a fraction in (0, 1]",
+                    ".target",
+                ),
+                cel("self.metric != 'bleu' || self.target <= 100.0", "a BLEU target is at most 100", ".target"),
             ]
         }
     )
 
-    metric: Literal["test-top1-accuracy", "test-accuracy"] = "test-top1-accuracy"
-    """Fraction of correct predictions on the whole test split, evaluated after every epoch: test-top1-accuracy
-    (default; multi-class) or test-accuracy (binary, task 2a)."""
-    comparator: Literal[">="] = ">="
-    """How the metric is compared with the target; only >= (the goal is met at metric >= target)."""
-    target: Annotated[float, Field(gt=0, le=1)]
-    """The accuracy to reach, as a fraction in (0, 1] (0.8 = 80 %); used by runs with goal full."""
-    light_target: Annotated[float, Field(gt=0, le=1)] | None = None
-    """A lower target for quick runs (fraction, at most target); used by runs with goal light. Unset: light runs use
-    target."""
+    metric: GoalMetric = GoalMetric.TEST_TOP1_ACCURACY
+    """Evaluated on the whole test split after every epoch: test-top1-accuracy (default; multi-class) or
+    test-accuracy (binary, task 2a) as fractions; bleu (0..100, sacrebleu on the detokenized test set); perplexity
+    or loss (mean test loss; lower is better for both)."""
+    comparator: Literal[">=", "<="] | None = None
+    """How the metric is compared with the target; it follows from the metric (>= for accuracies and BLEU, <= for
+    perplexity and loss). Unset: the metric's; set: must be the metric's."""
+    target: Annotated[float, Field(gt=0)]
+    """The value to reach, in the metric's units: accuracies as fractions in (0, 1] (0.8 = 80 %), BLEU in (0, 100];
+    used by runs with goal full."""
+    light_target: Annotated[float, Field(gt=0)] | None = None
+    """A target for quick runs, not harder to reach than target (lower for accuracies and BLEU, higher for
+    perplexity and loss); used by runs with goal light. Unset: light runs use target."""
     mode: GoalMode = GoalMode.TIME_TO_ACCURACY
     """time-to-accuracy (default): stop at the target and report the time; accuracy-after-time: train for
-    timeBudgetSeconds and report the accuracy."""
+    timeBudgetSeconds and report the metric (whichever the goal's metric is)."""
     time_budget_seconds: Annotated[int, Field(ge=1, le=30 * 24 * 3600)] | None = None
     """accuracy-after-time (required there): seconds of training (at most 30 days); when spent, training stops after one
     last evaluation."""
@@ -438,9 +587,19 @@ class Goal(ApiModel):
     def _rules(self) -> Goal:
         if self.mode is GoalMode.ACCURACY_AFTER_TIME and self.time_budget_seconds is None:
             raise ValueError("timeBudgetSeconds: accuracy-after-time needs timeBudgetSeconds")
-        if self.light_target is not None and self.light_target > self.target:
-            raise ValueError("lightTarget: must not exceed target")
+        if self.comparator is not None and self.comparator != comparator_of(self.metric):
+            raise ValueError(f"comparator: {self.metric.value} is met at {comparator_of(self.metric)} its target")
+        maximum = METRIC_MAXIMUM.get(self.metric)
+        for name, value in (("target", self.target), ("lightTarget", self.light_target)):
+            if maximum is not None and value is not None and value > maximum:
+                raise ValueError(f"{name}: a {self.metric.value} target is at most {maximum:g}")
+        if self.light_target is not None and not goal_met(self.metric, self.target, self.light_target):
+            raise ValueError("lightTarget: must not be harder to reach than target")
         return self
+
+    def met(self, value: float, target: float | None = None) -> bool:
+        """Whether ``value`` of the goal's metric meets ``target`` (default: the full target)."""
+        return goal_met(self.metric, value, self.target if target is None else target)
 
 
 class CollectiveOp(StrEnum):
@@ -582,6 +741,40 @@ class Overridable(StrEnum):
     TIME_BUDGET_SECONDS = "timeBudgetSeconds"
 
 
+#: What a transformer (translation) task reads, and the goals it can measure; the other models take neither
+#: parallel text nor bleu / perplexity goals.
+TRANSFORMER_FORMATS = ("parallel-text", "synthetic")
+TRANSFORMER_METRICS = ("bleu", "perplexity", "loss")
+
+
+def translation_task_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
+    """What a task's sections break of the translation kind's rules (mirrors the CEL rules), as field: message."""
+    if model.name is ModelName.TRANSFORMER:
+        errors = []
+        if (
+            training.translation is None
+            or training.optimizer is not Optimizer.ADAM
+            or training.learning_rate.schedule is not Schedule.WARMUP_INVERSE_SQRT
+        ):
+            errors.append(
+                "training: a transformer task needs training.translation, optimizer adam and the "
+                "warmup-inverse-sqrt schedule"
+            )
+        if dataset.format.value not in TRANSFORMER_FORMATS:
+            errors.append("dataset: a transformer task reads parallel-text or generates the synthetic pair")
+        if goal.metric.value not in TRANSFORMER_METRICS:
+            errors.append("goal: a transformer task's goal is bleu, perplexity or loss")
+        return errors
+    errors = []
+    if training.translation is not None or training.learning_rate.schedule is Schedule.WARMUP_INVERSE_SQRT:
+        errors.append("training: training.translation and the warmup-inverse-sqrt schedule are a transformer task's")
+    if dataset.format is DatasetFormat.PARALLEL_TEXT:
+        errors.append("dataset: the parallel-text format is a transformer task's")
+    if goal.metric in (GoalMetric.BLEU, GoalMetric.PERPLEXITY):
+        errors.append("goal: bleu and perplexity goals are a transformer task's")
+    return errors
+
+
 #: The four sections of a training task, by wire name; a collectives task has none of them.
 TRAINING_SECTIONS = ("model", "dataset", "training", "goal")
 
@@ -597,6 +790,41 @@ def _training_task_rules() -> list[Any]:
             "!has(self.collectives) || !has(self.overridable) || size(self.overridable) == 0",
             "a collectives task has no hyperparameters to override",
             ".overridable",
+        ),
+    ]
+    transformer = "has(self.model) && self.model.name == 'transformer'"
+    rules += [
+        cel(
+            f"!({transformer}) || (has(self.training) && has(self.training.translation) && "
+            "self.training.optimizer == 'adam' && self.training.learningRate.schedule == 'warmup-inverse-sqrt')",
+            "a transformer task needs training.translation, optimizer adam and the warmup-inverse-sqrt schedule",
+            ".training",
+        ),
+        cel(
+            f"!({transformer}) || (has(self.dataset) && self.dataset.format in {list(TRANSFORMER_FORMATS)})",
+            "a transformer task reads parallel-text or generates the synthetic pair (format synthetic)",
+            ".dataset",
+        ),
+        cel(
+            f"!({transformer}) || (has(self.goal) && self.goal.metric in {list(TRANSFORMER_METRICS)})",
+            "a transformer task's goal is bleu, perplexity or loss",
+            ".goal",
+        ),
+        cel(
+            f"{transformer} || !has(self.training) || (!has(self.training.translation) && "
+            "self.training.learningRate.schedule != 'warmup-inverse-sqrt')",
+            "training.translation and the warmup-inverse-sqrt schedule are a transformer task's",
+            ".training",
+        ),
+        cel(
+            f"{transformer} || !has(self.dataset) || self.dataset.format != 'parallel-text'",
+            "the parallel-text format is a transformer task's",
+            ".dataset",
+        ),
+        cel(
+            f"{transformer} || !has(self.goal) || !(self.goal.metric in ['bleu', 'perplexity'])",
+            "bleu and perplexity goals are a transformer task's",
+            ".goal",
         ),
     ]
     rules += [
@@ -665,6 +893,8 @@ class BenchmarkTaskSpec(ApiModel):
         missing = [name for name in TRAINING_SECTIONS if name not in present]
         if missing:
             raise ValueError(f"{missing[0]}: {missing[0]} is required (unless the task sets collectives)")
+        if errors := translation_task_errors(self.model, self.dataset, self.training, self.goal):
+            raise ValueError(errors[0])
         return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:

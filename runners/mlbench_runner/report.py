@@ -117,6 +117,16 @@ def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> st
 # -- per run -------------------------------------------------------------------------------------
 
 
+def _accuracy_goal(s: RunSummary) -> bool:
+    """Whether the run's goal is an accuracy (older summaries name no metric: theirs was)."""
+    return s.goal_metric is None or s.goal_metric.endswith("accuracy")
+
+
+def _score(value: float | None, metric: str | None) -> str:
+    """A BLEU, perplexity or loss value with its metric's name: ``66.24 bleu``."""
+    return "-" if value is None else f"{value:.2f} {metric}"
+
+
 def _run_rows(summaries: Sequence[RunSummary]) -> list[tuple[str, ...]]:
     return [
         (
@@ -126,8 +136,8 @@ def _run_rows(summaries: Sequence[RunSummary]) -> list[tuple[str, ...]]:
             s.environment.backend,
             str(s.environment.seed) if s.environment.seed is not None else "-",
             s.status,
-            _fmt(s.best_accuracy, "pct"),
-            _fmt(s.goal_target, "pct"),
+            _fmt(s.best_accuracy, "pct") if _accuracy_goal(s) else _score(s.best_score, s.goal_metric),
+            _fmt(s.goal_target, "pct") if _accuracy_goal(s) else _score(s.goal_target, s.goal_metric),
             _fmt(s.time_to_goal_seconds, "s"),
             _fmt(s.wall_clock_seconds, "s"),
             _fmt(s.samples_per_second, "n"),

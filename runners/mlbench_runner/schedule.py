@@ -4,7 +4,8 @@ multistep: linear from ``initial_lr`` (step 0) to ``peak_lr`` (step = warmup_epo
 steps_per_epoch), evaluated every step; then ``peak_lr x decay_factor^k`` where k counts
 the milestones m with epoch >= m (0-based epochs: milestone 82 applies from the 83rd
 epoch on, like torch's MultiStepLR). inverse-sqrt: alpha / sqrt(t) with t = step + 1
-(or epoch + 1 when decay_unit is "epoch"), so the first step uses alpha.
+(or epoch + 1 when decay_unit is "epoch"), so the first step uses alpha. warmup-inverse-sqrt: fairseq's
+inverse_sqrt with t = step + 1 (task 4b).
 """
 
 from __future__ import annotations
@@ -30,4 +31,14 @@ def learning_rate(schedule: ResolvedSchedule, step: int, steps_per_epoch: int) -
         alpha = schedule.alpha if schedule.alpha is not None else schedule.initial_lr
         t = (epoch if schedule.decay_unit == "epoch" else step) + 1
         return alpha / math.sqrt(t)
+    if schedule.schedule is Schedule.WARMUP_INVERSE_SQRT:
+        return warmup_inverse_sqrt(step + 1, schedule.peak_lr, schedule.warmup_steps)
     return schedule.peak_lr
+
+
+def warmup_inverse_sqrt(step: int, peak: float, warmup: int, initial: float = 0.0) -> float:
+    """fairseq's inverse_sqrt: linear from ``initial`` to ``peak`` over ``warmup`` updates, then
+    ``peak * sqrt(warmup / step)``; ``step`` counts optimizer updates from 1."""
+    if step < warmup:
+        return initial + (peak - initial) * step / warmup
+    return peak * (warmup / max(step, 1)) ** 0.5

@@ -27,6 +27,7 @@ from mlbench_api.results import (
     RunSummary,
     StopReason,
 )
+from mlbench_api.task import better
 from mlbench_runner.timing import PHASES, StepTiming
 from mlbench_runner.world import World
 
@@ -97,9 +98,16 @@ class SummaryBuilder:
     def add_evaluation(self, seconds: float) -> None:
         self.evaluation += seconds
 
-    def add_epoch(self, epoch: int, accuracy: float, loss: float, wall: float, lr: float) -> None:
+    def add_epoch(
+        self, epoch: int, accuracy: float, loss: float, wall: float, lr: float, *, score: float | None = None
+    ) -> None:
+        """One evaluation: ``score`` is the goal metric's value (the accuracy when not given)."""
         finite_loss = loss if math.isfinite(loss) else None
-        self.history.append(EpochRecord(epoch=epoch, accuracy=accuracy, loss=finite_loss, wall_seconds=wall, lr=lr))
+        score = accuracy if score is None else score
+        finite_score = score if math.isfinite(score) else None
+        self.history.append(
+            EpochRecord(epoch=epoch, accuracy=accuracy, loss=finite_loss, score=finite_score, wall_seconds=wall, lr=lr)
+        )
 
     def throughput(self) -> float:
         """Global samples per second of step time so far."""
@@ -119,6 +127,8 @@ class SummaryBuilder:
         comm = t["communication"]
         train_seconds = sum(t.values())
         accuracies = [h.accuracy for h in self.history if h.accuracy is not None]
+        goal = self.config.task.goal
+        scores = [h.score for h in self.history if h.score is not None]
         batch = self.config.task.training.batch_size_per_worker
         samples = steps * batch * self.world.size
         env = Environment(
@@ -142,7 +152,8 @@ class SummaryBuilder:
         )
         goal_reached = self.time_to_goal is not None if status != "aborted" else False
         if self.config.task.goal.mode.value == "accuracy-after-time":
-            goal_reached = bool(accuracies) and accuracies[-1] >= self.config.goal_target and status != "aborted"
+            last = self.history[-1].score if self.history else None
+            goal_reached = last is not None and goal.met(last, self.config.goal_target) and status != "aborted"
         self.result = RunSummary(
             run=self.config.run_name,
             task=self.config.task_name,
@@ -154,6 +165,9 @@ class SummaryBuilder:
             time_to_goal_seconds=self.time_to_goal if goal_reached else None,
             best_accuracy=max(accuracies) if accuracies else None,
             final_accuracy=accuracies[-1] if accuracies else None,
+            goal_metric=goal.metric.value,
+            best_score=better(goal.metric, scores) if scores else None,
+            final_score=self.history[-1].score if self.history else None,
             epochs=round(epochs, 6),
             steps=steps,
             samples=samples,

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -37,6 +38,7 @@ from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, gather_texts, make_communicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
+from mlbench_runner.goals import epoch_score
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.models import build_model
 from mlbench_runner.options import Options
@@ -107,6 +109,7 @@ class RankRecord:
     lrs: list[float] = field(default_factory=list)
     buffer_sha1: list[str] = field(default_factory=list)  # at each evaluation, after before_evaluation
     accuracies: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # the goal metric's value at each evaluation
 
 
 def waited_for_others(waited: float, own: float, slowest: float) -> float:
@@ -555,9 +558,9 @@ class Trainer:
             step = outcome.step
             if outcome.stop == "max-steps":
                 return self._stop(s, "max-steps", step, reached=False)
-            accuracy, elapsed = self._end_epoch(s, epoch, outcome)
+            score, elapsed = self._end_epoch(s, epoch, outcome)
             diverged = self._any(s, not math.isfinite(outcome.mean_loss))  # collective: every rank asks
-            reached = accuracy >= cfg.goal_target and not diverged
+            reached = cfg.task.goal.met(score, cfg.goal_target) and not diverged
             s.metrics.goal.set(1 if reached else 0)  # an accuracy-after-time goal may be lost again
             if diverged:
                 return self._stop(s, "diverged", step, reached=False, elapsed=elapsed)
@@ -567,8 +570,9 @@ class Trainer:
                 return self._stop(s, "goal", step, reached=True, elapsed=elapsed)
             if outcome.stop == "time-budget" or (accuracy_after_time and self._budget_exceeded(s)):
                 return self._stop(s, "time-budget", step, reached=reached, elapsed=elapsed)
-        last = self.record.accuracies[-1] if self.record.accuracies else 0.0
-        return self._stop(s, "max-epochs", step, reached=accuracy_after_time and last >= cfg.goal_target)
+        scores = self.record.scores
+        reached = accuracy_after_time and bool(scores) and cfg.task.goal.met(scores[-1], cfg.goal_target)
+        return self._stop(s, "max-epochs", step, reached=reached)
 
     def _train_epoch(self, s: Setup, epoch: int, step: int) -> EpochOutcome:
         """One epoch's steps (or fewer, on a max-steps or time-budget stop); ``step`` counts from the run's start."""
@@ -606,21 +610,25 @@ class Trainer:
         return EpochOutcome(step, mean_loss, lr, stop)
 
     def _end_epoch(self, s: Setup, epoch: int, outcome: EpochOutcome) -> tuple[float, float]:
-        """Evaluate after an epoch and record it; returns the accuracy and the run's elapsed seconds."""
+        """Evaluate after an epoch and record it; returns the goal metric's value and the run's elapsed seconds."""
         eval_start = time.perf_counter()
-        accuracy, _test_loss = self._evaluate(s)
+        accuracy, test_loss = self._evaluate(s)
+        score = epoch_score(self.config.task.goal.metric, accuracy, test_loss)
         s.summary.add_evaluation(time.perf_counter() - eval_start)
         s.metrics.phase_seconds.labels("evaluation").inc(time.perf_counter() - eval_start)
         elapsed = self.clock.elapsed()
         self.record.epochs_completed = epoch + 1
         self.record.accuracies.append(accuracy)
+        self.record.scores.append(score)
         s.metrics.accuracy.set(accuracy)
         s.metrics.epoch.set(outcome.step / s.steps_per_epoch)
-        s.summary.add_epoch(epoch + 1, accuracy, outcome.mean_loss, elapsed, outcome.lr)
+        s.summary.add_epoch(epoch + 1, accuracy, outcome.mean_loss, elapsed, outcome.lr, score=score)
         self.log.event(
             "eval_accuracy",
             epoch=epoch + 1,
             accuracy=accuracy,
+            metric=self.config.task.goal.metric.value,
+            score=score,
             target=self.config.goal_target,
             elapsed_s=round(elapsed, 3),
         )
@@ -633,7 +641,7 @@ class Trainer:
             samples_per_second=s.summary.throughput(),
             elapsed_s=round(elapsed, 3),
         )
-        return accuracy, elapsed
+        return score, elapsed
 
     def _stop(
         self, s: Setup, reason: StopReason, step: int, *, reached: bool, elapsed: float | None = None
@@ -719,6 +727,25 @@ class Trainer:
         self.log.close()
 
 
-def train(config: RunConfig, world: World | None = None, options: Options | None = None) -> RunSummary | None:
-    """Train this rank; rank 0 returns (and writes) the RunSummary."""
+def _trained(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
     return Trainer(config, world, options).run()
+
+
+def _translated(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
+    from mlbench_runner.translation import task as translation  # torch-only kinds need not import sacrebleu
+
+    return translation.run(config, world)
+
+
+#: The task kinds this runner trains, by the API's model name: what ``mlbench-runner train`` runs for each. The
+#: API's ModelName and this table must agree (tests/runner/test_translation.py checks).
+KINDS: dict[ModelName, Callable[[RunConfig, World | None, Options | None], RunSummary | None]] = {
+    ModelName.RESNET: _trained,
+    ModelName.LOGISTIC_REGRESSION: _trained,
+    ModelName.TRANSFORMER: _translated,
+}
+
+
+def train(config: RunConfig, world: World | None = None, options: Options | None = None) -> RunSummary | None:
+    """Train this rank with the task's kind (:data:`KINDS`); rank 0 returns (and writes) the RunSummary."""
+    return KINDS[config.task.model.name](config, world, options)

@@ -1,0 +1,320 @@
+"""One rank's translation training to a BLEU goal: the recipe's loop, flat.
+
+Per epoch: the training sentences grouped into token-bounded micro-batches (fairseq's ``--max-tokens``), shuffled
+alike on every rank, dealt out ``update_freq`` per rank per optimizer step; each step is
+:func:`~.optim.accumulated_step` (one all-reduce). After each epoch every rank decodes its share of the test
+set with beam search, the hypotheses are gathered, and BLEU (sacrebleu, detokenized) decides the stop on every
+rank alike.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mlbench_api.task import Goal, GoalMetric, GoalMode
+from mlbench_runner.comm import Communicator
+from mlbench_runner.events import EventLog
+from mlbench_runner.goals import epoch_score
+from mlbench_runner.metrics import RunnerMetrics
+from mlbench_runner.schedule import warmup_inverse_sqrt
+from mlbench_runner.translation.bleu import corpus_bleu
+from mlbench_runner.translation.corpus import (
+    ParallelText,
+    Vocabulary,
+    merge_bpe,
+    pad_batch,
+    read_dictionary,
+    read_split,
+    token_batches,
+)
+from mlbench_runner.translation.decoding import beam_search
+from mlbench_runner.translation.optim import (
+    LossScaler,
+    MicroBatch,
+    accumulated_step,
+    label_smoothed_loss,
+    update_freq,
+)
+from mlbench_runner.translation.transformer import BASE, Transformer, TransformerShape, shift_right
+
+#: Sentences per decoding batch at evaluation.
+DECODE_BATCH = 64
+#: Optimizer steps between two checks of an accuracy-after-time budget (rank 0's clock, broadcast).
+BUDGET_EVERY = 25
+
+
+def bleu_goal(target: float, light: float | None = None) -> Goal:
+    return Goal(metric=GoalMetric.BLEU, target=target, light_target=light)
+
+
+@dataclass(frozen=True)
+class TranslationRecipe:
+    """Task 4b's hyperparameters (the public page's, and mlbench-benchmarks' reference where the page is silent)."""
+
+    shape: TransformerShape = BASE
+    global_tokens: int = 2**17  #: b, target tokens per optimizer step over all ranks
+    max_tokens: int = 2**13  #: bs_max, tokens per micro-batch one device fits
+    peak_lr: float = 1.976e-3
+    warmup: int = 1000  #: optimizer steps of linear warm-up from 0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    smoothing: float = 0.1
+    initial_scale: float = 2.0**7
+    scale_factor: float = 2.0
+    scale_window: int = 2000
+    max_length: int = 80  #: tokens per sentence (eos included), in training and test
+    max_epochs: int = 10
+    beam: int = 4
+    length_penalty: float = 0.6
+    goal: Goal = field(default_factory=lambda: bleu_goal(25.0, 20.0))  #: light 20 BLEU: the reference's
+
+
+RECIPE_4B = TranslationRecipe()
+#: The smoke size (NOT task 4b): a 2+2-layer, 64-wide model on the synthetic pair, learnt to BLEU 60 in a few
+#: epochs of a 3000-pair corpus on a CPU. The rule (Adam, warm-up then inverse-sqrt, label smoothing, loss
+#: scaling, accumulation, beam 4 with length penalty 0.6) is 4b's; sizes, rate and warm-up are scaled down.
+SMOKE = TranslationRecipe(
+    shape=TransformerShape(d_model=64, heads=4, ffn=128, encoder_layers=2, decoder_layers=2, max_positions=64),
+    global_tokens=1024,
+    max_tokens=512,
+    peak_lr=3e-3,
+    warmup=50,
+    max_length=24,
+    max_epochs=10,
+    goal=bleu_goal(60.0),
+)
+
+
+@dataclass(frozen=True)
+class EpochScore:
+    epoch: int
+    score: float  #: the goal metric's value
+    bleu: float | None  #: only when the goal is BLEU (decoding costs more than an epoch of the smoke task)
+    test_loss: float  #: mean NLL per target token of the test split (perplexity: its exp)
+    loss: float  #: mean label-smoothed training loss per target token
+    wall_seconds: float
+
+
+@dataclass
+class TranslationResult:
+    history: list[EpochScore] = field(default_factory=list)
+    time_to_goal: float | None = None  #: the first evaluation that met the goal
+    reached: bool = False  #: time-to-accuracy: met at some evaluation; accuracy-after-time: at the last one
+    steps: int = 0
+    skipped_steps: int = 0  #: optimizer steps the loss scaler dropped (non-finite gradient)
+    update_freq: int = 1
+    tokens: int = 0  #: target tokens trained on, all ranks
+    compute_seconds: float = 0.0
+    communication_seconds: float = 0.0
+    signature: str = ""  #: sacrebleu's
+    hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
+
+
+def step_plan(
+    batches: list[list[int]], *, world: int, rank: int, freq: int, seed: int, epoch: int
+) -> list[list[list[int]]]:
+    """This rank's micro-batches per optimizer step: the batches shuffled alike on every rank (by seed and epoch),
+    cut into steps of ``world * freq``, rank r taking the r-th ``freq`` of each; a short last step is dropped."""
+    order = list(batches)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    per_step = world * freq
+    return [
+        order[start + rank * freq : start + (rank + 1) * freq]
+        for start in range(0, len(order) - per_step + 1, per_step)
+    ]
+
+
+def micro_batch(
+    data: ParallelText, rows: list[int], vocab: Vocabulary, device: torch.device | None = None
+) -> MicroBatch:
+    target = pad_batch([data.target[i] for i in rows], vocab.pad).to(device)
+    source = pad_batch([data.source[i] for i in rows], vocab.pad).to(device)
+    return MicroBatch(source, shift_right(target, vocab.bos, vocab.pad), target)
+
+
+def translate(
+    model: Transformer, data: ParallelText, rows: list[int], vocab: Vocabulary, recipe: TranslationRecipe
+) -> list[list[int]]:
+    """Beam-search hypotheses (token ids, no eos) for sentences ``rows`` of ``data``."""
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[list[int]] = []
+    for start in range(0, len(rows), DECODE_BATCH):
+        chunk = rows[start : start + DECODE_BATCH]
+        source = pad_batch([data.source[i] for i in chunk], vocab.pad).to(device)
+        out += beam_search(
+            model,
+            source,
+            bos=vocab.bos,
+            eos=vocab.eos,
+            max_length=recipe.max_length,
+            beam=recipe.beam,
+            length_penalty=recipe.length_penalty,
+        )
+    model.train()
+    return out
+
+
+@torch.no_grad()
+def mean_test_nll(
+    model: Transformer, data: ParallelText, rows: list[int], vocab: Vocabulary, comm: Communicator
+) -> float:
+    """Mean NLL per target token (no smoothing) over every rank's ``rows`` of ``data``, teacher-forced."""
+    model.eval()
+    device = next(model.parameters()).device
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    lengths = [max(len(data.source[i]), len(data.target[i])) for i in rows]
+    for batch in token_batches(lengths, 4096):
+        mb = micro_batch(data, [rows[i] for i in batch], vocab, device)
+        logits = model(mb.source, mb.previous).float()
+        totals[0] += label_smoothed_loss(logits, mb.target, vocab.pad, 0.0).double()
+        totals[1] += int(mb.target.ne(vocab.pad).sum())
+    model.train()
+    comm.all_reduce_sum_(totals)
+    return float(totals[0] / totals[1].clamp(min=1))
+
+
+def budget_spent(comm: Communicator, started: float, budget: float | None, device: torch.device) -> bool:
+    """Rank 0's clock decides for every rank (collective when there is a budget)."""
+    if budget is None:
+        return False
+    flag = torch.tensor([1.0 if time.perf_counter() - started >= budget else 0.0], device=device)
+    comm.broadcast_(flag, src=0)
+    return bool(flag.item() > 0)
+
+
+def gather_hypotheses(
+    comm: Communicator, mine: list[list[int]], total: int, width: int, device: torch.device | None = None
+) -> list[list[int]]:
+    """Every rank's hypotheses (rank r decoded sentences r, r + k, ...) back in test-set order, on every rank."""
+    rows = -(-total // comm.size)
+    block = torch.full((rows, width), -1, dtype=torch.long)
+    for i, ids in enumerate(mine):
+        block[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    gathered = comm.all_gather(block.to(device)).cpu()  # (ranks, rows, width)
+    ordered: list[list[int]] = []
+    for i in range(total):
+        row = gathered[i % comm.size, i // comm.size]
+        ordered.append([int(t) for t in row if t >= 0])
+    return ordered
+
+
+def train_translation(
+    root: Path,
+    recipe: TranslationRecipe,
+    comm: Communicator,
+    *,
+    seed: int = 0,
+    autocast: torch.dtype | None = None,
+    src: str = "en",
+    tgt: str = "de",
+    device: torch.device | None = None,
+    metrics: RunnerMetrics | None = None,
+    log: EventLog | None = None,
+) -> TranslationResult:
+    """Train on ``root``'s ``train`` split to the recipe's goal on the ``test`` split: time-to-accuracy stops at
+    the first evaluation that meets it; accuracy-after-time trains until the budget is spent (checked every
+    BUDGET_EVERY steps) and is judged by its last evaluation. Either way at most ``max_epochs``."""
+    clock = time.perf_counter()
+    goal = recipe.goal
+    budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
+    vocab = read_dictionary(root / "dict.txt")
+    train = read_split(root, "train", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
+    test = read_split(root, "test", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
+    torch.manual_seed(seed)  # the same initial model on every rank
+    device = device or torch.device("cpu")
+    model = Transformer(len(vocab), vocab.pad, recipe.shape).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=recipe.betas, eps=recipe.eps)
+    scaler = LossScaler(recipe.initial_scale, recipe.scale_factor, recipe.scale_window)
+    freq = update_freq(recipe.global_tokens, recipe.max_tokens, comm.size)
+    max_tokens = recipe.global_tokens // (comm.size * freq)
+    lengths = [max(len(s), len(t)) for s, t in zip(train.source, train.target, strict=True)]
+    batches = token_batches(lengths, max_tokens)
+    result = TranslationResult(update_freq=freq)
+    torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
+    for epoch in range(recipe.max_epochs):
+        loss_tokens, loss_sum, out_of_time = 0, 0.0, False
+        for rows in step_plan(batches, world=comm.size, rank=comm.rank, freq=freq, seed=seed, epoch=epoch):
+            lr = warmup_inverse_sqrt(result.steps + 1, recipe.peak_lr, recipe.warmup)
+            outcome = accumulated_step(
+                model,
+                optimizer,
+                [micro_batch(train, r, vocab, device) for r in rows],
+                comm,
+                scaler,
+                lr=lr,
+                pad=vocab.pad,
+                smoothing=recipe.smoothing,
+                autocast=autocast,
+            )
+            result.steps += 1
+            result.tokens += outcome.tokens
+            result.compute_seconds += outcome.compute_seconds
+            result.communication_seconds += outcome.communication_seconds
+            loss_sum += outcome.loss * outcome.tokens
+            loss_tokens += outcome.tokens
+            if metrics is not None:  # compute is not split into forward/backward/optimizer here: only comm is
+                metrics.steps.inc()
+                metrics.samples.inc(outcome.tokens / comm.size)
+                metrics.lr.set(lr)
+                metrics.phase_seconds.labels("communication").inc(outcome.communication_seconds)
+                metrics.step_duration.observe(outcome.compute_seconds + outcome.communication_seconds)
+            if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget, device):
+                out_of_time = True
+                break
+        result.skipped_steps = scaler.skipped
+        mine_rows = list(range(comm.rank, len(test.source), comm.size))
+        nll = mean_test_nll(model, test, mine_rows, vocab, comm)
+        bleu = None
+        if goal.metric is GoalMetric.BLEU:
+            mine = translate(model, test, mine_rows, vocab, recipe)
+            ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1, device)
+            result.hypotheses = [merge_bpe(vocab.decode(h)) for h in ids]
+            scored = corpus_bleu(result.hypotheses, test.references)
+            bleu, result.signature = scored.score, scored.signature
+        score = epoch_score(goal.metric, 0.0, nll, bleu)
+        elapsed = time.perf_counter() - clock
+        record = EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed)
+        result.history.append(record)
+        met = goal.met(score)
+        if metrics is not None:
+            metrics.epoch.set(epoch + 1)
+            metrics.loss.set(record.loss)
+            metrics.goal.set(1 if met else 0)
+            busy = result.compute_seconds + result.communication_seconds
+            metrics.throughput.set(result.tokens / busy if busy > 0 else 0.0)
+        if log is not None:
+            log.event(
+                "eval_accuracy",
+                epoch=epoch + 1,
+                metric=goal.metric.value,
+                score=score,
+                bleu=bleu,
+                test_nll=nll,
+                target=goal.target,
+                elapsed_s=round(elapsed, 3),
+            )
+            log.event(
+                "epoch_stop",
+                epoch=epoch + 1,
+                loss=record.loss,
+                step=result.steps,
+                skipped_steps=scaler.skipped,
+                samples_per_second=result.tokens / max(result.compute_seconds + result.communication_seconds, 1e-9),
+                elapsed_s=round(elapsed, 3),
+            )
+        if met and result.time_to_goal is None:
+            result.time_to_goal = elapsed
+        if budget is None and met:
+            result.reached = True
+            break
+        if out_of_time or (budget is not None and budget_spent(comm, clock, budget, device)):
+            break
+    if budget is not None:
+        result.reached = bool(result.history) and goal.met(result.history[-1].score)
+    return result

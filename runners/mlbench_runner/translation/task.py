@@ -1,0 +1,203 @@
+"""The translation task kind under ``mlbench-runner train``: a RunConfig of a transformer task in, rank 0's
+RunSummary out (summary.json), as :func:`mlbench_runner.train.train` does for the other models.
+
+The task's sections become a :class:`~.loop.TranslationRecipe` (:func:`recipe_for`); the data is the task's
+``parallel-text`` folder, or the synthetic pair (NOT WMT) generated into this rank's output folder for format
+``synthetic``. Only the reference algorithm runs it (allreduce-sgd: one all-reduce of the summed gradients per
+optimizer step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from mlbench_api import atomic
+from mlbench_api.config import RunConfig
+from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
+from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec, GoalMode, better
+from mlbench_runner.comm import close_quietly, make_communicator
+from mlbench_runner.events import EventLog
+from mlbench_runner.metrics import RunnerMetrics
+from mlbench_runner.translation.corpus import write_synthetic
+from mlbench_runner.translation.loop import TranslationRecipe, TranslationResult, train_translation
+from mlbench_runner.translation.transformer import TransformerShape
+from mlbench_runner.world import World, detect_world
+
+PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+
+
+def recipe_for(config: RunConfig) -> TranslationRecipe:
+    """The loop's recipe from a transformer task's sections (the run's goal target: full or light)."""
+    task = config.task
+    training, model = task.training, task.model
+    extra = training.translation
+    if extra is None:
+        raise ValueError("training.translation: a transformer task needs it")
+    size = model.transformer
+    positions = max(extra.max_length + 1, 64)
+    shape = TransformerShape(max_positions=positions)  # the base model
+    if size is not None:
+        shape = TransformerShape(
+            d_model=size.d_model,
+            heads=size.heads,
+            ffn=size.ffn,
+            encoder_layers=size.encoder_layers,
+            decoder_layers=size.decoder_layers,
+            dropout=size.dropout,
+            norm_first=size.norm_first,
+            max_positions=positions,
+        )
+    goal = task.goal.model_copy(update={"target": config.goal_target, "light_target": None})
+    return TranslationRecipe(
+        shape=shape,
+        global_tokens=extra.tokens_per_step,
+        max_tokens=training.batch_size_per_worker,
+        peak_lr=config.lr.peak_lr,
+        warmup=config.lr.warmup_steps,
+        betas=(extra.adam_betas[0], extra.adam_betas[1]),
+        eps=extra.adam_eps,
+        smoothing=extra.label_smoothing,
+        initial_scale=extra.loss_scaling.initial_scale,
+        scale_factor=extra.loss_scaling.factor,
+        scale_window=extra.loss_scaling.window,
+        max_length=extra.max_length,
+        max_epochs=training.max_epochs,
+        beam=extra.beam,
+        length_penalty=extra.length_penalty,
+        goal=goal,
+    )
+
+
+def data_folder(dataset: DatasetSpec, out: Path, rank: int) -> Path:
+    """The parallel-text folder; format synthetic: the synthetic pair, generated into this rank's own folder."""
+    if dataset.format is DatasetFormat.SYNTHETIC:
+        assert dataset.synthetic is not None
+        sizes = {"train": dataset.synthetic.train_samples, "test": dataset.synthetic.test_samples}
+        return write_synthetic(out / "data" / f"rank-{rank}", sizes, seed=dataset.synthetic.seed)
+    assert dataset.path is not None
+    return Path(dataset.path)
+
+
+def stop_of(config: RunConfig, result: TranslationResult) -> tuple[RunStatus, StopReason]:
+    if config.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME:
+        last = result.history[-1].wall_seconds if result.history else 0.0
+        budget = config.task.goal.time_budget_seconds or math.inf
+        return ("success" if result.reached else "goal-not-reached"), (
+            "time-budget" if last >= budget else "max-epochs"
+        )
+    if result.reached:
+        return "success", "goal"
+    return "goal-not-reached", "max-epochs"
+
+
+def summary_of(
+    config: RunConfig, world: World, device: torch.device, result: TranslationResult, wall: float
+) -> RunSummary:
+    """Rank 0's RunSummary: the goal metric per epoch (BLEU with sacrebleu's signature), target tokens as the
+    samples, compute and communication seconds of the optimizer steps, the loss scaler's skipped steps."""
+    status, reason = stop_of(config, result)
+    scores = [h.score for h in result.history if math.isfinite(h.score)]
+    train_seconds = result.compute_seconds + result.communication_seconds
+    extra = config.task.training.translation
+    precision = extra.precision if extra is not None and device.type == "cuda" else "fp32"
+    return RunSummary(
+        run=config.run_name,
+        task=config.task_name,
+        status=status,
+        stop_reason=reason,
+        goal_reached=result.reached,
+        goal_target=config.goal_target,
+        time_to_goal_seconds=result.time_to_goal if result.reached else None,
+        goal_metric=config.task.goal.metric.value,
+        best_score=better(config.task.goal.metric, scores) if scores else None,
+        final_score=scores[-1] if scores else None,
+        bleu_signature=result.signature or None,
+        skipped_steps=result.skipped_steps,
+        update_freq=result.update_freq,
+        epochs=float(len(result.history)),
+        steps=result.steps,
+        samples=result.tokens,
+        wall_clock_seconds=wall,
+        train_seconds=train_seconds,
+        compute_seconds=result.compute_seconds,
+        communication_seconds=result.communication_seconds,
+        comm_compute_ratio=result.communication_seconds / result.compute_seconds if result.compute_seconds else None,
+        samples_per_second=result.tokens / train_seconds if train_seconds > 0 else 0.0,
+        phases=PhaseTotals(communication=result.communication_seconds),
+        environment=Environment(
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            devices=[str(device)],
+            world_size=world.size,
+            backend=config.backend.value,
+            algorithm=config.algorithm.value,
+            seed=config.seed,
+            hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
+            precision=precision,
+        ),
+        history=[
+            EpochRecord(
+                epoch=h.epoch,
+                loss=h.loss if math.isfinite(h.loss) else None,
+                score=h.score if math.isfinite(h.score) else None,
+                wall_seconds=h.wall_seconds,
+            )
+            for h in result.history
+        ],
+    )
+
+
+def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
+    """Train this rank of a transformer task; rank 0 writes and returns the RunSummary."""
+    import time
+
+    started = time.perf_counter()
+    world = world or detect_world()
+    if config.algorithm is not Algorithm.ALLREDUCE_SGD:
+        raise ValueError(f"algorithm: a transformer task runs allreduce-sgd only, not {config.algorithm.value}")
+    use_gpu = config.backend.value == "nccl" or (config.gpus_per_worker > 0 and torch.cuda.is_available())
+    device = torch.device("cuda", world.local_rank % torch.cuda.device_count()) if use_gpu else torch.device("cpu")
+    extra = config.task.training.translation
+    autocast = PRECISIONS[extra.precision] if extra is not None and device.type == "cuda" else None
+    recipe = recipe_for(config)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = EventLog(world.rank, out)
+    metrics = RunnerMetrics(
+        config.run_name,
+        config.task_name,
+        config.backend.value,
+        world_size=world.size,
+        algorithm=config.algorithm.value,
+        rank=world.rank,
+    )
+    metrics.serve(config.metrics_port + world.local_rank if config.metrics_port else 0)
+    log.event("run_start", run=config.run_name, task=config.task_name, rank_count=world.size, device=str(device))
+    root = data_folder(config.task.dataset, out, world.rank)
+    log.event("hyperparameters", task=config.task_name, recipe=str(recipe), data=str(root))
+    comm = make_communicator(world, config.backend.value)
+    try:
+        result = train_translation(
+            root, recipe, comm, seed=config.seed, autocast=autocast, device=device, metrics=metrics, log=log
+        )
+    finally:
+        close_quietly(comm, orderly=True)
+    _status, reason = stop_of(config, result)
+    record = {"rank": world.rank, "steps": result.steps, "stop_reason": reason, "epochs_completed": len(result.history)}
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / f"rank-{world.rank}.json").write_text(json.dumps(record))  # as the Trainer's RankRecord
+    if world.rank != 0:
+        log.close()
+        return None
+    summary = summary_of(config, world, device, result, time.perf_counter() - started)
+    atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
+    log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, goal_reached=summary.goal_reached)
+    log.event("run_summary", summary=json.loads(summary.termination_message()))
+    log.close()
+    return summary
