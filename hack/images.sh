@@ -46,7 +46,7 @@ CACHE="${MLBENCH_CACHE:-$HOME/.cache/mlbench}"
 TORCH_INDEX="${TORCH_INDEX-}"
 PIP_CA="${MLBENCH_PIP_CA-/etc/ssl/certs/ca-certificates.crt}"
 # Python packages each image installs (their pins come from constraints.txt).
-WHEEL_REQUIREMENTS=(torch mpi4py numpy pillow prometheus-client structlog pydantic pyyaml kopf kubernetes)
+WHEEL_REQUIREMENTS=(torch mpi4py numpy pillow prometheus-client structlog pydantic pyyaml sacrebleu kopf kubernetes)
 
 log() { echo "[images] $*" >&2; }
 die() { echo "[images] error: $*" >&2; exit 1; }

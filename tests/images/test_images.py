@@ -127,8 +127,8 @@ def test_runner_has_no_compiler(images: Images) -> None:
 
 def test_runner_python_imports(images: Images) -> None:
     script = (
-        "python -c 'import torch, mpi4py.MPI, numpy, PIL, prometheus_client, structlog, yaml, mlbench_runner.train, "
-        "mlbench_api.catalog; print(torch.__version__, mpi4py.MPI.Get_library_version()[:16])'"
+        "python -c 'import torch, mpi4py.MPI, numpy, PIL, prometheus_client, structlog, yaml, sacrebleu, "
+        "mlbench_runner.train, mlbench_api.catalog; print(torch.__version__, mpi4py.MPI.Get_library_version()[:16])'"
     )
     out = images.check(RUNNER, script)
     assert out.startswith("2.15.0"), out
