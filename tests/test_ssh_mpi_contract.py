@@ -41,9 +41,10 @@ from typing import Any
 import pytest
 
 from mlbench_api.results import RunSummary
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from mlbench_runner.collect import read_remote, ssh_options
 from mlbench_runner.launch import DEFAULT_TERMINATION_LOG, private_key
@@ -319,8 +320,8 @@ def run_context(run_as_user: int | None = None) -> RunContext:
         "metadata": {"name": RUN, "namespace": NAMESPACE, "uid": "uid-ssh", "generation": 1},
         "spec": {"taskRef": {"name": "ssh-logreg"}, "workers": WORKERS},
     }
-    admitted = reconcile.admit(body, task, run_as_user=run_as_user)
-    assert not isinstance(admitted, reconcile.Rejection), admitted
+    admitted = admission.admit(body, task, run_as_user=run_as_user)
+    assert not isinstance(admitted, admission.Rejection), admitted
     return admitted[0]
 
 

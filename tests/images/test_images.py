@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_operator import builders, reconcile, sshkeys
+from mlbench_operator import builders, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator.builders import WORKER_SCRIPT
+from mlbench_operator.run import admission
 from mlbench_runner.collect import ssh_options
 from tests.operator import helpers as h
 
@@ -172,8 +173,8 @@ def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) 
     """The worker entrypoint the operator runs (non-root sshd on 2222, the run's host key) lets the
     run's key in with the launcher's strict options, and a command over ssh finds mlbench-runner:
     what mpirun does on every rank."""
-    result = reconcile.admit(h.run(), h.task())
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(), h.task())
+    assert not isinstance(result, admission.Rejection), result
     ctx = result[0]
     secret = builders.ssh_secret(ctx, sshkeys.generate_keypair("images-test"))
     for name, text in secret["stringData"].items():  # the Secret volume's files

@@ -9,9 +9,10 @@ import shutil
 import pytest
 
 from mlbench_api import bundle
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from tests.operator import helpers as h
 
@@ -22,8 +23,8 @@ FAKE_KEYS = RunKeys("CLIENT-PRIVATE", "ssh-ed25519 CLIENT c\n", "HOST-PRIVATE", 
 def ctx_for(**kwargs: object) -> RunContext:
     task = h.task()
     task["spec"]["dataset"]["volume"] = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}
-    result = reconcile.admit(h.run(**kwargs), task, policy=h.PERMISSIVE)  # type: ignore[arg-type]
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(**kwargs), task, policy=h.PERMISSIVE)  # type: ignore[arg-type]
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 
@@ -166,8 +167,8 @@ def test_only_the_reference_runner_declares_metrics_ports(command: list[str] | N
     task["spec"]["division"] = "open"
     if command is not None:
         task["spec"]["runner"]["command"] = command
-    result = reconcile.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
+    assert not isinstance(result, admission.Rejection), result
     container = builders.worker_pod(result[0], 0, 0)["spec"]["containers"][0]
     assert [p["name"] for p in container["ports"]] == ports
 

@@ -1,6 +1,6 @@
 """BenchmarkSweeps, pure: from (the sweep, its runs that exist, now) to the runs to create next and its status.
 
-No I/O here; :mod:`.sweep_handlers` lists the sweep's runs, calls :func:`decide`, creates what it
+No I/O here; :mod:`.handlers` lists the sweep's runs, calls :func:`decide`, creates what it
 says and writes the status.
 
 * The expansion is ``mlbench_api.sweep.expand``: the runs, their names and labels, in order.
@@ -330,8 +330,3 @@ def decide(
         finished=finished,
         stalled=bool(problems) and not stopped,
     )
-
-
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level status keys that changed (a JSON merge patch for the status subresource)."""
-    return {k: v for k, v in new.items() if old.get(k) != v}
