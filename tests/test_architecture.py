@@ -5,6 +5,9 @@ and each is shown to fail on a small made-up house before it is held against the
   of ``settings.py`` once; ruff's PLC0415 says the same for operator/).
 * The floor of the operator (the modules directly in ``mlbench_operator``, but the two that assemble it:
   ``handlers.py`` and ``main.py``) imports no wing (``mlbench_operator.run``, ``mlbench_operator.sweep``).
+* The pod contract (``mlbench_api.contract``: environment names, paths, ports, condition types and reasons)
+  is stated once: no other module of the API, the operator or the runner holds one of its values as a string
+  literal of its own (``"MLBENCH_SSH_PORT"``, ``"/etc/mlbench/hostfile"``, ``"InvalidTask"``...).
 """
 
 from __future__ import annotations
@@ -15,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from mlbench_api import contract
+from mlbench_api.datasets import FetchReason
+
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = ROOT / "operator"
+#: Where the contract's users live (each a folder of packages), and the contract's own file.
+CONTRACT_USERS = (ROOT / "crds", ROOT / "operator", ROOT / "runners")
+CONTRACT_FILE = ROOT / "crds" / "mlbench_api" / "contract.py"
 PACKAGE = "mlbench_operator"
 #: The modules that assemble the operator from its floor and its wings.
 ASSEMBLY = {f"{PACKAGE}.handlers", f"{PACKAGE}.main"}
@@ -110,6 +119,34 @@ def floor_to_wing(edges: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
     )
 
 
+def contract_strings() -> set[str]:
+    """The contract's environment names and paths: strings that say something only the contract should."""
+    values = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
+    return {v for v in values if v.startswith(("MLBENCH_", "/"))}
+
+
+#: Words that are Kubernetes' (a pod's phase, the kubelet's and the scheduler's reasons) or a run's phase as
+#: well as one of our reasons: code that reads them from a pod, or writes a phase, names them on its own.
+NOT_OURS = {"Running", "Succeeded", "Failed", "Ready", "Completed", "Unschedulable", "Evicted", "OOMKilled"}
+NOT_OURS |= {"DeadlineExceeded"}
+
+
+def reason_strings() -> set[str]:
+    """The operator's condition types and reasons, which the API and the runner only ever import."""
+    values = {str(r) for r in (*contract.Reason, *contract.DatasetReason)} | set(contract.TYPES)
+    return values - NOT_OURS - {str(r) for r in FetchReason}
+
+
+def restated(source: str, values: set[str]) -> list[tuple[int, str]]:
+    """(line, literal) of each string constant of ``source`` that is one of ``values`` (a docstring, or text
+    that only mentions a value, is a longer string and does not count)."""
+    return sorted(
+        (n.lineno, n.value)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in values
+    )
+
+
 # -- each check fails where it should ------------------------------------------------------------------
 def _house(tmp_path: Path, files: Mapping[str, str]) -> dict[str, str]:
     for name, text in files.items():
@@ -155,6 +192,13 @@ def test_an_arrow_from_the_floor_to_a_wing_is_found() -> None:
     assert floor_to_wing(edges) == [(f"{PACKAGE}.settings", f"{PACKAGE}.run.results")]
 
 
+def test_a_restated_contract_value_is_found() -> None:
+    values = contract_strings() | reason_strings()
+    assert {"MLBENCH_SSH_PORT", "/etc/mlbench/hostfile", "MLBENCH_RUN_CONFIG", "InvalidTask"} <= values
+    source = 'PORT = os.environ.get("MLBENCH_SSH_PORT", "2222")\nWHY = "set MLBENCH_SSH_PORT"\nR = "InvalidTask"\n'
+    assert restated(source, values) == [(1, "MLBENCH_SSH_PORT"), (3, "InvalidTask")]
+
+
 # -- the operator as it is -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def operator() -> dict[str, str]:
@@ -178,3 +222,18 @@ def test_the_operator_imports_nothing_inside_a_function(operator: dict[str, str]
 
 def test_the_operators_floor_imports_no_wing(operator: dict[str, str]) -> None:
     assert floor_to_wing(graph(operator)) == []
+
+
+def test_the_contract_is_stated_once() -> None:
+    """The runner, the operator and the CLI import the contract's environment names and paths, the API and
+    the runner its reasons (the operator's own code names its reasons through them too); none restates one."""
+    paths = contract_strings()
+    reasons = reason_strings()
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for root in CONTRACT_USERS
+        for path in sorted(root.rglob("*.py"))
+        if path != CONTRACT_FILE
+        and (hits := restated(path.read_text(), paths | (reasons if root != OPERATOR else set())))
+    }
+    assert found == {}

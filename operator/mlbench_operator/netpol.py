@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mlbench_api import contract
 from mlbench_operator import builders
 from mlbench_operator import naming as n
 
@@ -27,9 +28,9 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 def metrics_ports(ctx: builders.RunContext) -> list[dict[str, Any]]:
     """Every rank's metrics port: ``9400 .. 9400 + slotsPerWorker - 1`` (a range needs Kubernetes 1.25+)."""
     slots = min(ctx.spec.slots_per_worker, ctx.config.world_size)
-    port: dict[str, Any] = {"protocol": "TCP", "port": n.METRICS_PORT}
+    port: dict[str, Any] = {"protocol": "TCP", "port": contract.METRICS_PORT}
     if slots > 1:
-        port["endPort"] = n.METRICS_PORT + slots - 1
+        port["endPort"] = contract.METRICS_PORT + slots - 1
     return [port]
 
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mlbench_api import contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, integer, port, seconds
@@ -70,7 +71,7 @@ class DatasetSettings:
 
 def metrics_linger_seconds(env: Mapping[str, str]) -> int:
     """``MLBENCH_METRICS_LINGER_SECONDS``: how long ranks keep serving metrics after training (0: not at all)."""
-    return integer(env, "MLBENCH_METRICS_LINGER_SECONDS", n.METRICS_LINGER_SECONDS, minimum=0)
+    return integer(env, contract.ENV_METRICS_LINGER_SECONDS, contract.METRICS_LINGER_SECONDS, minimum=0)
 
 
 def results_wait_seconds(env: Mapping[str, str]) -> float:
@@ -135,7 +136,7 @@ class OperatorConfig:
 
     datasets: DatasetSettings = field(default_factory=DatasetSettings)
     #: ``MLBENCH_METRICS_LINGER_SECONDS``, passed on to the ranks.
-    metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
+    metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
     #: ``MLBENCH_RESULTS_WAIT_SECONDS``
     results_wait_seconds: float = field(default_factory=_default_results_wait)
     #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``, ``MLBENCH_ALLOW_NETWORK_EMULATION``
@@ -144,7 +145,7 @@ class OperatorConfig:
     scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)
     #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, root
     #: or not (the ssh Secret is then root-owned 0444, no fsGroup; sshd and ssh copy their keys: docs/operator.md).
-    runner_uid: int | None = n.RUNNER_UID
+    runner_uid: int | None = contract.RUNNER_UID
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -177,7 +178,7 @@ class OperatorConfig:
 def runner_uid(env: Mapping[str, str]) -> int | None:
     """``MLBENCH_RUNNER_UID``: the non-root UID runner containers run as (default 1000); "image" (or "")
     keeps the image's own user."""
-    raw = env.get("MLBENCH_RUNNER_UID", str(n.RUNNER_UID)).strip()
+    raw = env.get("MLBENCH_RUNNER_UID", str(contract.RUNNER_UID)).strip()
     if raw in ("", "image"):
         return None
     try:

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_HOSTFILE = "/etc/mlbench/hostfile"
+from mlbench_api.contract import ENV_HOSTFILE, HOSTFILE_PATH
+
 DEFAULT_PORT = 29500
 
 
@@ -126,7 +127,7 @@ def detect_world(env: Mapping[str, str] | None = None) -> World:
     if "OMPI_COMM_WORLD_RANK" in env:
         addr = env.get("MASTER_ADDR")
         if not addr:
-            hostfile = env.get("MLBENCH_HOSTFILE", DEFAULT_HOSTFILE)
+            hostfile = env.get(ENV_HOSTFILE, HOSTFILE_PATH)
             addr = parse_hostfile(hostfile)[0][0] if Path(hostfile).exists() else "127.0.0.1"
         size = _int(env, "OMPI_COMM_WORLD_SIZE")
         return World(

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from mlbench_api import bundle
+from mlbench_api import bundle, contract
 from mlbench_operator import builders
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
@@ -177,7 +177,7 @@ def test_ranks_linger_for_the_last_scrape() -> None:
     ctx = ctx_for()
     for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(n.METRICS_LINGER_SECONDS)
+        assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(contract.METRICS_LINGER_SECONDS)
     quiet = dataclasses.replace(ctx, metrics_linger_seconds=0)
     env = {e["name"]: e.get("value") for e in builders.launcher_pod(quiet, 0)["spec"]["containers"][0]["env"]}
     assert env["MLBENCH_METRICS_LINGER_SECONDS"] == "0"
@@ -257,7 +257,7 @@ def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
 
     script = builders.WORKER_SCRIPT
     assert f"d={PRIVATE_SSH_DIR}\n" in script
-    assert f'cat /etc/mlbench-ssh/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")' in script
+    assert f'cat /etc/mlbench-ssh/{contract.SSH_PRIVATE_KEY} > "$d/{contract.SSH_PRIVATE_KEY}")' in script
 
 
 @pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o444)])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from mlbench_api import contract
 from mlbench_operator import builders
-from mlbench_operator import naming as n
 from mlbench_operator import policy as p
 from mlbench_operator.builders import RunContext
 from mlbench_operator.env import SettingsError
@@ -102,7 +102,7 @@ def test_worker_has_the_init_container_exactly_when_network_is_set(
     assert init["name"] == builders.NETEM_CONTAINER
     assert init["image"] == worker["containers"][0]["image"] == ctx.image
     assert init["command"] == ["mlbench-runner", "netem", "--interface", "eth0", "--config", "/etc/mlbench/config.json"]
-    assert init["volumeMounts"] == [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True}]
+    assert init["volumeMounts"] == [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}]
     assert "config" in {v["name"] for v in worker["volumes"]}
     assert init["securityContext"] == {
         "runAsUser": 0,
@@ -146,9 +146,9 @@ def test_the_init_container_applies_what_the_config_map_carries(
     from mlbench_runner.cli import main
 
     ctx = ctx_for(network=NETWORK)
-    data = builders.config_map(ctx)["data"][n.CONFIG_FILE]
+    data = builders.config_map(ctx)["data"][contract.CONFIG_FILE]
     assert json.loads(data)["network"] == NETWORK
-    path = tmp_path / n.CONFIG_FILE
+    path = tmp_path / contract.CONFIG_FILE
     path.write_text(data)
     command = builders.netem_init_container(ctx)["command"]  # type: ignore[index]
     argv = [*command[1:], "--dry-run"]

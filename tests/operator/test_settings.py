@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import pytest
 
-from mlbench_operator import naming as n
+from mlbench_api import contract
 from mlbench_operator.env import SettingsError
 from mlbench_operator.policy import AdmissionPolicy
 from mlbench_operator.settings import DatasetSettings, OperatorConfig
@@ -57,8 +57,8 @@ def test_defaults_are_an_empty_environment() -> None:
     assert config == OperatorConfig()
     assert config.datasets == DatasetSettings()
     assert config.policy == AdmissionPolicy()
-    assert config.runner_uid == n.RUNNER_UID
-    assert config.metrics_linger_seconds == n.METRICS_LINGER_SECONDS
+    assert config.runner_uid == contract.RUNNER_UID
+    assert config.metrics_linger_seconds == contract.METRICS_LINGER_SECONDS
     assert (config.metrics_port, config.run_selector) == (8080, "")
     assert (config.resync_seconds, config.debounce_seconds) == (300.0, 0.3)
     assert config.scraper_namespaces == ("mlbench-system", "monitoring")

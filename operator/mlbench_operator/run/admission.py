@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from mlbench_api import contract
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
 from mlbench_api.run import (
@@ -48,7 +49,7 @@ def validate_run(body: Mapping[str, Any]) -> BenchmarkRun:
 def context(
     body: Mapping[str, Any],
     snapshot: Mapping[str, Any],
-    run_as_user: int | None = n.RUNNER_UID,
+    run_as_user: int | None = contract.RUNNER_UID,
     dataset_claim: str = n.DATASET_VOLUME,
 ) -> RunContext:
     """Rebuild the run's context from its spec and task snapshot; raises ValueError if invalid."""
@@ -56,7 +57,7 @@ def context(
     meta = body.get("metadata") or {}
     task = BenchmarkTaskSpec.model_validate(snapshot)
     task_name = run.spec.task_ref.name
-    config = effective_config(run, task_name, task, output_dir=n.OUTPUT_DIR, metrics_port=n.METRICS_PORT)
+    config = effective_config(run, task_name, task, output_dir=contract.OUTPUT_DIR, metrics_port=contract.METRICS_PORT)
     return RunContext(
         name=run.metadata.name,
         namespace=run.metadata.namespace or "default",
@@ -72,7 +73,7 @@ def context(
 def admit(
     body: Mapping[str, Any],
     task: Mapping[str, Any] | None,
-    run_as_user: int | None = n.RUNNER_UID,
+    run_as_user: int | None = contract.RUNNER_UID,
     dataset_claim: str = n.DATASET_VOLUME,
     policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> tuple[RunContext, dict[str, Any]] | Rejection:

@@ -30,6 +30,7 @@ from typing import Any
 
 import kopf
 
+from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m
@@ -59,7 +60,7 @@ SWEEP_RECORD_POLL_SECONDS = 1.0
 
 
 #: Rank 0's metrics port on worker 0 (RunConfig.metricsPort + local rank 0).
-PROGRESS_PORT = n.METRICS_PORT
+PROGRESS_PORT = contract.METRICS_PORT
 
 
 async def fetch_job_event(namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
