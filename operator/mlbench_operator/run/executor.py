@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 
 from mlbench_api import bundle
+from mlbench_api.run import TERMINAL
 from mlbench_operator import builders, datasets, logs, netpol, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
@@ -20,7 +21,15 @@ from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
 from mlbench_operator.podview import PodChange, PodIndex, PodView, controller_uid
 from mlbench_operator.run import admission, lifecycle, policies, results
-from mlbench_operator.run.status import TERMINAL, Plan, failed_status, finalize, unstorable_status
+from mlbench_operator.run.status import (
+    Plan,
+    failed_status,
+    finalize,
+    first_ready,
+    kept_after_failure,
+    restarted,
+    unstorable_status,
+)
 from mlbench_operator.runtime import DEFAULT_CONFIG, status_patch, write_status
 from mlbench_operator.settings import OperatorConfig
 
@@ -97,17 +106,9 @@ class RunReconciler:
         return {"metadata": dict(self.body["metadata"]), "spec": dict(self.body["spec"]), "status": self.status}
 
     def recover(self, live_status: Mapping[str, Any]) -> None:
-        """After a failed pass: trust the cluster's status again (a write may have landed although its
-        answer was an error), except where ours is provably newer, written by us and not yet echoed by the
-        watch: a finished status (re-planning from the older one while the cleanup deletes pods would misread
-        the result as a lost launcher), or more restarts (the count only grows; planning from the older one
-        would announce and count the same gang restart again)."""
-        live = dict(live_status or {})
-        if self.status.get("phase") in TERMINAL:
-            return
-        if int(self.status.get("restarts") or 0) > int(live.get("restarts") or 0):
-            return
-        self.status = live
+        """After a failed pass: trust the cluster's status again, unless ours is provably newer
+        (:func:`.status.kept_after_failure`)."""
+        self.status = dict(kept_after_failure(self.status, live_status or {}))
 
     def event(self, type_: str, reason: str, message: str) -> None:
         kopf.event(self.body, type=type_, reason=reason, message=c.clean(message)[:1024])
@@ -232,13 +233,13 @@ class RunReconciler:
             stopped = await self.ensure_service(ctx, now, pods)  # before the status says "creating the launcher"
             if stopped is not None:
                 return stopped.delay
-        was_ready = c.is_true(self.status.get("conditions"), c.WORKERS_READY)
-        restarted = int(plan.status.get("restarts", 0)) > int(self.status.get("restarts", 0))
+        ready_now = first_ready(self.status, plan.status)
+        restart = restarted(self.status, plan.status)
         await self.patch(plan.status)  # results and restarts are recorded before the world is changed
         # the status says it now: its Events too, before a delete or create below can fail the pass (the
         # retry plans from the new status and would not say it again)
         self.emit(plan)
-        if restarted:  # counted where it is recorded, once, whether or not stale pods remain to delete
+        if restart:  # counted where it is recorded, once, whether or not stale pods remain to delete
             m.RESTARTS.inc()
         if plan.terminal:
             # Once the result is written, nothing can turn the run back into a running one. The cleanup
@@ -260,8 +261,7 @@ class RunReconciler:
         refused = await self.create_pods(plan, ctx, now)
         if refused:
             return await self.creation_refused(refused, now, pods)
-        attempt = int(plan.status.get("restarts", 0))
-        if not was_ready and c.is_true(plan.status.get("conditions"), c.WORKERS_READY) and attempt == 0:
+        if ready_now:
             created = c.parse_time(self.body["metadata"].get("creationTimestamp"))
             if created is not None:
                 m.WORKERS_READY_SECONDS.observe(max((now - created).total_seconds(), 0.0))

@@ -32,6 +32,7 @@ import kopf
 
 from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
+from mlbench_api.run import TERMINAL
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
@@ -39,7 +40,7 @@ from mlbench_operator.kube import Kube
 from mlbench_operator.podview import PodIndex
 from mlbench_operator.run import lifecycle, results
 from mlbench_operator.run.executor import RunReconciler
-from mlbench_operator.run.status import TERMINAL, generation_patch, serves_metrics
+from mlbench_operator.run.status import generation_patch, serves_metrics
 from mlbench_operator.runtime import config_of, pods_of
 from mlbench_operator.settings import OperatorConfig
 from mlbench_operator.sweep import plan

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlbench_api.common import MAX_INT32
 from mlbench_api.run import (
+    TERMINAL,
     CleanPodPolicy,
     Phase,
     RunPolicy,
@@ -20,7 +21,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
-from mlbench_operator.run.status import TERMINAL, Plan, _spec_workers, _Status
+from mlbench_operator.run.status import Plan, _spec_workers, _Status
 
 #: A pod still Terminating this long after its deletionTimestamp (the end of its grace period) is on
 #: a lost node: the kubelet will never confirm, so it is force-deleted (its name is needed again).

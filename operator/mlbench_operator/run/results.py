@@ -21,12 +21,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api import bundle
-from mlbench_api.run import NetworkConditions
+from mlbench_api.run import TERMINAL, NetworkConditions
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
-from mlbench_operator.run.status import TERMINAL
 from mlbench_operator.settings import RESULTS_WAIT_SECONDS
 
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from mlbench_api.common import Condition as ConditionModel
 from mlbench_api.errors import format_errors
 from mlbench_api.run import (
+    TERMINAL,
     BenchmarkRunStatus,
     Phase,
 )
@@ -32,10 +33,6 @@ from mlbench_operator import logs
 from mlbench_operator.conditions import Reason
 
 log = logs.get_logger("mlbench_operator.run.status")
-
-
-#: The phases a run never leaves (the one place they are stated; handlers reads them from here).
-TERMINAL: tuple[Phase, ...] = (Phase.SUCCEEDED, Phase.FAILED)
 
 
 @dataclass
@@ -410,3 +407,29 @@ def _short(err: Exception, limit: int = 2048) -> str:
 
 
 _Cond = tuple[c.ConditionStatus, str, str]
+
+
+# -- the executor's small decisions, between the status it holds and the next one ----------------------------
+def kept_after_failure(ours: Mapping[str, Any], live: Mapping[str, Any]) -> Mapping[str, Any]:
+    """After a failed pass, the status to plan from: the cluster's (``live``: a write may have landed although
+    its answer was an error), except where ``ours`` is provably newer, written by us and not yet echoed by the
+    watch: a finished status (re-planning from the older one while the cleanup deletes pods would misread the
+    result as a lost launcher), or more restarts (the count only grows; planning from the older one would
+    announce and count the same gang restart again)."""
+    if ours.get("phase") in TERMINAL:
+        return ours
+    if int(ours.get("restarts") or 0) > int(live.get("restarts") or 0):
+        return ours
+    return live
+
+
+def restarted(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """``new`` records a gang restart that ``old`` does not (counted once, where it is recorded)."""
+    return int(new.get("restarts", 0)) > int(old.get("restarts", 0))
+
+
+def first_ready(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """``new`` is the first status with every worker of the first attempt Ready (the time to it is measured)."""
+    was_ready = c.is_true(old.get("conditions"), c.WORKERS_READY)
+    ready = c.is_true(new.get("conditions"), c.WORKERS_READY)
+    return not was_ready and ready and int(new.get("restarts", 0)) == 0

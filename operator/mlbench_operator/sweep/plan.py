@@ -26,13 +26,12 @@ from pydantic import ValidationError
 
 from mlbench_api.common import API_VERSION
 from mlbench_api.errors import format_errors
-from mlbench_api.run import Phase
+from mlbench_api.run import TERMINAL, Phase
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand
 from mlbench_operator import conditions as c
 from mlbench_operator.podview import controller_uid
 
 #: The phases a run never leaves.
-TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 #: The condition types of a sweep (kstatus: what Flux, Argo CD and ``kubectl wait`` read).
 TYPES = (c.READY, c.RECONCILING, c.STALLED)
 
