@@ -75,8 +75,9 @@ for sub in ("crds", "operator", "runners", ""):
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from mlbench_operator import builders, reconcile  # noqa: E402
+from mlbench_operator import builders  # noqa: E402
 from mlbench_operator.kube import Kube, load_configuration  # noqa: E402
+from mlbench_operator.run import admission  # noqa: E402
 from tests.cluster.cluster import free_port  # noqa: E402
 from tests.operator import helpers as h  # noqa: E402
 
@@ -393,8 +394,8 @@ class Bench:
         ns = f"floor-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", ns)
         body = h.run("floor", ns, workers=workers, resources={"cpu": "10m", "memory": "16Mi"})
-        admitted = reconcile.admit(body, h.task())
-        assert not isinstance(admitted, reconcile.Rejection), admitted
+        admitted = admission.admit(body, h.task())
+        assert not isinstance(admitted, admission.Rejection), admitted
         ctx = admitted[0]
         pods = []
         for rank in range(workers):

@@ -40,13 +40,15 @@ from typing import Any
 
 import pytest
 
+from mlbench_api import contract
 from mlbench_api.results import RunSummary
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from mlbench_runner.collect import read_remote, ssh_options
-from mlbench_runner.launch import DEFAULT_TERMINATION_LOG, private_key
+from mlbench_runner.launch import private_key
 from mlbench_runner.world import free_port
 from tests.runner.helpers import logreg_task
 
@@ -100,7 +102,7 @@ def sshd_on_loopback(script: str, addr: str, port: int) -> str:
     Pods have their own network namespace; here both workers share one, so each sshd listens on
     its own address only (never on all interfaces) and on a port that is free on this machine.
     """
-    token = f" -p {n.SSH_PORT} "
+    token = f" -p {contract.SSH_PORT} "
     assert script.count(token) == 1, f"the worker script no longer runs sshd with{token!r}:\n{script}"
     return script.replace(token, f" -p {port} -o ListenAddress={addr} ")
 
@@ -249,7 +251,11 @@ class Cluster:
         (container,) = pod["spec"]["containers"]
         assert {m["mountPath"] for m in container["volumeMounts"]} == {*self.paths, "/dev/shm"}
         # the container's own Secret volume and /tmp; the ConfigMap and the output directory are shared
-        pod_paths = {**self.paths, n.SSH_DIR: self.root / name / "etc-mlbench-ssh", "/tmp": self.root / name / "tmp"}
+        pod_paths = {
+            **self.paths,
+            contract.SSH_DIR: self.root / name / "etc-mlbench-ssh",
+            "/tmp": self.root / name / "tmp",
+        }
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         fs_group = pod["spec"]["securityContext"].get("fsGroup")
         for mount in container["volumeMounts"]:
@@ -260,7 +266,7 @@ class Cluster:
             os.chown(pod_paths["/tmp"], self.as_user, self.as_user)
         shell, flag, script = container["command"]
         assert (shell, flag, script) == ("/bin/sh", "-c", builders.WORKER_SCRIPT)
-        script = sshd_on_loopback(localize(script, pod_paths, [n.SSH_DIR, "/tmp"]), addr, self.port)
+        script = sshd_on_loopback(localize(script, pod_paths, [contract.SSH_DIR, "/tmp"]), addr, self.port)
         if self.as_user is not None:
             script = without_supervisor(script)
         env = {**container_env(container, pod, pod_paths), "PATH": IMAGE_PATH}
@@ -286,18 +292,23 @@ class Cluster:
     def launcher_env(self, ssh_dir: Path | None = None) -> dict[str, str]:
         pod = builders.launcher_pod(self.ctx, attempt=0)
         (container,) = pod["spec"]["containers"]
-        return launcher_env(self, container, pod, {**self.paths, n.SSH_DIR: ssh_dir or self.paths[n.SSH_DIR]})
+        return launcher_env(
+            self, container, pod, {**self.paths, contract.SSH_DIR: ssh_dir or self.paths[contract.SSH_DIR]}
+        )
 
     def client_options(self, as_user: int | None = None) -> list[str]:
         """The ssh options ``mlbench-runner launch`` derives from the launcher's environment, with its
         private copy of the client key (made as ``as_user``, who runs ssh)."""
         env = self.launcher_env()
-        key = Path(private_key(env[n.ENV_SSH_KEY], tempfile.mkdtemp(dir=self.root)))
+        key = Path(private_key(env[contract.ENV_SSH_KEY], tempfile.mkdtemp(dir=self.root)))
         if as_user is not None:  # as if that user had made it (it cannot run this interpreter: see user_args)
             for path in (key.parent, key):
                 os.chown(path, as_user, as_user)
         return ssh_options(
-            int(env[n.ENV_SSH_PORT]), str(key), env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS]
+            int(env[contract.ENV_SSH_PORT]),
+            str(key),
+            env[contract.ENV_SSH_KNOWN_HOSTS],
+            env[contract.ENV_SSH_HOST_KEY_ALIAS],
         )
 
 
@@ -327,8 +338,8 @@ def run_context(run_as_user: int | None = None) -> RunContext:
         "metadata": {"name": RUN, "namespace": NAMESPACE, "uid": "uid-ssh", "generation": 1},
         "spec": {"taskRef": {"name": "ssh-logreg"}, "workers": WORKERS},
     }
-    admitted = reconcile.admit(body, task, run_as_user=run_as_user)
-    assert not isinstance(admitted, reconcile.Rejection), admitted
+    admitted = admission.admit(body, task, run_as_user=run_as_user)
+    assert not isinstance(admitted, admission.Rejection), admitted
     return admitted[0]
 
 
@@ -342,26 +353,26 @@ def started(
     keys = generate_keypair(f"mlbench-{ctx.namespace}-{ctx.name}")  # as handlers.py does
     config_map = builders.config_map(ctx)
     data = config_map["data"]
-    data[n.HOSTFILE] = hostfile_on_loopback(data[n.HOSTFILE], ctx, WORKER_ADDRS)
+    data[contract.HOSTFILE] = hostfile_on_loopback(data[contract.HOSTFILE], ctx, WORKER_ADDRS)
     paths = {
-        n.CONFIG_DIR: root / "etc-mlbench",
-        n.SSH_DIR: root / "etc-mlbench-ssh",
+        contract.CONFIG_DIR: root / "etc-mlbench",
+        contract.SSH_DIR: root / "etc-mlbench-ssh",
         # The output emptyDir: one directory for every pod here (the ranks read outputDir from the
         # shared config.json), so the test checks below that the summary came through mpirun.
-        n.OUTPUT_DIR: root / "output",
+        contract.OUTPUT_DIR: root / "output",
     }
-    config = json.loads(localize(data[n.CONFIG_FILE], paths, [n.OUTPUT_DIR]))
+    config = json.loads(localize(data[contract.CONFIG_FILE], paths, [contract.OUTPUT_DIR]))
     # Each rank is local rank 0 of its "node" and would serve metrics on 0.0.0.0:9400 in its own pod;
     # sharing one network namespace, the second would fail to bind: metrics off.
-    assert config["metricsPort"] == n.METRICS_PORT
+    assert config["metricsPort"] == contract.METRICS_PORT
     config["metricsPort"] = 0
-    data[n.CONFIG_FILE] = json.dumps(config, indent=2)
+    data[contract.CONFIG_FILE] = json.dumps(config, indent=2)
     secret = builders.ssh_secret(ctx, keys)
     objects = {o["metadata"]["name"]: o for o in (config_map, secret)}
     # The launcher's Secret volume (its ConfigMap volume is the one the workers share).
     launcher = builders.launcher_pod(ctx, attempt=0)
     (volume,) = [v for v in launcher["spec"]["volumes"] if "secret" in v]
-    project(volume, objects, paths[n.SSH_DIR], launcher["spec"]["securityContext"].get("fsGroup"))
+    project(volume, objects, paths[contract.SSH_DIR], launcher["spec"]["securityContext"].get("fsGroup"))
 
     as_user = ctx.run_as_user if ctx.run_as_user is not None else image_user
     cluster = Cluster(ctx, keys, root, paths, objects, free_port(WORKER_ADDRS), as_user=as_user)
@@ -409,11 +420,11 @@ def launcher_env(cluster: Cluster, container: Obj, pod: Obj, paths: Mapping[str,
     Nothing else: no inherited environment, no OMPI_MCA_* variables.
     """
     env = container_env(container, pod, paths)
-    assert env[n.ENV_SSH_PORT] == str(n.SSH_PORT)
+    assert env[contract.ENV_SSH_PORT] == str(contract.SSH_PORT)
     return {
         **env,
         "PATH": IMAGE_PATH,
-        n.ENV_SSH_PORT: str(cluster.port),
+        contract.ENV_SSH_PORT: str(cluster.port),
         "MASTER_PORT": str(free_port(["0.0.0.0"])),
         # the launcher "pod"'s own /tmp for its copy of the client key (every worker has its own)
         "MLBENCH_SSH_PRIVATE_DIR": str(cluster.root / "launcher-tmp" / "mlbench-sshd"),
@@ -424,11 +435,11 @@ def launch(cluster: Cluster, ssh_dir: Path, termination_log: Path) -> subprocess
     """Run the launcher pod's container command with its (localized) environment."""
     pod = builders.launcher_pod(cluster.ctx, attempt=0)
     (container,) = pod["spec"]["containers"]
-    assert container["terminationMessagePath"] == DEFAULT_TERMINATION_LOG
+    assert container["terminationMessagePath"] == contract.TERMINATION_LOG
     assert {m["mountPath"] for m in container["volumeMounts"]} == set(cluster.paths)
-    paths = {**cluster.paths, n.SSH_DIR: ssh_dir}
+    paths = {**cluster.paths, contract.SSH_DIR: ssh_dir}
     env = launcher_env(cluster, container, pod, paths)
-    for var in (n.ENV_CONFIG, n.ENV_HOSTFILE, n.ENV_SSH_KEY, n.ENV_SSH_KNOWN_HOSTS):
+    for var in (contract.ENV_CONFIG, contract.ENV_HOSTFILE, contract.ENV_SSH_KEY, contract.ENV_SSH_KNOWN_HOSTS):
         assert Path(env[var]).is_file(), f"{var}={env[var]} is not projected"
     cmd = [*container["command"], *container.get("args", []), "--termination-log", str(termination_log)]
     proc = subprocess.Popen(
@@ -472,7 +483,7 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
 
     # The run's own key: mpirun reaches both workers' sshd, the ranks train, the summary comes back.
     log = tmp_path / "termination-log"
-    proc = launch(cluster, cluster.paths[n.SSH_DIR], log)
+    proc = launch(cluster, cluster.paths[contract.SSH_DIR], log)
     assert proc.returncode == 0, proc.stdout[-4000:]
     summary = RunSummary.from_termination_message(log.read_text())
     assert summary.run == RUN
@@ -485,7 +496,7 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     # ... with the run's host key checked: the builder's environment turned strict checking on.
     cmd = launch_command(proc.stdout)
     rsh = cmd[cmd.index("plm_rsh_args") + 1]
-    known_hosts = cluster.paths[n.SSH_DIR] / n.SSH_KNOWN_HOSTS
+    known_hosts = cluster.paths[contract.SSH_DIR] / contract.SSH_KNOWN_HOSTS
     assert f"-o UserKnownHostsFile={known_hosts}" in rsh
     assert "-o StrictHostKeyChecking=yes" in rsh
     assert f"-o HostKeyAlias={n.ssh_host_key_alias(RUN, NAMESPACE)}" in rsh
@@ -536,7 +547,9 @@ def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: P
     objects = {**cluster.objects, n.ssh_secret_name(RUN): builders.ssh_secret(cluster.ctx, impostor_keys)}
     cluster.stop_worker(cluster.workers[1])
     impostor = cluster.start_worker(1, objects, tag="-impostor")
-    key = private_key(str(cluster.paths[n.SSH_DIR] / n.SSH_PRIVATE_KEY), str(tmp_path / "copy"))  # the launcher's
+    key = private_key(
+        str(cluster.paths[contract.SSH_DIR] / contract.SSH_PRIVATE_KEY), str(tmp_path / "copy")
+    )  # the launcher's
 
     lax = ssh(ssh_options(cluster.port, key), impostor.addr, "echo", "impostor-ran-it")
     assert lax.stdout == "impostor-ran-it\n", lax.stderr  # the threat is real: it would have run the command
@@ -553,14 +566,18 @@ def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: P
 
     # Reading rank 0's files (collect.py) uses the same options.
     env = cluster.launcher_env()
-    known_hosts, alias, config = env[n.ENV_SSH_KNOWN_HOSTS], env[n.ENV_SSH_HOST_KEY_ALIAS], env[n.ENV_CONFIG]
+    known_hosts, alias, config = (
+        env[contract.ENV_SSH_KNOWN_HOSTS],
+        env[contract.ENV_SSH_HOST_KEY_ALIAS],
+        env[contract.ENV_CONFIG],
+    )
     genuine = read_remote(worker0.addr, config, cluster.port, key, known_hosts=known_hosts, host_key_alias=alias)
     assert genuine == Path(config).read_bytes()
     assert read_remote(impostor.addr, config, cluster.port, key, known_hosts=known_hosts, host_key_alias=alias) is None
 
     # The launcher: mpirun fails, the termination log names the cause, the impostor let nobody in.
     log = tmp_path / "termination-log"
-    proc = launch(cluster, cluster.paths[n.SSH_DIR], log)
+    proc = launch(cluster, cluster.paths[contract.SSH_DIR], log)
     assert proc.returncode != 0, proc.stdout[-4000:]
     error = json.loads(log.read_text())
     assert "Host key verification failed" in error["error"].split("; last output:")[0], error
@@ -619,10 +636,12 @@ def has_login(uid: int) -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays kubelet (root-owned files, fsGroup), switches to the runner's UID")
-@pytest.mark.skipif(not has_login(n.RUNNER_UID), reason=f"no passwd entry with a shell for UID {n.RUNNER_UID}")
+@pytest.mark.skipif(
+    not has_login(contract.RUNNER_UID), reason=f"no passwd entry with a shell for UID {contract.RUNNER_UID}"
+)
 @pytest.mark.parametrize(
     ("run_as_user", "owner_group", "mode"),
-    [(n.RUNNER_UID, n.RUNNER_UID, 0o440), (None, 0, 0o444)],
+    [(contract.RUNNER_UID, contract.RUNNER_UID, 0o440), (None, 0, 0o444)],
     ids=["operator-uid", "image-user"],
 )
 def test_non_root_pods_accept_the_secret_modes(run_as_user: int | None, owner_group: int, mode: int) -> None:
@@ -640,21 +659,26 @@ def test_non_root_pods_accept_the_secret_modes(run_as_user: int | None, owner_gr
     root = Path(tempfile.mkdtemp(prefix="mlbench-ssh-uid-"))  # pytest's tmp_path is 0700: not for UID 1000
     try:
         root.chmod(0o755)
-        with started(ctx, root, ranks=[0], image_user=n.RUNNER_UID) as cluster:
-            ssh_dir = cluster.paths[n.SSH_DIR]
-            for key in (n.SSH_PRIVATE_KEY, n.SSH_HOST_KEY, n.SSH_AUTHORIZED_KEYS, n.SSH_KNOWN_HOSTS):
+        with started(ctx, root, ranks=[0], image_user=contract.RUNNER_UID) as cluster:
+            ssh_dir = cluster.paths[contract.SSH_DIR]
+            for key in (
+                contract.SSH_PRIVATE_KEY,
+                contract.SSH_HOST_KEY,
+                contract.SSH_AUTHORIZED_KEYS,
+                contract.SSH_KNOWN_HOSTS,
+            ):
                 st = (ssh_dir / key).stat()
                 assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, owner_group, mode), key
             (worker,) = cluster.workers
             got = subprocess.run(
-                ["ssh", *cluster.client_options(as_user=n.RUNNER_UID), worker.addr, "id", "-u"],
+                ["ssh", *cluster.client_options(as_user=contract.RUNNER_UID), worker.addr, "id", "-u"],
                 check=False,
                 capture_output=True,
                 text=True,
                 timeout=30,
-                **user_args(n.RUNNER_UID),
+                **user_args(contract.RUNNER_UID),
             )
-            assert got.stdout == f"{n.RUNNER_UID}\n", got.stderr + worker.log.read_text()
+            assert got.stdout == f"{contract.RUNNER_UID}\n", got.stderr + worker.log.read_text()
             assert "Accepted publickey for" in worker.log.read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -675,10 +699,10 @@ def test_mpirun_tree_spawn_goes_through_a_worker(
 
     monkeypatch.setattr(sys.modules[__name__], "launcher_env", chained)
     log = tmp_path / "termination-log"
-    proc = launch(cluster, cluster.paths[n.SSH_DIR], log)
+    proc = launch(cluster, cluster.paths[contract.SSH_DIR], log)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert RunSummary.from_termination_message(log.read_text()).environment.world_size == WORKERS
-    key = cluster.launcher_env()["MLBENCH_SSH_PRIVATE_DIR"] + "/" + n.SSH_PRIVATE_KEY
+    key = cluster.launcher_env()["MLBENCH_SSH_PRIVATE_DIR"] + "/" + contract.SSH_PRIVATE_KEY
     by_daemon = [line for line in proc.stdout.splitlines() if ",0],1] plm:rsh: final template argv" in line]
     assert by_daemon, "worker 0's daemon spawned nobody: no tree spawn"
     template = proc.stdout.split(by_daemon[0], 1)[1].splitlines()[1]  # the argv follows on the next line

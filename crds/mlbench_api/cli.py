@@ -35,6 +35,7 @@ from mlbench_api.catalog import (
 )
 from mlbench_api.common import GROUP
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config, local_task
+from mlbench_api.contract import Reason
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
@@ -103,13 +104,6 @@ def _bytes(n: int) -> str:
             return f"{n // scale}{unit}"
     return f"{n}B"
 
-
-#: The operator's reasons (mlbench_operator.conditions.Reason) for what only its admission refuses.
-TASK_NOT_FOUND = "TaskNotFound"
-INVALID_TASK = "InvalidTask"
-OVERRIDE_NOT_ALLOWED = "OverrideNotAllowed"
-ALGORITHM_NOT_ALLOWED = "AlgorithmNotAllowed"
-INVALID_CONFIG = "InvalidConfig"
 
 _FIELD = re.compile(r"^([A-Za-z][\w./-]*): ")
 #: pydantic's message for a field the model does not know (extra="forbid")
@@ -220,11 +214,12 @@ def admission_problems(
         known = ", ".join(sorted(tasks)) or "none"
         return [
             f"spec.taskRef.name: no BenchmarkTask {name!r} in {where} (known: {known}); "
-            f"the operator would fail the run {TASK_NOT_FOUND}"
+            f"the operator would fail the run {Reason.TASK_NOT_FOUND}"
         ]
     task = tasks[name]
     if task is None:
-        return [f"spec.taskRef.name: BenchmarkTask {name!r} is invalid (see above); the run would fail {INVALID_TASK}"]
+        why = f"BenchmarkTask {name!r} is invalid (see above); the run would fail {Reason.INVALID_TASK}"
+        return [f"spec.taskRef.name: {why}"]
     refused = _config_problem(run, name, local_task(task.spec, run) if local else task.spec)
     if refused is None:
         return []
@@ -243,11 +238,11 @@ def _config_problem(run: BenchmarkRun, name: str, spec: BenchmarkTaskSpec) -> tu
     try:
         effective_config(run, name, spec)
     except OverrideNotAllowed as exc:
-        return str(exc), OVERRIDE_NOT_ALLOWED
+        return str(exc), Reason.OVERRIDE_NOT_ALLOWED
     except AlgorithmNotAllowed as exc:
-        return str(exc), ALGORITHM_NOT_ALLOWED
+        return str(exc), Reason.ALGORITHM_NOT_ALLOWED
     except ValueError as exc:
-        return "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc), INVALID_CONFIG
+        return "; ".join(format_errors(exc)) if isinstance(exc, ValidationError) else str(exc), Reason.INVALID_CONFIG
     return None
 
 

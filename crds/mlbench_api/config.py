@@ -15,13 +15,10 @@ from typing import Annotated, Any, Self
 from pydantic import Field, ValidationError
 
 from mlbench_api.common import ApiModel
+from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
 from mlbench_api.errors import format_errors
 from mlbench_api.run import Algorithm, AlgorithmParameters, Backend, BenchmarkRun, Bucketing, NetworkConditions
 from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
-
-CONFIG_ENV = "MLBENCH_RUN_CONFIG"
-#: The Kubernetes node a rank's pod runs on (the pod's spec.nodeName), recorded with every result.
-NODE_NAME_ENV = "MLBENCH_NODE_NAME"
 
 
 class OverrideNotAllowed(ValueError):
@@ -80,8 +77,8 @@ class RunConfig(ApiModel):
     lr_schedule: ResolvedSchedule | None = Field(
         default=None, alias="lr", description="The resolved learning-rate rule; unset for a collectives task."
     )
-    output_dir: str = "/tmp/mlbench"
-    metrics_port: int = Field(default=9400, description="Base port; rank r serves on base + local rank.")
+    output_dir: str = OUTPUT_DIR
+    metrics_port: int = Field(default=METRICS_PORT, description="Base port; rank r serves on base + local rank.")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """pydantic's model_copy, also taking goal_target and lr in ``update`` (the properties would otherwise hide
@@ -274,8 +271,8 @@ def effective_config(
     task_name: str,
     task: BenchmarkTaskSpec,
     *,
-    output_dir: str = "/tmp/mlbench",
-    metrics_port: int = 9400,
+    output_dir: str = OUTPUT_DIR,
+    metrics_port: int = METRICS_PORT,
 ) -> RunConfig:
     """Form the configuration every rank of ``run`` trains with (or, for a collectives task, times with:
     no goal target, no time budget and no learning-rate schedule)."""

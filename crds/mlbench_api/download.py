@@ -17,6 +17,7 @@ import yaml
 
 from mlbench_api import atomic, bundle
 from mlbench_api.common import GROUP, VERSION
+from mlbench_api.run import TERMINAL
 
 #: ``<namespace>/<run>``: a namespace is a DNS-1123 label, a run name a DNS-1035 label.
 REF = re.compile(r"^(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<run>[a-z]([-a-z0-9]*[a-z0-9])?)$")
@@ -70,7 +71,7 @@ def results_ref(run_obj: dict[str, Any], now: datetime | None = None) -> str:
     if ref.get("message"):
         raise ResultsUnavailable(f"{name} has no kept results: {ref['message']}")
     phase = status.get("phase") or "Pending"
-    if phase not in ("Succeeded", "Failed"):
+    if phase not in TERMINAL:
         raise ResultsUnavailable(f"{name} is {phase}: results are kept once it has finished")
     if ref.get("failingSince"):  # not "none were kept": the operator retries (mlbench_operator.results)
         raise ResultsUnavailable(

@@ -445,6 +445,10 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+#: The phases a run never leaves (members equal their strings: ``status.get("phase") in TERMINAL`` reads the wire).
+TERMINAL: tuple[Phase, ...] = (Phase.SUCCEEDED, Phase.FAILED)
+
+
 class WorkerCounts(ApiModel):
     """How many worker pods exist and are Ready."""
 

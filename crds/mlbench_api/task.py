@@ -24,6 +24,7 @@ from mlbench_api.common import (
     cel,
     re2_search,
 )
+from mlbench_api.contract import DATA_DIR
 
 
 class Division(StrEnum):
@@ -131,8 +132,6 @@ class SyntheticData(ApiModel):
     """Seed of the generator: the same seed gives the same data on every rank and every run."""
 
 
-#: Where a sourced dataset lives: the namespace's dataset volume is mounted here (see docs/datasets.md).
-DATA_ROOT = "/data"
 _SHA256 = r"^[0-9a-f]{64}$"
 _URL = r"^https?://[^\s/?#]+[^\s]*$"
 #: ``/data/<one or more segments>``: the fetcher writes only inside the dataset volume.
@@ -257,7 +256,7 @@ class DatasetSpec(ApiModel):
                 "namespace's dataset volume"
             )
         if self.source is not None and not path_under_data_root(self.path):
-            raise ValueError(f"path: with a source, path must lie under {DATA_ROOT}/ (no '.' or '..' segments)")
+            raise ValueError(f"path: with a source, path must lie under {DATA_DIR}/ (no '.' or '..' segments)")
         return self
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mlbench_api import bundle
+from mlbench_api import bundle, contract
 from mlbench_api.common import API_VERSION, MAX_INT32
-from mlbench_api.config import NODE_NAME_ENV, RunConfig
+from mlbench_api.config import RunConfig
 from mlbench_api.datasets import PERMANENT_EXITS
 from mlbench_api.run import BenchmarkRunSpec, Placement
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
@@ -36,11 +36,11 @@ class RunContext:
     spec: BenchmarkRunSpec
     config: RunConfig
     #: UID for every container (non-root; the image must have this user for ssh). None: the image's user.
-    run_as_user: int | None = n.RUNNER_UID
+    run_as_user: int | None = contract.RUNNER_UID
     #: The namespace's dataset volume (PVC) that sourced datasets live in.
     dataset_claim: str = n.DATASET_VOLUME
     #: Ranks keep serving metrics this long after training, so Prometheus scrapes the final values.
-    metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
+    metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
 
     @property
     def task(self) -> BenchmarkTaskSpec:
@@ -110,7 +110,7 @@ def service(ctx: RunContext) -> Obj:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER},
-            "ports": [{"name": "ssh", "port": n.SSH_PORT, "targetPort": "ssh", "protocol": "TCP"}],
+            "ports": [{"name": "ssh", "port": contract.SSH_PORT, "targetPort": "ssh", "protocol": "TCP"}],
         },
     }
 
@@ -122,7 +122,7 @@ def config_map(ctx: RunContext) -> Obj:
         "kind": "ConfigMap",
         "metadata": _metadata(ctx, n.config_map_name(ctx.name)),
         "immutable": True,
-        "data": {n.HOSTFILE: hostfile(ctx), n.CONFIG_FILE: ctx.config.dump()},
+        "data": {contract.HOSTFILE: hostfile(ctx), contract.CONFIG_FILE: ctx.config.dump()},
     }
 
 
@@ -168,10 +168,10 @@ def ssh_secret(ctx: RunContext, keys: RunKeys) -> Obj:
         "immutable": True,
         "metadata": _metadata(ctx, n.ssh_secret_name(ctx.name)),
         "stringData": {
-            n.SSH_PRIVATE_KEY: keys.client_private,
-            n.SSH_AUTHORIZED_KEYS: authorized_keys(keys),
-            n.SSH_HOST_KEY: keys.host_private,
-            n.SSH_KNOWN_HOSTS: known_hosts(ctx, keys),
+            contract.SSH_PRIVATE_KEY: keys.client_private,
+            contract.SSH_AUTHORIZED_KEYS: authorized_keys(keys),
+            contract.SSH_HOST_KEY: keys.host_private,
+            contract.SSH_KNOWN_HOSTS: known_hosts(ctx, keys),
         },
     }
 
@@ -210,13 +210,14 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd
 mkdir -p "$d"
-(umask 077 && cat {n.SSH_DIR}/{n.SSH_HOST_KEY} > "$d/host_key" \\
-  && cat {n.SSH_DIR}/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")
-exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {n.SSH_PORT} -h "$d/host_key" \\
-  -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={n.SSH_DIR}/{n.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
+(umask 077 && cat {contract.SSH_DIR}/{contract.SSH_HOST_KEY} > "$d/host_key" \\
+  && cat {contract.SSH_DIR}/{contract.SSH_PRIVATE_KEY} > "$d/{contract.SSH_PRIVATE_KEY}")
+exec mlbench-runner worker -- /usr/sbin/sshd -D -e -f /dev/null -p {contract.SSH_PORT} -h "$d/host_key" \\
+  -o PidFile="$d/sshd.pid" -o AuthorizedKeysFile={contract.SSH_DIR}/{contract.SSH_AUTHORIZED_KEYS} -o StrictModes=no \\
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PermitUserEnvironment=no \\
   -o LoginGraceTime={SSHD_LOGIN_GRACE_SECONDS} -o ClientAliveInterval={SSHD_CLIENT_ALIVE_INTERVAL} \\
-  -o ClientAliveCountMax={SSHD_CLIENT_ALIVE_COUNT_MAX} -o "SetEnv={NODE_NAME_ENV}=${{{NODE_NAME_ENV}:-}}"
+  -o ClientAliveCountMax={SSHD_CLIENT_ALIVE_COUNT_MAX} \\
+  -o "SetEnv={contract.ENV_NODE_NAME}=${{{contract.ENV_NODE_NAME}:-}}"
 """
 
 
@@ -234,10 +235,10 @@ def worker_script(ctx: RunContext) -> str:
 #: pods can precede their DNS records; mpi-operator's launcher famously raced them).
 WAIT_FOR_WORKERS_SCRIPT = f"""set -eu
 deadline=$(( $(date +%s) + {{timeout}} ))
-for host in $(cut -d' ' -f1 {n.CONFIG_DIR}/{n.HOSTFILE}); do
+for host in $(cut -d' ' -f1 {contract.CONFIG_DIR}/{contract.HOSTFILE}); do
   until getent hosts "$host" >/dev/null; do
     if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "worker $host does not resolve after {{timeout}}s" | tee /dev/termination-log >&2
+      echo "worker $host does not resolve after {{timeout}}s" | tee {contract.TERMINATION_LOG} >&2
       exit 1
     fi
     sleep 1
@@ -249,19 +250,19 @@ DNS_WAIT_SECONDS = 300
 
 def _env(ctx: RunContext, role: str) -> list[Obj]:
     return [
-        {"name": n.ENV_CONFIG, "value": f"{n.CONFIG_DIR}/{n.CONFIG_FILE}"},
-        {"name": n.ENV_HOSTFILE, "value": f"{n.CONFIG_DIR}/{n.HOSTFILE}"},
-        {"name": n.ENV_SSH_DIR, "value": n.SSH_DIR},
-        {"name": n.ENV_SSH_PORT, "value": str(n.SSH_PORT)},
-        {"name": n.ENV_SSH_KEY, "value": f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}"},
+        {"name": contract.ENV_CONFIG, "value": f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"},
+        {"name": contract.ENV_HOSTFILE, "value": f"{contract.CONFIG_DIR}/{contract.HOSTFILE}"},
+        {"name": contract.ENV_SSH_DIR, "value": contract.SSH_DIR},
+        {"name": contract.ENV_SSH_PORT, "value": str(contract.SSH_PORT)},
+        {"name": contract.ENV_SSH_KEY, "value": f"{contract.SSH_DIR}/{contract.SSH_PRIVATE_KEY}"},
         # strict host key checking: the run's host key, whatever name or address reaches a worker
-        {"name": n.ENV_SSH_KNOWN_HOSTS, "value": f"{n.SSH_DIR}/{n.SSH_KNOWN_HOSTS}"},
-        {"name": n.ENV_SSH_HOST_KEY_ALIAS, "value": n.ssh_host_key_alias(ctx.name, ctx.namespace)},
-        {"name": "MLBENCH_RUN", "value": ctx.name},
-        {"name": "MLBENCH_METRICS_LINGER_SECONDS", "value": str(ctx.metrics_linger_seconds)},
-        {"name": "MLBENCH_ROLE", "value": role},
+        {"name": contract.ENV_SSH_KNOWN_HOSTS, "value": f"{contract.SSH_DIR}/{contract.SSH_KNOWN_HOSTS}"},
+        {"name": contract.ENV_SSH_HOST_KEY_ALIAS, "value": n.ssh_host_key_alias(ctx.name, ctx.namespace)},
+        {"name": contract.ENV_RUN, "value": ctx.name},
+        {"name": contract.ENV_METRICS_LINGER_SECONDS, "value": str(ctx.metrics_linger_seconds)},
+        {"name": contract.ENV_ROLE, "value": role},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
 
 
@@ -281,9 +282,9 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
         {"name": "output", "emptyDir": {}},
     ]
     mounts: list[Obj] = [
-        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
-        {"name": "ssh", "mountPath": n.SSH_DIR, "readOnly": True},
-        {"name": "output", "mountPath": n.OUTPUT_DIR},
+        {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
+        {"name": "ssh", "mountPath": contract.SSH_DIR, "readOnly": True},
+        {"name": "output", "mountPath": contract.OUTPUT_DIR},
     ]
     if with_data:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
@@ -292,10 +293,10 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
         if dataset is not None and dataset.source is not None:  # fetched into the namespace's dataset volume
             claim = {"claimName": ctx.dataset_claim, "readOnly": True}
             volumes.append({"name": "data", "persistentVolumeClaim": claim})
-            mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
+            mounts.append({"name": "data", "mountPath": contract.DATA_DIR, "readOnly": True})
         elif dataset is not None and dataset.volume:
             volumes.append({**dataset.volume, "name": "data"})  # the task model refuses a name of its own
-            mounts.append({"name": "data", "mountPath": n.DATA_DIR, "readOnly": True})
+            mounts.append({"name": "data", "mountPath": contract.DATA_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -391,7 +392,8 @@ def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
     first = worker * slots
     ranks = range(first, min(first + slots, ctx.config.world_size))
     return [
-        {"name": n.metrics_port_name(r), "containerPort": n.METRICS_PORT + r - first, "protocol": "TCP"} for r in ranks
+        {"name": n.metrics_port_name(r), "containerPort": contract.METRICS_PORT + r - first, "protocol": "TCP"}
+        for r in ranks
     ]
 
 
@@ -403,8 +405,8 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
         "name": n.WORKER_CONTAINER,
         "image": ctx.image,
         "command": ["/bin/sh", "-c", worker_script(ctx)],
-        "env": [*_env(ctx, n.ROLE_WORKER), {"name": "MLBENCH_WORKER_INDEX", "value": str(rank)}],
-        "ports": [{"name": "ssh", "containerPort": n.SSH_PORT, "protocol": "TCP"}, *metrics_ports(ctx, rank)],
+        "env": [*_env(ctx, n.ROLE_WORKER), {"name": contract.ENV_WORKER_INDEX, "value": str(rank)}],
+        "ports": [{"name": "ssh", "containerPort": contract.SSH_PORT, "protocol": "TCP"}, *metrics_ports(ctx, rank)],
         "readinessProbe": {
             "tcpSocket": {"port": "ssh"},
             "initialDelaySeconds": 1,
@@ -414,7 +416,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
         },
         "resources": worker_resources(ctx),
         "volumeMounts": mounts,
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(ctx),
     }
@@ -476,11 +478,11 @@ def netem_init_container(ctx: RunContext) -> Obj | None:
             "--interface",
             NETEM_INTERFACE,
             "--config",
-            f"{n.CONFIG_DIR}/{n.CONFIG_FILE}",
+            f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}",
         ],
         "resources": {kind: q for kind, q in resources.items() if q},
-        "volumeMounts": [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True}],
-        "terminationMessagePath": "/dev/termination-log",
+        "volumeMounts": [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}],
+        "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "runAsUser": 0,
@@ -502,7 +504,7 @@ def launcher_pod(ctx: RunContext, attempt: int, deadline_seconds: int | None = N
         "env": _env(ctx, n.ROLE_LAUNCHER),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "volumeMounts": mounts,
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(ctx),
     }
@@ -591,8 +593,8 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
         "image": ctx.image,
         "command": fetch_command(dataset, settings.volume_name),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-        "volumeMounts": [{"name": "data", "mountPath": n.DATA_DIR}],
-        "terminationMessagePath": "/dev/termination-log",
+        "volumeMounts": [{"name": "data", "mountPath": contract.DATA_DIR}],
+        "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _container_security(ctx),
     }

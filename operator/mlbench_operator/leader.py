@@ -37,10 +37,14 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
+from aiohttp import web
+from kubernetes import client as k8s
+
 from mlbench_api.common import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from mlbench_operator import logs
 from mlbench_operator import metrics as m
-from mlbench_operator.settings import SettingsError
+from mlbench_operator.env import SettingsError
+from mlbench_operator.kube import USER_AGENT, ApiError, load_configuration
 
 T = TypeVar("T")
 Spec = dict[str, Any]
@@ -273,10 +277,6 @@ class LeaseApi:
     """
 
     def __init__(self, namespace: str, name: str, timeout: float, configuration: Any = None) -> None:
-        from kubernetes import client as k8s
-
-        from mlbench_operator.kube import USER_AGENT, load_configuration
-
         self.api = k8s.ApiClient(configuration or load_configuration())
         self.api.user_agent = f"{USER_AGENT} leader-election"
         self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
@@ -285,8 +285,6 @@ class LeaseApi:
         self.timeout = max(1.0, timeout)
 
     def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        from mlbench_operator.kube import ApiError
-
         _, url, headers, data, post = self.api.param_serialize(
             method=method,
             resource_path=path,
@@ -505,8 +503,6 @@ def _describe(err: BaseException) -> str:
 async def serve_liveness(endpoint: str, elector: Elector) -> Callable[[], Awaitable[None]]:
     """Answer the liveness probe while standing by (kopf serves it once this replica leads);
     returns the coroutine function that stops serving (before kopf binds the same port)."""
-    from aiohttp import web
-
     parts = urlsplit(endpoint)
     if parts.scheme != "http":
         raise SettingsError(f"--liveness={endpoint!r}: only http:// is supported")

@@ -1,4 +1,4 @@
-"""``mlbench-operator``: the kopf operator (as ``kopf run -m mlbench_operator.handlers -A``) behind a leader Lease."""
+"""``mlbench-operator``: the kopf operator (the handlers of :func:`.handlers.register`) behind a leader Lease."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import os
 import sys
 
 import kopf
+from prometheus_client import start_http_server
+
+from mlbench_operator import handlers, leader, logs
+from mlbench_operator import metrics as m
+from mlbench_operator.env import SettingsError
+from mlbench_operator.settings import OperatorConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,10 +56,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from mlbench_operator import handlers, leader, logs
-    from mlbench_operator import metrics as m
-    from mlbench_operator.settings import OperatorConfig, SettingsError
-
     try:  # a bad MLBENCH_* stops the operator here, named, not at the first run's PVC
         config = OperatorConfig.from_env(os.environ)
         election = leader.LeaderSettings.from_env(os.environ, enabled=args.leader_elect)
@@ -67,11 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(config, run_selector=args.selector.strip())
     config = dataclasses.replace(config, namespaces=tuple(args.namespace))
     logs.configure()
-    del handlers  # imported for its kopf registrations
+    registry = kopf.OperatorRegistry()  # ours alone, filled here: nothing registers at import
+    handlers.register(registry, config)
     # Metrics from the start, also while standing by (handlers.configure sees memo.metrics_started).
     if config.metrics_port:
-        from prometheus_client import start_http_server
-
         start_http_server(config.metrics_port)
     # The handlers read their configuration from here (memo.config), not from os.environ; kopf gives
     # every resource's memo a shallow copy of this one.
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             liveness_endpoint=args.liveness or None,
             stop_flag=stop_flag,
             memo=memo,
+            registry=registry,
         )
         if stop_flag is not None:
             leader.on_signals(stop_flag)  # replaces the handlers kopf.spawn_tasks installed

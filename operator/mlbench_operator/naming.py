@@ -1,6 +1,7 @@
-"""Object names, labels, ports and paths: the contract between operator, runner and users.
+"""The names of the operator's objects and their labels.
 
-Kept in one module so that the runner, the docs and the tests can import the same strings.
+The contract with the runner (environment, paths, ports, the SSH Secret's keys) is :mod:`mlbench_api.contract`,
+which the runner image ships too.
 """
 
 from __future__ import annotations
@@ -32,45 +33,11 @@ LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
 ROLE_WORKER = "worker"
 ROLE_LAUNCHER = "launcher"
 
-# Ports.
-SSH_PORT = 2222
-METRICS_PORT = 9400
-#: Default of MLBENCH_METRICS_LINGER_SECONDS: three scrapes at the PodMonitor's 15 s, one at a 30 s default.
-METRICS_LINGER_SECONDS = 45
-
 
 def metrics_port_name(rank: int) -> str:
     """The declared port of global rank ``rank`` (port names: at most 15 characters)."""
     return f"rank-{rank}"
 
-
-# In-container paths and environment.
-CONFIG_DIR = "/etc/mlbench"
-CONFIG_FILE = "config.json"
-HOSTFILE = "hostfile"
-SSH_DIR = "/etc/mlbench-ssh"
-OUTPUT_DIR = "/tmp/mlbench"
-DATA_DIR = "/data"
-ENV_CONFIG = "MLBENCH_RUN_CONFIG"
-ENV_HOSTFILE = "MLBENCH_HOSTFILE"
-ENV_SSH_DIR = "MLBENCH_SSH_DIR"
-ENV_SSH_PORT = "MLBENCH_SSH_PORT"
-ENV_SSH_KEY = "MLBENCH_SSH_KEY"
-ENV_SSH_KNOWN_HOSTS = "MLBENCH_SSH_KNOWN_HOSTS"
-ENV_SSH_HOST_KEY_ALIAS = "MLBENCH_SSH_HOST_KEY_ALIAS"
-
-# Keys of the per-run SSH Secret (type kubernetes.io/ssh-auth, which requires ``ssh-privatekey``).
-#: The client's private key (launcher; workers too, for mpirun's tree spawn).
-SSH_PRIVATE_KEY = "ssh-privatekey"
-#: ``restrict <client public key>``: the only key every worker's sshd lets in.
-SSH_AUTHORIZED_KEYS = "authorized_keys"
-#: The run's host key: every worker's sshd presents it (``-h``).
-SSH_HOST_KEY = "ssh_host_ed25519_key"
-#: ``<host key alias> <host public key>``: the only host key the client accepts.
-SSH_KNOWN_HOSTS = "known_hosts"
-
-#: The user the runner image runs as (non-root; sshd listens on an unprivileged port).
-RUNNER_UID = 1000
 
 WORKER_CONTAINER = "worker"
 LAUNCHER_CONTAINER = "launcher"

@@ -14,41 +14,23 @@ inert, which is why it is safe to always create it.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from mlbench_api import contract
 from mlbench_operator import builders
 from mlbench_operator import naming as n
-from mlbench_operator.settings import SettingsError
 
 #: The label every namespace carries with its own name (Kubernetes 1.22+).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-#: Namespaces allowed to scrape metrics by default: kube-prometheus-stack's usual home.
-DEFAULT_METRICS_NAMESPACES = ("monitoring",)
-#: Where the operator runs when the downward API does not say (manifests/operator/namespace.yaml).
-DEFAULT_OPERATOR_NAMESPACE = "mlbench-system"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def scraper_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
-    """``MLBENCH_METRICS_NAMESPACES`` (comma-separated; default ``monitoring``) plus the operator's own
-    namespace (``POD_NAMESPACE``); raises :class:`SettingsError` naming the variable."""
-    raw = env.get("MLBENCH_METRICS_NAMESPACES")
-    names = [x.strip() for x in raw.split(",") if x.strip()] if raw is not None else list(DEFAULT_METRICS_NAMESPACES)
-    for name in names:
-        if not _DNS_LABEL.match(name):
-            raise SettingsError(f"MLBENCH_METRICS_NAMESPACES: {name!r} is not a namespace name")
-    own = env.get("POD_NAMESPACE", "").strip() or DEFAULT_OPERATOR_NAMESPACE
-    return tuple(sorted({*names, own}))
 
 
 def metrics_ports(ctx: builders.RunContext) -> list[dict[str, Any]]:
     """Every rank's metrics port: ``9400 .. 9400 + slotsPerWorker - 1`` (a range needs Kubernetes 1.25+)."""
     slots = min(ctx.spec.slots_per_worker, ctx.config.world_size)
-    port: dict[str, Any] = {"protocol": "TCP", "port": n.METRICS_PORT}
+    port: dict[str, Any] = {"protocol": "TCP", "port": contract.METRICS_PORT}
     if slots > 1:
-        port["endPort"] = n.METRICS_PORT + slots - 1
+        port["endPort"] = contract.METRICS_PORT + slots - 1
     return [port]
 
 

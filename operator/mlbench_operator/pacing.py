@@ -1,6 +1,6 @@
 """How fast one run's daemon may act on the API: pure, with the clock passed in.
 
-The planner (:mod:`.reconcile`) says *what* a run needs (create these pods, delete that stale
+The planner (:mod:`.run.policies`) says *what* a run needs (create these pods, delete that stale
 world); this says *whether now* and *when to look again*. Its three rules each keep a busy or
 refusing API server from being hammered, and each is about a gap between what we asked for and
 what we can see:

@@ -19,13 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlbench_operator.settings import SettingsError
+from mlbench_operator.env import SettingsError
 
 #: Images a run may use by default: the project's runner, any tag or digest.
 DEFAULT_IMAGES = ("docker.io/mlbench/mlbench-runner:*", "docker.io/mlbench/mlbench-runner@sha256:*")
 #: Volume types ``dataset.volume`` may use by default: storage a namespace user could mount anyway. ``nfs`` is
 #: outside the ``restricted`` Pod Security level: in such a namespace Pod Security admission refuses the pods
-#: and the run fails ``PolicyViolation`` (``reconcile.refusal_is_final``); it needs a ``baseline`` namespace.
+#: and the run fails ``PolicyViolation`` (``run.lifecycle.refusal_is_final``); it needs a ``baseline`` namespace.
 DEFAULT_VOLUME_TYPES = ("persistentVolumeClaim", "nfs", "csi", "ephemeral", "configMap", "emptyDir")
 #: Priority classes refused unless the admin lists them (Kubernetes reserves ``system-`` for itself).
 RESERVED_PRIORITY_PREFIX = "system-"

@@ -8,26 +8,20 @@ kopf in the operator memo (``memo.config``); the handlers read it from there, ne
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from mlbench_api import contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import naming as n
-
-if TYPE_CHECKING:
-    from mlbench_operator.policy import AdmissionPolicy
+from mlbench_operator.env import SettingsError, integer, port, seconds
+from mlbench_operator.policy import AdmissionPolicy
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
 #: Kubernetes' quantity grammar, the one the CRDs check (``+20Gi``, ``.5Gi`` and ``1e9`` are quantities too).
 _QUANTITY = re.compile(QUANTITY)
 _DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
-
-
-class SettingsError(ValueError):
-    """An environment variable holds an unusable value; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -69,23 +63,48 @@ class DatasetSettings:
             storage_class=storage_class,
             size=size,
             access_mode=mode,
-            fetch_deadline_seconds=_positive(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
-            job_ttl_seconds=_positive(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
-            backoff_limit=_positive(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
+            fetch_deadline_seconds=integer(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
+            job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
+            backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
         )
 
 
 def metrics_linger_seconds(env: Mapping[str, str]) -> int:
     """``MLBENCH_METRICS_LINGER_SECONDS``: how long ranks keep serving metrics after training (0: not at all)."""
-    return _positive(env, "MLBENCH_METRICS_LINGER_SECONDS", n.METRICS_LINGER_SECONDS, minimum=0)
+    return integer(env, contract.ENV_METRICS_LINGER_SECONDS, contract.METRICS_LINGER_SECONDS, minimum=0)
 
 
 def results_wait_seconds(env: Mapping[str, str]) -> float:
     """``MLBENCH_RESULTS_WAIT_SECONDS``: how long a finished run's launcher log is waited for and retried
-    (mlbench_operator.results.WAIT_SECONDS by default; the kwok tests, whose nodes serve no logs, use 1)."""
-    from mlbench_operator.results import WAIT_SECONDS
+    (:data:`RESULTS_WAIT_SECONDS` by default; the kwok tests, whose nodes serve no logs, use 1)."""
+    return float(integer(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(RESULTS_WAIT_SECONDS), minimum=0))
 
-    return float(_positive(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(WAIT_SECONDS), minimum=0))
+
+#: How long after the run ended a launcher that is still running may take to print its results (a
+#: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s, more under a
+#: spec.network delay: :func:`wait_for`), and how
+#: long a log that cannot be read (kubelet restarting) is retried. The launcher and worker 0 are kept
+#: that long at most, even under cleanPodPolicy All.
+RESULTS_WAIT_SECONDS = 60.0
+
+
+#: Namespaces allowed to scrape metrics by default: kube-prometheus-stack's usual home.
+DEFAULT_METRICS_NAMESPACES = ("monitoring",)
+#: Where the operator runs when the downward API does not say (manifests/operator/namespace.yaml).
+DEFAULT_OPERATOR_NAMESPACE = "mlbench-system"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def scraper_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``MLBENCH_METRICS_NAMESPACES`` (comma-separated; default ``monitoring``) plus the operator's own
+    namespace (``POD_NAMESPACE``); raises :class:`SettingsError` naming the variable."""
+    raw = env.get("MLBENCH_METRICS_NAMESPACES")
+    names = [x.strip() for x in raw.split(",") if x.strip()] if raw is not None else list(DEFAULT_METRICS_NAMESPACES)
+    for name in names:
+        if not _DNS_LABEL.match(name):
+            raise SettingsError(f"MLBENCH_METRICS_NAMESPACES: {name!r} is not a namespace name")
+    own = env.get("POD_NAMESPACE", "").strip() or DEFAULT_OPERATOR_NAMESPACE
+    return tuple(sorted({*names, own}))
 
 
 #: ``MLBENCH_RESYNC_SECONDS``: a run's daemon re-checks its run this often even without an event.
@@ -94,17 +113,12 @@ RESYNC_SECONDS = 300.0
 DEBOUNCE_SECONDS = 0.3
 #: ``MLBENCH_METRICS_PORT``: the operator's own Prometheus endpoint (0: none).
 METRICS_PORT = 8080
-
-
-def _default_policy() -> AdmissionPolicy:
-    from mlbench_operator.policy import AdmissionPolicy
-
-    return AdmissionPolicy()
+#: ``MLBENCH_PROGRESS_SECONDS``: how often rank 0's metrics are copied into ``status.progress`` (``kubectl get
+#: br``'s EPOCH, ACCURACY): the interval of the progress timer, fixed when the handlers are registered.
+PROGRESS_SECONDS = 30.0
 
 
 def _default_scrapers() -> tuple[str, ...]:
-    from mlbench_operator.netpol import scraper_namespaces
-
     return scraper_namespaces({})
 
 
@@ -116,23 +130,22 @@ def _default_results_wait() -> float:
 class OperatorConfig:
     """Everything the handlers are configured with, parsed once (``from_env``) and then only read.
 
-    Not here: ``MLBENCH_PROGRESS_SECONDS``, the interval of a ``@kopf.timer`` fixed when
-    mlbench_operator.handlers is imported (before any config exists), and the leader election's
-    settings (:class:`mlbench_operator.leader.LeaderSettings`), which only :mod:`.main` uses.
+    Not here: the leader election's settings (:class:`mlbench_operator.leader.LeaderSettings`), which only
+    :mod:`.main` uses.
     """
 
     datasets: DatasetSettings = field(default_factory=DatasetSettings)
     #: ``MLBENCH_METRICS_LINGER_SECONDS``, passed on to the ranks.
-    metrics_linger_seconds: int = n.METRICS_LINGER_SECONDS
+    metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
     #: ``MLBENCH_RESULTS_WAIT_SECONDS``
     results_wait_seconds: float = field(default_factory=_default_results_wait)
     #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``, ``MLBENCH_ALLOW_NETWORK_EMULATION``
-    policy: AdmissionPolicy = field(default_factory=_default_policy)
+    policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
     scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)
     #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, root
     #: or not (the ssh Secret is then root-owned 0444, no fsGroup; sshd and ssh copy their keys: docs/operator.md).
-    runner_uid: int | None = n.RUNNER_UID
+    runner_uid: int | None = contract.RUNNER_UID
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -142,13 +155,11 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     resync_seconds: float = RESYNC_SECONDS
     debounce_seconds: float = DEBOUNCE_SECONDS
+    progress_seconds: float = PROGRESS_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
         """Every setting above from ``env``; raises :class:`SettingsError` naming the first bad variable."""
-        from mlbench_operator.netpol import scraper_namespaces
-        from mlbench_operator.policy import AdmissionPolicy
-
         return cls(
             datasets=DatasetSettings.from_env(env),
             metrics_linger_seconds=metrics_linger_seconds(env),
@@ -157,16 +168,17 @@ class OperatorConfig:
             scraper_namespaces=scraper_namespaces(env),
             runner_uid=runner_uid(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
-            metrics_port=_port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
-            resync_seconds=_seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
-            debounce_seconds=_seconds(env, "MLBENCH_DEBOUNCE_SECONDS", DEBOUNCE_SECONDS),
+            metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
+            resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
+            debounce_seconds=seconds(env, "MLBENCH_DEBOUNCE_SECONDS", DEBOUNCE_SECONDS),
+            progress_seconds=seconds(env, "MLBENCH_PROGRESS_SECONDS", PROGRESS_SECONDS, positive=True),
         )
 
 
 def runner_uid(env: Mapping[str, str]) -> int | None:
     """``MLBENCH_RUNNER_UID``: the non-root UID runner containers run as (default 1000); "image" (or "")
     keeps the image's own user."""
-    raw = env.get("MLBENCH_RUNNER_UID", str(n.RUNNER_UID)).strip()
+    raw = env.get("MLBENCH_RUNNER_UID", str(contract.RUNNER_UID)).strip()
     if raw in ("", "image"):
         return None
     try:
@@ -181,37 +193,4 @@ def runner_uid(env: Mapping[str, str]) -> int | None:
             "MLBENCH_RUNNER_UID=0 is root, but runner pods run with runAsNonRoot: true (the kubelet would refuse "
             "to start them); use a non-root UID, or 'image' to keep the image's own user (e.g. root)"
         )
-    return value
-
-
-def _port(env: Mapping[str, str], key: str, default: int) -> int:
-    value = _positive(env, key, default, minimum=0)
-    if value > 65535:
-        raise SettingsError(f"{key}={value} is not a TCP port (0 to 65535)")
-    return value
-
-
-def _seconds(env: Mapping[str, str], key: str, default: float, positive: bool = False) -> float:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise SettingsError(f"{key}={raw!r} must be {'greater than' if positive else 'at least'} 0")
-    return value
-
-
-def _positive(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise SettingsError(f"{key}={raw!r} must be at least {minimum}")
     return value

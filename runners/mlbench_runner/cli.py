@@ -8,7 +8,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from mlbench_api.config import CONFIG_ENV, RunConfig
+from mlbench_api.config import RunConfig
+from mlbench_api.contract import ENV_CONFIG
 from mlbench_runner import stopping
 
 
@@ -65,9 +66,9 @@ def _load_config(args: argparse.Namespace) -> RunConfig | None:
     """The RunConfig of ``--config`` or ``$MLBENCH_RUN_CONFIG`` (``--output-dir`` applied); None after saying why."""
     from pydantic import ValidationError
 
-    path = args.config or os.environ.get(CONFIG_ENV)
+    path = args.config or os.environ.get(ENV_CONFIG)
     if not path:
-        print(f"error: pass --config or set {CONFIG_ENV}", file=sys.stderr)
+        print(f"error: pass --config or set {ENV_CONFIG}", file=sys.stderr)
         return None
     try:
         config = RunConfig.load(path)
@@ -151,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlbench-runner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train this rank from a RunConfig")
-    p_train.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
+    p_train.add_argument("--config", help=f"RunConfig JSON/YAML (default ${ENV_CONFIG})")
     p_train.add_argument("--output-dir", help="override RunConfig.outputDir")
     p_coll = sub.add_parser("collectives", help="time this rank's collectives sweep (task 0a) from a RunConfig")
-    p_coll.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
+    p_coll.add_argument("--config", help=f"RunConfig JSON/YAML (default ${ENV_CONFIG})")
     p_coll.add_argument("--output-dir", help="override RunConfig.outputDir")
     p_launch = sub.add_parser("launch", help="launcher pod: mpirun every rank, write the termination log")
     add_launch_arguments(p_launch)

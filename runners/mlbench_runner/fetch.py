@@ -40,12 +40,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlbench_api import atomic
+from mlbench_api.contract import TERMINATION_LOG
 from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
 from mlbench_runner import stopping
 
 CHUNK = 1 << 20
 TIMEOUT_SECONDS = 60.0
-TERMINATION_LOG = "/dev/termination-log"
 
 
 class FetchError(Exception):

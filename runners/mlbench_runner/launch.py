@@ -31,7 +31,20 @@ from typing import NamedTuple
 from pydantic import ValidationError
 
 from mlbench_api.bundle import SUMMARY as SUMMARY_FILE
-from mlbench_api.config import CONFIG_ENV, RunConfig
+from mlbench_api.config import RunConfig
+from mlbench_api.contract import (
+    ENV_CONFIG,
+    ENV_DATA_DIR,
+    ENV_HOSTFILE,
+    ENV_SSH_HOST_KEY_ALIAS,
+    ENV_SSH_KEY,
+    ENV_SSH_KNOWN_HOSTS,
+    ENV_SSH_PORT,
+    ENV_TERMINATION_LOG,
+    HOSTFILE_PATH,
+    SSH_PORT,
+    TERMINATION_LOG,
+)
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
@@ -44,9 +57,8 @@ from mlbench_runner.collect import (
     ssh_options,
 )
 from mlbench_runner.options import knob_names
-from mlbench_runner.world import DEFAULT_HOSTFILE, parse_hostfile
+from mlbench_runner.world import parse_hostfile
 
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: Kubernetes reads at most 4096 bytes of a termination message.
 TERMINATION_LIMIT = 4096
 #: Output lines that name the real cause of a failed launch (ssh, name resolution, a
@@ -63,7 +75,7 @@ MAX_SEEN_EVENTS = 100_000
 RANK_STOP_SECONDS = 8
 #: The launcher's own variables that every rank needs (not execution knobs): the run configuration, the
 #: rendezvous, the hostfile, the dataset cache and the fallback dataset directory.
-LAUNCHER_ENV = (CONFIG_ENV, "MASTER_ADDR", "MASTER_PORT", "MLBENCH_HOSTFILE", "MLBENCH_CACHE", "MLBENCH_DATA_DIR")
+LAUNCHER_ENV = (ENV_CONFIG, "MASTER_ADDR", "MASTER_PORT", ENV_HOSTFILE, "MLBENCH_CACHE", ENV_DATA_DIR)
 #: The runtime's: the interpreter's path, the libraries, the collectives' interfaces and threads.
 RUNTIME_ENV = (
     "PYTHONPATH",
@@ -117,7 +129,7 @@ def mpirun_command(
     world_size: int,
     hostfile: str,
     config_path: str,
-    ssh_port: int = 2222,
+    ssh_port: int = SSH_PORT,
     ssh_key: str | None = None,
     ssh_known_hosts: str | None = None,
     ssh_host_key_alias: str | None = None,
@@ -331,10 +343,10 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    config_path = args.config or os.environ.get(CONFIG_ENV)
+    config_path = args.config or os.environ.get(ENV_CONFIG)
     if not config_path:
-        write_termination(args.termination_log, error_message(f"no --config and no ${CONFIG_ENV}", 2))
-        print(f"error: pass --config or set {CONFIG_ENV}", file=sys.stderr)
+        write_termination(args.termination_log, error_message(f"no --config and no ${ENV_CONFIG}", 2))
+        print(f"error: pass --config or set {ENV_CONFIG}", file=sys.stderr)
         return 2
     try:
         config = RunConfig.load(config_path)
@@ -360,14 +372,14 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"error: {msg}", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    env[CONFIG_ENV] = rank_config_path(config_path)
-    env.setdefault("MLBENCH_HOSTFILE", args.hostfile)
+    env[ENV_CONFIG] = rank_config_path(config_path)
+    env.setdefault(ENV_HOSTFILE, args.hostfile)
     env.setdefault("MASTER_ADDR", hosts[0][0])
     env.setdefault("MASTER_PORT", str(args.master_port))
     cmd = mpirun_command(
         world_size=config.world_size,
         hostfile=args.hostfile,
-        config_path=env[CONFIG_ENV],
+        config_path=env[ENV_CONFIG],
         ssh_port=args.ssh_port,
         ssh_key=ssh_key,
         ssh_known_hosts=args.ssh_known_hosts,
@@ -419,7 +431,7 @@ def _launch(args: argparse.Namespace) -> int:
     try:  # best effort: a problem here must not turn a finished run into a failed one
         files = gather(
             config.output_dir,
-            env[CONFIG_ENV],
+            env[ENV_CONFIG],
             hosts[0][0] if hosts else None,
             ssh_port=args.ssh_port,
             ssh_key=ssh_key,
@@ -465,19 +477,19 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help=f"RunConfig JSON/YAML (default ${CONFIG_ENV})")
-    parser.add_argument("--hostfile", default=os.environ.get("MLBENCH_HOSTFILE", DEFAULT_HOSTFILE))
-    parser.add_argument("--termination-log", default=os.environ.get("MLBENCH_TERMINATION_LOG", DEFAULT_TERMINATION_LOG))
-    parser.add_argument("--ssh-port", type=int, default=int(os.environ.get("MLBENCH_SSH_PORT", "2222")))
-    parser.add_argument("--ssh-key", default=os.environ.get("MLBENCH_SSH_KEY"))
+    parser.add_argument("--config", help=f"RunConfig JSON/YAML (default ${ENV_CONFIG})")
+    parser.add_argument("--hostfile", default=os.environ.get(ENV_HOSTFILE, HOSTFILE_PATH))
+    parser.add_argument("--termination-log", default=os.environ.get(ENV_TERMINATION_LOG, TERMINATION_LOG))
+    parser.add_argument("--ssh-port", type=int, default=int(os.environ.get(ENV_SSH_PORT, SSH_PORT)))
+    parser.add_argument("--ssh-key", default=os.environ.get(ENV_SSH_KEY))
     parser.add_argument(
         "--ssh-known-hosts",
-        default=os.environ.get("MLBENCH_SSH_KNOWN_HOSTS"),
+        default=os.environ.get(ENV_SSH_KNOWN_HOSTS),
         help="known_hosts with the workers' host key: strict host key checking (without it: not checked)",
     )
     parser.add_argument(
         "--ssh-host-key-alias",
-        default=os.environ.get("MLBENCH_SSH_HOST_KEY_ALIAS"),
+        default=os.environ.get(ENV_SSH_HOST_KEY_ALIAS),
         help="check every worker's host key under this name in --ssh-known-hosts (ssh HostKeyAlias)",
     )
     parser.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "29500")))

@@ -29,7 +29,8 @@ from pydantic import ValidationError
 
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
 from mlbench_api.common import API_VERSION
-from mlbench_api.config import CONFIG_ENV, OverrideNotAllowed, effective_config, local_task
+from mlbench_api.config import OverrideNotAllowed, effective_config, local_task
+from mlbench_api.contract import ENV_CONFIG, ENV_DATA_DIR
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
@@ -644,7 +645,7 @@ def _main(argv: list[str] | None, on_start: Callable[[], None] | None) -> int:
         return 2
     env = importable_env(dict(os.environ))
     if args.data_dir:
-        env["MLBENCH_DATA_DIR"] = os.environ["MLBENCH_DATA_DIR"] = str(Path(args.data_dir).resolve())
+        env[ENV_DATA_DIR] = os.environ[ENV_DATA_DIR] = str(Path(args.data_dir).resolve())
     try:
         config, out, launcher = _prepare(args, say)
     except LocalRunError as exc:
@@ -677,7 +678,7 @@ def _run(
         on_start()
     config_path = out / "config.json"
     config_path.write_text(config.dump())
-    env[CONFIG_ENV] = str(config_path)
+    env[ENV_CONFIG] = str(config_path)
     say(
         f"run {config.run_name}: task {config.task_name}, {config.world_size} rank(s) via {launcher}, "
         f"backend {config.backend.value}, algorithm {config.algorithm.value}/{config.bucketing.value}; output {out}"

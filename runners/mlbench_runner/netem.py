@@ -57,7 +57,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from mlbench_api.config import CONFIG_ENV
+from mlbench_api.contract import ENV_CONFIG
 from mlbench_api.errors import format_errors
 from mlbench_api.run import NetworkConditions
 
@@ -293,7 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interface", default=DEFAULT_INTERFACE, help=f"the interface to shape (default {DEFAULT_INTERFACE})"
     )
-    parser.add_argument("--config", help=f"RunConfig JSON/YAML whose network to apply (default ${CONFIG_ENV})")
+    parser.add_argument("--config", help=f"RunConfig JSON/YAML whose network to apply (default ${ENV_CONFIG})")
     parser.add_argument("--bandwidth-mbit", type=float, help="instead of a config: egress rate in Mbit/s")
     parser.add_argument("--latency-ms", type=float, help="instead of a config: delay added to every packet sent")
     parser.add_argument("--jitter-ms", type=float, help="instead of a config: +- variation of the delay")
@@ -322,9 +322,9 @@ def conditions_from_args(args: argparse.Namespace) -> NetworkConditions | None:
         if args.config:
             raise ValueError("pass either --config or the condition flags, not both")
         return NetworkConditions.model_validate(given)
-    path = args.config or os.environ.get(CONFIG_ENV)
+    path = args.config or os.environ.get(ENV_CONFIG)
     if not path:
-        raise ValueError(f"pass --config, set {CONFIG_ENV}, or give the conditions as flags")
+        raise ValueError(f"pass --config, set {ENV_CONFIG}, or give the conditions as flags")
     return RunConfig.load(path).network
 
 

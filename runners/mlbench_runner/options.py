@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mlbench_api.contract import ENV_METRICS_LINGER_SECONDS
+
 if TYPE_CHECKING:
     import torch
 
@@ -186,7 +188,7 @@ KNOBS: tuple[Knob, ...] = (
         values="integer ≥ 1",
     ),
     Knob(
-        "MLBENCH_METRICS_LINGER_SECONDS",
+        ENV_METRICS_LINGER_SECONDS,
         "linger_seconds",
         "keep serving metrics this long after the run, for a last scrape (the operator sets it, default 45)",
         default="0",

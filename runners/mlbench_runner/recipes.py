@@ -11,14 +11,13 @@ import os
 from pathlib import Path
 
 from mlbench_api.catalog import get_task
+from mlbench_api.contract import ENV_DATA_DIR
 from mlbench_api.task import BenchmarkTaskSpec
-
-DATA_DIR_ENV = "MLBENCH_DATA_DIR"
 
 
 def shared_cifar10() -> Path:
     """The JPEG copy of CIFAR-10: ``$MLBENCH_DATA_DIR`` or the ``shared/`` beside the checkout."""
-    data_dir = os.environ.get(DATA_DIR_ENV)
+    data_dir = os.environ.get(ENV_DATA_DIR)
     root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[3] / "shared" / "datasets"
     return root / "cifar10-jpeg.tar.gz"
 

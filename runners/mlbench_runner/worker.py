@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from mlbench_api.contract import TERMINATION_LOG
 from mlbench_runner import stopping
 
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: Where cgroup v2 and v1 keep the memory controller's OOM-kill counter (the container's own cgroup).
 OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
 #: Where the matching memory limit is (same order as :data:`OOM_COUNTERS`).
@@ -216,7 +216,7 @@ class Stop:
 def supervise(
     argv: Sequence[str],
     *,
-    termination_log: str = DEFAULT_TERMINATION_LOG,
+    termination_log: str = TERMINATION_LOG,
     counters: Sequence[Path] = OOM_COUNTERS,
     limits: Sequence[Path] = MEMORY_LIMITS,
     worker: str = "",

@@ -16,9 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlbench_api.config import NODE_NAME_ENV
+from mlbench_api.contract import ENV_HOSTFILE, ENV_NODE_NAME, HOSTFILE_PATH
 
-DEFAULT_HOSTFILE = "/etc/mlbench/hostfile"
 DEFAULT_PORT = 29500
 
 
@@ -124,7 +123,7 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 def node_name(env: Mapping[str, str] | None = None) -> str:
     """The machine this rank runs on: its pod's Kubernetes node (set by the operator), else the host's name."""
     env = os.environ if env is None else env
-    return env.get(NODE_NAME_ENV) or socket.gethostname()
+    return env.get(ENV_NODE_NAME) or socket.gethostname()
 
 
 def detect_world(env: Mapping[str, str] | None = None) -> World:
@@ -134,7 +133,7 @@ def detect_world(env: Mapping[str, str] | None = None) -> World:
     if "OMPI_COMM_WORLD_RANK" in env:
         addr = env.get("MASTER_ADDR")
         if not addr:
-            hostfile = env.get("MLBENCH_HOSTFILE", DEFAULT_HOSTFILE)
+            hostfile = env.get(ENV_HOSTFILE, HOSTFILE_PATH)
             addr = parse_hostfile(hostfile)[0][0] if Path(hostfile).exists() else "127.0.0.1"
         size = _int(env, "OMPI_COMM_WORLD_SIZE")
         return World(

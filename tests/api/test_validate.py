@@ -101,7 +101,7 @@ def _admission_examples() -> list[Path]:
 @pytest.mark.parametrize("path", _admission_examples(), ids=lambda p: p.stem)
 def test_admission_verdict_is_the_operators(path: Path) -> None:
     """The operator's own admit() refuses exactly the runs that validate refuses for admission."""
-    reconcile = pytest.importorskip("mlbench_operator.reconcile")
+    admission = pytest.importorskip("mlbench_operator.run.admission")
     from mlbench_operator.conditions import Reason
 
     doc = _doc(path)
@@ -109,8 +109,8 @@ def test_admission_verdict_is_the_operators(path: Path) -> None:
     tasks = load_catalog()
     task = tasks.get(run.spec.task_ref.name)
     body = {**run.to_api(), "metadata": {**doc["metadata"], "namespace": "default", "uid": "u"}}
-    verdict = reconcile.admit(body, task.to_api() if task else None)
-    refused = isinstance(verdict, reconcile.Rejection) and verdict.reason != Reason.POLICY_VIOLATION
+    verdict = admission.admit(body, task.to_api() if task else None)
+    refused = isinstance(verdict, admission.Rejection) and verdict.reason != Reason.POLICY_VIOLATION
     ours = cli.admission_problems(run, dict(tasks), "the catalog")
     assert refused == bool(ours), (verdict, ours)
     assert refused == (admission_refused(doc) is not None)

@@ -6,7 +6,7 @@ as the file a user has, through ``kubectl apply --dry-run=server -f <file>`` and
 
 * the API server's (OpenAPI types, the schema, CEL rules, strict field validation):
   ``mlbench validate --schema-only`` must give exactly its verdict;
-* the operator's admission (``mlbench_operator.reconcile.admit``): the API server accepts the
+* the operator's admission (``mlbench_operator.run.admission.admit``): the API server accepts the
   run, and the operator then fails it TaskNotFound, OverrideNotAllowed, InvalidTask or
   InvalidConfig. The valid examples annotated ``test.mlbench.io/admission-refuses`` are such
   runs: the server must accept them and plain ``mlbench validate`` must refuse them. (That the

@@ -19,15 +19,16 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from mlbench_operator.results import WAIT_SECONDS, recorded
+from mlbench_operator.run.results import recorded
+from mlbench_operator.settings import RESULTS_WAIT_SECONDS
 from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]
 
 #: How long after the end the operator may take to record ``status.results`` for good: a launcher
-#: still finishing gets WAIT_SECONDS, and a failed read of its log is retried for WAIT_SECONDS more
+#: still finishing gets RESULTS_WAIT_SECONDS, and a failed read of its log is retried for RESULTS_WAIT_SECONDS more
 #: (``status.results`` then holds only ``failingSince``, which :func:`recorded` does not count).
-RESULTS_TIMEOUT = 2 * WAIT_SECONDS + 30
+RESULTS_TIMEOUT = 2 * RESULTS_WAIT_SECONDS + 30
 
 
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:

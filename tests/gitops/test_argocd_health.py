@@ -183,11 +183,11 @@ def test_lua51_as_in_argo_cd() -> None:
 
 def test_the_operators_own_failed_status(lua54: str) -> None:
     """A status built by the operator's code (a rejected run), not by hand, is Degraded with its reason."""
-    from mlbench_operator import reconcile
+    from mlbench_operator.run import admission
 
     body = load("testdata/no_status.yaml")
-    rejection = reconcile.Rejection("TaskNotFound", "BenchmarkTask 'nope' does not exist")
-    status = reconcile.rejected_status(body, rejection, datetime(2025, 6, 2, 8, tzinfo=UTC))
+    rejection = admission.Rejection("TaskNotFound", "BenchmarkTask 'nope' does not exist")
+    status = admission.rejected_status(body, rejection, datetime(2025, 6, 2, 8, tzinfo=UTC))
     health = run_health(SCRIPT, {**body, "status": status}, lua54)
     assert health == Health("Degraded", "TaskNotFound: BenchmarkTask 'nope' does not exist")
 
@@ -244,8 +244,10 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     while it starts and runs, Degraded when the step counter stalls, Healthy once it Succeeded."""
     from datetime import timedelta
 
-    from mlbench_operator import builders, reconcile
+    from mlbench_operator import builders
     from mlbench_operator import conditions as c
+    from mlbench_operator.run import policies
+    from mlbench_operator.run import status as run_status
     from tests.operator import helpers as h
     from tests.operator.test_reconcile import admitted, pod, terminated, workers
 
@@ -254,19 +256,19 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     body["metadata"]["generation"] = 1
 
     def health(status: dict[str, Any]) -> Health:
-        status = reconcile.finalize(status, t0)
+        status = run_status.finalize(status, t0)
         return run_health(SCRIPT, {**body, "status": {**status, "observedGeneration": 1}}, lua54)
 
     assert health(body["status"]).status == "Progressing"  # admitted, creating workers
     pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
-    running = reconcile.plan(body, ctx, pods, t0).status
+    running = policies.plan(body, ctx, pods, t0).status
     assert running["phase"] == "Running"
     assert health(running).status == "Progressing"
     since = c.timestamp(t0 - timedelta(seconds=900))
     stuck = {**body, "status": {**running, "progress": {"step": 7, "stepChangedAt": since}}}
-    stalled = health(reconcile.plan(stuck, ctx, pods, t0).status)
+    stalled = health(policies.plan(stuck, ctx, pods, t0).status)
     assert stalled.status == "Degraded"
     assert "NoProgress" in (stalled.message or "")
     done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
-    succeeded = reconcile.plan({**body, "status": running}, ctx, [*workers(ctx), done], t0).status
+    succeeded = policies.plan({**body, "status": running}, ctx, [*workers(ctx), done], t0).status
     assert health(succeeded).status == "Healthy"

@@ -1,5 +1,5 @@
 """Argo CD's health check for BenchmarkSweep, run by a real Lua interpreter over statuses the operator's own
-planner (``mlbench_operator.sweeps.decide``) writes: the check cannot drift from the status it reads.
+planner (``mlbench_operator.sweep_plan.decide``) writes: the check cannot drift from the status it reads.
 
 Without a check a kind is Healthy as soon as it exists, also a sweep stopped by ``failurePolicy: Stop``.
 """
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import sweeps
-from mlbench_operator.sweeps import Observed, Problem, SweepReason
+from mlbench_operator.sweep import plan as sweep_plan
+from mlbench_operator.sweep.plan import Observed, Problem, SweepReason
 from tests.gitops.lua import Health, run_health
 from tests.gitops.test_manifests import SWEEP_SCRIPT
 from tests.operator.test_sweeps import ALL, T0, W1S1, sweep
@@ -22,7 +22,7 @@ def _planned(
 ) -> dict[str, Any]:
     """The sweep with the status the planner writes when its runs exist in ``phases``."""
     observed = {name: Observed(name, phase) for name, phase in phases.items()}
-    status = sweeps.decide(body, observed, T0, problems).status
+    status = sweep_plan.decide(body, observed, T0, problems).status
     return {**body, "status": status}
 
 

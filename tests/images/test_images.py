@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_operator import builders, reconcile, sshkeys
+from mlbench_api import contract
+from mlbench_operator import builders, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator.builders import WORKER_SCRIPT
+from mlbench_operator.run import admission
 from mlbench_runner.collect import ssh_options
 from tests.operator import helpers as h
 
@@ -172,8 +174,8 @@ def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) 
     """The worker entrypoint the operator runs (non-root sshd on 2222, the run's host key) lets the
     run's key in with the launcher's strict options, and a command over ssh finds mlbench-runner:
     what mpirun does on every rank."""
-    result = reconcile.admit(h.run(), h.task())
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(), h.task())
+    assert not isinstance(result, admission.Rejection), result
     ctx = result[0]
     secret = builders.ssh_secret(ctx, sshkeys.generate_keypair("images-test"))
     for name, text in secret["stringData"].items():  # the Secret volume's files
@@ -182,9 +184,9 @@ def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) 
     for f in tmp_path.iterdir():
         f.chmod(0o444)  # any UID in the container may read them (the Secret is 0440 + fsGroup)
     options = ssh_options(
-        n.SSH_PORT,
-        f"{n.SSH_DIR}/{n.SSH_PRIVATE_KEY}",
-        f"{n.SSH_DIR}/{n.SSH_KNOWN_HOSTS}",
+        contract.SSH_PORT,
+        f"{contract.SSH_DIR}/{contract.SSH_PRIVATE_KEY}",
+        f"{contract.SSH_DIR}/{contract.SSH_KNOWN_HOSTS}",
         n.ssh_host_key_alias(ctx.name, ctx.namespace),
     )
     script = (
@@ -192,7 +194,7 @@ def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) 
         "for i in $(seq 50); do [ -f /tmp/mlbench-sshd/sshd.pid ] && break; sleep 0.2; done\n"
         f"ssh {shlex.join(options)} localhost 'id -u; command -v mlbench-runner' || {{ cat /tmp/sshd.log; exit 1; }}"
     )
-    out = images.check(RUNNER, script, user="1000:1000", volumes=[f"{tmp_path}:{n.SSH_DIR}:ro"])
+    out = images.check(RUNNER, script, user="1000:1000", volumes=[f"{tmp_path}:{contract.SSH_DIR}:ro"])
     assert out.split()[-2:] == ["1000", "/usr/local/bin/mlbench-runner"], out
 
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from tests.monitoring import promconfig, prometheus
 from tests.monitoring.k8s_sd import DiscoveryServer, as_group, endpoints_targets, pod_targets
 from tests.monitoring.relabel import relabel, scrape_target
@@ -69,8 +70,8 @@ def one(objs: list[Obj], kind: str) -> Obj:
 
 
 def ctx_for(**kwargs: object) -> RunContext:
-    result = reconcile.admit(h.run(**kwargs), h.task())  # type: ignore[arg-type]
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(**kwargs), h.task())  # type: ignore[arg-type]
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 

@@ -7,7 +7,7 @@ MLBENCH_ALLOW_* environment). For every settings set the test applies such a cop
 own, bound with an ``objectSelector`` on a label only this module's objects carry: other tests (and other
 sessions on the same cluster) are never judged by it, cluster-scoped BenchmarkTasks included. The cases are sent
 as server-side dry runs (full admission, nothing stored), and each is also handed to the operator's own
-admission (``reconcile.admit`` with ``AdmissionPolicy.from_env`` of the same settings): the two must agree on
+admission (``admission.admit`` with ``AdmissionPolicy.from_env`` of the same settings): the two must agree on
 accept/refuse, and the API server's message must name the field.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_operator import reconcile
 from mlbench_operator.conditions import Reason
 from mlbench_operator.policy import DEFAULT_IMAGES, DEFAULT_VOLUME_TYPES, AdmissionPolicy
+from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster, create_namespace, wait_for
 from tests.operator import helpers as h
 
@@ -312,10 +312,10 @@ def operator_verdict(case: Case, settings: dict[str, str]) -> tuple[bool, str]:
     run of the case's task."""
     policy = AdmissionPolicy.from_env(settings)
     if case.kind == "BenchmarkTask":
-        result = reconcile.admit(h.run(), {"spec": case.spec}, policy=policy)
+        result = admission.admit(h.run(), {"spec": case.spec}, policy=policy)
     else:
-        result = reconcile.admit({**h.run(), "spec": case.spec}, h.task(), policy=policy)
-    if isinstance(result, reconcile.Rejection):
+        result = admission.admit({**h.run(), "spec": case.spec}, h.task(), policy=policy)
+    if isinstance(result, admission.Rejection):
         assert result.reason == Reason.POLICY_VIOLATION, result  # the case is about the policy, nothing else
         return False, result.message
     return True, ""

@@ -8,10 +8,11 @@ import shutil
 
 import pytest
 
-from mlbench_api import bundle
-from mlbench_operator import builders, reconcile
+from mlbench_api import bundle, contract
+from mlbench_operator import builders
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from tests.operator import helpers as h
 
@@ -22,8 +23,8 @@ FAKE_KEYS = RunKeys("CLIENT-PRIVATE", "ssh-ed25519 CLIENT c\n", "HOST-PRIVATE", 
 def ctx_for(**kwargs: object) -> RunContext:
     task = h.task()
     task["spec"]["dataset"]["volume"] = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}
-    result = reconcile.admit(h.run(**kwargs), task, policy=h.PERMISSIVE)  # type: ignore[arg-type]
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(**kwargs), task, policy=h.PERMISSIVE)  # type: ignore[arg-type]
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 
@@ -213,8 +214,8 @@ def test_only_the_reference_runner_declares_metrics_ports(command: list[str] | N
     task["spec"]["division"] = "open"
     if command is not None:
         task["spec"]["runner"]["command"] = command
-    result = reconcile.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
+    assert not isinstance(result, admission.Rejection), result
     container = builders.worker_pod(result[0], 0, 0)["spec"]["containers"][0]
     assert [p["name"] for p in container["ports"]] == ports
 
@@ -223,7 +224,7 @@ def test_ranks_linger_for_the_last_scrape() -> None:
     ctx = ctx_for()
     for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(n.METRICS_LINGER_SECONDS)
+        assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(contract.METRICS_LINGER_SECONDS)
     quiet = dataclasses.replace(ctx, metrics_linger_seconds=0)
     env = {e["name"]: e.get("value") for e in builders.launcher_pod(quiet, 0)["spec"]["containers"][0]["env"]}
     assert env["MLBENCH_METRICS_LINGER_SECONDS"] == "0"
@@ -303,7 +304,7 @@ def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
 
     script = builders.WORKER_SCRIPT
     assert f"d={PRIVATE_SSH_DIR}\n" in script
-    assert f'cat /etc/mlbench-ssh/{n.SSH_PRIVATE_KEY} > "$d/{n.SSH_PRIVATE_KEY}")' in script
+    assert f'cat /etc/mlbench-ssh/{contract.SSH_PRIVATE_KEY} > "$d/{contract.SSH_PRIVATE_KEY}")' in script
 
 
 @pytest.mark.parametrize(("run_as_user", "mode"), [(1000, 0o440), (None, 0o444)])

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
@@ -58,8 +59,8 @@ def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
 
 
 def job_name() -> str:
-    ctx = reconcile.admit(h.run(), h.sourced_task(SOURCED_TASK))
-    assert not isinstance(ctx, reconcile.Rejection)
+    ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
+    assert not isinstance(ctx, admission.Rejection)
     return builders.fetch_job_name(ctx[0].task.dataset)
 
 

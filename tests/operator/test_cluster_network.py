@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster
 from tests.operator import helpers as h
 from tests.operator.conftest import Runs
@@ -26,8 +27,8 @@ ALLOWED = dataclasses.replace(h.PERMISSIVE, allow_network_emulation=True)
 
 
 def worker(namespace: str, **spec: Any) -> dict[str, Any]:
-    result = reconcile.admit(h.run(namespace=namespace, **spec), h.task(), policy=ALLOWED)
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(namespace=namespace, **spec), h.task(), policy=ALLOWED)
+    assert not isinstance(result, admission.Rejection), result
     pod = builders.worker_pod(result[0], 0, 0)
     del pod["metadata"]["ownerReferences"]  # no such run in this namespace
     return pod

@@ -8,8 +8,9 @@ from typing import Any
 
 from mlbench_api.catalog import load_catalog
 from mlbench_api.results import CollectiveResult, Environment, PhaseTotals, RunSummary
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator.run import admission
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import T0, cond, pod, step, terminated
 
@@ -27,12 +28,12 @@ TASK: dict[str, Any] = {
 
 def admitted(**spec: Any) -> tuple[dict[str, Any], builders.RunContext]:
     body = h.run(**spec)
-    result = reconcile.admit(body, copy.deepcopy(TASK))
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(body, copy.deepcopy(TASK))
+    assert not isinstance(result, admission.Rejection), result
     ctx, snapshot = result
     assert "training" not in snapshot
     assert "collectives" in snapshot
-    return {**body, "status": reconcile.admitted_status(body, ctx, snapshot, T0)}, ctx
+    return {**body, "status": admission.admitted_status(body, ctx, snapshot, T0)}, ctx
 
 
 def test_a_collectives_run_is_admitted_without_data() -> None:
@@ -47,18 +48,18 @@ def test_a_collectives_run_is_admitted_without_data() -> None:
 
 def test_the_catalog_task_is_admitted() -> None:
     task = load_catalog()["backend-collectives"]
-    result = reconcile.admit(h.run(task_name="backend-collectives", workers=4), task.to_api())
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(task_name="backend-collectives", workers=4), task.to_api())
+    assert not isinstance(result, admission.Rejection), result
     assert result[0].config.task.runner.command == ["mlbench-runner", "collectives"]
 
 
 def test_overrides_and_algorithms_are_refused_with_the_field() -> None:
-    refused = reconcile.admit(h.run(overrides={"maxEpochs": 2}), copy.deepcopy(TASK))
-    assert isinstance(refused, reconcile.Rejection)
+    refused = admission.admit(h.run(overrides={"maxEpochs": 2}), copy.deepcopy(TASK))
+    assert isinstance(refused, admission.Rejection)
     assert refused.reason == c.Reason.OVERRIDE_NOT_ALLOWED
     assert refused.message.startswith("spec.overrides: maxEpochs")
-    refused = reconcile.admit(h.run(algorithm="powersgd"), copy.deepcopy(TASK))
-    assert isinstance(refused, reconcile.Rejection)
+    refused = admission.admit(h.run(algorithm="powersgd"), copy.deepcopy(TASK))
+    assert isinstance(refused, admission.Rejection)
     assert refused.reason == c.Reason.ALGORITHM_NOT_ALLOWED
     assert refused.message.startswith("spec.algorithm: ")
 

@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.datasets import FetchAction, FetchState, fetch_state
-from mlbench_operator.settings import DatasetSettings, SettingsError
+from mlbench_operator.env import SettingsError
+from mlbench_operator.run import admission, lifecycle
+from mlbench_operator.settings import DatasetSettings
 from tests.operator import helpers as h
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -21,8 +23,8 @@ JOB = "mlbench-dataset-cifar10-jpeg-0123456789"
 
 
 def ctx_for(task: dict[str, Any] | None = None, **kwargs: Any) -> RunContext:
-    result = reconcile.admit(h.run(**kwargs), task or h.sourced_task(), dataset_claim="team-data")
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(**kwargs), task or h.sourced_task(), dataset_claim="team-data")
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 
@@ -180,14 +182,14 @@ def test_a_failure_at_the_admission_second_counts_for_the_run() -> None:
 # -- the status it gives -----------------------------------------------------------------------------------------
 def admitted(ctx: RunContext, **spec: Any) -> dict[str, Any]:
     body = h.run(**spec)
-    body["status"] = reconcile.admitted_status(body, ctx, {}, T0)
+    body["status"] = admission.admitted_status(body, ctx, {}, T0)
     return body
 
 
 def test_fetching_then_ready_with_an_event_only_when_the_condition_changes() -> None:
     ctx = ctx_for()
     body = admitted(ctx)
-    plan = reconcile.dataset_plan(body, FetchState(FetchAction.CREATE, c.DatasetReason.FETCHING, "creating"), T0)
+    plan = lifecycle.dataset_plan(body, FetchState(FetchAction.CREATE, c.DatasetReason.FETCHING, "creating"), T0)
     cond = c.get(plan.status["conditions"], c.DATASET_READY)
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "Fetching")
@@ -199,12 +201,12 @@ def test_fetching_then_ready_with_an_event_only_when_the_condition_changes() -> 
     assert plan.status["conditions"][0]["type"] == c.DATASET_READY  # first in kubectl describe
 
     body["status"] = plan.status
-    again = reconcile.dataset_plan(body, FetchState(FetchAction.WAIT, c.DatasetReason.FETCHING, "retry 1"), T0)
+    again = lifecycle.dataset_plan(body, FetchState(FetchAction.WAIT, c.DatasetReason.FETCHING, "retry 1"), T0)
     assert again.events == []
     assert again.status["message"] == "retry 1"
 
     body["status"] = again.status
-    done = reconcile.dataset_plan(body, FetchState(FetchAction.READY, c.DatasetReason.FETCHED, "fetched"), T0)
+    done = lifecycle.dataset_plan(body, FetchState(FetchAction.READY, c.DatasetReason.FETCHED, "fetched"), T0)
     assert c.is_true(done.status["conditions"], c.DATASET_READY)
     assert done.events == [("Normal", "Fetched", "fetched")]
     assert not done.terminal
@@ -214,7 +216,7 @@ def test_a_failed_fetch_fails_the_run_with_its_reason() -> None:
     ctx = ctx_for()
     body = admitted(ctx)
     state = FetchState(FetchAction.FAIL, c.DatasetReason.CHECKSUM_MISMATCH, "expected aa, got bb")
-    plan = reconcile.dataset_plan(body, state, T0)
+    plan = lifecycle.dataset_plan(body, state, T0)
     assert plan.terminal
     assert plan.status["phase"] == "Failed"
     failed = c.get(plan.status["conditions"], c.FAILED)
@@ -231,8 +233,8 @@ def test_the_run_deadline_counts_while_fetching() -> None:
     ctx = ctx_for(runPolicy={"activeDeadlineSeconds": 60})
     body = admitted(ctx, runPolicy={"activeDeadlineSeconds": 60})
     waiting = FetchState(FetchAction.WAIT, c.DatasetReason.FETCHING, "fetch Job j is running")
-    assert reconcile.dataset_plan(body, waiting, T0 + timedelta(seconds=10)).requeue_after == 50
-    late = reconcile.dataset_plan(body, waiting, T0 + timedelta(seconds=61))
+    assert lifecycle.dataset_plan(body, waiting, T0 + timedelta(seconds=10)).requeue_after == 50
+    late = lifecycle.dataset_plan(body, waiting, T0 + timedelta(seconds=61))
     assert late.terminal
     assert "activeDeadlineSeconds=60 while fetch Job j is running" in late.status["message"]
 

@@ -26,8 +26,8 @@ def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch)
     """The timer's scrape against a real HTTP endpoint (a rank 0 stand-in on loopback)."""
     from prometheus_client import start_http_server
 
-    from mlbench_operator import handlers
     from mlbench_operator.podview import PodView
+    from mlbench_operator.run import handlers as run_handlers
 
     reg = CollectorRegistry()
     Gauge("mlbench_epoch", "e", registry=reg).set(7.25)
@@ -37,20 +37,20 @@ def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch)
         port = s.getsockname()[1]
     server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
     try:
-        monkeypatch.setattr(handlers, "PROGRESS_PORT", port)
+        monkeypatch.setattr(run_handlers, "PROGRESS_PORT", port)
         rank0 = PodView(name="r-worker-0", role="worker", rank=0, attempt=0, ip="127.0.0.1", owner_uid="u1")
         index = _memo({("ns", "r"): [rank0]}).pods
-        value = asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 0))
+        value = asyncio.run(run_handlers.scrape_rank0("ns", "r", index, "u1", 0))
         assert value is not None
         assert value["epoch"] == 7.25
         assert value["lastAccuracy"] == 0.61
         # unreachable (another port) or no rank 0 yet: no progress, nothing raises
-        assert asyncio.run(handlers.scrape_rank0("ns", "other", index, "u1", 0)) is None
+        assert asyncio.run(run_handlers.scrape_rank0("ns", "other", index, "u1", 0)) is None
         # not this run's pod (a deleted run of the same name), or not the current attempt: not read
-        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u2", 0)) is None
-        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 1)) is None
-        monkeypatch.setattr(handlers, "PROGRESS_PORT", 1)
-        assert asyncio.run(handlers.scrape_rank0("ns", "r", index, "u1", 0)) is None
+        assert asyncio.run(run_handlers.scrape_rank0("ns", "r", index, "u2", 0)) is None
+        assert asyncio.run(run_handlers.scrape_rank0("ns", "r", index, "u1", 1)) is None
+        monkeypatch.setattr(run_handlers, "PROGRESS_PORT", 1)
+        assert asyncio.run(run_handlers.scrape_rank0("ns", "r", index, "u1", 0)) is None
     finally:
         server.shutdown()
         thread.join(timeout=5)
@@ -58,7 +58,7 @@ def test_timer_copies_rank0_metrics_into_status(monkeypatch: pytest.MonkeyPatch)
 
 def test_wakeups_survive_a_recreated_run() -> None:
     """Two daemons for one name (old run finishing, new run starting): each keeps its own wake-up."""
-    from mlbench_operator.handlers import Wakeups
+    from mlbench_operator.runtime import Wakeups
 
     async def scenario() -> None:
         w = Wakeups()
@@ -157,11 +157,11 @@ class FakeKube:
 def _reconciler(
     body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, ensured: bool = True, config: Any = None
 ) -> Any:
-    from mlbench_operator import handlers
+    from mlbench_operator.run import executor
 
     events: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(handlers.RunReconciler, "event", lambda self, *e: events.append(e))
-    rec = handlers.RunReconciler(body, kube, None, config)  # type: ignore[arg-type]
+    monkeypatch.setattr(executor.RunReconciler, "event", lambda self, *e: events.append(e))
+    rec = executor.RunReconciler(body, kube, None, config)  # type: ignore[arg-type]
     setattr(rec, "events", events)  # noqa: B010 - a test-only attribute
     rec.ensured = ensured  # Service/ConfigMap/Secret: only where a test is about them
     return rec
@@ -464,9 +464,9 @@ def test_stuck_terminating_pods_are_force_deleted(monkeypatch: pytest.MonkeyPatc
 
 def test_ttl_set_after_the_run_finished(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 9: TTL lives in its own daemon, whose filter matches once a finished run has a TTL."""
-    from mlbench_operator import handlers
+    from mlbench_operator.run import handlers as run_handlers
 
-    waits: Any = handlers._waits_for_ttl
+    waits: Any = run_handlers._waits_for_ttl
     finished = {"phase": "Succeeded", "completionTime": "2000-01-01T00:00:00Z"}
     assert not waits(status=finished, spec={})
     assert waits(status=finished, spec={"runPolicy": {"ttlSecondsAfterFinished": 5}})
@@ -484,17 +484,18 @@ def test_ttl_set_after_the_run_finished(monkeypatch: pytest.MonkeyPatch) -> None
     kube.delete_run = lambda ns, name: deleted.append((ns, name))  # type: ignore[attr-defined]
     memo = type("Memo", (), {"kube": kube})()
     body = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 5}}, "status": finished}
-    fn: Any = getattr(handlers.expire_run, "__wrapped__", handlers.expire_run)
+    fn: Any = getattr(run_handlers.expire_run, "__wrapped__", run_handlers.expire_run)
     asyncio.run(fn(body=body, namespace="ns", name="r1", memo=memo, stopped=Stopped()))
     assert deleted == [("ns", "r1")]
 
 
 def test_daemon_filter_covers_pending_cleanup() -> None:
     """Defect 1 after a restart: a finished run with pods its policy wants gone gets a daemon again."""
-    from mlbench_operator import handlers, reconcile
+    from mlbench_operator.run import handlers as run_handlers
+    from mlbench_operator.run import lifecycle
     from tests.operator.test_reconcile import workers
 
-    needs: Any = handlers._needs_daemon
+    needs: Any = run_handlers._needs_daemon
     body, ctx, _ = _running("Running")
     finished = {**body, "status": {**body["status"], "phase": "Failed"}}
     index = _memo({("ns", "r1"): workers(ctx)})
@@ -504,7 +505,7 @@ def test_daemon_filter_covers_pending_cleanup() -> None:
     # deleted, but the status does not say so (the operator stopped before writing it): a daemon records it
     assert needs(body=finished, namespace="ns", name="r1", memo=gone)
     assert needs(body=finished, namespace="ns", name="r1", memo=_memo({}))  # workers.ready still says 2
-    recorded = {**finished, "status": reconcile.cleaned_up_status(finished, terminating, datetime.now(UTC))}
+    recorded = {**finished, "status": lifecycle.cleaned_up_status(finished, terminating, datetime.now(UTC))}
     assert not needs(body=recorded, namespace="ns", name="r1", memo=gone)
     assert not needs(body=recorded, namespace="ns", name="r1", memo=_memo({}))
     assert needs(body=body, namespace="ns", name="r1", memo=_memo({}))
@@ -516,7 +517,9 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
 ) -> None:
     """It deleted the pods and stopped before the status write: workers.ready kept its count from before. Under
     Running (the default) the finished launcher stays, so "every pod gone" would not see it."""
-    from mlbench_operator import builders, handlers, reconcile
+    from mlbench_operator import builders
+    from mlbench_operator.run import handlers as run_handlers
+    from mlbench_operator.run import lifecycle
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("Running")
@@ -526,7 +529,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
         pods = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
     else:
         pods = [terminated(builders.launcher_pod(ctx, 0), 1, "")]
-    needs: Any = handlers._needs_daemon
+    needs: Any = run_handlers._needs_daemon
     assert needs(body=finished, namespace="ns", name="r1", memo=_memo({("ns", "r1"): pods}))
     kube = FakeKube()
     rec = _reconciler(finished, kube, monkeypatch)
@@ -534,7 +537,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
     assert not [call for call in kube.calls if call[0] == "delete"]
     (closing,) = kube.patches()
     assert closing["workers"] == {"ready": 0, "total": 2}
-    assert reconcile.CLEANED_UP in {x["type"]: x for x in closing["conditions"]}["WorkersReady"]["message"]
+    assert lifecycle.CLEANED_UP in {x["type"]: x for x in closing["conditions"]}["WorkersReady"]["message"]
 
 
 class _Stopped:
@@ -553,20 +556,22 @@ class _Stopped:
 def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf never spawns again a daemon that returned on its own: a finished run's daemon with nothing left
     to do waits instead, so cleanPodPolicy None edited to All afterwards deletes the pods it kept."""
-    from mlbench_operator import handlers
+    from mlbench_operator import runtime
+    from mlbench_operator.run import executor
+    from mlbench_operator.run import handlers as run_handlers
     from mlbench_operator.settings import OperatorConfig
 
     body, _ctx, pods = _finished("None")
     kube = FakeKube()
     kube.log = results_line(h.summary())
-    monkeypatch.setattr(handlers.RunReconciler, "event", lambda self, *e: None)  # kopf's, outside an operator
+    monkeypatch.setattr(executor.RunReconciler, "event", lambda self, *e: None)  # kopf's, outside an operator
     memo = types.SimpleNamespace(
         kube=kube,
-        wakeups=handlers.Wakeups(),
+        wakeups=runtime.Wakeups(),
         pods=_memo({("ns", "r1"): pods}).pods,
         config=OperatorConfig(debounce_seconds=0.0),
     )
-    daemon: Any = getattr(handlers.reconcile_run, "__wrapped__", handlers.reconcile_run)
+    daemon: Any = getattr(run_handlers.reconcile_run, "__wrapped__", run_handlers.reconcile_run)
 
     async def scenario() -> None:
         stopped = _Stopped()
@@ -589,7 +594,7 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
         for patch in kube.patches():
             written.update(patch)
         live = {**body, "status": written}  # as kopf's body is once the watch echoed the writes
-        needs: Any = handlers._needs_daemon
+        needs: Any = run_handlers._needs_daemon
         assert not needs(body=live, namespace="ns", name="r1", memo=memo)
         stopped.event.set()  # kopf stops it once _needs_daemon no longer holds
         await asyncio.wait_for(task, 5)
@@ -643,11 +648,11 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     for the window from the first failure, recorded in status.results.failingSince (so a restart keeps it)."""
     from datetime import UTC, datetime, timedelta
 
-    from mlbench_operator import handlers
+    from mlbench_operator.run import executor
 
     body, _ctx, pods = _finished("All")
     start = (datetime.now(UTC) + timedelta(minutes=10)).replace(microsecond=0)  # back 10 min after the end
-    monkeypatch.setattr(handlers, "_now", lambda: start)
+    monkeypatch.setattr(executor, "_now", lambda: start)
     kube = FakeKube()
     kube.log_error = TimeoutError("read timed out")
     rec = _reconciler(body, kube, monkeypatch)
@@ -658,7 +663,7 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     assert not [e for e in rec.events if e[1] == "ResultsNotKept"]
     assert "r1-launcher" not in [c for call in kube.calls if call[0] == "delete" for c in call[1]]
     # an operator restarted 30 s later reads the same window from the status
-    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=30))
+    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=30))
     kube2 = FakeKube()
     kube2.log_error = TimeoutError("read timed out")
     rec2 = _reconciler({**body, "status": rec.status}, kube2, monkeypatch)
@@ -666,14 +671,14 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     assert rec2.status["results"] == {"failingSince": since}
     assert not kube2.patches()  # nothing new to record
     # 61 s after the first failure: given up, once, and the launcher may go
-    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=61))
+    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=61))
     asyncio.run(rec2.step(pods))
     message = rec2.status["results"]["message"]
     assert message == "cannot read the launcher's log (retried for 61s): TimeoutError: read timed out"
     assert rec2.status["results"]["failingSince"] == since
     assert ("Warning", "ResultsNotKept", message) in rec2.events
     # and once the log reads again within the window, the results are kept
-    monkeypatch.setattr(handlers, "_now", lambda: start + timedelta(seconds=20))
+    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=20))
     kube3 = FakeKube()
     kube3.log = results_line(h.summary())
     rec3 = _reconciler({**body, "status": rec.status}, kube3, monkeypatch)
@@ -890,9 +895,9 @@ def test_the_deadline_ends_a_run_held_before_its_pods(monkeypatch: pytest.Monkey
     ],
 )
 def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resync: float, seconds: float) -> None:
-    from mlbench_operator import handlers
+    from mlbench_operator.run import handlers as run_handlers
 
-    assert handlers.sweep_poll_seconds(polls, resync) == seconds
+    assert run_handlers.sweep_poll_seconds(polls, resync) == seconds
 
 
 def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -915,6 +920,6 @@ def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.Monkey
     [(30.0, None, 30.0), (30.0, 7.0, 7.0), (5.0, 7.0, 5.0), (30.0, -1.0, 0.0), (None, 7.0, None)],
 )
 def test_a_wait_is_no_longer_than_the_deadline(delay: float | None, left: float | None, expected: float | None) -> None:
-    from mlbench_operator import reconcile
+    from mlbench_operator.run import lifecycle
 
-    assert reconcile.by_deadline(delay, left) == expected
+    assert lifecycle.by_deadline(delay, left) == expected

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from mlbench_operator import leader as le
-from mlbench_operator.settings import SettingsError
+from mlbench_operator.env import SettingsError
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 S = le.LeaderSettings(identity="me", lease_duration=15, renew_deadline=10, retry_period=2)

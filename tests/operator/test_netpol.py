@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from mlbench_operator import netpol, reconcile
-from mlbench_operator.settings import SettingsError
+from mlbench_operator import netpol, settings
+from mlbench_operator.env import SettingsError
+from mlbench_operator.run import admission
 from tests.operator import helpers as h
 
 
 def _ctx(**spec: object) -> object:
-    result = reconcile.admit(h.run(**spec), h.task())  # type: ignore[arg-type]
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(**spec), h.task())  # type: ignore[arg-type]
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 
@@ -48,9 +49,9 @@ def test_every_rank_port_is_open_to_the_scrapers() -> None:
     ],
 )
 def test_scraper_namespaces(env: dict[str, str], expected: tuple[str, ...]) -> None:
-    assert netpol.scraper_namespaces(env) == expected
+    assert settings.scraper_namespaces(env) == expected
 
 
 def test_a_bad_namespace_names_the_variable() -> None:
     with pytest.raises(SettingsError, match="MLBENCH_METRICS_NAMESPACES"):
-        netpol.scraper_namespaces({"MLBENCH_METRICS_NAMESPACES": "Not_A_Namespace"})
+        settings.scraper_namespaces({"MLBENCH_METRICS_NAMESPACES": "Not_A_Namespace"})

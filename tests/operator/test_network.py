@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders, reconcile
-from mlbench_operator import naming as n
+from mlbench_api import contract
+from mlbench_operator import builders
 from mlbench_operator import policy as p
 from mlbench_operator.builders import RunContext
-from mlbench_operator.settings import OperatorConfig, SettingsError
+from mlbench_operator.env import SettingsError
+from mlbench_operator.run import admission
+from mlbench_operator.settings import OperatorConfig
 from tests.operator import helpers as h
 from tests.operator.test_pod_security import restricted_violations
 
@@ -22,9 +24,9 @@ NETWORK = {"bandwidthMbit": 100, "latencyMs": 5, "jitterMs": 1, "lossPercent": 0
 ALLOWED = dataclasses.replace(h.PERMISSIVE, allow_network_emulation=True)
 
 
-def admit(policy: p.AdmissionPolicy, **spec: Any) -> RunContext | reconcile.Rejection:
-    result = reconcile.admit(h.run(**spec), h.task(), policy=policy)
-    return result if isinstance(result, reconcile.Rejection) else result[0]
+def admit(policy: p.AdmissionPolicy, **spec: Any) -> RunContext | admission.Rejection:
+    result = admission.admit(h.run(**spec), h.task(), policy=policy)
+    return result if isinstance(result, admission.Rejection) else result[0]
 
 
 def ctx_for(**spec: Any) -> RunContext:
@@ -36,7 +38,7 @@ def ctx_for(**spec: Any) -> RunContext:
 # -- the admission policy -------------------------------------------------------------------------------------------
 def test_network_is_refused_by_default_with_field_and_setting_named() -> None:
     result = admit(p.AdmissionPolicy(), network={"latencyMs": 5})
-    assert isinstance(result, reconcile.Rejection)
+    assert isinstance(result, admission.Rejection)
     assert result.reason == "PolicyViolation"
     assert result.message.startswith("spec.network: ")
     assert "MLBENCH_ALLOW_NETWORK_EMULATION=true" in result.message
@@ -56,12 +58,12 @@ def test_network_is_refused_by_default_with_field_and_setting_named() -> None:
 def test_policy_table(policy: p.AdmissionPolicy, network: dict[str, float] | None, refused: bool) -> None:
     assert bool(p.check_network(network, policy)) == refused
     spec = {"network": network} if network is not None else {}
-    assert isinstance(admit(policy, **spec), reconcile.Rejection) == refused
+    assert isinstance(admit(policy, **spec), admission.Rejection) == refused
 
 
 def test_network_refusal_is_listed_with_the_others() -> None:
     result = admit(p.AdmissionPolicy(), network={"latencyMs": 5}, image="evil.example.com/x:1")
-    assert isinstance(result, reconcile.Rejection)
+    assert isinstance(result, admission.Rejection)
     assert "spec.image" in result.message
     assert "spec.network" in result.message
 
@@ -100,7 +102,7 @@ def test_worker_has_the_init_container_exactly_when_network_is_set(
     assert init["name"] == builders.NETEM_CONTAINER
     assert init["image"] == worker["containers"][0]["image"] == ctx.image
     assert init["command"] == ["mlbench-runner", "netem", "--interface", "eth0", "--config", "/etc/mlbench/config.json"]
-    assert init["volumeMounts"] == [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True}]
+    assert init["volumeMounts"] == [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}]
     assert "config" in {v["name"] for v in worker["volumes"]}
     assert init["securityContext"] == {
         "runAsUser": 0,
@@ -144,9 +146,9 @@ def test_the_init_container_applies_what_the_config_map_carries(
     from mlbench_runner.cli import main
 
     ctx = ctx_for(network=NETWORK)
-    data = builders.config_map(ctx)["data"][n.CONFIG_FILE]
+    data = builders.config_map(ctx)["data"][contract.CONFIG_FILE]
     assert json.loads(data)["network"] == NETWORK
-    path = tmp_path / n.CONFIG_FILE
+    path = tmp_path / contract.CONFIG_FILE
     path.write_text(data)
     command = builders.netem_init_container(ctx)["command"]  # type: ignore[index]
     argv = [*command[1:], "--dry-run"]

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders
 from mlbench_operator.builders import RunContext
+from mlbench_operator.run import admission
 from mlbench_operator.settings import DatasetSettings
 from tests.cluster.plugin import KubeCluster, pod_security_labels
 from tests.operator import helpers as h
@@ -72,8 +73,8 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
 
 
 def ctx_for(task: dict[str, Any], run_as_user: int | None = 1000) -> RunContext:
-    result = reconcile.admit(h.run(), task, run_as_user, policy=h.PERMISSIVE)
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(h.run(), task, run_as_user, policy=h.PERMISSIVE)
+    assert not isinstance(result, admission.Rejection), result
     return result[0]
 
 

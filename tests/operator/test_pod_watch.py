@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders
+from mlbench_operator import builders, podwatch
 from mlbench_operator.podview import PodChange, PodIndex
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import admitted
@@ -129,10 +129,9 @@ def _event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
 def test_the_watch_resumes_relists_and_wakes(monkeypatch: pytest.MonkeyPatch) -> None:
     """List, watch from the listing, resume from the last version (a bookmark's too) when the server ends
     the stream, list again on 410 Gone and after a failure; every change wakes its run."""
-    from mlbench_operator import handlers
 
-    monkeypatch.setattr(handlers, "POD_WATCH_BACKOFF", (0.01, 0.01))
-    watch_class: Any = handlers.PodWatch  # given stand-ins for the Kube and the Wakeups
+    monkeypatch.setattr(podwatch, "POD_WATCH_BACKOFF", (0.01, 0.01))
+    watch_class: Any = podwatch.PodWatch  # given stand-ins for the Kube and the Wakeups
     kube = _ScriptedKube(
         listings=[([_pod(0, "u0", version="10")], "10"), RuntimeError("apiserver down"), ([_pod(1, "u1")], "30")],
         watches=[
@@ -181,9 +180,8 @@ def test_the_watch_resumes_relists_and_wakes(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_cluster_wide_watch_lists_every_namespace() -> None:
-    from mlbench_operator import handlers
 
-    watch_class: Any = handlers.PodWatch
+    watch_class: Any = podwatch.PodWatch
     kube = _ScriptedKube(listings=[([], "5")], watches=[])
 
     async def scenario() -> None:

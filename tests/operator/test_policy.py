@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from mlbench_operator import policy as p
-from mlbench_operator import reconcile
-from mlbench_operator.settings import SettingsError
+from mlbench_operator.env import SettingsError
+from mlbench_operator.run import admission
 from tests.operator import helpers as h
 
 DEFAULT = p.AdmissionPolicy()
@@ -123,18 +123,18 @@ def test_admission_refuses_with_every_field_named_and_creates_nothing() -> None:
         image="evil.example.com/miner:1",
         scheduling={"priorityClassName": "system-node-critical", "tolerations": [{"operator": "Exists"}]},
     )
-    result = reconcile.admit(run, h.task())
-    assert isinstance(result, reconcile.Rejection)
+    result = admission.admit(run, h.task())
+    assert isinstance(result, admission.Rejection)
     assert result.reason == "PolicyViolation"
     for needle in ("spec.image", "priorityClassName", "tolerations[0]"):
         assert needle in result.message
-    status = reconcile.rejected_status(run, result, T0)
+    status = admission.rejected_status(run, result, T0)
     assert status["phase"] == "Failed"
 
 
 def test_task_image_is_checked_and_named() -> None:
     task = h.task()
     task["spec"]["runner"]["image"] = "docker.io/library/python:3.11"
-    result = reconcile.admit(h.run(), task)
-    assert isinstance(result, reconcile.Rejection)
+    result = admission.admit(h.run(), task)
+    assert isinstance(result, admission.Rejection)
     assert f"BenchmarkTask '{h.TASK_NAME}' runner.image" in result.message

@@ -11,19 +11,21 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from mlbench_operator import builders, podview, reconcile
+from mlbench_operator import builders, podview, runtime
 from mlbench_operator import conditions as c
 from mlbench_operator.podview import PodView
+from mlbench_operator.run import admission, lifecycle, policies
+from mlbench_operator.run import status as run_status
 from tests.operator import helpers as h
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def admitted(body: dict[str, Any], now: datetime = T0) -> tuple[dict[str, Any], builders.RunContext]:
-    result = reconcile.admit(body, h.task())
-    assert not isinstance(result, reconcile.Rejection), result
+    result = admission.admit(body, h.task())
+    assert not isinstance(result, admission.Rejection), result
     ctx, snapshot = result
-    body = {**body, "status": reconcile.admitted_status(body, ctx, snapshot, now)}
+    body = {**body, "status": admission.admitted_status(body, ctx, snapshot, now)}
     return body, ctx
 
 
@@ -55,8 +57,8 @@ def workers(ctx: builders.RunContext, attempt: int = 0, ready: bool = True) -> l
 
 def step(
     body: dict[str, Any], ctx: builders.RunContext, pods: list[PodView], now: datetime = T0
-) -> tuple[dict[str, Any], reconcile.Plan]:
-    plan = reconcile.plan(body, ctx, pods, now)
+) -> tuple[dict[str, Any], run_status.Plan]:
+    plan = policies.plan(body, ctx, pods, now)
     return {**body, "status": plan.status}, plan
 
 
@@ -68,10 +70,10 @@ def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
 
 # -- admission ---------------------------------------------------------------------------------------------
 def test_missing_task_is_rejected() -> None:
-    result = reconcile.admit(h.run(), None)
-    assert isinstance(result, reconcile.Rejection)
+    result = admission.admit(h.run(), None)
+    assert isinstance(result, admission.Rejection)
     assert result.reason == "TaskNotFound"
-    status = reconcile.rejected_status(h.run(), result, T0)
+    status = admission.rejected_status(h.run(), result, T0)
     assert status["phase"] == "Failed"
     assert cond(status, "Failed")["status"] == "True"
     assert cond(status, "Failed")["reason"] == "TaskNotFound"
@@ -79,8 +81,8 @@ def test_missing_task_is_rejected() -> None:
 
 
 def test_closed_division_override_is_rejected() -> None:
-    result = reconcile.admit(h.run(overrides={"momentum": 0.5}), h.task())
-    assert isinstance(result, reconcile.Rejection)
+    result = admission.admit(h.run(overrides={"momentum": 0.5}), h.task())
+    assert isinstance(result, admission.Rejection)
     assert result.reason == "OverrideNotAllowed"
     assert "momentum" in result.message
 
@@ -89,19 +91,19 @@ def test_invalid_effective_config_is_rejected() -> None:
     # maxEpochs below a milestone breaks a cross-field rule of the task (open division allows it).
     task = h.task()
     task["spec"]["division"] = "open"
-    result = reconcile.admit(h.run(overrides={"maxEpochs": 10}), task)
-    assert isinstance(result, reconcile.Rejection)
+    result = admission.admit(h.run(overrides={"maxEpochs": 10}), task)
+    assert isinstance(result, admission.Rejection)
     assert result.reason == "InvalidConfig"
 
 
 def test_allowed_override_is_admitted_with_snapshot() -> None:
     body = h.run(overrides={"model": {"name": "resnet", "version": "m2", "depth": 56}})
-    result = reconcile.admit(body, h.task())
-    assert not isinstance(result, reconcile.Rejection)
+    result = admission.admit(body, h.task())
+    assert not isinstance(result, admission.Rejection)
     ctx, snapshot = result
     assert snapshot["model"]["depth"] == 20  # the task as it was
     assert ctx.config.task.model.depth == 56  # what the run trains
-    status = reconcile.admitted_status(body, ctx, snapshot, T0)
+    status = admission.admitted_status(body, ctx, snapshot, T0)
     assert status["phase"] == "Pending"
     assert status["taskSnapshot"] == snapshot
     assert status["workers"] == {"ready": 0, "total": 2}
@@ -110,7 +112,7 @@ def test_allowed_override_is_admitted_with_snapshot() -> None:
 def test_context_uses_snapshot_not_current_task() -> None:
     body, _ = admitted(h.run())
     snap = body["status"]["taskSnapshot"]
-    ctx = reconcile.context(body, snap)
+    ctx = admission.context(body, snap)
     assert ctx.config.task.training.max_epochs == 164
 
 
@@ -437,23 +439,23 @@ def test_unschedulable_workers_show_as_condition() -> None:
 
 def test_ttl() -> None:
     status = {"completionTime": c.timestamp(T0)}
-    assert reconcile.ttl_expired(status, None, T0) is None
-    assert reconcile.ttl_expired(status, 60, T0 + timedelta(seconds=10)) == pytest.approx(50)
-    left = reconcile.ttl_expired(status, 60, T0 + timedelta(seconds=70))
+    assert lifecycle.ttl_expired(status, None, T0) is None
+    assert lifecycle.ttl_expired(status, 60, T0 + timedelta(seconds=10)) == pytest.approx(50)
+    left = lifecycle.ttl_expired(status, 60, T0 + timedelta(seconds=70))
     assert left is not None
     assert left < 0
     # stored before the CRD bounded it: no OverflowError on every pass, just "not yet"
-    far = reconcile.ttl_expired(status, 10**14, T0)
+    far = lifecycle.ttl_expired(status, 10**14, T0)
     assert far is not None
     assert far == pytest.approx(2**31 - 1)
 
 
 def test_status_patch_only_changed_keys() -> None:
-    assert reconcile.status_patch({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == {"b": 3, "c": 4}
+    assert runtime.status_patch({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == {"b": 3, "c": 4}
 
 
 # -- review fixes ------------------------------------------------------------------------------------------------
-def finished_body(body: dict[str, Any], plan: reconcile.Plan) -> dict[str, Any]:
+def finished_body(body: dict[str, Any], plan: run_status.Plan) -> dict[str, Any]:
     return {**body, "status": plan.status}
 
 
@@ -465,14 +467,14 @@ def test_cleanup_is_derived_from_the_cluster_after_the_final_status() -> None:
     pods = [*workers(ctx), done]
     body, plan = step(body, ctx, pods)
     assert plan.terminal
-    assert reconcile.cleanup_pending(body, pods) == ["r1-launcher", "r1-worker-0", "r1-worker-1"]
+    assert lifecycle.cleanup_pending(body, pods) == ["r1-launcher", "r1-worker-0", "r1-worker-1"]
     # the launcher went first and the operator died: what is left is still pending, nothing else
-    assert reconcile.cleanup_pending(body, workers(ctx)) == ["r1-worker-0", "r1-worker-1"]
+    assert lifecycle.cleanup_pending(body, workers(ctx)) == ["r1-worker-0", "r1-worker-1"]
     gone = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
-    assert reconcile.cleanup_pending(body, gone) == []
-    closing = reconcile.cleaned_up_status(body, gone, T0)
+    assert lifecycle.cleanup_pending(body, gone) == []
+    closing = lifecycle.cleaned_up_status(body, gone, T0)
     assert closing["workers"] == {"ready": 0, "total": 2}
-    assert reconcile.CLEANED_UP in cond(closing, "WorkersReady")["message"]
+    assert lifecycle.CLEANED_UP in cond(closing, "WorkersReady")["message"]
     assert closing["result"] == plan.status["result"]
 
 
@@ -482,11 +484,11 @@ def test_a_cleanup_after_the_policy_was_edited_names_the_policy_now() -> None:
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "Running"}))
     done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
     body, _ = step(body, ctx, [*workers(ctx), done])
-    first = {**body, "status": reconcile.cleaned_up_status(body, [done], T0)}
+    first = {**body, "status": lifecycle.cleaned_up_status(body, [done], T0)}
     message = cond(first["status"], "WorkersReady")["message"]
-    assert message.endswith(f"; {reconcile.CLEANED_UP} Running")
+    assert message.endswith(f"; {lifecycle.CLEANED_UP} Running")
     edited = {**first, "spec": {**first["spec"], "runPolicy": {"cleanPodPolicy": "All"}}}
-    again = cond(reconcile.cleaned_up_status(edited, [], T0), "WorkersReady")["message"]
+    again = cond(lifecycle.cleaned_up_status(edited, [], T0), "WorkersReady")["message"]
     assert again == message.removesuffix("Running") + "All"
 
 
@@ -551,13 +553,13 @@ def test_workers_ready_is_false_on_failure() -> None:
         "RunFailed",
     )
     gone = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
-    assert reconcile.cleaned_up_status(body, [*gone, failed], T0)["workers"] == {"ready": 0, "total": 2}
+    assert lifecycle.cleaned_up_status(body, [*gone, failed], T0)["workers"] == {"ready": 0, "total": 2}
 
 
 def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None:
     body, ctx = admitted(h.run())
     quota = "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10"
-    plan = reconcile.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0)
+    plan = lifecycle.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0)
     assert not plan.terminal
     wr = cond(plan.status, "WorkersReady")
     assert (wr["status"], wr["reason"]) == ("False", "CreateFailed")
@@ -569,9 +571,9 @@ def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None
     _, nxt = step(body, ctx, [workers(ctx)[0]])
     assert nxt.create_workers == [1]
     assert cond(nxt.status, "WorkersReady")["reason"] == "CreateFailed"
-    assert reconcile.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0).events == []
+    assert lifecycle.creation_failed(body, [("pod r1-worker-1", 403, quota)], T0).events == []
 
-    invalid = reconcile.creation_failed(
+    invalid = lifecycle.creation_failed(
         body, [("pod r1-worker-0", 422, "spec.containers[0].image: Required value")], T0
     )
     assert invalid.terminal
@@ -591,7 +593,7 @@ def test_refused_creates_403_keeps_retrying_with_a_condition_422_fails() -> None
     ],
 )
 def test_a_refused_create_is_shown_on_the_condition_of_its_stage(what: str, condition: str) -> None:
-    assert reconcile.refusal_condition(what) == condition
+    assert lifecycle.refusal_condition(what) == condition
 
 
 def test_a_refused_service_stays_shown_while_the_workers_are_ready() -> None:
@@ -601,7 +603,7 @@ def test_a_refused_service_stays_shown_while_the_workers_are_ready() -> None:
     body, ctx = admitted(h.run())
     body, _ = step(body, ctx, workers(ctx))
     quota = "exceeded quota: q, requested: services=1, used: services=5, limited: services=5"
-    plan = reconcile.creation_failed(body, [("Service r1", 403, quota)], T0)
+    plan = lifecycle.creation_failed(body, [("Service r1", 403, quota)], T0)
     assert [e[:2] for e in plan.events] == [("Warning", "CreateFailed")]
     body = finished_body(body, plan)
     body, nxt = step(body, ctx, workers(ctx))
@@ -610,7 +612,7 @@ def test_a_refused_service_stays_shown_while_the_workers_are_ready() -> None:
         "CreateFailed",
         "AllWorkersReady",
     )
-    assert reconcile.creation_failed(body, [("Service r1", 403, quota)], T0).events == []
+    assert lifecycle.creation_failed(body, [("Service r1", 403, quota)], T0).events == []
 
 
 def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
@@ -621,8 +623,8 @@ def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
     _, plan = step(body, ctx, stale, T0 + timedelta(seconds=10))
     assert plan.force_delete == []
     assert plan.requeue_after is not None
-    assert 10 < plan.requeue_after <= reconcile.FORCE_DELETE_AFTER_SECONDS + 1
-    _, plan = step(body, ctx, stale, T0 + timedelta(seconds=reconcile.FORCE_DELETE_AFTER_SECONDS + 5))
+    assert 10 < plan.requeue_after <= lifecycle.FORCE_DELETE_AFTER_SECONDS + 1
+    _, plan = step(body, ctx, stale, T0 + timedelta(seconds=lifecycle.FORCE_DELETE_AFTER_SECONDS + 5))
     assert plan.force_delete == ["r1-worker-0", "r1-worker-1"]
 
 
@@ -654,9 +656,9 @@ def test_pods_of_another_owner_are_not_adopted() -> None:
 
 
 def test_clean_pod_policy_from_the_raw_spec() -> None:
-    assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "All"}}).value == "All"
-    assert reconcile.clean_pod_policy({}).value == "Running"
-    assert reconcile.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "bogus"}}).value == "Running"
+    assert lifecycle.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "All"}}).value == "All"
+    assert lifecycle.clean_pod_policy({}).value == "Running"
+    assert lifecycle.clean_pod_policy({"runPolicy": {"cleanPodPolicy": "bogus"}}).value == "Running"
 
 
 # -- root cause: a worker's failure wins over the launcher's echo of it ------------------------------------------
@@ -808,7 +810,7 @@ def _with(phase: str, **conds: tuple[str, str]) -> dict[str, Any]:
 def test_kstatus_conditions_follow_the_phase(
     status: dict[str, Any], ready: tuple[str, str], reconciling: tuple[str, str], stalled: tuple[str, str]
 ) -> None:
-    out = reconcile.finalize(status, T0)
+    out = run_status.finalize(status, T0)
     for type_, want in (("Ready", ready), ("Reconciling", reconciling), ("Stalled", stalled)):
         got = cond(out, type_)
         assert (got["status"], got["reason"]) == want, (type_, got)
@@ -819,7 +821,7 @@ def test_kstatus_conditions_follow_the_phase(
 
 def test_every_planned_status_is_finalized_with_kstatus() -> None:
     body, ctx = admitted(h.run())
-    out = reconcile.finalize(reconcile.plan(body, ctx, workers(ctx), T0).status, T0)
+    out = run_status.finalize(policies.plan(body, ctx, workers(ctx), T0).status, T0)
     assert {x["type"] for x in out["conditions"]} >= {"Ready", "Reconciling", "Stalled"}
     assert len(out["conditions"]) <= 16  # the CRD's maxItems
 
@@ -829,18 +831,18 @@ def test_control_characters_from_pods_are_stripped() -> None:
     assert c.clean(text) == "boom[2J]0;pwned done\n\tnext"
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
     launcher = terminated(builders.launcher_pod(ctx, 0), 1, json.dumps({"error": text, "exitCode": 1}))
-    out = reconcile.finalize(step(body, ctx, [*workers(ctx), launcher])[1].status, T0)
+    out = run_status.finalize(step(body, ctx, [*workers(ctx), launcher])[1].status, T0)
     assert "\x1b" not in out["message"]
     assert "\x1b" not in cond(out, "Failed")["message"]
 
 
 def test_a_refused_status_write_becomes_a_minimal_invalid_result() -> None:
     old = {"phase": "Running", "observedGeneration": 2, "conditions": [{"type": "x"}] * 16, "restarts": 0}
-    out = reconcile.unstorable_status(old, "status.result.worldSize: \x1b[31m" + "x" * 5000, T0)
+    out = run_status.unstorable_status(old, "status.result.worldSize: \x1b[31m" + "x" * 5000, T0)
     assert out["phase"] == "Failed"
     assert cond(out, "Failed")["reason"] == "InvalidResult"
     assert cond(out, "Stalled")["status"] == "True"
-    assert len(out["message"]) <= reconcile.UNSTORABLE_MESSAGE_LIMIT
+    assert len(out["message"]) <= run_status.UNSTORABLE_MESSAGE_LIMIT
     assert "\x1b" not in out["message"]
     assert len(out["conditions"]) == 5  # rebuilt from scratch, not from the refused list
     assert "result" not in out
@@ -851,9 +853,9 @@ def test_generation_patch_only_for_finished_runs_behind() -> None:
     def body(phase: str, observed: int) -> dict[str, Any]:
         return {"metadata": {"generation": 4}, "status": {"phase": phase, "observedGeneration": observed}}
 
-    assert reconcile.generation_patch(body("Succeeded", 3)) == {"observedGeneration": 4}
-    assert reconcile.generation_patch(body("Failed", 4)) is None
-    assert reconcile.generation_patch(body("Running", 3)) is None  # its daemon writes it
+    assert run_status.generation_patch(body("Succeeded", 3)) == {"observedGeneration": 4}
+    assert run_status.generation_patch(body("Failed", 4)) is None
+    assert run_status.generation_patch(body("Running", 3)) is None  # its daemon writes it
 
 
 def _running_body(**spec: Any) -> tuple[dict[str, Any], builders.RunContext, list[PodView]]:
@@ -883,14 +885,14 @@ def test_no_progress_marks_a_running_run_stalled(
         since = T0 - timedelta(seconds=idle)
         body["status"]["progress"] = {"step": 42, "stepChangedAt": c.timestamp(since)}
     _, plan = step(body, ctx, pods)
-    got = cond(reconcile.finalize(plan.status, T0), "Stalled")
+    got = cond(run_status.finalize(plan.status, T0), "Stalled")
     assert (got["status"] == "True") is stalled
     if stalled:
         assert got["reason"] == "NoProgress"
         assert "stayed at 42" in got["message"]
         assert ("Warning", "NoProgress") in [e[:2] for e in plan.events]
         # said once: the next pass with the same state plans no second Event
-        body2 = {**body, "status": reconcile.finalize(plan.status, T0)}
+        body2 = {**body, "status": run_status.finalize(plan.status, T0)}
         _, again = step(body2, ctx, pods)
         assert ("Warning", "NoProgress") not in [e[:2] for e in again.events]
     else:
@@ -914,7 +916,7 @@ def _w(rank: int, attempt: int = 1, owner: str = "u1", **kw: Any) -> PodView:
     ],
 )
 def test_rank0_is_the_current_attempts_own(pods: list[PodView], expected: str | None) -> None:
-    found = reconcile.rank0(pods, "u1", 1)
+    found = lifecycle.rank0(pods, "u1", 1)
     assert (found.ip if found is not None else None) == expected
 
 
@@ -928,7 +930,7 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
     assert plan.status["restarts"] == 1
     assert "progress" in plan.status
     assert plan.status["progress"] is None  # a merge patch's null: deleted
-    status = reconcile.finalize(plan.status, T0)
+    status = run_status.finalize(plan.status, T0)
     assert status["progress"] is None
     body = {**body, "status": {k: v for k, v in status.items() if v is not None}}
     # the new attempt runs 10 minutes later, before any scrape of its rank 0
@@ -936,7 +938,7 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
     launcher = pod(builders.launcher_pod(ctx, 1))
     _, plan = step(body, ctx, [*workers(ctx, attempt=1), launcher], later)
     assert plan.status["phase"] == "Running"
-    assert cond(reconcile.finalize(plan.status, later), "Stalled")["status"] == "False"
+    assert cond(run_status.finalize(plan.status, later), "Stalled")["status"] == "False"
     assert ("Warning", "NoProgress") not in [e[:2] for e in plan.events]
 
 
@@ -950,7 +952,7 @@ def test_result_records_the_image_and_the_digests_that_ran() -> None:
     assert plan.status["result"]["imageIds"] == [digest]
 
 
-# -- plan's policies, one table each (reconcile.POLICIES) -------------------------------------------------------
+# -- plan's policies, one table each (policies.POLICIES) -------------------------------------------------------
 #: Builds a world from the run's context: the pods the policy sees.
 World = Callable[[builders.RunContext], list[PodView]]
 #: Builds one pod from the run's context.
@@ -958,24 +960,24 @@ Pod = Callable[[builders.RunContext], PodView]
 
 
 def decide(
-    policy: reconcile.Policy,
+    policy: policies.Policy,
     world: World,
     *,
     run_policy: dict[str, Any] | None = None,
     restarts: int = 0,
     conditions: dict[str, tuple[str, str]] | None = None,
     now: datetime = T0,
-) -> tuple[reconcile.Plan | None, reconcile.PlanInput]:
+) -> tuple[run_status.Plan | None, policies.PlanInput]:
     """One policy on its own, over an admitted 2-worker run with ``restarts`` and the given old conditions."""
     body, ctx = admitted(h.run(runPolicy=run_policy) if run_policy else h.run())
     status = {**body["status"], "restarts": restarts}
     for type_, (value, reason) in (conditions or {}).items():
         status["conditions"] = c.set_condition(status["conditions"], type_, value, reason, f"{reason} before", now=T0)
-    inp = reconcile.PlanInput.of({**body, "status": status}, ctx, world(ctx), now)
+    inp = policies.PlanInput.of({**body, "status": status}, ctx, world(ctx), now)
     return policy(inp), inp
 
 
-def outcome(plan: reconcile.Plan | None) -> tuple[str, str] | None:
+def outcome(plan: run_status.Plan | None) -> tuple[str, str] | None:
     """(phase, the reason that tells why): Failed's reason once failed, Succeeded's once succeeded, else
     Restarted's ("" when there was no restart)."""
     if plan is None:
@@ -1037,7 +1039,7 @@ UNSCHEDULABLE = {"phase": "Pending", "ready": False, "scheduled": False, "unsche
 
 
 def test_the_policies_and_their_order() -> None:
-    assert [p.__name__ for p in reconcile.POLICIES] == [
+    assert [p.__name__ for p in policies.POLICIES] == [
         "launcher_succeeded",
         "launcher_aborted",
         "deadline_exceeded",
@@ -1063,7 +1065,7 @@ def test_the_policies_and_their_order() -> None:
     ],
 )
 def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | None) -> None:
-    plan, _ = decide(reconcile.launcher_succeeded, world)
+    plan, _ = decide(policies.launcher_succeeded, world)
     assert outcome(plan) == expected
     if plan is None or expected is None:
         return
@@ -1087,7 +1089,7 @@ def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | Non
     ],
 )
 def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None) -> None:
-    plan, _ = decide(reconcile.launcher_aborted, world)
+    plan, _ = decide(policies.launcher_aborted, world)
     assert outcome(plan) == expected
     if plan is None:
         return
@@ -1109,7 +1111,7 @@ def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None)
 )
 def test_policy_deadline_exceeded(deadline: int | None, elapsed: float, expected: tuple[str, str] | None) -> None:
     policy = {"activeDeadlineSeconds": deadline} if deadline else None
-    plan, _ = decide(reconcile.deadline_exceeded, running, run_policy=policy, now=T0 + timedelta(seconds=elapsed))
+    plan, _ = decide(policies.deadline_exceeded, running, run_policy=policy, now=T0 + timedelta(seconds=elapsed))
     assert outcome(plan) == expected
     if plan is not None:
         assert "activeDeadlineSeconds=60" in plan.status["message"]
@@ -1132,7 +1134,7 @@ def test_policy_deadline_exceeded(deadline: int | None, elapsed: float, expected
     ],
 )
 def test_policy_root_cause_hold(world: World, expected: float | None) -> None:
-    plan, _ = decide(reconcile.root_cause_hold, world)
+    plan, _ = decide(policies.root_cause_hold, world)
     if expected is None:
         assert plan is None
         return
@@ -1176,7 +1178,7 @@ def test_policy_root_cause_hold(world: World, expected: float | None) -> None:
 def test_policy_gang_failure(world: World, restarts: int, was_running: bool, expected: tuple[str, str] | None) -> None:
     conditions = {"Running": ("True", "LauncherRunning")} if was_running else None
     plan, inp = decide(
-        reconcile.gang_failure, world, run_policy={"maxRestarts": 1}, restarts=restarts, conditions=conditions
+        policies.gang_failure, world, run_policy={"maxRestarts": 1}, restarts=restarts, conditions=conditions
     )
     assert outcome(plan) == expected
     if plan is None or expected is None:
@@ -1208,7 +1210,7 @@ def test_policy_gang_failure(world: World, restarts: int, was_running: bool, exp
     ],
 )
 def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, str] | None, waiting_for: int) -> None:
-    plan, _ = decide(reconcile.stale_attempt, world, restarts=restarts)
+    plan, _ = decide(policies.stale_attempt, world, restarts=restarts)
     if deleted is None:
         assert plan is None
         return
@@ -1283,7 +1285,7 @@ def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, st
 def test_policy_make_progress(
     world: World, conditions: dict[str, tuple[str, str]] | None, expected: tuple[str, str, str, list[int], bool]
 ) -> None:
-    plan, _ = decide(reconcile.make_progress, world, conditions=conditions)
+    plan, _ = decide(policies.make_progress, world, conditions=conditions)
     assert plan is not None
     wr, run = cond(plan.status, "WorkersReady"), cond(plan.status, "Running")
     assert (plan.status["phase"], wr["reason"], run["reason"], plan.create_workers, plan.create_launcher) == expected
@@ -1327,7 +1329,7 @@ def test_plan_input_sorts_the_pods_once() -> None:
     beyond = dataclasses.replace(new[1], name="r1-worker-2", rank=2)
     launcher = pod(builders.launcher_pod(ctx, 1))
     other = dataclasses.replace(new[0], name="r1-worker-9", rank=9, owner_uid="someone-else")
-    inp = reconcile.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
+    inp = policies.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
     assert inp.restarts == 1
     assert [p.name for p in inp.stale] == ["r1-worker-0", "r1-worker-1"]
     assert {p.attempt for p in inp.current} == {1}
@@ -1345,12 +1347,12 @@ def test_every_pass_force_deletes_and_wakes_up_whatever_decides() -> None:
     stuck = dataclasses.replace(workers(ctx)[1], terminating=True, deletion_timestamp=c.timestamp(T0))
     later = c.timestamp(T0 + timedelta(seconds=50))
     leaving = dataclasses.replace(stuck, name="r1-worker-7", rank=7, deletion_timestamp=later)
-    now = T0 + timedelta(seconds=reconcile.FORCE_DELETE_AFTER_SECONDS + 10)
+    now = T0 + timedelta(seconds=lifecycle.FORCE_DELETE_AFTER_SECONDS + 10)
     _, plan = step(body, ctx, [workers(ctx)[0], stuck, leaving, pod(builders.launcher_pod(ctx, 0))], now)
     assert cond(plan.status, "Restarted")["reason"] == "WorkerLost"  # gang_failure decided
     assert plan.force_delete == ["r1-worker-1"]
     # the leaving pod would count as stuck at 50 + 60 + 1 s, the deadline is at 100 s: the earlier wins
-    assert plan.requeue_after == pytest.approx(100 - (reconcile.FORCE_DELETE_AFTER_SECONDS + 10))
+    assert plan.requeue_after == pytest.approx(100 - (lifecycle.FORCE_DELETE_AFTER_SECONDS + 10))
 
 
 @pytest.mark.parametrize(
@@ -1365,8 +1367,9 @@ def test_every_pass_force_deletes_and_wakes_up_whatever_decides() -> None:
 )
 def test_serves_metrics_follows_the_task_snapshots_runner(status: dict[str, Any], serves: bool | None) -> None:
     from mlbench_operator import metrics as m
+    from mlbench_operator.run import status as run_status
 
-    assert reconcile.serves_metrics(status) is serves
+    assert run_status.serves_metrics(status) is serves
     m.track_phase(("ns", "served"), "Running", task="t", serves_metrics=serves)
     value = REGISTRY.get_sample_value("mlbench_operator_run_serves_metrics", {"namespace": "ns", "run": "served"})
     if serves is not None:
@@ -1395,7 +1398,7 @@ POD_SECURITY = (
     ],
 )
 def test_which_refusals_are_final(code: int, detail: str, final: str | None) -> None:
-    assert reconcile.refusal_is_final(code, detail) == final
+    assert lifecycle.refusal_is_final(code, detail) == final
 
 
 def test_a_pod_security_refusal_fails_the_run_naming_the_volume() -> None:
@@ -1403,7 +1406,7 @@ def test_a_pod_security_refusal_fails_the_run_naming_the_volume() -> None:
     backoff until its deadline), with the refusal's text, however many quota refusals came with it."""
     body, _ = admitted(h.run())
     quota = "exceeded quota: q, requested: pods=1, used: pods=10, limited: pods=10"
-    plan = reconcile.creation_failed(
+    plan = lifecycle.creation_failed(
         body, [("pod r1-worker-1", 403, quota), ("pod r1-worker-0", 403, POD_SECURITY)], T0
     )
     assert plan.terminal

@@ -1,4 +1,4 @@
-"""Keeping a finished run's results: the pure decisions (mlbench_operator.results), one table each."""
+"""Keeping a finished run's results: the pure decisions (mlbench_operator.run.results), one table each."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from mlbench_api import bundle
-from mlbench_operator import results as r
 from mlbench_operator.podview import PodView
+from mlbench_operator.run import results as r
+from mlbench_operator.settings import RESULTS_WAIT_SECONDS
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
@@ -46,7 +47,7 @@ def test_decide(status: dict[str, Any], pod: PodView | None, action: r.Action) -
     assert decision.holds_launcher is (action in (r.Action.WAIT, r.Action.COLLECT))
     if action is r.Action.WAIT:
         assert decision.retry_after is not None
-        assert 0 < decision.retry_after <= r.WAIT_SECONDS + 1
+        assert 0 < decision.retry_after <= RESULTS_WAIT_SECONDS + 1
     assert decision.spares_worker0 is (action is r.Action.WAIT)
     if action is r.Action.GIVE_UP:
         assert "no results were kept" in decision.message or "nothing to keep" in decision.message
@@ -138,7 +139,7 @@ def test_status_records_size_and_truncation() -> None:
 
 
 def test_log_tail_for_an_event_drops_the_results_line_and_escapes() -> None:
-    from mlbench_operator.results import log_tail
+    from mlbench_operator.run.results import log_tail
 
     lines = [f"line {i}" for i in range(100)]
     line = bundle.results_line(bundle.Bundle({bundle.SUMMARY: b"{}" * 3000}))

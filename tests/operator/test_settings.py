@@ -13,9 +13,10 @@ from typing import Any
 import kopf
 import pytest
 
-from mlbench_operator import naming as n
+from mlbench_api import contract
+from mlbench_operator.env import SettingsError
 from mlbench_operator.policy import AdmissionPolicy
-from mlbench_operator.settings import DatasetSettings, OperatorConfig, SettingsError
+from mlbench_operator.settings import DatasetSettings, OperatorConfig
 
 #: Every variable OperatorConfig reads (plus POD_NAMESPACE): cleared so the developer's shell does not leak in.
 VARIABLES = (
@@ -56,8 +57,8 @@ def test_defaults_are_an_empty_environment() -> None:
     assert config == OperatorConfig()
     assert config.datasets == DatasetSettings()
     assert config.policy == AdmissionPolicy()
-    assert config.runner_uid == n.RUNNER_UID
-    assert config.metrics_linger_seconds == n.METRICS_LINGER_SECONDS
+    assert config.runner_uid == contract.RUNNER_UID
+    assert config.metrics_linger_seconds == contract.METRICS_LINGER_SECONDS
     assert (config.metrics_port, config.run_selector) == (8080, "")
     assert (config.resync_seconds, config.debounce_seconds) == (300.0, 0.3)
     assert config.scraper_namespaces == ("mlbench-system", "monitoring")
@@ -189,7 +190,7 @@ def test_main_flags_win_over_the_environment(no_kopf: dict[str, Any], clean_env:
 
 # -- the startup handler: uses the memo's config, or parses the environment (kopf run without main.py) --------
 class _SyncedWatch:
-    """Stands in for handlers.PodWatch: no thread, no API; listed at once."""
+    """Stands in for podwatch.PodWatch (as handlers.configure sees it): no thread, no API; listed at once."""
 
     started: list[str | None] = []
 
@@ -272,7 +273,7 @@ def test_startup_without_main_parses_the_environment(clean_env: pytest.MonkeyPat
     clean_env.setenv("MLBENCH_RESYNC_SECONDS", "42")
     memo = kopf.Memo(kube=object())
     settings = _configure(memo, clean_env)
-    from mlbench_operator.handlers import config_of
+    from mlbench_operator.runtime import config_of
 
     assert config_of(memo) is memo.config
     assert (memo.config.run_selector, memo.config.resync_seconds) == ("from=env", 42.0)
@@ -286,7 +287,7 @@ def test_startup_without_main_stops_on_a_bad_setting(clean_env: pytest.MonkeyPat
 
 
 def test_handlers_without_a_configured_memo_use_the_defaults() -> None:
-    from mlbench_operator.handlers import DEFAULT_CONFIG, config_of
+    from mlbench_operator.runtime import DEFAULT_CONFIG, config_of
 
     assert config_of(None) is DEFAULT_CONFIG
     assert config_of(kopf.Memo()) is DEFAULT_CONFIG

@@ -13,9 +13,11 @@ import pytest
 
 from mlbench_api.sweep import LABEL_SWEEP
 from mlbench_operator import conditions as c
-from mlbench_operator import sweep_handlers, sweeps
+from mlbench_operator import runtime
 from mlbench_operator.kube import ApiError
-from mlbench_operator.sweeps import Observed, Problem, SweepReason
+from mlbench_operator.sweep import handlers as sweep_handlers
+from mlbench_operator.sweep import plan as sweep_plan
+from mlbench_operator.sweep.plan import Observed, Problem, SweepReason
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "uid-sweep"
@@ -117,7 +119,7 @@ CREATE_TABLE = {
 @pytest.mark.parametrize("case", CREATE_TABLE.values(), ids=CREATE_TABLE.keys())
 def test_what_is_created(case: Create) -> None:
     body = sweep(case.max_concurrent, case.policy, recorded(**case.previous))
-    decision = sweeps.decide(body, observed(**case.exists), T0)
+    decision = sweep_plan.decide(body, observed(**case.exists), T0)
     assert [r.name for r in decision.create] == case.create
     assert counts(decision.status) == case.counts
     assert [e["name"] for e in decision.status["runs"]] == ALL
@@ -156,7 +158,7 @@ KSTATUS_TABLE = {
 
 @pytest.mark.parametrize("case", KSTATUS_TABLE.values(), ids=KSTATUS_TABLE.keys())
 def test_kstatus_conditions(case: Kstatus) -> None:
-    decision = sweeps.decide(sweep(2, case.policy), observed(**case.exists), T0)
+    decision = sweep_plan.decide(sweep(2, case.policy), observed(**case.exists), T0)
     status = decision.status
     assert decision.finished is case.finished
     assert tuple(cond(status, t)[0] for t in (c.READY, c.RECONCILING, c.STALLED)) == case.conditions
@@ -172,7 +174,7 @@ def test_kstatus_conditions(case: Kstatus) -> None:
 
 def test_status_fields_and_phases() -> None:
     body = sweep(2)
-    decision = sweeps.decide(body, observed(w1s1="Running"), T0)
+    decision = sweep_plan.decide(body, observed(w1s1="Running"), T0)
     status = decision.status
     assert status["runs"] == [
         {"name": W1S1, "phase": "Running"},
@@ -185,35 +187,35 @@ def test_status_fields_and_phases() -> None:
     assert status["message"] == "0/4 runs finished (0 succeeded, 0 failed), 2 running, 2 not created yet"
     # the next pass, later: startTime and the conditions' lastTransitionTime stay
     body["status"] = status
-    later = sweeps.decide(body, observed(w1s1="Running", w1s2="Pending"), T0 + timedelta(minutes=5))
+    later = sweep_plan.decide(body, observed(w1s1="Running", w1s2="Pending"), T0 + timedelta(minutes=5))
     assert later.status["startTime"] == status["startTime"]
     assert later.status["conditions"] == status["conditions"]
-    assert sweeps.status_patch(status, later.status) == {}
+    assert runtime.status_patch(status, later.status) == {}
     assert later.events == []
 
 
 def test_events_on_creation_failure_and_completion() -> None:
-    decision = sweeps.decide(sweep(2), {}, T0)
+    decision = sweep_plan.decide(sweep(2), {}, T0)
     assert decision.events == []
     assert decision.created_events == {
         W1S1: ("Normal", "RunCreated", f"created run {W1S1} (1 of 4)"),
         W1S2: ("Normal", "RunCreated", f"created run {W1S2} (2 of 4)"),
     }
     body = sweep(2, status=decision.status)
-    failed = sweeps.decide(body, observed(w1s1="Failed", w1s2="Running"), T0)
+    failed = sweep_plan.decide(body, observed(w1s1="Failed", w1s2="Running"), T0)
     assert ("Warning", "RunFailed", f"run {W1S1} failed") in failed.events
     body["status"] = failed.status
-    again = sweeps.decide(body, observed(w1s1="Failed", w1s2="Running", w2s1="Pending"), T0)
+    again = sweep_plan.decide(body, observed(w1s1="Failed", w1s2="Running", w2s1="Pending"), T0)
     assert not [e for e in again.events if e[1] == "RunFailed"]  # once per failure
-    done = sweeps.decide(body, observed(w1s1="Failed", w1s2="Succeeded", w2s1="Succeeded", w2s2="Succeeded"), T0)
+    done = sweep_plan.decide(body, observed(w1s1="Failed", w1s2="Succeeded", w2s1="Succeeded", w2s2="Succeeded"), T0)
     assert done.events[-1][:2] == ("Warning", "Completed")  # completed with a failure
 
 
 def test_a_finished_sweep_stays_finished() -> None:
     body = sweep(2)
-    body["status"] = {**sweeps.decide(body, {}, T0).status, "completionTime": "2026-01-01T13:00:00Z"}
+    body["status"] = {**sweep_plan.decide(body, {}, T0).status, "completionTime": "2026-01-01T13:00:00Z"}
     body["metadata"]["generation"] = 2
-    decision = sweeps.decide(body, {}, T0)  # every run gone: none is created again
+    decision = sweep_plan.decide(body, {}, T0)  # every run gone: none is created again
     assert decision.finished
     assert decision.create == []
     assert decision.status["observedGeneration"] == 2
@@ -222,7 +224,7 @@ def test_a_finished_sweep_stays_finished() -> None:
 
 def test_an_invalid_spec_stalls_and_creates_nothing() -> None:
     body = sweep(2, matrix={"backends": ["gloo", "nccl"]})  # what the CRD's CEL rules would refuse
-    decision = sweeps.decide(body, {}, T0)
+    decision = sweep_plan.decide(body, {}, T0)
     assert decision.create == []
     assert decision.stalled
     assert not decision.finished
@@ -231,13 +233,13 @@ def test_an_invalid_spec_stalls_and_creates_nothing() -> None:
     assert "spec.matrix.backends" in decision.status["message"]
     assert [e[1] for e in decision.events] == ["InvalidSpec"]
     body["status"] = decision.status
-    assert sweeps.decide(body, {}, T0).events == []  # said once
+    assert sweep_plan.decide(body, {}, T0).events == []  # said once
 
 
 @pytest.mark.parametrize("reason", [SweepReason.NAME_CONFLICT, SweepReason.CREATE_FAILED])
 def test_problems_stall_the_sweep_without_further_creates(reason: SweepReason) -> None:
     problems = {W1S1: Problem(reason, "the reason")}
-    decision = sweeps.decide(sweep(2), observed(w1s2=None), T0, problems)
+    decision = sweep_plan.decide(sweep(2), observed(w1s2=None), T0, problems)
     assert decision.create == []
     assert decision.stalled
     assert cond(decision.status, c.STALLED) == ("True", reason)
@@ -246,7 +248,7 @@ def test_problems_stall_the_sweep_without_further_creates(reason: SweepReason) -
     assert counts(decision.status) == (4, 3, 1, 0, 0)
     assert [e[1] for e in decision.events] == [reason.value]
     body = sweep(2, status=decision.status)
-    assert sweeps.decide(body, observed(w1s2="Running"), T0, problems).events == []  # not repeated
+    assert sweep_plan.decide(body, observed(w1s2="Running"), T0, problems).events == []  # not repeated
 
 
 def test_observe_keeps_only_the_runs_this_sweep_controls() -> None:
@@ -256,7 +258,7 @@ def test_observe_keeps_only_the_runs_this_sweep_controls() -> None:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return {"metadata": meta, **({"status": {"phase": phase}} if phase else {})}
 
-    got = sweeps.observe(
+    got = sweep_plan.observe(
         [run(W1S1, UID, "Running"), run(W1S2, "other"), run(W2S1, UID, deleting=True)],
         UID,
     )
@@ -290,13 +292,13 @@ def test_a_ttl_deletes_a_sweeps_run_only_once_the_sweep_recorded_its_end(
     the_sweep: dict[str, Any] | None, run: dict[str, Any], deletable: bool
 ) -> None:
     """Else the sweep would see an unfinished run disappear and create it again."""
-    assert sweeps.outcome_recorded(the_sweep, run) is deletable
+    assert sweep_plan.outcome_recorded(the_sweep, run) is deletable
 
 
 def test_run_objects_are_owned_by_the_sweep_and_carry_its_labels() -> None:
     body = sweep(2)
-    (first, *_) = sweeps.decide(body, {}, T0).create
-    obj = sweeps.run_object(body, first)
+    (first, *_) = sweep_plan.decide(body, {}, T0).create
+    obj = sweep_plan.run_object(body, first)
     assert obj["metadata"]["namespace"] == "ns"
     assert obj["metadata"]["ownerReferences"] == [
         {
@@ -349,11 +351,11 @@ class FakeKube:
 
 
 def _reconciler(body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from mlbench_operator import handlers, sweep_handlers
+    from mlbench_operator.sweep import handlers as sweep_handlers
 
     events: list[tuple[str, str, str]] = []
     monkeypatch.setattr(sweep_handlers.SweepReconciler, "event", lambda self, *e: events.append(e))
-    rec = sweep_handlers.SweepReconciler(body, kube, handlers.DEFAULT_CONFIG)  # type: ignore[arg-type]
+    rec = sweep_handlers.SweepReconciler(body, kube, runtime.DEFAULT_CONFIG)  # type: ignore[arg-type]
     setattr(rec, "events", events)  # noqa: B010 - a test-only attribute
     return rec
 
@@ -386,7 +388,7 @@ def test_the_reconciler_creates_owned_runs_and_writes_the_status(monkeypatch: py
 def test_a_409_on_our_own_run_is_fine_and_on_anothers_a_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
     kube, body = FakeKube(), sweep(2)
     # ours from an interrupted pass, without the label the list selects by: found by the GET after the 409
-    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    mine = sweep_plan.run_object(body, sweep_plan.decide(body, {}, T0).create[0])
     del mine["metadata"]["labels"][LABEL_SWEEP]
     kube.runs[W1S1] = {**mine, "status": {"phase": "Running"}}
     kube.runs[W1S2] = {"metadata": {"name": W1S2, "labels": {}}, "spec": {}}  # someone else's
@@ -445,7 +447,7 @@ def test_our_run_without_the_label_is_seen_in_its_phase_and_the_sweep_goes_on(mo
     the 409, the read finds it ours and Succeeded. That phase is recorded and the next run created; the sweep
     froze with it Pending for ever when nothing else conflicted."""
     kube, body = FakeKube(), sweep(1)
-    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    mine = sweep_plan.run_object(body, sweep_plan.decide(body, {}, T0).create[0])
     del mine["metadata"]["labels"][LABEL_SWEEP]
     kube.runs[W1S1] = {**mine, "status": {"phase": "Succeeded"}}
     rec = _reconciler(body, kube, monkeypatch)
@@ -480,26 +482,28 @@ def test_a_recovered_status_keeps_the_outcomes_we_wrote(
 ) -> None:
     """After a failed pass, a finished run's outcome must survive: its TTL (reading the sweep fresh) may delete it,
     and without the outcome the sweep would create it again."""
-    assert sweeps.recovered_status(ours, live)["runs"] == runs
+    assert sweep_plan.recovered_status(ours, live)["runs"] == runs
 
 
 @pytest.mark.parametrize(
     ("run", "name"),
     [
         pytest.param(_owned(W1S1), None, id="a controller that is no sweep"),
-        pytest.param(sweeps.run_object(sweep(), sweeps.decide(sweep(), {}, T0).create[0]), "s", id="the sweep's run"),
+        pytest.param(
+            sweep_plan.run_object(sweep(), sweep_plan.decide(sweep(), {}, T0).create[0]), "s", id="the sweep's run"
+        ),
         pytest.param({"metadata": {"name": W1S1, "labels": {LABEL_SWEEP: "s"}}}, None, id="a label only"),
     ],
 )
 def test_a_runs_sweep_is_its_controller_not_its_label(run: dict[str, Any], name: str | None) -> None:
-    assert sweeps.sweep_of(run) == name
+    assert sweep_plan.sweep_of(run) == name
 
 
 def test_a_run_failed_under_stop_outweighs_a_create_refused_in_the_same_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """One pass learns both (the failed run was ours, found by the 409's read): the sweep has stopped for good, so
     its final status says why it stopped, not the refusal, and Reconciling ends (kubectl wait returns)."""
     kube, body = FakeKube(), sweep(2, policy="Stop")
-    mine = sweeps.run_object(body, sweeps.decide(body, {}, T0).create[0])
+    mine = sweep_plan.run_object(body, sweep_plan.decide(body, {}, T0).create[0])
     del mine["metadata"]["labels"][LABEL_SWEEP]
     kube.runs[W1S1] = {**mine, "status": {"phase": "Failed"}}
     kube.refuse[W1S2] = ApiError(403, "POST", "/benchmarkruns", '{"message": "exceeded quota"}')

@@ -18,11 +18,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from mlbench_api.run import BenchmarkRunStatus, Phase
-from mlbench_operator import builders, reconcile
+from mlbench_operator import builders, runtime
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import DatasetReason, Reason
 from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
+from mlbench_operator.run import admission, lifecycle, policies
+from mlbench_operator.run import status as run_status
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import T0, admitted, cond, pod, step, terminated, workers
 
@@ -47,12 +49,12 @@ def _no_nulls(data: Any) -> bool:
 def _lifecycle() -> list[dict[str, Any]]:
     """The statuses of a run from admission to success, each finalized as it is written."""
     body, ctx = admitted(h.run())
-    out = [reconcile.finalize(body["status"], T0)]
+    out = [run_status.finalize(body["status"], T0)]
     launcher = pod(builders.launcher_pod(ctx, 0))
     done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
     for pods in ([], workers(ctx, ready=False), workers(ctx), [*workers(ctx), launcher], [*workers(ctx), done]):
         body, plan = step(body, ctx, pods)
-        out.append(reconcile.finalize(plan.status, T0))
+        out.append(run_status.finalize(plan.status, T0))
         body = {**body, "status": out[-1]}
     assert out[-1]["phase"] == "Succeeded"
     return out
@@ -74,7 +76,7 @@ def test_the_wire_form_is_camel_case_rfc3339_plain_strings_and_no_nulls() -> Non
 
 def test_a_status_round_trips_through_the_typed_model_unchanged() -> None:
     for status in _lifecycle():
-        again = reconcile.StoredStatus.parse(status)
+        again = run_status.StoredStatus.parse(status)
         assert again.unparsed == {}
         assert again.model.to_api() == status
 
@@ -86,7 +88,7 @@ def test_an_untouched_field_is_written_exactly_as_stored() -> None:
     body["status"]["startTime"] = "2026-01-01T12:00:00.000+00:00"
     _, plan = step(body, ctx, [])
     assert plan.status["startTime"] == "2026-01-01T12:00:00.000+00:00"
-    assert "startTime" not in reconcile.status_patch(body["status"], reconcile.finalize(plan.status, T0))
+    assert "startTime" not in runtime.status_patch(body["status"], run_status.finalize(plan.status, T0))
 
 
 def test_a_cleared_field_is_sent_as_null_to_delete_it() -> None:
@@ -96,7 +98,7 @@ def test_a_cleared_field_is_sent_as_null_to_delete_it() -> None:
     del body["metadata"]["generation"]
     _, plan = step(body, ctx, [])
     assert plan.status["observedGeneration"] is None
-    assert reconcile.status_patch(body["status"], reconcile.finalize(plan.status, T0))["observedGeneration"] is None
+    assert runtime.status_patch(body["status"], run_status.finalize(plan.status, T0))["observedGeneration"] is None
     del body["status"]["observedGeneration"]
     _, plan = step(body, ctx, [])
     assert "observedGeneration" not in plan.status
@@ -119,7 +121,7 @@ def _legacy(body: dict[str, Any]) -> dict[str, Any]:
 def test_a_stored_status_that_does_not_validate_is_parsed_as_far_as_it_does() -> None:
     body, _ = admitted(h.run())
     with capture_logs() as logged:
-        stored = reconcile.StoredStatus.parse(_legacy(body)["status"])
+        stored = run_status.StoredStatus.parse(_legacy(body)["status"])
     assert set(stored.unparsed) == {"restarts", "legacyField", "results"}
     assert [x["type"] for x in stored.unparsed_conditions] == ["Custom"]
     assert stored.model.phase is Phase.PENDING  # the rest is typed
@@ -140,9 +142,9 @@ def test_a_bad_stored_value_is_logged_once_per_run_not_on_every_pass() -> None:
     legacy = _legacy(body)
     legacy["metadata"] = {**legacy["metadata"], "uid": f"uid-{uuid.uuid4()}"}
     with capture_logs() as first:
-        reconcile.plan(legacy, ctx, [], T0)
+        policies.plan(legacy, ctx, [], T0)
     with capture_logs() as again:
-        reconcile.plan(legacy, ctx, [], T0 + timedelta(seconds=5))
+        policies.plan(legacy, ctx, [], T0 + timedelta(seconds=5))
     unparsed = {"status_field_unparsed", "status_condition_unparsed"}
     reported = sorted((e["event"], e.get("field") or e.get("type")) for e in first if e["event"] in unparsed)
     assert reported == [
@@ -154,16 +156,16 @@ def test_a_bad_stored_value_is_logged_once_per_run_not_on_every_pass() -> None:
     assert not [e for e in again if e["event"] in unparsed], "the next pass is quiet"
     changed = {**legacy, "status": {**legacy["status"], "legacyField": {"anything": False}}}
     with capture_logs() as after_change:
-        reconcile.plan(changed, ctx, [], T0 + timedelta(seconds=10))
+        policies.plan(changed, ctx, [], T0 + timedelta(seconds=10))
     assert [e.get("field") for e in after_change if e["event"] in unparsed] == ["legacyField"], "a new value is news"
     other_run = {**legacy, "metadata": {**legacy["metadata"], "uid": f"uid-{uuid.uuid4()}"}}
     with capture_logs() as other:
-        reconcile.plan(other_run, ctx, [], T0)
+        policies.plan(other_run, ctx, [], T0)
     assert len([e for e in other if e["event"] in unparsed]) == 4, "another run's status is its own"
 
 
 def test_reported_once_forgets_the_oldest_beyond_its_bound() -> None:
-    seen = reconcile.ReportedOnce(size=2)
+    seen = run_status.ReportedOnce(size=2)
     assert [seen.first("r", "a", 1), seen.first("r", "a", 1), seen.first("r", "b", 1)] == [True, False, True]
     assert seen.first("r", "c", {"x": [1]})  # the third entry pushes out ("r", "a", 1)
     assert seen.first("r", "a", 1)
@@ -183,30 +185,30 @@ def test_reconciliation_goes_on_and_keeps_what_it_does_not_set() -> None:
     custom = [x for x in status["conditions"] if x["type"] == "Custom"]
     assert custom == [legacy["status"]["conditions"][-1]]  # kept, in the order of condition types
     assert [x["type"] for x in status["conditions"]][-1] == "Custom"
-    finalized = reconcile.finalize(status, T0)
+    finalized = run_status.finalize(status, T0)
     assert finalized["legacyField"] == {"anything": True}
     assert {"Ready", "Reconciling", "Stalled", "Custom"} <= {x["type"] for x in finalized["conditions"]}
     # nothing of it is re-sent: the patch holds only what the pass decided
-    assert not {"legacyField", "results"} & set(reconcile.status_patch(legacy["status"], finalized))
+    assert not {"legacyField", "results"} & set(runtime.status_patch(legacy["status"], finalized))
 
 
 @pytest.mark.parametrize(
     "function",
     [
-        lambda body, ctx: reconcile.failed_status(body, Reason.INVALID_CONFIG, "x", T0),
-        lambda body, ctx: reconcile.cleaned_up_status(body, [], T0),
-        lambda body, ctx: reconcile.creation_failed(body, [("pod r1-worker-0", 403, "quota")], T0).status,
-        lambda body, ctx: reconcile.object_conflict(body, "Service", "r1", "x", T0).status,
+        lambda body, ctx: run_status.failed_status(body, Reason.INVALID_CONFIG, "x", T0),
+        lambda body, ctx: lifecycle.cleaned_up_status(body, [], T0),
+        lambda body, ctx: lifecycle.creation_failed(body, [("pod r1-worker-0", 403, "quota")], T0).status,
+        lambda body, ctx: lifecycle.object_conflict(body, "Service", "r1", "x", T0).status,
         lambda body, ctx: (
-            reconcile.dataset_plan(body, FetchState(FetchAction.WAIT, DatasetReason.FETCHING, "fetching"), T0).status
+            lifecycle.dataset_plan(body, FetchState(FetchAction.WAIT, DatasetReason.FETCHING, "fetching"), T0).status
         ),
-        lambda body, ctx: reconcile.plan(body, ctx, workers(ctx), T0).status,
+        lambda body, ctx: policies.plan(body, ctx, workers(ctx), T0).status,
     ],
     ids=["failed", "cleaned_up", "creation_failed", "object_conflict", "dataset", "plan"],
 )
 def test_every_builder_tolerates_a_legacy_status(function: Any) -> None:
     body, ctx = admitted(h.run())
-    status = reconcile.finalize(function(_legacy(body), ctx), T0)
+    status = run_status.finalize(function(_legacy(body), ctx), T0)
     assert status["legacyField"] == {"anything": True}
     assert any(x["type"] == "Custom" for x in status["conditions"])
 
@@ -235,9 +237,9 @@ def test_a_snapshot_that_does_not_validate_is_written_as_given() -> None:
     """admit() always passes a validated snapshot; another one is kept untyped (the next pass fails the run
     InvalidConfig when it cannot rebuild the configuration from it)."""
     body = h.run()
-    result = reconcile.admit(body, h.task())
-    assert not isinstance(result, reconcile.Rejection)
-    status = reconcile.admitted_status(body, result[0], {"odd": 1}, T0)
+    result = admission.admit(body, h.task())
+    assert not isinstance(result, admission.Rejection)
+    status = admission.admitted_status(body, result[0], {"odd": 1}, T0)
     assert status["taskSnapshot"] == {"odd": 1}
 
 
@@ -282,7 +284,7 @@ def test_a_pass_that_changes_nothing_plans_no_event(world: str, stalled: bool) -
     if world == "running":  # the first pass does say what changed
         want = ("Warning", "NoProgress") if stalled else ("Normal", "Running")
         assert want in [e[:2] for e in first.events]
-    body = {**body, "status": reconcile.finalize(first.status, T0)}
+    body = {**body, "status": run_status.finalize(first.status, T0)}
     if stalled:
         body["status"]["progress"] = {"step": 3, "stepChangedAt": c.timestamp(T0 - timedelta(hours=1))}
     _, again = step(body, ctx, pods, T0 + timedelta(seconds=30))
@@ -295,25 +297,25 @@ def test_the_same_refusal_or_conflict_plans_one_event() -> None:
     body, _ = admitted(h.run())
     for detail in ("exceeded quota", "quota \x1b[31mexceeded\x07"):
         failures = [("pod r1-worker-1", 403, detail)]
-        first = reconcile.creation_failed(body, failures, T0)
+        first = lifecycle.creation_failed(body, failures, T0)
         assert [e[1] for e in first.events] == ["CreateFailed"]
-        later = {**body, "status": reconcile.finalize(first.status, T0)}
-        assert reconcile.creation_failed(later, failures, T0 + timedelta(seconds=5)).events == []
+        later = {**body, "status": run_status.finalize(first.status, T0)}
+        assert lifecycle.creation_failed(later, failures, T0 + timedelta(seconds=5)).events == []
         other = [("pod r1-worker-1", 403, detail + " again")]
-        assert [e[1] for e in reconcile.creation_failed(later, other, T0).events] == ["CreateFailed"]
-    first = reconcile.object_conflict(body, "Service", "r1", "x", T0)
+        assert [e[1] for e in lifecycle.creation_failed(later, other, T0).events] == ["CreateFailed"]
+    first = lifecycle.object_conflict(body, "Service", "r1", "x", T0)
     assert [e[1] for e in first.events] == ["NameConflict"]
-    later = {**body, "status": reconcile.finalize(first.status, T0)}
-    assert reconcile.object_conflict(later, "Service", "r1", "x", T0).events == []
+    later = {**body, "status": run_status.finalize(first.status, T0)}
+    assert lifecycle.object_conflict(later, "Service", "r1", "x", T0).events == []
 
 
 def test_a_dataset_event_only_when_its_condition_changes() -> None:
     body, _ = admitted(h.run())
     fetching = FetchState(FetchAction.WAIT, DatasetReason.FETCHING, "fetching (attempt 1)")
-    first = reconcile.dataset_plan(body, fetching, T0)
+    first = lifecycle.dataset_plan(body, fetching, T0)
     assert [e[1] for e in first.events] == ["Fetching"]
-    body = {**body, "status": reconcile.finalize(first.status, T0)}
+    body = {**body, "status": run_status.finalize(first.status, T0)}
     retry = dataclasses.replace(fetching, message="fetching (attempt 2)")  # a new message, same condition
-    assert reconcile.dataset_plan(body, retry, T0).events == []
+    assert lifecycle.dataset_plan(body, retry, T0).events == []
     done = FetchState(FetchAction.READY, DatasetReason.FETCHED, "fetched")
-    assert [e[1] for e in reconcile.dataset_plan(body, done, T0).events] == ["Fetched"]
+    assert [e[1] for e in lifecycle.dataset_plan(body, done, T0).events] == ["Fetched"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec
-from mlbench_api.config import CONFIG_ENV, effective_config
+from mlbench_api.config import effective_config
+from mlbench_api.contract import ENV_CONFIG
 from mlbench_api.results import RunSummary
 from mlbench_runner.launch import mpirun_command, rank_command
 from mlbench_runner.local import run_processes
@@ -100,7 +101,7 @@ def test_launcher_runs_a_custom_command_on_every_rank(tmp_path: Path) -> None:
 def test_local_processes_run_a_custom_command(tmp_path: Path) -> None:
     path = _custom_config(tmp_path, 2)
     config = json.loads(path.read_text())
-    env = {**os.environ, CONFIG_ENV: str(path)}
+    env = {**os.environ, ENV_CONFIG: str(path)}
     lines: list[str] = []
     code = run_processes(path, 2, env, lines.append, config["task"]["runner"]["command"])
     assert code == 0, lines

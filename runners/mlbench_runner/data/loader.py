@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlbench_api.contract import ENV_DATA_DIR
 from mlbench_api.datasets import MARKER_SUFFIX
 from mlbench_api.task import DatasetFormat, DatasetSpec
 from mlbench_runner.data import cifar, tabular
@@ -25,7 +26,7 @@ def resolve_path(path: str | None) -> Path:
     candidate = Path(path).expanduser()
     if candidate.exists():
         return candidate
-    data_dir = os.environ.get("MLBENCH_DATA_DIR")
+    data_dir = os.environ.get(ENV_DATA_DIR)
     if data_dir and (Path(data_dir) / candidate.name).exists():
         return Path(data_dir) / candidate.name
     raise FileNotFoundError(f"dataset.path: {path} does not exist (nor under $MLBENCH_DATA_DIR)")

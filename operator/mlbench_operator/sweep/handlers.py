@@ -1,15 +1,4 @@
-"""kopf glue for BenchmarkSweeps: thin handlers that feed :mod:`.sweeps` and execute its decisions.
-
-* ``reconcile_sweep`` (daemon, one per unfinished sweep; resumed on operator start) loops: list the
-  sweep's runs (by the ``mlbench.io/sweep`` label) -> :func:`.sweeps.decide` -> create the runs it
-  names (owned by the sweep) -> write the status -> sleep until woken.
-* ``sweep_run_event`` wakes a sweep when one of its runs changes (a phase moved, a run was deleted);
-  ``sweep_event`` when the sweep itself changes (e.g. spec.maxConcurrent).
-
-Registered by importing this module from :mod:`.handlers` (its last line), so ``kopf run -m
-mlbench_operator.handlers`` and ``mlbench-operator`` serve sweeps too. The run selector
-(``MLBENCH_RUN_SELECTOR`` / ``--selector``) applies to sweeps as well; a sweep's runs carry its labels.
-"""
+"""The sweep's kopf handlers: events wake its daemon, the daemon creates the planned runs and writes the status."""
 
 from __future__ import annotations
 
@@ -22,26 +11,34 @@ import kopf
 
 from mlbench_api.common import GROUP, VERSION
 from mlbench_api.sweep import LABEL_SWEEP
-from mlbench_operator import logs, sweeps
+from mlbench_operator import logs, runtime
 from mlbench_operator import metrics as m
-from mlbench_operator.handlers import Wakeups, config_of
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import controller_uid
+from mlbench_operator.runtime import Wakeups, config_of
 from mlbench_operator.settings import OperatorConfig
-
-PLURAL = "benchmarksweeps"
-RUNS = "benchmarkruns"
-#: After a refused create or a name conflict: look again this often (events also wake the sweep).
-STALLED_RETRY_SECONDS = 30.0
-#: A pass whose second plan (after a 409 showed a run of ours in its real phase) holds runs it did not create:
-#: the next pass, which creates them, comes this soon (the status counts them as created meanwhile).
-REPLAN_SECONDS = 1.0
+from mlbench_operator.sweep import plan
 
 log = logs.get_logger()
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+PLURAL = "benchmarksweeps"
+
+
+RUNS = "benchmarkruns"
+
+
+#: After a refused create or a name conflict: look again this often (events also wake the sweep).
+STALLED_RETRY_SECONDS = 30.0
+
+
+#: A pass whose second plan (after a 409 showed a run of ours in its real phase) holds runs it did not create:
+#: the next pass, which creates them, comes this soon (the status counts them as created meanwhile).
+REPLAN_SECONDS = 1.0
 
 
 def _wakeups(memo: Any) -> Wakeups:
@@ -52,21 +49,18 @@ def _wakeups(memo: Any) -> Wakeups:
     return wakeups
 
 
-@kopf.on.startup()
 async def configure_sweeps(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """After :func:`.handlers.configure` (registered before this module is imported): the selector for sweeps."""
+    """After :func:`.configure` (registered before this module is imported): the selector for sweeps."""
     selector = config_of(memo).run_selector
     if selector:
         settings.watching.label_selectors[GROUP, PLURAL] = selector
     memo.sweep_wakeups = Wakeups()
 
 
-@kopf.on.event(GROUP, VERSION, RUNS, labels={LABEL_SWEEP: kopf.PRESENT})
 async def sweep_run_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
     _wakeups(memo).wake((namespace or "", labels[LABEL_SWEEP]))
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 async def sweep_event(
     *, type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -104,8 +98,8 @@ class SweepReconciler:
 
     def recover(self) -> None:
         """After a failed pass: trust the cluster's status again (a write may have half-failed), keeping the run
-        outcomes we wrote that its copy does not show yet (:func:`.sweeps.recovered_status`)."""
-        self.status = sweeps.recovered_status(self.status, self.body.get("status") or {})
+        outcomes we wrote that its copy does not show yet (:func:`.plan.recovered_status`)."""
+        self.status = plan.recovered_status(self.status, self.body.get("status") or {})
 
     async def step(self) -> float | None:
         """One pass. Returns seconds until the next unprompted pass, or None when the sweep has finished."""
@@ -116,8 +110,8 @@ class SweepReconciler:
         view = self.view()
         uid = view["metadata"]["uid"]
         items = await self.kube.run(self.kube.list_runs, self.namespace, f"{LABEL_SWEEP}={self.name}")
-        observed = sweeps.observe(items, uid)
-        decision = sweeps.decide(view, observed, now)
+        observed = plan.observe(items, uid)
+        decision = plan.decide(view, observed, now)
         events = []
         unattempted = False  # the status plans runs this pass did not create: the next pass comes at once
         if decision.create:
@@ -127,7 +121,7 @@ class SweepReconciler:
             # the status again, for what could be done and for runs that existed already (ours, found by the
             # 409's read because the list missed them: their label was removed), with their real phase
             if problems or set(created) - set(fresh):
-                decision = sweeps.decide(view, {**observed, **created}, now, problems)
+                decision = plan.decide(view, {**observed, **created}, now, problems)
                 unattempted = any(run.name not in attempted for run in decision.create)
         await self.patch(decision.status)
         for type_, reason, message in [*events, *decision.events]:
@@ -141,35 +135,35 @@ class SweepReconciler:
         return STALLED_RETRY_SECONDS if decision.stalled else self.config.resync_seconds
 
     async def create(
-        self, view: dict[str, Any], decision: sweeps.Decision
-    ) -> tuple[dict[str, sweeps.Problem], dict[str, sweeps.Observed], list[str]]:
+        self, view: dict[str, Any], decision: plan.Decision
+    ) -> tuple[dict[str, plan.Problem], dict[str, plan.Observed], list[str]]:
         """Create the decided runs in parallel; (runs that could not be, runs that now exist, runs created now).
         A 409 is fine when the existing run is this sweep's; another error than 403/422 raises (retried with
         back-off)."""
-        objs = [sweeps.run_object(view, run) for run in decision.create]
+        objs = [plan.run_object(view, run) for run in decision.create]
         outcomes = await asyncio.gather(
             *(self.kube.run(self.kube.create_run, obj) for obj in objs), return_exceptions=True
         )
-        problems: dict[str, sweeps.Problem] = {}
-        created: dict[str, sweeps.Observed] = {}
+        problems: dict[str, plan.Problem] = {}
+        created: dict[str, plan.Observed] = {}
         errors: list[BaseException] = []
         fresh: list[str] = []
         for obj, outcome in zip(objs, outcomes, strict=True):
             name = obj["metadata"]["name"]
             if outcome is True:
-                created[name] = sweeps.Observed(name)
+                created[name] = plan.Observed(name)
                 fresh.append(name)
                 self.log.info("sweep_run_created", run=name)
             elif outcome is False:  # 409: ours from an interrupted pass, or someone else's
                 existing = await self.kube.run(self.kube.get_run, self.namespace, name)
                 if existing is not None and controller_uid(existing) == view["metadata"]["uid"]:
-                    created.update(sweeps.observe([existing], view["metadata"]["uid"]))
+                    created.update(plan.observe([existing], view["metadata"]["uid"]))
                 else:
                     why = "a BenchmarkRun of that name exists and is not this sweep's (delete or rename it)"
-                    problems[name] = sweeps.Problem(sweeps.SweepReason.NAME_CONFLICT, why)
+                    problems[name] = plan.Problem(plan.SweepReason.NAME_CONFLICT, why)
             elif isinstance(outcome, ApiError) and outcome.status in (403, 422):
                 why = f"HTTP {outcome.status}: {outcome.detail}"
-                problems[name] = sweeps.Problem(sweeps.SweepReason.CREATE_FAILED, why)
+                problems[name] = plan.Problem(plan.SweepReason.CREATE_FAILED, why)
             elif isinstance(outcome, BaseException):
                 errors.append(outcome)
         if errors:
@@ -177,10 +171,8 @@ class SweepReconciler:
         return problems, created, fresh
 
     async def patch(self, new: dict[str, Any]) -> None:
-        changes = sweeps.status_patch(self.status, new)
-        if not changes:
-            return
-        await self.kube.run(self.kube.patch_sweep_status, self.namespace, self.name, changes)
+        changes = runtime.status_patch(self.status, new)
+        await runtime.write_status(self.kube, self.kube.patch_sweep_status, self.namespace, self.name, changes)
         self.status = {**self.status, **changes}
 
 
@@ -188,32 +180,30 @@ def _unfinished(status: kopf.Status, **_: Any) -> bool:
     return not status.get("completionTime")
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, when=_unfinished, cancellation_backoff=5, cancellation_timeout=5)
 async def reconcile_sweep(
     *, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     """The sweep's loop; event-driven (woken by its runs' and its own events), resumed after operator restarts."""
-    key = (namespace or "", name)
-    wakeups = _wakeups(memo)
-    wake = wakeups.register(key)
     config = config_of(memo)
     rec = SweepReconciler(body, memo.kube, config)
-    failures = 0
-    try:
-        while True:
-            wake.clear()
-            try:
-                delay = await rec.step()
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # any error: record, back off, retry from the cluster's state
-                failures += 1
-                m.RECONCILE_ERRORS.labels(m.SWEEP_KIND, type(err).__name__).inc()
-                rec.log.warning("sweep_reconcile_error", error=str(err), failures=failures)
-                delay = getattr(err, "delay", None) or min(2.0**failures, 60.0)
-                rec.recover()
-            if delay is None or stopped or await Wakeups.sleep(wake, stopped, delay, config.debounce_seconds):
-                return
-    finally:
-        wakeups.unregister(key, wake)
+    await runtime.daemon(
+        _wakeups(memo),
+        (namespace or "", name),
+        stopped,
+        kind=m.SWEEP_KIND,
+        step=rec.step,
+        recover=rec.recover,
+        log=rec.log,
+        debounce=config.debounce_seconds,
+        done_when_idle=True,
+    )
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """The sweep's handlers on ``registry``, after the run's (its startup reads the configured memo)."""
+    kopf.on.startup(registry=registry)(configure_sweeps)
+    kopf.on.event(GROUP, VERSION, RUNS, labels={LABEL_SWEEP: kopf.PRESENT}, registry=registry)(sweep_run_event)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(sweep_event)
+    kopf.daemon(
+        GROUP, VERSION, PLURAL, when=_unfinished, cancellation_backoff=5, cancellation_timeout=5, registry=registry
+    )(reconcile_sweep)

@@ -1,6 +1,6 @@
 """BenchmarkSweeps, pure: from (the sweep, its runs that exist, now) to the runs to create next and its status.
 
-No I/O here; :mod:`.sweep_handlers` lists the sweep's runs, calls :func:`decide`, creates what it
+No I/O here; :mod:`.handlers` lists the sweep's runs, calls :func:`decide`, creates what it
 says and writes the status.
 
 * The expansion is ``mlbench_api.sweep.expand``: the runs, their names and labels, in order.
@@ -26,13 +26,12 @@ from pydantic import ValidationError
 
 from mlbench_api.common import API_VERSION
 from mlbench_api.errors import format_errors
-from mlbench_api.run import Phase
+from mlbench_api.run import TERMINAL, Phase
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand
 from mlbench_operator import conditions as c
 from mlbench_operator.podview import controller_uid
 
 #: The phases a run never leaves.
-TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 #: The condition types of a sweep (kstatus: what Flux, Argo CD and ``kubectl wait`` read).
 TYPES = (c.READY, c.RECONCILING, c.STALLED)
 
@@ -330,8 +329,3 @@ def decide(
         finished=finished,
         stalled=bool(problems) and not stopped,
     )
-
-
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level status keys that changed (a JSON merge patch for the status subresource)."""
-    return {k: v for k, v in new.items() if old.get(k) != v}

@@ -21,23 +21,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api import bundle
-from mlbench_api.run import NetworkConditions
+from mlbench_api.run import TERMINAL, NetworkConditions
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
-from mlbench_operator.reconcile import TERMINAL
-
-#: How long after the run ended a launcher that is still running may take to print its results (a
-#: failed worker makes mpirun abort within seconds; reading worker 0 takes up to 2 x 15 s, more under a
-#: spec.network delay: :func:`wait_for`), and how
-#: long a log that cannot be read (kubelet restarting) is retried. The launcher and worker 0 are kept
-#: that long at most, even under cleanPodPolicy All.
-WAIT_SECONDS = 60.0
+from mlbench_operator.settings import RESULTS_WAIT_SECONDS
 
 
 def wait_for(base: float, network: Mapping[str, Any] | None) -> float:
-    """How long a run's launcher may take to print its results: ``base`` (:data:`WAIT_SECONDS` unless
+    """How long a run's launcher may take to print its results: ``base`` (:data:`RESULTS_WAIT_SECONDS` unless
     configured), plus, under ``spec.network``, what its delay adds to each of the launcher's two ssh reads of
     rank 0's files (:meth:`NetworkConditions.ssh_handshake_delay`): 5 s of latency adds 80 s, which the fixed
     wait would have cut short, deleting the launcher while it still read a failed run's events."""
@@ -96,8 +89,10 @@ def recorded(status: Mapping[str, Any]) -> bool:
     return bool(ref.get("configMap") or ref.get("message"))
 
 
-def decide(status: Mapping[str, Any], pod: PodView | None, now: datetime, wait: float = WAIT_SECONDS) -> Decision:
-    """What to do about a run's results in this pass (``wait``: :data:`WAIT_SECONDS`, a setting)."""
+def decide(
+    status: Mapping[str, Any], pod: PodView | None, now: datetime, wait: float = RESULTS_WAIT_SECONDS
+) -> Decision:
+    """What to do about a run's results in this pass (``wait``: :data:`RESULTS_WAIT_SECONDS`, a setting)."""
     if recorded(status) or status.get("phase") not in TERMINAL:
         return Decision(Action.NONE)
     if pod is None:
@@ -131,7 +126,7 @@ def after_error(
     now: datetime,
     *,
     doing: str = READING_LOG,
-    wait: float = WAIT_SECONDS,
+    wait: float = RESULTS_WAIT_SECONDS,
 ) -> Decision:
     """Reading the launcher's log (or keeping its files: ``doing``) failed: retry for ``wait`` seconds
     from the *first* failure (``status.results.failingSince``; none yet: this one), unless the log is gone.
@@ -193,7 +188,7 @@ def refused_write(changes: Mapping[str, Any], detail: str, now: datetime) -> dic
 
     The run's outcome is stored already and stands: a refused recount or message after it is dropped,
     never turned into Failed/InvalidResult (that is for a refused *final* write, see
-    :func:`mlbench_operator.reconcile.unstorable_status`). A refused ``status.results`` becomes a short
+    :func:`mlbench_operator.run.status.unstorable_status`). A refused ``status.results`` becomes a short
     message saying so, which ends the collection: it is not retried with the same refused value.
     """
     if "results" not in changes:

@@ -1,0 +1,1 @@
+"""The BenchmarkRun wing: admission, status, policies, lifecycle, outcome, results, executor, handlers."""

@@ -1,0 +1,1 @@
+"""The BenchmarkSweep wing: the plan (pure) and the handlers."""

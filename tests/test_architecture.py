@@ -1,0 +1,239 @@
+"""The house's rules, read from the code (docs/architecture.md): each check is a pure function of the sources,
+and each is shown to fail on a small made-up house before it is held against the real one.
+
+* The operator has no import circle, and imports nothing inside a function (an import there hid the circles
+  of ``settings.py`` once; ruff's PLC0415 says the same for operator/).
+* The floor of the operator (the modules directly in ``mlbench_operator``, but the two that assemble it:
+  ``handlers.py`` and ``main.py``) imports no wing (``mlbench_operator.run``, ``mlbench_operator.sweep``).
+* The pod contract (``mlbench_api.contract``: environment names, paths, ports, condition types and reasons)
+  is stated once: no other module of the API, the operator or the runner holds one of its values as a string
+  literal of its own (``"MLBENCH_SSH_PORT"``, ``"/etc/mlbench/hostfile"``, ``"InvalidTask"``...).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+from mlbench_api import contract
+from mlbench_api.datasets import FetchReason
+
+ROOT = Path(__file__).resolve().parent.parent
+OPERATOR = ROOT / "operator"
+#: Where the contract's users live (each a folder of packages), and the contract's own file.
+CONTRACT_USERS = (ROOT / "crds", ROOT / "operator", ROOT / "runners")
+CONTRACT_FILE = ROOT / "crds" / "mlbench_api" / "contract.py"
+PACKAGE = "mlbench_operator"
+#: The modules that assemble the operator from its floor and its wings.
+ASSEMBLY = {f"{PACKAGE}.handlers", f"{PACKAGE}.main"}
+WINGS = (f"{PACKAGE}.run", f"{PACKAGE}.sweep")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources(root: Path, package: str = PACKAGE) -> dict[str, str]:
+    """Module name -> source, for every module of ``package`` under ``root``."""
+    return {module_name(p, root): p.read_text() for p in sorted((root / package).rglob("*.py"))}
+
+
+def _package_of(module: str, modules: Mapping[str, str]) -> str:
+    return module if f"{module}.__init__" in modules or any(m.startswith(f"{module}.") for m in modules) else ""
+
+
+def imports(module: str, source: str, modules: Mapping[str, str]) -> set[str]:
+    """The modules of ``modules`` that ``module`` imports (``from pkg import mod`` names the module ``pkg.mod``;
+    a package's ``__init__`` only hands names on and is not counted)."""
+    found: set[str] = set()
+    package = module if _package_of(module, modules) else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found |= {f"{base}.{a.name}" for a in node.names} | {base}
+    return {m for m in found if m in modules and m != module and not _package_of(m, modules)}
+
+
+def graph(modules: Mapping[str, str]) -> dict[str, set[str]]:
+    return {m: imports(m, src, modules) for m, src in modules.items()}
+
+
+def circles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import circles: strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def late_imports(source: str) -> list[int]:
+    """Lines of imports that are not at a module's top level (inside a function, a class, or an ``if``,
+    ``TYPE_CHECKING`` too: each hides an arrow from whoever reads the top of the file)."""
+    tree = ast.parse(source)
+    top = {id(n) for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)}
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in top)
+
+
+def floor_to_wing(edges: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
+    """Arrows from the floor (a module directly in the package, not an assembling one) to a wing."""
+    return sorted(
+        (a, b)
+        for a, targets in edges.items()
+        for b in targets
+        if a.count(".") == 1 and a not in ASSEMBLY and b.startswith(tuple(f"{w}." for w in WINGS))
+    )
+
+
+def contract_strings() -> set[str]:
+    """The contract's environment names and paths: strings that say something only the contract should."""
+    values = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
+    return {v for v in values if v.startswith(("MLBENCH_", "/"))}
+
+
+#: Words that are Kubernetes' (a pod's phase, the kubelet's and the scheduler's reasons) or a run's phase as
+#: well as one of our reasons: code that reads them from a pod, or writes a phase, names them on its own.
+NOT_OURS = {"Running", "Succeeded", "Failed", "Ready", "Completed", "Unschedulable", "Evicted", "OOMKilled"}
+NOT_OURS |= {"DeadlineExceeded"}
+
+
+def reason_strings() -> set[str]:
+    """The operator's condition types and reasons, which the API and the runner only ever import."""
+    values = {str(r) for r in (*contract.Reason, *contract.DatasetReason)} | set(contract.TYPES)
+    return values - NOT_OURS - {str(r) for r in FetchReason}
+
+
+def restated(source: str, values: set[str]) -> list[tuple[int, str]]:
+    """(line, literal) of each string constant of ``source`` that is one of ``values`` (a docstring, or text
+    that only mentions a value, is a longer string and does not count)."""
+    return sorted(
+        (n.lineno, n.value)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in values
+    )
+
+
+# -- each check fails where it should ------------------------------------------------------------------
+def _house(tmp_path: Path, files: Mapping[str, str]) -> dict[str, str]:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return sources(tmp_path, "pkg")
+
+
+def test_a_circle_is_found(tmp_path: Path) -> None:
+    house = _house(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg import b\n",
+            "pkg/b.py": "from pkg.c import X\n",
+            "pkg/c.py": "from pkg import a\nX = 1\n",
+            "pkg/w/__init__.py": "",
+            "pkg/w/d.py": "from .. import a\nfrom . import e\n",
+            "pkg/w/e.py": "from pkg.w import d\n",
+        },
+    )
+    assert circles(graph(house)) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.w.d", "pkg.w.e"]]
+
+
+def test_no_circle_is_found_where_there_is_none(tmp_path: Path) -> None:
+    house = _house(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg import b\n", "pkg/b.py": "import os\n"})
+    assert circles(graph(house)) == []
+
+
+def test_an_import_inside_a_function_or_an_if_is_found() -> None:
+    source = "import os\n\nif True:\n    import sys\n\n\ndef f():\n    from pkg import a\n    return a\n"
+    assert late_imports(source) == [4, 8]
+    assert late_imports("import os\nfrom pkg import a\n") == []
+
+
+def test_an_arrow_from_the_floor_to_a_wing_is_found() -> None:
+    edges = {
+        f"{PACKAGE}.settings": {f"{PACKAGE}.run.results"},
+        f"{PACKAGE}.handlers": {f"{PACKAGE}.run.handlers"},
+        f"{PACKAGE}.run.executor": {f"{PACKAGE}.kube"},
+    }
+    assert floor_to_wing(edges) == [(f"{PACKAGE}.settings", f"{PACKAGE}.run.results")]
+
+
+def test_a_restated_contract_value_is_found() -> None:
+    values = contract_strings() | reason_strings()
+    assert {"MLBENCH_SSH_PORT", "/etc/mlbench/hostfile", "MLBENCH_RUN_CONFIG", "InvalidTask"} <= values
+    source = 'PORT = os.environ.get("MLBENCH_SSH_PORT", "2222")\nWHY = "set MLBENCH_SSH_PORT"\nR = "InvalidTask"\n'
+    assert restated(source, values) == [(1, "MLBENCH_SSH_PORT"), (3, "InvalidTask")]
+
+
+# -- the operator as it is -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def operator() -> dict[str, str]:
+    return sources(OPERATOR)
+
+
+def test_the_operator_is_read(operator: dict[str, str]) -> None:
+    """The checks below see the whole operator (a wrong path would make them pass on nothing)."""
+    assert {f"{PACKAGE}.run.executor", f"{PACKAGE}.sweep.plan", f"{PACKAGE}.runtime"} <= set(operator)
+    assert f"{PACKAGE}.run.status" in graph(operator)[f"{PACKAGE}.run.executor"]
+
+
+def test_the_operator_has_no_import_circle(operator: dict[str, str]) -> None:
+    assert circles(graph(operator)) == []
+
+
+def test_the_operator_imports_nothing_inside_a_function(operator: dict[str, str]) -> None:
+    late = {m: lines for m, src in operator.items() if (lines := late_imports(src))}
+    assert late == {}
+
+
+def test_the_operators_floor_imports_no_wing(operator: dict[str, str]) -> None:
+    assert floor_to_wing(graph(operator)) == []
+
+
+def test_the_contract_is_stated_once() -> None:
+    """The runner, the operator and the CLI import the contract's environment names and paths, the API and
+    the runner its reasons (the operator's own code names its reasons through them too); none restates one."""
+    paths = contract_strings()
+    reasons = reason_strings()
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for root in CONTRACT_USERS
+        for path in sorted(root.rglob("*.py"))
+        if path != CONTRACT_FILE
+        and (hits := restated(path.read_text(), paths | (reasons if root != OPERATOR else set())))
+    }
+    assert found == {}
