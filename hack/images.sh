@@ -299,8 +299,8 @@ save_cmd() {
   if [ "$(builder)" = podman ]; then echo podman save --format docker-archive "$1"; else echo "$(builder)" save "$1"; fi
 }
 
-# Import one image into every node's containerd that lacks this id: streamed from the builder for one node; for
-# several, saved once to a file that their containerds import at the same time (a save takes as long as an import).
+# Import one image into every node's containerd that lacks this id: streamed from the builder once, through a
+# pipe per node (tee), so that the nodes import it at the same time and no copy of it lands on disk.
 load_image() {
   local image=$1 id addr
   shift
@@ -319,28 +319,23 @@ load_image() {
   log "load: importing ${image} (id ${id:0:12}, $(image_size "$image")) into ${need[*]}"
   local -a save
   read -r -a save <<<"$(save_cmd "$image")"
-  if [ "${#need[@]}" = 1 ]; then
-    CTR_ADDRESS=${need[0]}
-    # shellcheck disable=SC2317
-    import() { "${save[@]}" | ctr_ images import --snapshotter overlayfs -; }
-    timed "load ${image##*/}" import >/dev/null
-  else
-    local archive
-    archive=$(mktemp "${CACHE}/load.XXXXXX.tar")
-    # shellcheck disable=SC2317
-    import_all() {
-      "${save[@]}" >"$archive"
-      local -a pids=()
-      for CTR_ADDRESS in "${need[@]}"; do
-        ctr_ images import --snapshotter overlayfs "$archive" >/dev/null & pids+=($!)
-      done
-      local pid rc=0
-      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-      rm -f "$archive"
-      return "$rc"
-    }
-    timed "load ${image##*/} (${#need[@]} nodes)" import_all || { rm -f "$archive"; die "importing ${image} failed"; }
-  fi
+  # shellcheck disable=SC2317
+  import_all() {
+    local pipes i rc=0
+    pipes=$(mktemp -d)
+    local -a fifos=() pids=()
+    for i in "${!need[@]}"; do
+      mkfifo "${pipes}/${i}"
+      fifos+=("${pipes}/${i}")
+      CTR_ADDRESS=${need[$i]} ctr_ images import --snapshotter overlayfs - <"${pipes}/${i}" >/dev/null &
+      pids+=($!)
+    done
+    "${save[@]}" | tee "${fifos[@]}" >/dev/null || rc=1
+    for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
+    rm -rf "$pipes"
+    return "$rc"
+  }
+  timed "load ${image##*/} (${#need[@]} node(s))" import_all || die "importing ${image} into ${need[*]} failed"
   for CTR_ADDRESS in "${need[@]}"; do ctr_ images label "$image" "io.mlbench.image-id=${id}" >/dev/null; done
 }
 
