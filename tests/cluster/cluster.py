@@ -739,8 +739,9 @@ class LocalCluster:
             "node_start_seconds": round(time.monotonic() - t0, 2),
         }
 
-    def _start_node_agents(self, bins: Path, api: str, node: rn.NodeSpec, env: dict[str, str]) -> dict[str, int]:
-        """One node's kube-proxy and kubelet, in its namespace (ports on the node's address)."""
+    def _start_node_agents(self, bins: Path, api: str, node: rn.NodeSpec, env: dict[str, str]) -> dict[str, Any]:
+        """One node's kube-proxy and kubelet, in its namespace (ports on the node's address); returns the
+        address and the ports, for state.json."""
         paths = self.node_paths(node)
         self._ensure_node_pki(node)
         kc = self.root / "kubeconfigs"
@@ -763,7 +764,7 @@ class LocalCluster:
         self._spawn(node.component("kube-proxy"), rn.kube_proxy_args(bins, paths), env=env)
         rn.ensure_cgroup_root(node.cgroup_root)
         self._spawn(node.component("kubelet"), rn.kubelet_args(bins, paths, kubelet_kc), env=env)
-        return ports
+        return {"ip": node.ip, **ports}
 
     def _real_node_ready(self, bins: Path, node: rn.NodeSpec) -> bool:
         res = subprocess.run(

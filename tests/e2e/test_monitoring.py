@@ -44,9 +44,9 @@ def _monitors(e2e: E2E) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _cadvisor_job(cluster_dir: Path) -> dict[str, Any]:
-    """The kubelet's cAdvisor endpoint, scraped like kube-prometheus-stack's kubelet ServiceMonitor."""
+    """Every real node's kubelet cAdvisor endpoint, scraped like kube-prometheus-stack's kubelet ServiceMonitor."""
     state = json.loads((cluster_dir / "state.json").read_text())
-    node_ip = state["real_node"]["ip"]
+    targets = [f"{node['ip']}:{node['kubelet_port']}" for node in state["nodes"].values()]
     pki = cluster_dir / "pki"
     return {
         "job_name": "kubelet",
@@ -59,7 +59,7 @@ def _cadvisor_job(cluster_dir: Path) -> dict[str, Any]:
             "key_file": str(pki / "admin.key"),
             "insecure_skip_verify": True,  # as kube-prometheus-stack's default for the kubelet
         },
-        "static_configs": [{"targets": [f"{node_ip}:{state['kubelet_port']}"]}],
+        "static_configs": [{"targets": targets}],
     }
 
 
