@@ -48,6 +48,13 @@ STUCK_WAITING = frozenset(
 OOM_PREFIX = "OOMKilled:"
 
 
+def _memory_limit(pod: Mapping[str, Any]) -> str | None:
+    """The first container's memory limit (the worker's or the launcher's), as the pod spec says it."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    limit = ((containers[0].get("resources") or {}).get("limits") or {}).get("memory")
+    return str(limit) if limit is not None else None
+
+
 def disruption(condition: Mapping[str, Any] | None) -> str | None:
     """``"reason: message"`` of a pod's DisruptionTarget condition when it is True (the pod is being removed by a
     drain, an eviction, the taint manager or a preemption, not failing of itself), else None."""
@@ -81,6 +88,7 @@ class PodView:
     image_id: str | None = None  #: the digest the main container runs (the kubelet's imageID): what a tag meant
     #: "reason: message" of the pod's DisruptionTarget condition (a drain's eviction, the taint manager, preemption)
     disrupted: str | None = None
+    memory_limit: str | None = None  #: the main container's memory limit (named when the kernel killed it)
 
     @property
     def finished(self) -> bool:
@@ -149,6 +157,7 @@ class PodView:
             uid=meta.get("uid"),
             image_id=next((cs.get("imageID") for cs in main if cs.get("imageID")), None),
             disrupted=disruption(conds.get("DisruptionTarget")),
+            memory_limit=_memory_limit(pod),
         )
 
     def failure(self) -> tuple[Reason, str]:
@@ -160,7 +169,8 @@ class PodView:
         if self.term_reason == "OOMKilled" or (self.term_message or "").startswith(OOM_PREFIX):
             # the worker's own words (mlbench-runner worker) say which limit a rank outgrew
             detail = (self.term_message or "").removeprefix(OOM_PREFIX).strip()
-            text = f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code})"
+            limit = f", memory limit {self.memory_limit}" if self.memory_limit else ""
+            text = f"{what} (pod {self.name}) was OOMKilled (exit code {self.exit_code}{limit})"
             return Reason.OOM_KILLED, f"{text}: {_tail(detail, 1024)}" if detail else text
         if self.reason == "DeadlineExceeded":
             return Reason.DEADLINE_EXCEEDED, f"{what} (pod {self.name}) exceeded its active deadline"

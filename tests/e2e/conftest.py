@@ -57,8 +57,9 @@ class E2E:
     containerd_address: str | None
     dataset_url: str
     dataset_sha256: str
-    #: the real nodes' names (where the runs' pods may go)
+    #: the real nodes' names (where the runs' pods may go) and their containerd sockets, in the same order
     real_nodes: tuple[str, ...] = ()
+    containerd_addresses: tuple[str, ...] = ()
     tasks: list[str] = field(default_factory=list)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -175,12 +176,15 @@ class E2E:
         """SIGKILL the pod's main container, as a crashing process or the OOM killer would."""
         body = self.get("pod", pod)
         cid = body["status"]["containerStatuses"][0]["containerID"]
-        if self.containerd_address and cid.startswith("containerd://"):
+        node = body["spec"].get("nodeName")
+        by_node = dict(zip(self.real_nodes, self.containerd_addresses, strict=False))
+        address = by_node.get(node, self.containerd_address)  # the containerd of the pod's own node
+        if address and cid.startswith("containerd://"):
             subprocess.run(
                 [
                     "ctr",
                     "--address",
-                    self.containerd_address,
+                    address,
                     "-n",
                     "k8s.io",
                     "tasks",
@@ -300,6 +304,7 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
         dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
         dataset_sha256=sha256(DATASET),
         real_nodes=real_node.names,
+        containerd_addresses=real_node.containerd_addresses,
     )
     yield env
     kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -1414,3 +1414,13 @@ def test_a_pod_security_refusal_fails_the_run_naming_the_volume() -> None:
     assert (failed["status"], failed["reason"]) == ("True", "PolicyViolation")
     assert 'restricted volume type "nfs"' in plan.status["message"]
     assert plan.events[0][:2] == ("Warning", "Failed")
+
+
+def test_a_container_the_kernel_killed_names_its_memory_limit() -> None:
+    """OOMKilled by the runtime without the worker's own words (the kernel chose the worker itself): the
+    message still names the limit the user set."""
+    _body, ctx = admitted(h.run(resources={"cpu": "1", "memory": "256Mi"}))
+    oom = terminated(builders.worker_pod(ctx, 0, 0), 137, reason="OOMKilled")
+    reason, message = oom.failure()
+    assert reason == "OOMKilled"
+    assert "memory limit 256Mi" in message, message
