@@ -28,6 +28,7 @@ system-deps: ## install OpenMPI, Prometheus, OpenSSH and the test node's runtime
 	  [ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
 	  [ -x /usr/bin/catatonit ] || missing="$$missing catatonit"; \
 	  command -v iptables >/dev/null || missing="$$missing iptables"; \
+	  command -v ipset >/dev/null || missing="$$missing ipset"; \
 	  dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
 	  command -v podman >/dev/null || missing="$$missing podman"; \
 	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,7 @@ from mlbench_api.datasets import PERMANENT_EXITS
 from mlbench_api.run import BenchmarkRunSpec, Placement
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
-from mlbench_operator.settings import DatasetSettings
+from mlbench_operator.settings import NODE_LOSS_SECONDS, DatasetSettings
 from mlbench_operator.sshkeys import RunKeys
 
 Obj = dict[str, Any]
@@ -41,6 +42,8 @@ class RunContext:
     dataset_claim: str = n.DATASET_VOLUME
     #: Ranks keep serving metrics this long after training, so Prometheus scrapes the final values.
     metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
+    #: How long the run's pods stay bound to a node that stopped answering (None: Kubernetes' 300 s default).
+    node_loss_seconds: int | None = NODE_LOSS_SECONDS
 
     @property
     def task(self) -> BenchmarkTaskSpec:
@@ -319,15 +322,37 @@ def _container_security(ctx: RunContext) -> Obj:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+#: The taints the node lifecycle controller puts on a node that stopped answering (NoExecute: pods without a
+#: toleration are evicted, with one they stay ``tolerationSeconds``; the DefaultTolerationSeconds admission plugin
+#: gives every pod 300 s of both)
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def node_loss_tolerations(seconds: int | None, given: Sequence[Obj]) -> list[Obj]:
+    """Tolerations that bound how long a pod waits on a lost node: a rank there is gone, and a gang that waits
+    the default 300 s for its eviction holds every other worker idle. A taint the run tolerates itself is left
+    to the run's own toleration."""
+    if seconds is None:
+        return []
+    own = {t.get("key") for t in given}
+    return [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        for key in NODE_LOSS_TAINTS
+        if key not in own
+    ]
+
+
 def _scheduling(ctx: RunContext) -> Obj:
     sched = ctx.spec.scheduling
     out: Obj = {}
+    given = [t.to_api() for t in sched.tolerations] if sched is not None and sched.tolerations else []
+    tolerations = given + node_loss_tolerations(ctx.node_loss_seconds, given)
+    if tolerations:
+        out["tolerations"] = tolerations
     if sched is None:
         return out
     if sched.node_selector:
         out["nodeSelector"] = dict(sched.node_selector)
-    if sched.tolerations:
-        out["tolerations"] = [t.to_api() for t in sched.tolerations]
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
     return out

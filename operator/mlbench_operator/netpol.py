@@ -4,12 +4,15 @@ A rank's TCPStore (torch rendezvous), gloo's sockets and the workers' sshd all a
 connects, and whoever reaches a TCPStore can make the ranks run code. So every pod of a run
 accepts traffic only from pods of the same run (any port: ssh, rendezvous and gloo/NCCL use
 ports chosen at run time), and the metrics ports also from the namespaces that scrape them (the
-monitoring stack, and the operator's own namespace for ``status.progress``). Egress stays open:
+monitoring stack, and the operator's own namespace for ``status.progress``), plus the address
+blocks the admin names for scrapers outside any namespace (a Prometheus on a host or in another
+cluster: ``MLBENCH_METRICS_CIDRS``). Egress stays open:
 DNS and the peers are all a rank needs, and a deny-all egress would break clusters whose DNS is
 not where a policy expects it.
 
-Enforcement is the CNI's (Calico, Cilium, ...): on one without NetworkPolicy support the object is
-inert, which is why it is safe to always create it.
+Enforcement is the CNI's or a policy agent's (Calico, Cilium, kube-router, ...): on a cluster without
+one the object is inert, which is why it is safe to always create it. The test cluster enforces it
+with kube-router on every real node (tests/cluster/README.md).
 """
 
 from __future__ import annotations
@@ -34,13 +37,24 @@ def metrics_ports(ctx: builders.RunContext) -> list[dict[str, Any]]:
     return [port]
 
 
-def network_policy(ctx: builders.RunContext, scrapers: Sequence[str]) -> dict[str, Any]:
+def scraper_peers(namespaces: Sequence[str], cidrs: Sequence[str]) -> list[dict[str, Any]]:
+    """Who may scrape: pods of ``namespaces``, and addresses in ``cidrs`` (ipBlock)."""
+    peers: list[dict[str, Any]] = []
+    if namespaces:
+        expr = {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(namespaces)}
+        peers.append({"namespaceSelector": {"matchExpressions": [expr]}})
+    return peers + [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]
+
+
+def network_policy(
+    ctx: builders.RunContext, scrapers: Sequence[str], scraper_cidrs: Sequence[str] = ()
+) -> dict[str, Any]:
     """The run's NetworkPolicy (owned by the run, named like it)."""
     own = {n.LABEL_RUN: ctx.name, n.LABEL_MANAGED_BY: n.MANAGER}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": own}}]}]
-    if scrapers:
-        selector = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
-        ingress.append({"from": [{"namespaceSelector": selector}], "ports": metrics_ports(ctx)})
+    peers = scraper_peers(scrapers, scraper_cidrs)
+    if peers:
+        ingress.append({"from": peers, "ports": metrics_ports(ctx)})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -8,6 +8,7 @@ kopf in the operator memo (``memo.config``); the handlers read it from there, ne
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,6 +108,28 @@ def scraper_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(sorted({*names, own}))
 
 
+def scraper_cidrs(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``MLBENCH_METRICS_CIDRS`` (comma-separated address blocks; default none): scrapers that live in no namespace
+    the policy can select, e.g. a Prometheus on a host. Raises :class:`SettingsError` naming the variable."""
+    blocks = [x.strip() for x in env.get("MLBENCH_METRICS_CIDRS", "").split(",") if x.strip()]
+    try:
+        return tuple(str(ipaddress.ip_network(block)) for block in blocks)
+    except ValueError as e:
+        raise SettingsError(f"MLBENCH_METRICS_CIDRS: {e}") from None
+
+
+#: ``MLBENCH_NODE_LOSS_SECONDS``: a run's pods stay this long on a node that stopped answering, then Kubernetes
+#: evicts them (a disruption: the gang restarts on the nodes left without spending maxRestarts).
+NODE_LOSS_SECONDS = 60
+
+
+def node_loss_seconds(env: Mapping[str, str]) -> int | None:
+    """``MLBENCH_NODE_LOSS_SECONDS`` (default 60; ``default``: Kubernetes' own 300 s, no toleration added)."""
+    if env.get("MLBENCH_NODE_LOSS_SECONDS", "").strip() == "default":
+        return None
+    return integer(env, "MLBENCH_NODE_LOSS_SECONDS", NODE_LOSS_SECONDS, minimum=0)
+
+
 #: ``MLBENCH_RESYNC_SECONDS``: a run's daemon re-checks its run this often even without an event.
 RESYNC_SECONDS = 300.0
 #: ``MLBENCH_DEBOUNCE_SECONDS``: after a wake-up, wait this long for more events before reconciling.
@@ -143,6 +166,10 @@ class OperatorConfig:
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
     scraper_namespaces: tuple[str, ...] = field(default_factory=_default_scrapers)
+    #: ``MLBENCH_METRICS_CIDRS``: address blocks that may scrape the ranks too.
+    scraper_cidrs: tuple[str, ...] = ()
+    #: ``MLBENCH_NODE_LOSS_SECONDS``: the run's pods' NoExecute tolerations of a lost node (None: Kubernetes' own)
+    node_loss_seconds: int | None = NODE_LOSS_SECONDS
     #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, root
     #: or not (the ssh Secret is then root-owned 0444, no fsGroup; sshd and ssh copy their keys: docs/operator.md).
     runner_uid: int | None = contract.RUNNER_UID
@@ -166,6 +193,8 @@ class OperatorConfig:
             results_wait_seconds=results_wait_seconds(env),
             policy=AdmissionPolicy.from_env(env),
             scraper_namespaces=scraper_namespaces(env),
+            scraper_cidrs=scraper_cidrs(env),
+            node_loss_seconds=node_loss_seconds(env),
             runner_uid=runner_uid(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),

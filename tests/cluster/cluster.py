@@ -46,9 +46,11 @@ from tests.cluster import node as rn
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-k8s.sh"
+#: the NetworkPolicy enforcer's build (kube-router), cached by its own version
+NETPOL_BUILD_SCRIPT = HERE / "build-netpol.sh"
 STAGES_FILE = HERE / "kwok-stages.yaml"
 HOST = "127.0.0.1"
-SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_CIDR = rn.SERVICE_CIDR
 SERVICE_IP = "10.96.0.1"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -57,7 +59,7 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 #: components that are not a binary named like themselves: a marker in their argv
 ARGV_MARKERS = {"pv-reclaimer": "tests.cluster.pvreclaim"}
 #: bump when the certificates change (new SANs, new identities): the PKI is remade
-PKI_VERSION = "3-multinode"
+PKI_VERSION = "4-kube-router"
 #: who runs this machine's real nodes (there is one bridge and one 10.213.0.1)
 REAL_NODE_OWNER = Path("/run/mlbench-real-node.owner")
 
@@ -87,6 +89,12 @@ def ensure_binaries() -> Path:
         return bin_dir()
     out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def netpol_binary() -> Path:
+    """Build (or reuse) kube-router, the real nodes' NetworkPolicy enforcer; return its path."""
+    out = subprocess.run(["bash", str(NETPOL_BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1]) / "kube-router"
 
 
 def kubectl_path() -> Path:
@@ -323,6 +331,46 @@ class LocalCluster:
             containerd_addresses=tuple(node["containerd_addresses"]),
         )
 
+    def lose_node(self, name: str) -> None:
+        """Make real node ``name`` vanish as a machine that lost power does: its link goes down (packets to it are
+        dropped: its peers see silence, not a reset), its agents stop and every process of its containers dies.
+        The API server still lists its pods as they were, until the node lifecycle controller notices."""
+        node = self._real_node_spec(name)
+        rn.node_link(node, up=False)
+        for agent in ("kube-router", "kubelet", "kube-proxy"):
+            self._stop_component(node.component(agent), grace=2.0)
+        rn.kill_node_processes(self.node_paths(node).containerd_socket, node.cgroup_root)
+        self._stop_component(node.component("containerd"), grace=5.0)
+
+    def restore_node(self, name: str, timeout: float = 120.0) -> None:
+        """Bring a lost node back as a rebooted machine: its link up, then containerd, kube-proxy, the kubelet and
+        kube-router again (new ports, kept in state.json); returns once the Node is Ready and kube-router healthy.
+        What its kubelet finds of the pods it ran before is its to clean up, as on a real reboot."""
+        node = self._real_node_spec(name)
+        state = self.state()
+        bins = Path(state["bin_dir"])
+        rn.node_link(node, up=True)
+        self._start_containerd(node)
+        sock = self.node_paths(node).containerd_socket
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: rn.ctr(sock, "version", check=False, timeout=5).returncode == 0, deadline, "containerd")
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        ports = self._start_node_agents(bins, state["server"], node, env)
+        self._wait(lambda: self._real_node_ready(bins, node), deadline, f"real node {name} Ready again")
+        kc = self.root / "kubeconfigs" / "kube-router.kubeconfig"
+        router = rn.kube_router_args(netpol_binary(), node, kc, ports["kube_router_health_port"])
+        self._spawn(node.component("kube-router"), router, env=env)
+        health = f"http://{node.ip}:{ports['kube_router_health_port']}/healthz"
+        self._wait(lambda: self._get_ok(health, tls=False), deadline, f"kube-router of {name} healthy")
+        state["nodes"][name] = ports
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+    def _real_node_spec(self, name: str) -> rn.NodeSpec:
+        node = next((n for n in self.real_node_specs() if n.name == name), None)
+        if node is None:
+            raise ValueError(f"no real node {name!r} in this cluster ({[n.name for n in self.real_node_specs()]})")
+        return node
+
     def real_node_reason(self) -> str:
         """Why the running cluster has no real node ("" when it has one)."""
         return str(self.state().get("real_node_reason", "cluster is not running"))
@@ -399,7 +447,7 @@ class LocalCluster:
         for component in reversed(rn.HOST_COMPONENTS):
             self._stop_component(component, grace=5.0)
         for node in nodes:
-            for agent in ("kubelet", "kube-proxy"):
+            for agent in ("kube-router", "kubelet", "kube-proxy"):
                 self._stop_component(node.component(agent), grace=5.0)
             if self._pid_alive(node.component("containerd")) is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError, FileNotFoundError):
@@ -688,6 +736,7 @@ class LocalCluster:
         """Images, RBAC, storage, CoreDNS and the pv-reclaimer for all, then each node's
         kube-proxy and kubelet; wait for every node Ready and DNS serving.  Returns ports
         and timings for state.json."""
+        router = netpol_binary()  # built before the clock: a cold build takes minutes
         t0 = time.monotonic()
         node_deadline = min(deadline, t0 + 90 + 30 * len(nodes))
         images: dict[str, dict[str, float]] = {}
@@ -727,11 +776,17 @@ class LocalCluster:
                 lambda node=node: self._real_node_ready(bins, node), node_deadline, f"real node {node.name} Ready"
             )
         node_ready = time.monotonic() - t_kubelet
+        for node in nodes:  # kube-router finds its Node by name: once the kubelet registered it
+            health = ports["nodes"][node.name]["kube_router_health_port"]
+            router_args = rn.kube_router_args(router, node, kc / "kube-router.kubeconfig", health)
+            self._spawn(node.component("kube-router"), router_args, env=env)
         ready_url = f"http://127.0.0.1:{ports['coredns_ready_port']}/ready"
         self._wait(lambda: self._get_ok(ready_url, tls=False), node_deadline, "CoreDNS ready")
         for node in nodes:
             kp = f"http://{node.ip}:{ports['nodes'][node.name]['kube_proxy_healthz_port']}/healthz"
             self._wait(lambda kp=kp: self._get_ok(kp, tls=False), node_deadline, f"kube-proxy of {node.name} healthy")
+            kr = f"http://{node.ip}:{ports['nodes'][node.name]['kube_router_health_port']}/healthz"
+            self._wait(lambda kr=kr: self._get_ok(kr, tls=False), node_deadline, f"kube-router of {node.name} healthy")
         return {
             **ports,
             "node_image_seconds": images,
@@ -741,7 +796,7 @@ class LocalCluster:
 
     def _start_node_agents(self, bins: Path, api: str, node: rn.NodeSpec, env: dict[str, str]) -> dict[str, Any]:
         """One node's kube-proxy and kubelet, in its namespace (ports on the node's address); returns the
-        address and the ports, for state.json."""
+        address and the ports (kube-router's too, started once the Node exists), for state.json."""
         paths = self.node_paths(node)
         self._ensure_node_pki(node)
         kc = self.root / "kubeconfigs"
@@ -753,6 +808,7 @@ class LocalCluster:
             "kubelet_healthz_port": free_port(),
             "kube_proxy_healthz_port": free_port(),
             "kube_proxy_metrics_port": free_port(),
+            "kube_router_health_port": free_port(),
         }
         proxy = rn.kube_proxy_config(
             node, kc / "kube-proxy.kubeconfig", ports["kube_proxy_healthz_port"], ports["kube_proxy_metrics_port"]
@@ -927,6 +983,7 @@ class LocalCluster:
             # system:node-proxier), CoreDNS (mlbench:coredns role) and the apiserver's kubelet client
             "kube-proxy": ("/CN=system:kube-proxy", "clientAuth", None),
             "coredns": ("/CN=mlbench:coredns", "clientAuth", None),
+            "kube-router": ("/CN=mlbench:kube-router", "clientAuth", None),
             "apiserver-kubelet-client": ("/CN=kube-apiserver-kubelet-client", "clientAuth", None),
         }
         for name, (subj, eku, san) in certs.items():
@@ -988,7 +1045,7 @@ class LocalCluster:
     def _write_kubeconfigs(self, server: str) -> None:
         kc = self.root / "kubeconfigs"
         kc.mkdir(parents=True, exist_ok=True)
-        for cert in ("controller-manager", "scheduler", "kwok", "kube-proxy", "coredns"):
+        for cert in ("controller-manager", "scheduler", "kwok", "kube-proxy", "coredns", "kube-router"):
             path = kc / f"{cert}.kubeconfig"
             path.write_text(yaml.safe_dump(self._kubeconfig_doc(server, cert, cert)))
             path.chmod(0o600)

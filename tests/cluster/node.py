@@ -47,6 +47,8 @@ BRIDGE_IP = "10.213.0.1"
 NODE_NETWORK = "10.213.0.0/24"
 #: every address of the cluster's real side: the nodes' network and every pod CIDR
 CLUSTER_CIDR = "10.213.0.0/16"
+#: ClusterIPs (the apiserver's --service-cluster-ip-range; kube-router lets traffic to them through)
+SERVICE_CIDR = "10.96.0.0/16"
 #: the bridge of a node's pods, inside the node's namespace
 POD_BRIDGE = "cni0"
 CLUSTER_DOMAIN = "cluster.local"
@@ -68,8 +70,8 @@ LOCAL_PV_SIZE = "10Gi"
 #: ~6 GB runner image into its own containerd, so a third costs disk and ~1 min of `up` per image change
 DEFAULT_NODE_COUNT = 2
 MAX_NODE_COUNT = 4
-#: the agents of one node, in start order (stopped in reverse)
-NODE_AGENTS = ("containerd", "kube-proxy", "kubelet")
+#: the agents of one node, in start order (stopped in reverse); kube-router is the NetworkPolicy enforcer
+NODE_AGENTS = ("containerd", "kube-proxy", "kubelet", "kube-router")
 #: the host's processes serving every node
 HOST_COMPONENTS = ("coredns", "pv-reclaimer")
 #: containerd sends image pulls through this proxy: nothing listens there, so a pull of
@@ -492,17 +494,64 @@ def kube_proxy_args(bins: Path, paths: NodePaths) -> list[str]:
     return paths.node.in_netns([str(bins / "kube-proxy"), f"--config={paths.kube_proxy_config}", "--v=1"])
 
 
+def kube_router_args(binary: Path, node: NodeSpec, kubeconfig: Path, health_port: int) -> list[str]:
+    """kube-router as the node's NetworkPolicy enforcer only (``--run-firewall``: iptables + ipset in the
+    node's namespace, filtering what the node forwards to and from its pods): no BGP router (the host-gw
+    routes join the pod networks), no IPVS proxy (kube-proxy serves Services), no CNI config of its own.
+    Its health endpoint listens on the node's address."""
+    return node.in_netns(
+        [
+            str(binary),
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-cni=false",
+            f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={node.name}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--health-port={health_port}",
+            "--metrics-port=0",
+            "--iptables-sync-period=1m",
+            "--v=1",
+        ]
+    )
+
+
 def containerd_args(paths: NodePaths) -> list[str]:
     return paths.node.in_netns(["containerd", "--config", str(paths.containerd_config)])
 
 
 def node_rbac() -> list[dict[str, Any]]:
     """RBAC for the node's agents that the default policy lacks: CoreDNS reads
-    Services/EndpointSlices/Pods/Namespaces; the apiserver's kubelet client may call
+    Services/EndpointSlices/Pods/Namespaces; kube-router reads what NetworkPolicies select
+    (its own ClusterRole, as its manifests give it); the apiserver's kubelet client may call
     the kubelet API (``kubectl logs/exec``)."""
     list_watch = ["list", "watch"]
     rbac = "rbac.authorization.k8s.io"
+    read = ["get", "list", "watch"]
     return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "mlbench:kube-router"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+                    "verbs": read,
+                },
+                {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": read},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "mlbench:kube-router"},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "mlbench:kube-router"},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "mlbench:kube-router"}],
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
@@ -665,6 +714,11 @@ def node_network_down(node: NodeSpec) -> None:
     """Delete the node's namespace: its link, its pod bridge and its iptables go with it."""
     _run("ip", "netns", "delete", node.netns)
     _run("ip", "link", "del", node.host_veth)
+
+
+def node_link(node: NodeSpec, up: bool) -> None:
+    """Plug the node's cable in or out: the host end of its veth, up or down."""
+    _run("ip", "link", "set", node.host_veth, "up" if up else "down", check=True)
 
 
 def netns_exists(name: str) -> bool:

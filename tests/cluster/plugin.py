@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -294,6 +294,25 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
         yield name
     finally:
         kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+def port_probe(ip: str, ports: Sequence[int], tries: int = 10) -> str:
+    """A busybox shell command that tries a TCP connection to each of ``ports`` at ``ip`` (in parallel, once a second
+    for up to ``tries`` seconds: a policy enforcer syncs a new pod's address within a second or two) and prints
+    ``open PORT`` or ``closed PORT`` for each (:func:`probe_results` reads them). A dropped SYN (policy) and a refused
+    one read the same: the caller's control is a probe that must be ``open``."""
+    one = (
+        "r=closed; for i in $(seq 1 {tries}); do if nc -w 2 {ip} {port} </dev/null >/dev/null 2>&1; then r=open; "
+        "break; fi; sleep 1; done; echo $r {port}"
+    )
+    jobs = " ".join(f"({one.format(tries=tries, ip=ip, port=port)}) &" for port in ports)
+    return f"{jobs} wait"
+
+
+def probe_results(log: str) -> dict[int, bool]:
+    """``{port: open?}`` from the output of :func:`port_probe` (other lines ignored)."""
+    rows = [line.split() for line in log.splitlines()]
+    return {int(row[1]): row[0] == "open" for row in rows if len(row) == 2 and row[0] in ("open", "closed")}
 
 
 def get_json(kube_cluster: KubeCluster, *args: str) -> Any:

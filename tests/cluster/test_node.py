@@ -30,7 +30,10 @@ from tests.cluster.plugin import (
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
     KubeCluster,
+    create_namespace,
     get_json,
+    port_probe,
+    probe_results,
     wait_for,
 )
 
@@ -549,6 +552,74 @@ def test_pod_traffic_cannot_leave_the_bridge(kube_cluster: KubeCluster, real_nod
         ["iptables", "-w", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True, check=True
     )
     assert "10.213." not in nat.stdout  # no masquerading of pod traffic on the host
+
+
+@pytest.mark.cluster
+@pytest.mark.realnode
+def test_network_policy_is_enforced_across_nodes(
+    kube_cluster: KubeCluster, namespace: str, real_node: rn.RealNodeInfo
+) -> None:
+    """kube-router enforces a NetworkPolicy shaped like a run's (peers on any port, a scraper namespace on the
+    metrics port only) with real connections from pods on the other node: a peer reaches both ports, a pod of
+    the same namespace without the label neither, the scraper namespace only the metrics port, any other
+    namespace nothing. The peer's success is the control: the server listens and the route works."""
+    if len(real_node.names) < 2:
+        pytest.skip(f"one real node only ({real_node.names}); MLBENCH_REAL_NODES=1?")
+    first, second = real_node.names[:2]
+    scraper, stranger = create_namespace(kube_cluster), create_namespace(kube_cluster)
+    try:
+        server = _pod(
+            "server",
+            real_node,
+            "mkdir -p /tmp/www && httpd -p 7000 -h /tmp/www && httpd -f -p 7001 -h /tmp/www",
+            on=second,
+            labels={"app": "server", "run": "r"},
+        )
+        policy = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "r"},
+            "spec": {
+                "podSelector": {"matchLabels": {"run": "r"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"from": [{"podSelector": {"matchLabels": {"run": "r"}}}]},
+                    {
+                        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scraper}}}],
+                        "ports": [{"protocol": "TCP", "port": 7001}],
+                    },
+                ],
+            },
+        }
+        _apply(kube_cluster, namespace, policy, server)
+        ip = wait_for(
+            lambda: (_phase(kube_cluster, namespace, "server", "Running") or {}).get("status", {}).get("podIP"),
+            timeout=60,
+            what="the server's address",
+        )
+        probe = port_probe(ip, (7000, 7001))
+        clients = {
+            (namespace, "peer"): _pod("peer", real_node, probe, on=first, labels={"run": "r"}),
+            (namespace, "neighbour"): _pod("neighbour", real_node, probe, on=first),
+            (scraper, "scraper"): _pod("scraper", real_node, probe, on=first),
+            (stranger, "stranger"): _pod("stranger", real_node, probe, on=first),
+        }
+        for (ns, _), pod in clients.items():
+            _apply(kube_cluster, ns, pod)
+        seen = {
+            name: probe_results(_logs(kube_cluster, ns, name))
+            for (ns, name) in clients
+            if _finished(kube_cluster, ns, name, timeout=120)
+        }
+        assert seen == {
+            "peer": {7000: True, 7001: True},
+            "neighbour": {7000: False, 7001: False},
+            "scraper": {7000: False, 7001: True},
+            "stranger": {7000: False, 7001: False},
+        }
+    finally:
+        for ns in (scraper, stranger):
+            kube_cluster.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found")
 
 
 @pytest.mark.cluster

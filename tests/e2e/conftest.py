@@ -286,6 +286,16 @@ def _dataset_server(cluster: KubeCluster, namespace: str, scheduling: dict[str, 
     cluster.kubectl("cp", str(DATASET), f"{namespace}/datasets:/srv/{DATASET.name}", check=True, timeout=120)
 
 
+def wait_training(e2e: E2E, run: str) -> None:
+    """Wait until the first epoch has begun (after the data is decoded): what comes next lands mid-training."""
+    e2e.wait_status(
+        run,
+        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(f"{run}-launcher"),
+        600,
+        "the first epoch to start",
+    )
+
+
 @pytest.fixture(scope="session")
 def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
     """Images built and loaded, the operator running as a Deployment, a restricted namespace with data."""

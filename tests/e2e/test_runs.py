@@ -21,7 +21,7 @@ import pytest
 
 from mlbench_operator.run.results import recorded
 from mlbench_operator.settings import RESULTS_WAIT_SECONDS
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, wait_training
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]
 
@@ -154,7 +154,7 @@ def test_workers_train_in_real_pods(e2e: E2E, e2e_task: str, case: Workers, tmp_
 
 def test_killed_worker_restarts_the_gang_once(e2e: E2E, e2e_task: str) -> None:
     run = e2e.run("killed-worker", e2e_task, overrides={"maxEpochs": 3})
-    _first_epoch_started(e2e, run)
+    wait_training(e2e, run)
     e2e.kill_container(f"{run}-worker-1")
     st = e2e.wait_finished(run)
     _assert_succeeded(e2e, run, st, "gloo")
@@ -175,7 +175,7 @@ def test_a_drained_node_restarts_the_gang_on_the_others_without_spending_max_res
     scheduling = {**e2e.scheduling, "placement": "Spread"}
     policy = {"maxRestarts": 0, "cleanPodPolicy": "None"}  # the workers stay: where did the new world go?
     run = e2e.run("drained", e2e_task, overrides={"maxEpochs": 3}, scheduling=scheduling, runPolicy=policy)
-    _first_epoch_started(e2e, run)
+    wait_training(e2e, run)
     node = e2e.get("pod", f"{run}-worker-1")["spec"]["nodeName"]
     try:
         drain = e2e.kubectl(
@@ -197,6 +197,61 @@ def test_a_drained_node_restarts_the_gang_on_the_others_without_spending_max_res
     finally:
         e2e.kubectl("uncordon", node, check=False)
         e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
+
+
+def _run_pods(e2e: E2E, run: str) -> list[dict[str, Any]]:
+    out = e2e.kubectl("get", "pods", "-n", e2e.namespace, "-l", f"mlbench.io/run={run}", "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def _run_containers(address: str, run: str) -> list[str]:
+    """The containers containerd at ``address`` still keeps for the run's pods (running or not)."""
+    ctr = ["ctr", "--address", address, "-n", "k8s.io", "containers"]
+    ids = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    infos = [subprocess.run([*ctr, "info", cid], capture_output=True, text=True, check=False).stdout for cid in ids]
+    return [cid for cid, info in zip(ids, infos, strict=True) if f'"io.kubernetes.pod.name": "{run}-' in info]
+
+
+def test_a_lost_node_restarts_the_gang_on_the_nodes_left_and_its_return_leaves_nothing_behind(
+    e2e: E2E, e2e_task: str
+) -> None:
+    """A node that holds a worker (not the launcher) loses power mid-run: its link goes down, its agents and
+    containers die (``LocalCluster.lose_node``). The node lifecycle controller declares it lost (60 s on the test
+    cluster), the taint manager evicts the run's pods after the operator's ``MLBENCH_NODE_LOSS_SECONDS`` (60), the
+    stuck Terminating pod is force-deleted, and the gang restarts on the node left and Succeeds; nothing waits for
+    the dead kubelet. The node then comes back (a reboot): no pod of the run returns to it, no container of the
+    run is left in its containerd, and every pod of the run belongs to one world."""
+    local = e2e.cluster.local
+    if len(e2e.real_nodes) < 2 or local is None:
+        pytest.skip(f"needs the local cluster's real nodes, two at least ({e2e.real_nodes})")
+    scheduling = {**e2e.scheduling, "placement": "Spread"}
+    run = e2e.run("lost-node", e2e_task, overrides={"maxEpochs": 3}, scheduling=scheduling)
+    wait_training(e2e, run)
+    launcher = e2e.get("pod", f"{run}-launcher")["spec"]["nodeName"]
+    workers = {e2e.get("pod", f"{run}-worker-{r}")["spec"]["nodeName"] for r in range(2)}
+    lost = next(iter(sorted(workers - {launcher})), None)
+    assert lost is not None, f"Spread put both workers on the launcher's node {launcher}"
+    address = dict(zip(e2e.real_nodes, e2e.containerd_addresses, strict=True))[lost]
+    started = time.monotonic()
+    local.lose_node(lost)
+    try:
+        st = e2e.wait_finished(run, timeout=900)
+        print(f"\n{run}: lost {lost} mid-run; final phase {st.get('phase')} after {time.monotonic() - started:.0f} s")
+        _assert_succeeded(e2e, run, st, "gloo")
+        assert st["restarts"] >= 1, json.dumps(st)[:2000]
+        restarts = [ev["message"] for ev in e2e.events(run) if ev["reason"] == "Restarting"]
+        assert restarts, e2e.debug(run)
+        print(f"{run}: restarts {st['restarts']} (disruptions {st.get('disruptionRestarts', 0)}): {restarts}")
+    finally:
+        local.restore_node(lost)
+    pods = _run_pods(e2e, run)
+    assert len({p["metadata"]["labels"]["mlbench.io/attempt"] for p in pods}) <= 1, [p["metadata"] for p in pods]
+    assert all(p["spec"].get("nodeName") != lost for p in pods), "a pod of the run is on the lost node"
+    deadline = time.monotonic() + 150  # the returned kubelet removes what its dead containers left (its GC: 1 min)
+    while left := _run_containers(address, run):
+        assert time.monotonic() < deadline, f"containers of {run} left in {lost}'s containerd: {left}"
+        time.sleep(5)
+    e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
 
 
 class _Follow:
@@ -225,23 +280,13 @@ class _Follow:
                 self.proc.communicate()
 
 
-def _first_epoch_started(e2e: E2E, run: str) -> None:
-    """Wait until the first epoch has begun (after the data is decoded): a stop lands mid-training."""
-    e2e.wait_status(
-        run,
-        lambda s: s.get("phase") == "Running" and '"epoch_start"' in e2e.logs(f"{run}-launcher"),
-        600,
-        "the first epoch to start",
-    )
-
-
 def test_a_deleted_launcher_pod_stops_the_ranks_gracefully_and_the_run_restarts(e2e: E2E, e2e_task: str) -> None:
     """``kubectl delete pod`` (as a drain or an eviction does) SIGTERMs the launcher, PID 1 of its pod: it passes
     the stop on through mpirun and ssh to the ranks in the worker pods, rank 0's aborted summary (stop reason
     interrupted) reaches its log before the pod is gone, and the operator restarts the gang, which succeeds."""
     run = e2e.run("stopped-launcher", e2e_task, overrides={"maxEpochs": 3})
     launcher = f"{run}-launcher"
-    _first_epoch_started(e2e, run)
+    wait_training(e2e, run)
     follow = _Follow(e2e, launcher)
     e2e.kubectl("delete", "pod", launcher, "-n", e2e.namespace, "--wait=false")
     log = follow.rest()
@@ -260,7 +305,7 @@ def test_a_deleted_worker_pod_stops_its_rank_and_says_so(e2e: E2E, e2e_task: str
     in the launcher's log), waits for it, and exits 143 saying why; the operator restarts the gang."""
     run = e2e.run("stopped-worker", e2e_task, overrides={"maxEpochs": 3})
     worker = f"{run}-worker-1"
-    _first_epoch_started(e2e, run)
+    wait_training(e2e, run)
     launcher, follow = _Follow(e2e, f"{run}-launcher"), _Follow(e2e, worker)
     e2e.kubectl("delete", "pod", worker, "-n", e2e.namespace, "--wait=false")
     worker_log, launcher_log = follow.rest(), launcher.rest()

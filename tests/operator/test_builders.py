@@ -163,7 +163,8 @@ def test_worker_pod_shape() -> None:
     assert spec["subdomain"] == "bench"
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"] == {"pool": "gpu"}
-    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["tolerations"][0] == {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert spec["tolerations"][1:] == builders.node_loss_tolerations(60, [])  # the operator's MLBENCH_NODE_LOSS_SECONDS
     assert spec["priorityClassName"] == "benchmarks"
     assert spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
@@ -385,3 +386,31 @@ def test_the_reference_runner_is_recognised_however_it_is_started(command: list[
     from mlbench_api.task import RunnerSpec
 
     assert RunnerSpec(image="x", command=command).serves_metrics is reference
+
+
+NODE_LOSS = [
+    {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "given", "added"),
+    [
+        (60, [], NODE_LOSS),
+        (None, [], []),  # MLBENCH_NODE_LOSS_SECONDS=default: Kubernetes' own 300 s
+        # the run's own toleration of one taint wins for that taint (forever, or its own seconds)
+        (60, [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}], NODE_LOSS[1:]),
+        (60, [{"key": "gpu", "operator": "Exists"}], NODE_LOSS),
+    ],
+)
+def test_pods_leave_a_lost_node_after_the_operators_bound(
+    seconds: int | None, given: list[dict[str, object]], added: list[dict[str, object]]
+) -> None:
+    assert builders.node_loss_tolerations(seconds, given) == added
+
+
+def test_every_pod_of_a_run_carries_the_node_loss_bound() -> None:
+    ctx = dataclasses.replace(ctx_for(), node_loss_seconds=15)
+    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+        assert [t["tolerationSeconds"] for t in pod["spec"]["tolerations"]] == [15, 15]

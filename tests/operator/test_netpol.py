@@ -55,3 +55,35 @@ def test_scraper_namespaces(env: dict[str, str], expected: tuple[str, ...]) -> N
 def test_a_bad_namespace_names_the_variable() -> None:
     with pytest.raises(SettingsError, match="MLBENCH_METRICS_NAMESPACES"):
         settings.scraper_namespaces({"MLBENCH_METRICS_NAMESPACES": "Not_A_Namespace"})
+
+
+def test_scrapers_outside_any_namespace_get_in_by_address_on_the_metrics_ports_only() -> None:
+    """A Prometheus on a host (the test cluster's) or in another cluster is in no namespace a selector can name."""
+    ctx = _ctx(workers=2)
+    pol = netpol.network_policy(ctx, ("monitoring",), ("10.213.0.1/32", "192.168.0.0/16"))  # type: ignore[arg-type]
+    peers, scrapers = pol["spec"]["ingress"]
+    assert scrapers["from"][1:] == [{"ipBlock": {"cidr": "10.213.0.1/32"}}, {"ipBlock": {"cidr": "192.168.0.0/16"}}]
+    assert scrapers["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert all("ipBlock" not in peer for peer in peers["from"])  # never on the run's own ports
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, ()),
+        ("", ()),
+        ("10.213.0.1/32, 192.168.0.0/16", ("10.213.0.1/32", "192.168.0.0/16")),
+        ("10.0.0.7", ("10.0.0.7/32",)),
+        ("fd00::/8", ("fd00::/8",)),
+    ],
+)
+def test_scraper_cidrs(raw: str | None, expected: tuple[str, ...]) -> None:
+    env = {} if raw is None else {"MLBENCH_METRICS_CIDRS": raw}
+    assert settings.scraper_cidrs(env) == expected
+
+
+@pytest.mark.parametrize("raw", ["10.0.0.1/33", "10.0.0.1/24", "prometheus.local"])
+def test_a_bad_address_block_names_the_variable(raw: str) -> None:
+    """``10.0.0.1/24`` has host bits set: almost always a typo for ``10.0.0.0/24`` or ``/32``."""
+    with pytest.raises(SettingsError, match="MLBENCH_METRICS_CIDRS"):
+        settings.scraper_cidrs({"MLBENCH_METRICS_CIDRS": raw})

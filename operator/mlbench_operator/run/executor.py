@@ -188,7 +188,7 @@ class RunReconciler:
                 await self.patch(failed_status(self.view(), c.Reason.INVALID_CONFIG, message, now))
                 self.event("Warning", c.Reason.INVALID_CONFIG, message)
                 return _Stop(await self.finished(now, pods))
-            return dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
+            return self._configured(ctx)
         task_name = (self.body["spec"].get("taskRef") or {}).get("name", "")
         task = await self.kube.run(self.kube.get_task, task_name)
         admitted = admission.admit(
@@ -200,11 +200,17 @@ class RunReconciler:
             self.log.warning("run_rejected", reason=admitted.reason, message=admitted.message)
             return _Stop(await self.finished(now, pods))
         ctx, snapshot = admitted
-        ctx = dataclasses.replace(ctx, metrics_linger_seconds=self.linger)
+        ctx = self._configured(ctx)
         await self.patch(admission.admitted_status(self.view(), ctx, snapshot, now))
         self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
         self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
         return ctx
+
+    def _configured(self, ctx: builders.RunContext) -> builders.RunContext:
+        """The operator's settings that shape the pods but are no part of the run's snapshot."""
+        return dataclasses.replace(
+            ctx, metrics_linger_seconds=self.linger, node_loss_seconds=self.config.node_loss_seconds
+        )
 
     async def prepare(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
@@ -366,7 +372,7 @@ class RunReconciler:
         objs = [
             builders.config_map(ctx),
             builders.ssh_secret(ctx, keys),
-            netpol.network_policy(ctx, self.config.scraper_namespaces),
+            netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
         ]
         self.ensured = await self.create_owned(objs, ctx, now)
         return self.ensured
