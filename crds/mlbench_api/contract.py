@@ -100,6 +100,10 @@ class Reason(StrEnum):
     ALL_WORKERS_READY = "AllWorkersReady"  #: True: every worker of the current attempt is Ready
     UNSCHEDULABLE = "Unschedulable"  #: False: the scheduler cannot place a worker (its message is shown)
     CONTAINER_WAITING = "ContainerWaiting"  #: False: a worker's container is stuck waiting (ImagePullBackOff...)
+    #: False: a worker's volume cannot be mounted (the kubelet's Event, e.g. a missing ConfigMap or Secret)
+    FAILED_MOUNT = "FailedMount"
+    #: False: a worker's volume cannot be attached to its node (e.g. a ReadWriteOnce claim attached elsewhere)
+    FAILED_ATTACH_VOLUME = "FailedAttachVolume"
     #: WorkersReady/Running False while the API server refuses a create (403: quota, webhook; retried);
     #: Failed: a 422
     CREATE_FAILED = "CreateFailed"

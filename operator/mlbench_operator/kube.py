@@ -304,6 +304,16 @@ class Kube:
         )
         return list((answer or {}).get("items") or [])
 
+    def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """core/v1 Events of ``namespace`` matching ``field_selector`` (e.g. one pod's warnings)."""
+        answer = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            query=[("fieldSelector", field_selector), ("limit", "50")],
+            resource="events",
+        )
+        return list((answer or {}).get("items") or [])
+
     def read_log(self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int) -> str:
         """The last ``tail_lines`` lines of a container's log, at most ``limit_bytes`` of them (from the start
         of those lines). The kubelet reassembles split long lines, so one line can be any size: the limit

@@ -254,6 +254,31 @@ def test_a_lost_node_restarts_the_gang_on_the_nodes_left_and_its_return_leaves_n
     e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
 
 
+def test_a_volume_that_does_not_mount_is_named_in_workers_ready(e2e: E2E, e2e_task: str) -> None:
+    """A task whose data volume cannot mount (a ConfigMap that does not exist): the kubelet only says so in the
+    pod's Events (the pod shows ContainerCreating); WorkersReady says FailedMount with the kubelet's message, and
+    the run has a Warning Event saying the same."""
+    task = json.loads(e2e.kubectl("get", "benchmarktask", e2e_task, "-o", "json").stdout)
+    spec = task["spec"]
+    spec["dataset"].pop("source")
+    spec["dataset"]["volume"] = {"configMap": {"name": "no-such-data"}}
+    name = f"{e2e_task}-unmountable"
+    e2e.apply({"apiVersion": task["apiVersion"], "kind": "BenchmarkTask", "metadata": {"name": name}, "spec": spec})
+    e2e.tasks.append(name)
+    run = e2e.run("unmountable", name)
+    try:
+        st = e2e.wait_status(
+            run, lambda s: _condition(s, "WorkersReady").get("reason") == "FailedMount", 120, "WorkersReady FailedMount"
+        )
+        message = _condition(st, "WorkersReady")["message"]
+        assert 'configmap "no-such-data" not found' in message, message
+        warned = [ev["message"] for ev in e2e.events(run) if ev["reason"] == "FailedMount"]
+        assert warned, e2e.debug(run)
+        print(f"\n{run}: WorkersReady {message}")
+    finally:
+        e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
+
+
 class _Follow:
     """``kubectl logs -f POD``: the pod's log to its end (a deleted pod's log is gone soon after it ends)."""
 

@@ -20,7 +20,7 @@ from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
 from mlbench_operator.podview import PodChange, PodIndex, PodView, controller_uid
-from mlbench_operator.run import admission, lifecycle, policies, results
+from mlbench_operator.run import admission, lifecycle, mounts, policies, results
 from mlbench_operator.run.status import (
     Plan,
     failed_status,
@@ -173,7 +173,22 @@ class RunReconciler:
         ready = await self.prepare(ctx, now, pods)
         if ready is not None:
             return ready.delay
-        return await self.execute(policies.plan(self.view(), ctx, pods, now), ctx, now, pods)
+        volumes = await self.mount_failures(ctx, pods, now)
+        return await self.execute(policies.plan(self.view(), ctx, pods, now, volumes), ctx, now, pods)
+
+    async def mount_failures(
+        self, ctx: builders.RunContext, pods: list[PodView], now: datetime
+    ) -> dict[str, tuple[c.Reason, str]]:
+        """What the Events say of the current workers that wait, scheduled, for their volumes (:mod:`.mounts`)."""
+        attempt = int(self.status.get("restarts") or 0)
+        workers = [p for p in pods if p.role == n.ROLE_WORKER and p.attempt == attempt and p.owner_uid == ctx.uid]
+        found = {}
+        for pod in mounts.to_check(workers, now):
+            events = await self.kube.run(self.kube.list_events, self.namespace, mounts.field_selector(pod))
+            failure = mounts.failure(events)
+            if failure is not None:
+                found[pod.name] = failure
+        return found
 
     async def run_context(self, now: datetime, pods: list[PodView]) -> builders.RunContext | _Stop:
         """Admit the run (first pass: resolve its task, snapshot it, check the policy) or rebuild its

@@ -30,7 +30,7 @@ up by the earliest wait (:func:`_upkeep`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -47,6 +47,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
+from mlbench_operator.run import mounts
 from mlbench_operator.run.lifecycle import _cleanup, _deletable, _own, _seconds, _stuck_terminating, _until_stuck
 from mlbench_operator.run.outcome import (
     PERMANENT_FAILURES,
@@ -99,9 +100,18 @@ class PlanInput:
     foreign: tuple[PodView, ...]  #: the run's labels but another or no controller (never adopted)
     workers: Mapping[int, PodView]  #: the current attempt's workers by rank (ranks beyond spec.workers ignored)
     launcher: PodView | None  #: the current attempt's launcher
+    #: ``(reason, message)`` of the volume Events of workers that wait to start, by pod name (:mod:`.mounts`)
+    mounts: Mapping[str, tuple[Reason, str]] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> PlanInput:
+    def of(
+        cls,
+        body: Mapping[str, Any],
+        ctx: RunContext,
+        pods: Iterable[PodView],
+        now: datetime,
+        mounts: Mapping[str, tuple[Reason, str]] | None = None,
+    ) -> PlanInput:
         own, foreign = _own(pods, ctx.uid)
         stored = StoredStatus.parse(body.get("status"), run=_uid(body))
         restarts = stored.model.restarts or 0
@@ -121,6 +131,7 @@ class PlanInput:
             foreign=tuple(foreign),
             workers=MappingProxyType(workers),
             launcher=next((p for p in current if p.role == n.ROLE_LAUNCHER), None),
+            mounts=MappingProxyType(dict(mounts or {})),
         )
 
     @property
@@ -366,12 +377,10 @@ def _workers_to_create(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[lis
 
 def _workers_ready(inp: PlanInput, blocked: list[PodView], creating: bool) -> _Cond:
     """WorkersReady: all Ready, or the most useful reason why not (a refused create, a name held by
-    another owner, the scheduler, a stuck container), in that order."""
+    another owner, the scheduler, a stuck container, a volume that does not mount), in that order."""
     ready, total = inp.ready, inp.total
     prev = c.find(inp.old.conditions, c.WORKERS_READY)
     workers = sorted(inp.workers.values(), key=lambda p: p.rank or 0)
-    unsched = [p for p in workers if p.unschedulable]
-    stuck = [p for p in workers if p.waiting]
     if ready == total:
         return "True", Reason.ALL_WORKERS_READY, f"{ready}/{total} workers ready"
     if prev is not None and prev.reason == Reason.CREATE_FAILED and creating:
@@ -384,12 +393,23 @@ def _workers_ready(inp: PlanInput, blocked: list[PodView], creating: bool) -> _C
             "waiting for it to be deleted"
         )
         return "False", Reason.NAME_CONFLICT, text
+    return _not_started(inp, workers) or ("False", Reason.WAITING_FOR_WORKERS, f"{ready}/{total} workers ready")
+
+
+def _not_started(inp: PlanInput, workers: list[PodView]) -> _Cond | None:
+    """Why workers that exist do not start, if anyone said: the scheduler, a stuck container, a volume."""
+    unsched = [p for p in workers if p.unschedulable]
     if unsched:
-        text = f"{len(unsched)}/{total} workers cannot be scheduled: {unsched[0].unschedulable}"
+        text = f"{len(unsched)}/{inp.total} workers cannot be scheduled: {unsched[0].unschedulable}"
         return "False", Reason.UNSCHEDULABLE, text
+    stuck = [p for p in workers if p.waiting]
     if stuck:
         return "False", Reason.CONTAINER_WAITING, f"worker {stuck[0].rank}: {stuck[0].waiting}"
-    return "False", Reason.WAITING_FOR_WORKERS, f"{ready}/{total} workers ready"
+    mounting = [p for p in workers if p.name in inp.mounts]
+    if mounting:
+        reason, message = inp.mounts[mounting[0].name]
+        return "False", reason, f"worker {mounting[0].rank} (pod {mounting[0].name}): {message}"
+    return None
 
 
 def _launcher_state(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[Phase, _Cond, bool]:
@@ -447,11 +467,14 @@ def make_progress(inp: PlanInput) -> Plan:
             out.events.append(("Warning", Reason.NO_PROGRESS, st.message_of(c.STALLED)))
     if phase != inp.old.phase:
         out.events.append(("Normal", phase, st.new.message or ""))
-    if workers_ready[1] == Reason.UNSCHEDULABLE and st.changed(c.WORKERS_READY):
-        out.events.append(("Warning", Reason.UNSCHEDULABLE, workers_text))
+    if workers_ready[1] in WARNED_REASONS and st.changed(c.WORKERS_READY):
+        out.events.append(("Warning", workers_ready[1], workers_text))
     out.status = st.dump()
     return out
 
+
+#: WorkersReady reasons that also make a Warning Event on the run when they first appear
+WARNED_REASONS = (Reason.UNSCHEDULABLE, *mounts.MOUNT_REASONS)
 
 #: The policies :func:`plan` asks, in this order; the first that returns a plan decides the pass.
 POLICIES: tuple[Policy, ...] = (
@@ -474,13 +497,22 @@ def _upkeep(inp: PlanInput, out: Plan) -> Plan:
     waits = [_until_stuck(p, inp.now) for p in inp.own if p.terminating and p.name not in out.force_delete]
     left = inp.deadline_left
     waits += [out.requeue_after, left if left is not None and left > 0 else None]
+    if mounts.waiting(inp.workers.values()):  # a failing mount sends Events only, which wake nobody
+        waits.append(mounts.RECHECK_SECONDS)
     out.requeue_after = min((w for w in waits if w is not None), default=None)
     return out
 
 
-def plan(body: Mapping[str, Any], ctx: RunContext, pods: Iterable[PodView], now: datetime) -> Plan:
-    """Next status and actions for an admitted, unfinished run: the first of :data:`POLICIES` that decides."""
-    inp = PlanInput.of(body, ctx, pods, now)
+def plan(
+    body: Mapping[str, Any],
+    ctx: RunContext,
+    pods: Iterable[PodView],
+    now: datetime,
+    mounts: Mapping[str, tuple[Reason, str]] | None = None,
+) -> Plan:
+    """Next status and actions for an admitted, unfinished run: the first of :data:`POLICIES` that decides
+    (``mounts``: what the volume Events of waiting workers say, :func:`.mounts.failure`)."""
+    inp = PlanInput.of(body, ctx, pods, now, mounts)
     for policy in POLICIES:
         out = policy(inp)
         if out is not None:
