@@ -229,3 +229,14 @@ def test_the_catalog_3a_task_is_the_recipe() -> None:
     recipe = recipe_for(config)
     assert recipe == dataclasses.replace(RECIPE_3A, goal=recipe.goal)
     assert (recipe.goal.metric.value, recipe.goal.target) == ("perplexity", 68.6)
+
+
+def test_the_reference_model_on_wikitext2s_vocabulary_has_the_papers_33m_parameters() -> None:
+    """WikiText-2's 33278 words, the default shape: the AWD-LSTM paper lists 33M parameters for it (tied weights
+    counted once)."""
+    model = AwdLstm(33278, AwdLstmShape())
+    count = sum(p.numel() for p in model.parameters())
+    assert count == 33278 * 400 + 33278 + 4 * 1150 * (400 + 1150 + 2) + 4 * 1150 * (2 * 1150 + 2) + 4 * 400 * (
+        1150 + 400 + 2
+    )
+    assert 33_000_000 < count < 34_000_000
