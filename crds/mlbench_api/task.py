@@ -38,6 +38,7 @@ class ModelName(StrEnum):
     RESNET = "resnet"
     LOGISTIC_REGRESSION = "logistic-regression"
     TRANSFORMER = "transformer"
+    AWD_LSTM = "awd-lstm"
 
 
 class TransformerSize(ApiModel):
@@ -71,6 +72,29 @@ class TransformerSize(ApiModel):
         return self
 
 
+class AwdLstmSize(ApiModel):
+    """An AWD-LSTM's sizes and dropouts (Merity et al. 2017; the reference's WikiText-2 model by default: task 3a)."""
+
+    embedding: Annotated[int, Field(ge=1, le=65536)] = 400
+    """Embedding width (default 400); with tied weights also the last LSTM layer's width."""
+    hidden: Annotated[int, Field(ge=1, le=65536)] = 1150
+    """Width of the LSTM layers but the last (default 1150)."""
+    layers: Annotated[int, Field(ge=1, le=16)] = 3
+    """Stacked one-layer LSTMs (default 3)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.4
+    """Locked dropout on the last layer's output (default 0.4)."""
+    dropout_hidden: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Locked dropout between LSTM layers (default 0.2, the reference's WikiText-2 setting)."""
+    dropout_input: Annotated[float, Field(ge=0, lt=1)] = 0.65
+    """Locked dropout on the embedded input (default 0.65)."""
+    dropout_embedding: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """Dropout of whole words of the embedding (default 0.1)."""
+    weight_drop: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    """DropConnect on every layer's hidden-to-hidden weights (default 0.5)."""
+    tie_weights: bool = True
+    """Decoder weights tied to the embedding (default true)."""
+
+
 class ModelSpec(ApiModel):
     """The network. ResNet m1 = He et al. 2015, m2 = pre-activation (He et al. 2016)."""
 
@@ -87,18 +111,26 @@ class ModelSpec(ApiModel):
                     "transformer sizes are for a transformer model only",
                     ".transformer",
                 ),
+                cel(
+                    "self.name == 'awd-lstm' || !has(self.awdLstm)",
+                    "awdLstm sizes are for an awd-lstm model only",
+                    ".awdLstm",
+                ),
             ]
         }
     )
 
     name: ModelName
-    """The architecture: resnet (CIFAR-style ResNet, task 1a) or logistic-regression (task 2a)."""
+    """The architecture: resnet (CIFAR-style ResNet, task 1a), logistic-regression (task 2a), transformer (task 4b) or
+    awd-lstm (task 3a)."""
     version: Literal["m1", "m2"] | None = None
     """ResNet variant: m1 = original (He et al. 2015), m2 = pre-activation (He et al. 2016). Required for resnet."""
     depth: Literal[20, 32, 44, 56] | None = None
     """ResNet depth in layers (20, 32, 44 or 56). Required for resnet; ignored by logistic-regression."""
     transformer: TransformerSize | None = None
     """transformer only: the sizes; unset: the base model (6+6 layers, 512 wide, 8 heads, FFN 2048)."""
+    awd_lstm: AwdLstmSize | None = None
+    """awd-lstm only: the sizes and dropouts; unset: the reference's WikiText-2 model (400/1150, 3 layers)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
@@ -106,6 +138,8 @@ class ModelSpec(ApiModel):
             raise ValueError("depth: a resnet model needs version and depth")
         if self.name is not ModelName.TRANSFORMER and self.transformer is not None:
             raise ValueError("transformer: transformer sizes are for a transformer model only")
+        if self.name is not ModelName.AWD_LSTM and self.awd_lstm is not None:
+            raise ValueError("awdLstm: awdLstm sizes are for an awd-lstm model only")
         return self
 
 
@@ -116,6 +150,7 @@ class DatasetFormat(StrEnum):
     LIBSVM = "libsvm"  #: ``label idx:value ...`` text (epsilon's distribution format)
     NPZ = "npz"  #: dense ``x_train, y_train, x_test, y_test`` arrays
     PARALLEL_TEXT = "parallel-text"  #: a folder of ``train|test.<lang>`` sentence files and fairseq's ``dict.txt``
+    WIKITEXT_TOKENS = "wikitext-tokens"  #: a folder of WikiText's ``wiki.train|valid|test.tokens``
     SYNTHETIC = "synthetic"  #: generated in process, for tests and smoke runs (a transformer: the synthetic pair)
 
 
@@ -435,6 +470,39 @@ class TranslationTraining(ApiModel):
     """Hypothesis score = log-probability / length**lengthPenalty (default 0.6)."""
 
 
+class LanguageModelTraining(ApiModel):
+    """What a language-modelling task (model awd-lstm) adds to its training: task 3a's BPTT windows, clipping,
+    activation regularisation and the switch to averaged SGD. batchSizePerWorker counts streams, learningRate.value
+    is eta for a window of bptt tokens, weightDecay is SGD's."""
+
+    bptt: Annotated[int, Field(ge=2, le=10000)] = 70
+    """Back-propagation-through-time window (default 70); also the evaluation's window."""
+    random_length: bool = True
+    """Draw each training window's length: X ~ Bernoulli(shortProbability), max(minLength, Normal(bptt / (1 + X),
+    lengthStd)) (default true); false: every window is bptt."""
+    short_probability: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """P(X = 1), a half-length window (default 0.05)."""
+    length_std: Annotated[float, Field(ge=0, le=1000)] = 5.0
+    """Standard deviation of the window length (default 5)."""
+    min_length: Annotated[int, Field(ge=1, le=10000)] = 5
+    """Shortest drawn window (default 5)."""
+    warmup_epochs_per_worker: Annotated[float, Field(ge=0, le=1000)] = 3.0
+    """The rate rises linearly from eta to eta * sqrt(world size) over world size * this many epochs (default 3)."""
+    clip_norm: Annotated[float, Field(gt=0, le=1e6)] = 0.25
+    """The averaged gradient's norm is clipped at this (default 0.25)."""
+    ar_alpha: Annotated[float, Field(ge=0, le=1e3)] = 2.0
+    """Activation regularisation: alpha * mean(h^2) of the last layer's dropped output (default 2)."""
+    tar_beta: Annotated[float, Field(ge=0, le=1e3)] = 1.0
+    """Temporal activation regularisation: beta * mean((h_t - h_t-1)^2) of its raw output (default 1)."""
+    nonmono: Annotated[int, Field(ge=1, le=10000)] = 5
+    """Averaged SGD starts when the validation loss has not improved for this many epochs (default 5)."""
+    eval_batch_size: Annotated[int, Field(ge=1, le=65536)] = 10
+    """Streams the evaluated split is cut into, over all ranks (default 10)."""
+    evaluate_on: Literal["valid", "test"] = "valid"
+    """The split the goal is measured on after every epoch (default valid, the page's); the test split's perplexity of
+    the final model is reported either way."""
+
+
 class Training(ApiModel):
     """The optimisation recipe, per worker."""
 
@@ -481,6 +549,8 @@ class Training(ApiModel):
     translation: TranslationTraining | None = None
     """A transformer's (required there, refused elsewhere): token batches, Adam's constants, label smoothing,
     loss scaling and decoding."""
+    language_model: LanguageModelTraining | None = None
+    """An awd-lstm's (required there, refused elsewhere): BPTT windows, clipping, AR/TAR, the averaged-SGD switch."""
 
     @model_validator(mode="after")
     def _rules(self) -> Training:
@@ -744,10 +814,15 @@ class Overridable(StrEnum):
 #: parallel text nor bleu / perplexity goals.
 TRANSFORMER_FORMATS = ("parallel-text", "synthetic")
 TRANSFORMER_METRICS = ("bleu", "perplexity", "loss")
+#: What an awd-lstm (language-modelling) task reads and measures; the other models take neither WikiText's token
+#: files nor a languageModel section.
+LANGUAGE_MODEL_FORMATS = ("wikitext-tokens", "synthetic")
+LANGUAGE_MODEL_METRICS = ("perplexity", "loss")
 
 
-def translation_task_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
-    """What a task's sections break of the translation kind's rules (mirrors the CEL rules), as field: message."""
+def task_kind_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
+    """What a task's sections break of the translation and language-modelling kinds' rules (mirrors the CEL
+    rules), as field: message."""
     if model.name is ModelName.TRANSFORMER:
         errors = []
         if (
@@ -763,15 +838,68 @@ def translation_task_errors(model: ModelSpec, dataset: DatasetSpec, training: Tr
             errors.append("dataset: a transformer task reads parallel-text or generates the synthetic pair")
         if goal.metric.value not in TRANSFORMER_METRICS:
             errors.append("goal: a transformer task's goal is bleu, perplexity or loss")
-        return errors
+        return errors + language_model_errors(model, dataset, training, goal)
     errors = []
     if training.translation is not None or training.learning_rate.schedule is Schedule.WARMUP_INVERSE_SQRT:
         errors.append("training: training.translation and the warmup-inverse-sqrt schedule are a transformer task's")
     if dataset.format is DatasetFormat.PARALLEL_TEXT:
         errors.append("dataset: the parallel-text format is a transformer task's")
-    if goal.metric in (GoalMetric.BLEU, GoalMetric.PERPLEXITY):
-        errors.append("goal: bleu and perplexity goals are a transformer task's")
+    if goal.metric is GoalMetric.BLEU or (
+        goal.metric is GoalMetric.PERPLEXITY and model.name is not ModelName.AWD_LSTM
+    ):
+        errors.append("goal: bleu goals are a transformer task's, perplexity goals a transformer's or an awd-lstm's")
+    return errors + language_model_errors(model, dataset, training, goal)
+
+
+def language_model_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
+    """What a task's sections break of the language-modelling kind's rules (mirrors the CEL rules)."""
+    if model.name is not ModelName.AWD_LSTM:
+        wrong = training.language_model is not None or dataset.format is DatasetFormat.WIKITEXT_TOKENS
+        return (
+            ["training: training.languageModel and the wikitext-tokens format are an awd-lstm task's"] if wrong else []
+        )
+    errors = []
+    if training.language_model is None or training.optimizer is not Optimizer.SGD:
+        errors.append("training: an awd-lstm task needs training.languageModel and optimizer sgd")
+    if training.learning_rate.schedule is not Schedule.CONSTANT:
+        errors.append("training: an awd-lstm task's learningRate is constant (eta per bptt window)")
+    if dataset.format.value not in LANGUAGE_MODEL_FORMATS:
+        errors.append("dataset: an awd-lstm task reads wikitext-tokens or generates the synthetic corpus")
+    if goal.metric.value not in LANGUAGE_MODEL_METRICS:
+        errors.append("goal: an awd-lstm task's goal is perplexity or loss")
     return errors
+
+
+def _language_model_rules(awd: str) -> list[Any]:
+    """The CEL mirror of :func:`language_model_errors`."""
+    return [
+        cel(
+            f"!({awd}) || (has(self.training) && has(self.training.languageModel) && self.training.optimizer == 'sgd')",
+            "an awd-lstm task needs training.languageModel and optimizer sgd",
+            ".training",
+        ),
+        cel(
+            f"!({awd}) || !has(self.training) || self.training.learningRate.schedule == 'constant'",
+            "an awd-lstm task's learningRate is constant (eta per bptt window)",
+            ".training",
+        ),
+        cel(
+            f"!({awd}) || (has(self.dataset) && self.dataset.format in {list(LANGUAGE_MODEL_FORMATS)})",
+            "an awd-lstm task reads wikitext-tokens or generates the synthetic corpus (format synthetic)",
+            ".dataset",
+        ),
+        cel(
+            f"!({awd}) || (has(self.goal) && self.goal.metric in {list(LANGUAGE_MODEL_METRICS)})",
+            "an awd-lstm task's goal is perplexity or loss",
+            ".goal",
+        ),
+        cel(
+            f"{awd} || ((!has(self.training) || !has(self.training.languageModel)) && "
+            "(!has(self.dataset) || self.dataset.format != 'wikitext-tokens'))",
+            "training.languageModel and the wikitext-tokens format are an awd-lstm task's",
+            ".training",
+        ),
+    ]
 
 
 #: The four sections of a training task, by wire name; a collectives task has none of them.
@@ -792,6 +920,7 @@ def _training_task_rules() -> list[Any]:
         ),
     ]
     transformer = "has(self.model) && self.model.name == 'transformer'"
+    awd = "has(self.model) && self.model.name == 'awd-lstm'"
     rules += [
         cel(
             f"!({transformer}) || (has(self.training) && has(self.training.translation) && "
@@ -821,11 +950,13 @@ def _training_task_rules() -> list[Any]:
             ".dataset",
         ),
         cel(
-            f"{transformer} || !has(self.goal) || !(self.goal.metric in ['bleu', 'perplexity'])",
-            "bleu and perplexity goals are a transformer task's",
+            f"{transformer} || !has(self.goal) || !(self.goal.metric == 'bleu' || "
+            f"(self.goal.metric == 'perplexity' && !({awd})))",
+            "bleu goals are a transformer task's, perplexity goals a transformer's or an awd-lstm's",
             ".goal",
         ),
     ]
+    rules += _language_model_rules(awd)
     rules += [
         cel(
             f"has(self.collectives) || has(self.{section})",
@@ -892,7 +1023,7 @@ class BenchmarkTaskSpec(ApiModel):
         missing = [name for name in TRAINING_SECTIONS if name not in present]
         if missing:
             raise ValueError(f"{missing[0]}: {missing[0]} is required (unless the task sets collectives)")
-        if errors := translation_task_errors(self.model, self.dataset, self.training, self.goal):
+        if errors := task_kind_errors(self.model, self.dataset, self.training, self.goal):
             raise ValueError(errors[0])
         return self
 

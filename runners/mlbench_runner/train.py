@@ -39,6 +39,7 @@ from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietl
 from mlbench_runner.data import load_dataset
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
+from mlbench_runner.language import task as language_task
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.models import build_model
 from mlbench_runner.options import Options
@@ -737,12 +738,17 @@ def _translated(config: RunConfig, world: World | None, options: Options | None)
     return translation.run(config, world)
 
 
+def _language_modelled(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
+    return language_task.run(config, world)
+
+
 #: The task kinds this runner trains, by the API's model name: what ``mlbench-runner train`` runs for each. The
 #: API's ModelName and this table must agree (tests/runner/test_translation.py checks).
 KINDS: dict[ModelName, Callable[[RunConfig, World | None, Options | None], RunSummary | None]] = {
     ModelName.RESNET: _trained,
     ModelName.LOGISTIC_REGRESSION: _trained,
     ModelName.TRANSFORMER: _translated,
+    ModelName.AWD_LSTM: _language_modelled,
 }
 
 
