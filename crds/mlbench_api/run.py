@@ -512,6 +512,10 @@ class RunResult(ApiModel):
     what a tag pointed to at run time. More than one means the tag moved during the run."""
 
 
+#: Interrupted results collections (``status.results.attempts``) after which the operator gives up.
+MAX_COLLECT_ATTEMPTS = 3
+
+
 class ResultsRef(ApiModel):
     """Where the run's full results (summary with history, event log, config) are kept, or why not.
 
@@ -534,6 +538,10 @@ class ResultsRef(ApiModel):
     failing_since: datetime | None = None
     """When reading the launcher's log (or keeping its files) first failed (RFC 3339); the operator retries
     for MLBENCH_RESULTS_WAIT_SECONDS (60 s) from then before it records why nothing was kept."""
+    attempts: Annotated[int, Field(ge=0, le=MAX_COLLECT_ATTEMPTS)] | None = None
+    """Collections started and not yet ended, recorded before the launcher's log is read: one that an operator
+    restart interrupted counts, and after MAX_COLLECT_ATTEMPTS of them the operator gives up instead of
+    reading the same log again after every restart."""
 
 
 class BenchmarkRunStatus(ApiModel):

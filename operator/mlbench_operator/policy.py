@@ -176,7 +176,8 @@ def check_tolerations(tolerations: Iterable[Mapping[str, Any]] | None, policy: A
             what = f"{key!r} (control-plane nodes; MLBENCH_ALLOW_CONTROL_PLANE: false)"
         else:
             what = repr(key)
-        out.append(f"spec.scheduling.tolerations[{i}]: tolerates {what}, not allowed (MLBENCH_ALLOWED_TOLERATION_KEYS: {allowed})")
+        rule = f"not allowed (MLBENCH_ALLOWED_TOLERATION_KEYS: {allowed})"
+        out.append(f"spec.scheduling.tolerations[{i}]: tolerates {what}, {rule}")
     return out
 
 

@@ -73,11 +73,16 @@ GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_ke
         (
             {"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]},
             DEFAULT,
-            "tolerates 'node.kubernetes.io/unschedulable', not allowed (MLBENCH_ALLOWED_TOLERATION_KEYS: nvidia.com/gpu)",
+            "tolerates 'node.kubernetes.io/unschedulable', not allowed "
+            "(MLBENCH_ALLOWED_TOLERATION_KEYS: nvidia.com/gpu)",
         ),
         ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}, DEFAULT, None),
         ({"tolerations": [{"key": "nvidia.com/mig", "operator": "Exists"}]}, GPU_ONLY, None),
-        ({"tolerations": [{"key": "nvidia.com/gpu"}, {"key": "dedicated"}]}, DEFAULT, "tolerations[1]: tolerates 'dedicated'"),
+        (
+            {"tolerations": [{"key": "nvidia.com/gpu"}, {"key": "dedicated"}]},
+            DEFAULT,
+            "tolerations[1]: tolerates 'dedicated'",
+        ),
         ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(allow_control_plane=True), "every taint"),
         ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(toleration_keys=("*",)), None),
         (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,18 @@ LAUNCHER_LOG_BYTES = 64 * 1024
 
 
 LAUNCHER_LOG_SECONDS = 5.0
+
+
+#: One semaphore per event loop (the operator has one; tests start many): results collections at once.
+_COLLECTING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def collecting() -> asyncio.Semaphore:
+    """The running loop's limit on concurrent results collections (:data:`results.MAX_CONCURRENT_COLLECTIONS`)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _COLLECTING:
+        _COLLECTING[loop] = asyncio.Semaphore(results.MAX_CONCURRENT_COLLECTIONS)
+    return _COLLECTING[loop]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -505,7 +518,7 @@ class RunReconciler:
         pod = results.launcher(pods, uid)
         decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
-            decision = await self.collect(pod, uid, now)
+            decision = results.interrupted(self.status) or await self.attempt(pod, uid, now)
         if decision.action is results.Action.GIVE_UP:
             missing = self.results_record(results.missing_status(decision.message, now))
             await self.patch({**self.status, "results": missing})
@@ -518,7 +531,14 @@ class RunReconciler:
         """``status.results`` = ``outcome``, keeping ``failingSince`` (the status is a merge patch: it stays
         stored anyway, and our copy must say what is stored)."""
         since = (self.status.get("results") or {}).get("failingSince")
-        return {"failingSince": since, **outcome} if since else outcome
+        return results.ended(self.status, {"failingSince": since, **outcome} if since else outcome)
+
+    async def attempt(self, pod: PodView, uid: str, now: datetime) -> results.Decision:
+        """One collection, at most :data:`results.MAX_CONCURRENT_COLLECTIONS` at once operator-wide, recorded
+        in ``status.results.attempts`` before the log is read (see :func:`results.interrupted`)."""
+        async with collecting():
+            await self.patch({**self.status, "results": results.attempt_status(self.status)})
+            return await self.collect(pod, uid, now)
 
     async def collect(self, pod: PodView, uid: str, now: datetime) -> results.Decision:
         """Read the launcher's log and keep its results line; a failure is retried (see :meth:`retry_later`)."""
