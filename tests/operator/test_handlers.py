@@ -154,6 +154,19 @@ class FakeKube:
         return [call[1] for call in self.calls if call[0] == "patch"]
 
 
+def ours(run: str = "r1", uid: str = "uid-r1", **labels: str) -> dict[str, Any]:
+    """An object as the operator creates it for run ``run``: controller ownerReference and labels."""
+    from mlbench_operator import naming as n
+
+    ref = {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkRun", "name": run, "uid": uid, "controller": True}
+    return {
+        "metadata": {
+            "ownerReferences": [ref],
+            "labels": {n.LABEL_RUN: run, n.LABEL_MANAGED_BY: n.MANAGER, **labels},
+        }
+    }
+
+
 def _reconciler(
     body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, ensured: bool = True, config: Any = None
 ) -> Any:
@@ -373,9 +386,7 @@ def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) 
     assert wr["reason"] == "NameConflict"
     assert "uid-old" in wr["message"]
     # our own ConfigMap from an earlier pass (409 + our uid) is fine
-    kube.existing[("ConfigMap", "r1-config")] = {
-        "metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}
-    }
+    kube.existing[("ConfigMap", "r1-config")] = ours()
     asyncio.run(rec.step([]))
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
 
@@ -447,7 +458,7 @@ def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> 
     asyncio.run(rec.step(workers(ctx)))  # still there: nothing new to say
     assert len(kube.patches()) == patches
     # our own Service from an earlier pass (409 + our uid) is fine
-    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}}
+    kube.existing[("Service", "r1")] = ours()
     asyncio.run(rec.step(workers(ctx)))
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")] == [("create", "Pod", "r1-launcher")]
 
@@ -776,7 +787,9 @@ def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
     kube.existing[("ConfigMap", "r1-results")] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "x"}]}}
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
-    assert rec.status["results"]["message"] == "ConfigMap r1-results exists and is not this run's"
+    message = rec.status["results"]["message"]
+    assert message.startswith("NameConflict: ConfigMap r1-results already exists and was not created by the operator")
+    assert "(uid x)" in message
     again = FakeKube()
     rec2 = _reconciler({**body, "status": rec.status}, again, monkeypatch)
     asyncio.run(rec2.step(pods))
@@ -1001,3 +1014,30 @@ def test_at_most_two_collections_run_at_once(monkeypatch: pytest.MonkeyPatch) ->
     kept = asyncio.run(scenario())
     assert [r["configMap"] for r in kept] == ["r1-results"] * 6
     assert peak == results.MAX_CONCURRENT_COLLECTIONS == 2
+
+
+@pytest.mark.parametrize("launcher", [False, True])
+def test_an_unlabelled_pod_squatting_on_a_pods_name_is_a_name_conflict(
+    monkeypatch: pytest.MonkeyPatch, launcher: bool
+) -> None:
+    """Issue 33: a pod without the operator's labels under a worker's (or the launcher's) name is invisible to the
+    planner; its create's 409 is reported as NameConflict naming it, not retried every pass in silence."""
+    from tests.operator.test_reconcile import admitted, workers
+
+    body, ctx = admitted(h.run())
+    name = "r1-launcher" if launcher else "r1-worker-1"
+    kube = FakeKube()
+    kube.existing[("Pod", name)] = {"metadata": {"name": name, "labels": {"app": "squatter"}}}
+    rec = _reconciler(body, kube, monkeypatch)
+    if launcher:
+        rec.service_ensured = True
+    pods = workers(ctx) if launcher else []
+    assert asyncio.run(rec.step(pods)) is not None
+    cond = {c["type"]: c for c in rec.status["conditions"]}["Running" if launcher else "WorkersReady"]
+    assert cond["reason"] == "NameConflict"
+    assert cond["message"] == (
+        f"Pod {name} already exists and was not created by the operator for this run (it has no controller); "
+        "waiting for it to be deleted"
+    )
+    assert ("Warning", "NameConflict", cond["message"]) in rec.events
+    assert ("get", "Pod", name) in kube.calls

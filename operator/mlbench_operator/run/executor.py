@@ -20,8 +20,8 @@ from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
-from mlbench_operator.podview import PodChange, PodIndex, PodView, controller_uid
-from mlbench_operator.run import admission, lifecycle, policies, results
+from mlbench_operator.podview import PodChange, PodIndex, PodView
+from mlbench_operator.run import admission, lifecycle, ownership, policies, results
 from mlbench_operator.run.status import (
     Plan,
     failed_status,
@@ -81,6 +81,14 @@ class _Refused(Exception):
     def __init__(self, failures: list[tuple[str, int, str]]) -> None:
         super().__init__(failures)
         self.failures = failures
+
+
+class _Conflict(Exception):
+    """A name the run needs is held by an object the operator did not create for the run."""
+
+    def __init__(self, kind: str, name: str, why: str) -> None:
+        super().__init__(kind, name, why)
+        self.kind, self.name, self.why = kind, name, why
 
 
 class StatusRefused(kopf.TemporaryError):
@@ -271,7 +279,10 @@ class RunReconciler:
             pacing.stale_deleted(time.monotonic())
         if (plan.create_workers or plan.create_launcher) and pacing.creates_paused(time.monotonic()):
             return pacing.wake_in(plan.requeue_after)
-        refused = await self.create_pods(plan, ctx, now)
+        try:
+            refused = await self.create_pods(plan, ctx, now)
+        except _Conflict as held:
+            return await self.name_conflict(held, now)
         if refused:
             return await self.creation_refused(refused, now, pods)
         if ready_now:
@@ -306,6 +317,7 @@ class RunReconciler:
                     refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
         if refused:
             return refused
+        await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid)
         if errors:
             delay = 5.0
             if any(transient(e) for e in errors):
@@ -314,6 +326,27 @@ class RunReconciler:
             raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
         pacing.creates_succeeded()
         return []
+
+    async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
+        """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
+        create for this run (an unlabelled pod under a worker's name is invisible to the planner: without this
+        it would be created again every pass, in silence); one gone since is created again by the next pass."""
+        for obj in objs:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
+            why = None if existing is None else ownership.not_ours(existing, self.name, uid)
+            if why is not None:
+                raise _Conflict(kind, name, why)
+
+    async def name_conflict(self, held: _Conflict, now: datetime) -> float:
+        """Report a held name (:func:`lifecycle.object_conflict`) and look again later."""
+        launcher = held.kind == "Pod" and held.name == n.launcher_name(self.name)
+        condition = c.RUNNING if launcher else c.WORKERS_READY
+        plan = lifecycle.object_conflict(self.view(), held.kind, held.name, held.why, now, condition=condition)
+        await self.patch(plan.status)
+        self.emit(plan)
+        self.log.warning("name_conflict", kind=held.kind, object=held.name, why=held.why)
+        return min(30.0, self.config.resync_seconds)
 
     async def keep_launcher_log(self, pod: str, restart: int) -> None:
         """The failed attempt's launcher log tail as a Warning Event (best effort: a node that serves no
@@ -425,12 +458,9 @@ class RunReconciler:
                 existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
                 if existing is None:  # deleted in between (the garbage collector, a previous owner's): not ours
                     raise kopf.TemporaryError(f"{kind} {name} vanished after a conflict; creating it again", delay=1)
-                owner = controller_uid(existing)
-                if owner != ctx.uid:
-                    plan = lifecycle.object_conflict(self.view(), kind, name, owner, now)
-                    await self.patch(plan.status)
-                    self.emit(plan)
-                    self.log.warning("name_conflict", kind=kind, object=name, owner=owner)
+                why = ownership.not_ours(existing, self.name, ctx.uid)
+                if why is not None:
+                    await self.name_conflict(_Conflict(kind, name, why), now)
                     return False
         return True
 
@@ -607,6 +637,8 @@ class RunReconciler:
             existing = await self.kube.run(self.kube.get, "ConfigMap", self.namespace, name)
             if existing is None:  # deleted in between (garbage collection): create it on the next pass
                 raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict", delay=1)
-            if controller_uid(existing) != uid:
-                return results.Decision(results.Action.GIVE_UP, f"ConfigMap {name} exists and is not this run's")
+            why = ownership.not_ours(existing, self.name, uid)
+            if why is not None:
+                text = f"{c.Reason.NAME_CONFLICT}: {ownership.conflict_text('ConfigMap', name, why)}"
+                return results.Decision(results.Action.GIVE_UP, text.removesuffix("; waiting for it to be deleted"))
         return None
