@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mlbench_api.common import (
     API_VERSION,
     MAX_INT32,
+    MAX_LABEL_VALUE,
     MAX_SAFE_INT,
     ApiModel,
     Condition,
@@ -248,7 +249,9 @@ class Scheduling(ApiModel):
     placement: Placement | None = None
     """Where the workers go relative to each other: Any (default), OneWorkerPerNode or Spread."""
 
-    node_selector: Annotated[dict[str, str], Field(max_length=32)] | None = None
+    node_selector: (
+        Annotated[dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]], Field(max_length=32)] | None
+    ) = None
     """Node labels every pod requires (the pods' nodeSelector)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Taints the pods tolerate."""
@@ -522,13 +525,15 @@ class ResultsRef(ApiModel):
     ``mlbench results <namespace>/<run>`` downloads them; the ConfigMap is owned by the run.
     """
 
-    config_map: str | None = Field(default=None, description="ConfigMap holding the gzip files (binaryData).")
-    files: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = None
+    config_map: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="ConfigMap holding the gzip files (binaryData)."
+    )
+    files: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = None
     """Keys of the ConfigMap's binaryData, e.g. summary.json.gz, events.jsonl.gz, config.json.gz."""
     compressed_bytes: Annotated[int, Field(ge=0)] | None = None
     """Total size of the kept files, gzip-compressed, in bytes."""
-    truncated: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = Field(
-        default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only)."
+    truncated: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = (
+        Field(default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only).")
     )
     collected_at: datetime | None = None
     """When the operator wrote the ConfigMap (RFC 3339)."""
