@@ -304,6 +304,18 @@ class Kube:
         )
         return list((answer or {}).get("items") or [])
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod by name, through ``list`` (the operator may list pods, not get them: RBAC); None when absent.
+        What holds a pod's name on a 409 (see ``run.ownership``)."""
+        answer = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query=[("fieldSelector", f"metadata.name={name}")],
+            resource="pods",
+        )
+        items = list((answer or {}).get("items") or [])
+        return items[0] if items else None
+
     def read_log(self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int) -> str:
         """The last ``tail_lines`` lines of a container's log, at most ``limit_bytes`` of them (from the start
         of those lines). The kubelet reassembles split long lines, so one line can be any size: the limit

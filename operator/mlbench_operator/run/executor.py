@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 import weakref
 from collections.abc import Mapping
@@ -333,7 +334,8 @@ class RunReconciler:
         it would be created again every pass, in silence); one gone since is created again by the next pass."""
         for obj in objs:
             kind, name = obj["kind"], obj["metadata"]["name"]
-            existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
+            read = self.kube.get_pod if kind == "Pod" else functools.partial(self.kube.get, kind)
+            existing = await self.kube.run(read, self.namespace, name)
             why = None if existing is None else ownership.not_ours(existing, self.name, uid)
             if why is not None:
                 raise _Conflict(kind, name, why)
