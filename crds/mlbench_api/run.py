@@ -549,6 +549,15 @@ class ResultsRef(ApiModel):
     reading the same log again after every restart."""
 
 
+class LauncherRecord(ApiModel):
+    """The launcher pod the operator created for an attempt: the UID the API server answered its create with.
+    Only that pod is the run's launcher (its exit and termination message are the run's result); another pod
+    of the launcher's name, even one carrying the run's ownerReference and labels, is not."""
+
+    uid: Annotated[str, Field(min_length=1, max_length=64)]
+    attempt: Annotated[int, Field(ge=0)]
+
+
 class BenchmarkRunStatus(ApiModel):
     """What the operator observed; written only by the operator (the status subresource)."""
 
@@ -580,6 +589,8 @@ class BenchmarkRunStatus(ApiModel):
     """The final figures, from the launcher's termination message; set when the launcher has finished."""
     results: ResultsRef | None = None
     """Where the full results are kept (ConfigMap <run>-results), or why they are not."""
+    launcher: LauncherRecord | None = None
+    """The launcher the operator created for the current (or last) attempt."""
     message: Annotated[str, Field(max_length=32768)] | None = None
     """One line for humans: what the run is doing or why it failed."""
     task_snapshot: BenchmarkTaskSpec | None = None

@@ -319,6 +319,7 @@ class RunReconciler:
         if refused:
             return refused
         await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid)
+        await self.record_launcher(todo, outcomes, attempt)
         if errors:
             delay = 5.0
             if any(transient(e) for e in errors):
@@ -327,6 +328,14 @@ class RunReconciler:
             raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
         pacing.creates_succeeded()
         return []
+
+    async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
+        """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
+        accepted as the attempt's launcher: :func:`ownership.launcher_refused`)."""
+        launcher = n.launcher_name(self.name)
+        for obj, res in zip(todo, outcomes, strict=True):
+            if obj["metadata"]["name"] == launcher and isinstance(res, str):
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
 
     async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
@@ -547,7 +556,7 @@ class RunReconciler:
         :class:`StatusRefused` (see :meth:`patch`).
         """
         uid = self.body["metadata"].get("uid", "")
-        pod = results.launcher(pods, uid)
+        pod = results.launcher(pods, uid, self.status.get("launcher"))
         decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
             decision = results.interrupted(self.status) or await self.attempt(pod, uid, now)

@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mlbench_api.run import TERMINAL, BenchmarkRunStatus
+from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator.podview import PodView
 
 
 def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -45,3 +48,28 @@ def conflict_text(kind: str, name: str, why: str) -> str:
     return f"{kind} {name} already exists and was not created by the operator for this run ({why}); " + (
         "waiting for it to be deleted"
     )
+
+
+def launcher_refused(pod: PodView, status: BenchmarkRunStatus, attempt: int) -> str | None:
+    """Why the launcher-named ``pod`` of attempt ``attempt`` is not the run's launcher; None when it is.
+
+    The operator records the UID its create of the attempt's launcher was answered with
+    (``status.launcher``): only that pod is accepted. Without a record for the attempt (a run admitted by an
+    older operator, or one that stopped between the create and the record) the pod is accepted only if it
+    was created once the attempt's workers were all Ready (WorkersReady True), as the operator creates it:
+    a launcher put there earlier, with whatever ownerReference and labels, is not the run's.
+    """
+    record = status.launcher
+    if record is not None and record.attempt == attempt:
+        if pod.uid == record.uid:
+            return None
+        return f"it is not the launcher the operator created (uid {pod.uid or 'none'}, recorded {record.uid})"
+    ready = c.find(status.conditions, c.WORKERS_READY)
+    created = c.parse_time(pod.created)
+    if ready is None or created is None:
+        return None  # nothing to judge by (a run before its first status; a pod without a creation time)
+    if ready.status != "True" and status.phase not in TERMINAL:
+        return "it was created before the attempt's workers were all Ready"
+    if ready.status == "True" and created < ready.last_transition_time.replace(microsecond=0):
+        return "it was created before the attempt's workers were all Ready"
+    return None

@@ -77,9 +77,17 @@ class Decision:
         return self.action in (Action.WAIT, Action.COLLECT)
 
 
-def launcher(pods: Iterable[PodView], uid: str) -> PodView | None:
-    """The run's launcher pod (there is one name per run; a foreign pod of that name is not ours)."""
-    return next((p for p in pods if p.role == n.ROLE_LAUNCHER and (not uid or p.owner_uid == uid)), None)
+def launcher(pods: Iterable[PodView], uid: str, record: Mapping[str, Any] | None = None) -> PodView | None:
+    """The run's launcher pod (there is one name per run; a foreign pod of that name is not ours, nor one
+    other than the launcher the operator recorded creating for its attempt: ``status.launcher``)."""
+    record = record or {}
+
+    def recorded(p: PodView) -> bool:
+        return record.get("attempt") != p.attempt or record.get("uid") == p.uid
+
+    return next(
+        (p for p in pods if p.role == n.ROLE_LAUNCHER and (not uid or p.owner_uid == uid) and recorded(p)), None
+    )
 
 
 def _seconds_since(value: str | None, now: datetime) -> float:
