@@ -20,9 +20,9 @@ import base64
 import binascii
 import functools
 import gzip
-import io
 import json
 import re
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,11 +38,14 @@ CONFIG = "config.json"
 FILES = (SUMMARY, EVENTS, CONFIG)
 #: Compressed bytes of all files together: a ConfigMap holds at most 1 MiB, metadata included.
 BUDGET_BYTES = 900 * 1024
-#: A decompressed file larger than this is refused (a corrupt or hostile log line)...
-MAX_FILE_BYTES = 64 * 1024 * 1024
-#: ... and so are files larger than this together (eight files of 64 MiB of zeros fit the compressed budget
-#: and would fill the operator's memory, twice over with the compressed copies).
-MAX_TOTAL_BYTES = 64 * 1024 * 1024
+#: Files larger than this together once decompressed are refused (a corrupt or hostile log line: 65 KB of
+#: gzip inflate to 64 MiB). The operator first *counts* the decompressed bytes of every file, keeping none,
+#: and decompresses for keeping only a bundle within this; :func:`fit` keeps the launcher's bundle within it.
+MAX_TOTAL_BYTES = 16 * 1024 * 1024
+#: ... and so is any one file larger than this.
+MAX_FILE_BYTES = MAX_TOTAL_BYTES
+#: Decompressed bytes produced (and dropped) per step while counting.
+_COUNT_CHUNK = 64 * 1024
 #: A results line longer than this cannot be the launcher's (its files fit :data:`BUDGET_BYTES` compressed,
 #: then base64): refused before it is decoded.
 MAX_LINE_CHARS = BUDGET_BYTES * 4 // 3 + 64 * 1024
@@ -108,21 +111,26 @@ def fit(files: Mapping[str, bytes], budget: int = BUDGET_BYTES) -> Bundle:
     Raises :class:`BundleError` when even the other files alone do not fit.
     """
     bundle = Bundle(dict(files))
-    if bundle.compressed_size() <= budget:
+    if _fits(bundle, budget):
         return bundle
     lines = bundle.files.get(EVENTS, b"").splitlines()
     kept = [ln for ln in lines if _event_name(ln) not in CHATTY_EVENTS]
     keep = len(kept)
     while keep > 0:
         candidate = Bundle({**bundle.files, EVENTS: _head_and_tail(kept, keep)}, truncated=(EVENTS,))
-        if candidate.compressed_size() <= budget:
+        if _fits(candidate, budget):
             return candidate
         keep //= 2
     rest = {k: v for k, v in bundle.files.items() if k != EVENTS}
     candidate = Bundle(rest, truncated=(EVENTS,))
-    if candidate.compressed_size() <= budget:
+    if _fits(candidate, budget):
         return candidate
     raise BundleError(f"the summary and config alone need {candidate.compressed_size()} compressed bytes (> {budget})")
+
+
+def _fits(bundle: Bundle, budget: int) -> bool:
+    """Within ``budget`` compressed and :data:`MAX_TOTAL_BYTES` decompressed (what the operator accepts)."""
+    return sum(map(len, bundle.files.values())) <= MAX_TOTAL_BYTES and bundle.compressed_size() <= budget
 
 
 def results_line(bundle: Bundle) -> str:
@@ -136,20 +144,34 @@ def results_line(bundle: Bundle) -> str:
     return json.dumps(payload, separators=(",", ":"))
 
 
-def _gunzip(name: str, data: bytes, room: int) -> bytes:
-    """The file, refused once it is larger than :data:`MAX_FILE_BYTES` or than ``room`` (what the bundle's
-    total allows still): read no further than that, so a gzip bomb costs only the limit."""
-    limit = min(MAX_FILE_BYTES, room)
+def inflated_size(name: str, data: bytes, limit: int) -> int:
+    """The decompressed size of gzip ``data`` (every member), counted ``_COUNT_CHUNK`` bytes at a time and
+    kept nowhere; a :class:`BundleError` as soon as it passes ``limit`` (a gzip bomb costs one chunk of memory
+    and the time to inflate ``limit`` bytes, not its size)."""
+    total, rest = 0, data
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-            out = f.read(limit + 1)
+        while rest:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # one gzip member
+            while not inflater.eof:
+                out = inflater.decompress(rest, _COUNT_CHUNK)
+                rest = inflater.unconsumed_tail
+                if not out and not rest and not inflater.eof:
+                    raise BundleError(f"{name}: not gzip data: truncated")
+                total += len(out)
+                if total > limit:
+                    raise BundleError(f"{name}: more than {limit} bytes once decompressed (the results allow {limit})")
+            rest = inflater.unused_data
+    except zlib.error as exc:
+        raise BundleError(f"{name}: not gzip data: {exc}") from exc
+    return total
+
+
+def _gunzip(name: str, data: bytes) -> bytes:
+    """The file, once :func:`inflated_size` has counted it within the limits."""
+    try:
+        return gzip.decompress(data)
     except (OSError, EOFError) as exc:
         raise BundleError(f"{name}: not gzip data: {exc}") from exc
-    if len(out) > MAX_FILE_BYTES:
-        raise BundleError(f"{name}: more than {MAX_FILE_BYTES} bytes once decompressed")
-    if len(out) > room:
-        raise BundleError(f"the results files are more than {MAX_TOTAL_BYTES} bytes together once decompressed")
-    return out
 
 
 def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = ()) -> Bundle:
@@ -161,11 +183,15 @@ def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = 
     """
     if len(compressed) > MAX_FILES:
         raise BundleError(f"{len(compressed)} files (at most {MAX_FILES})")
-    files: dict[str, bytes] = {}
-    for key, data in compressed.items():
+    for key in compressed:
         if not _FILE_KEY.match(key):
             raise BundleError(f"unexpected file {key!r} (expected names like {', '.join(f + GZ for f in FILES)})")
-        files[key.removesuffix(GZ)] = _gunzip(key, data, MAX_TOTAL_BYTES - sum(map(len, files.values())))
+    total = 0
+    for key, data in compressed.items():  # counted first, all of them, keeping nothing
+        total += inflated_size(key, data, MAX_FILE_BYTES)
+        if total > MAX_TOTAL_BYTES:
+            raise BundleError(f"the results files are more than {MAX_TOTAL_BYTES} bytes together once decompressed")
+    files = {key.removesuffix(GZ): _gunzip(key, data) for key, data in compressed.items()}
     return Bundle(files, tuple(truncated))
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mlbench_api.common import (
     API_VERSION,
     MAX_INT32,
+    MAX_LABEL_VALUE,
     MAX_SAFE_INT,
     ApiModel,
     Condition,
@@ -248,7 +249,9 @@ class Scheduling(ApiModel):
     placement: Placement | None = None
     """Where the workers go relative to each other: Any (default), OneWorkerPerNode or Spread."""
 
-    node_selector: Annotated[dict[str, str], Field(max_length=32)] | None = None
+    node_selector: (
+        Annotated[dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]], Field(max_length=32)] | None
+    ) = None
     """Node labels every pod requires (the pods' nodeSelector)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Taints the pods tolerate."""
@@ -512,19 +515,25 @@ class RunResult(ApiModel):
     what a tag pointed to at run time. More than one means the tag moved during the run."""
 
 
+#: Interrupted results collections (``status.results.attempts``) after which the operator gives up.
+MAX_COLLECT_ATTEMPTS = 3
+
+
 class ResultsRef(ApiModel):
     """Where the run's full results (summary with history, event log, config) are kept, or why not.
 
     ``mlbench results <namespace>/<run>`` downloads them; the ConfigMap is owned by the run.
     """
 
-    config_map: str | None = Field(default=None, description="ConfigMap holding the gzip files (binaryData).")
-    files: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = None
+    config_map: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="ConfigMap holding the gzip files (binaryData)."
+    )
+    files: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = None
     """Keys of the ConfigMap's binaryData, e.g. summary.json.gz, events.jsonl.gz, config.json.gz."""
     compressed_bytes: Annotated[int, Field(ge=0)] | None = None
     """Total size of the kept files, gzip-compressed, in bytes."""
-    truncated: Annotated[list[str], Field(max_length=MAX_RESULT_FILES)] | None = Field(
-        default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only)."
+    truncated: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = (
+        Field(default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only).")
     )
     collected_at: datetime | None = None
     """When the operator wrote the ConfigMap (RFC 3339)."""
@@ -534,6 +543,19 @@ class ResultsRef(ApiModel):
     failing_since: datetime | None = None
     """When reading the launcher's log (or keeping its files) first failed (RFC 3339); the operator retries
     for MLBENCH_RESULTS_WAIT_SECONDS (60 s) from then before it records why nothing was kept."""
+    attempts: Annotated[int, Field(ge=0, le=MAX_COLLECT_ATTEMPTS)] | None = None
+    """Collections started and not yet ended, recorded before the launcher's log is read: one that an operator
+    restart interrupted counts, and after MAX_COLLECT_ATTEMPTS of them the operator gives up instead of
+    reading the same log again after every restart."""
+
+
+class LauncherRecord(ApiModel):
+    """The launcher pod the operator created for an attempt: the UID the API server answered its create with.
+    Only that pod is the run's launcher (its exit and termination message are the run's result); another pod
+    of the launcher's name, even one carrying the run's ownerReference and labels, is not."""
+
+    uid: Annotated[str, Field(min_length=1, max_length=64)]
+    attempt: Annotated[int, Field(ge=0)]
 
 
 class BenchmarkRunStatus(ApiModel):
@@ -567,6 +589,8 @@ class BenchmarkRunStatus(ApiModel):
     """The final figures, from the launcher's termination message; set when the launcher has finished."""
     results: ResultsRef | None = None
     """Where the full results are kept (ConfigMap <run>-results), or why they are not."""
+    launcher: LauncherRecord | None = None
+    """The launcher the operator created for the current (or last) attempt."""
     message: Annotated[str, Field(max_length=32768)] | None = None
     """One line for humans: what the run is doing or why it failed."""
     task_snapshot: BenchmarkTaskSpec | None = None

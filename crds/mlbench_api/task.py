@@ -185,7 +185,7 @@ class DatasetSource(ApiModel):
     url: Annotated[str, Field(min_length=8, max_length=2048, pattern=_URL)] = Field(
         description="http or https URL of the file (a .tar/.tar.gz archive when unpack is true)."
     )
-    sha256: Annotated[str, Field(pattern=_SHA256)] = Field(
+    sha256: Annotated[str, Field(pattern=_SHA256, max_length=64)] = Field(
         description="SHA-256 of the downloaded file, 64 lowercase hex digits; other bytes fail the run "
         "ChecksumMismatch."
     )
@@ -209,6 +209,7 @@ VolumeSource = Annotated[
                 "name": {
                     "type": "string",
                     "description": "Not allowed: a VolumeSource has no name (the operator calls the volume data).",
+                    "maxLength": 63,
                 }
             },
         }

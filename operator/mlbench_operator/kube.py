@@ -164,8 +164,9 @@ class Kube:
                 return None
             raise
 
-    def create(self, obj: dict[str, Any]) -> bool:
-        """Create a core/v1 object; False if it already exists (409 is success: creates are idempotent).
+    def create(self, obj: dict[str, Any]) -> bool | str:
+        """Create a core/v1 object: the UID the API server gave it (True when its answer has none); False if it
+        already exists (409 is success: creates are idempotent).
 
         A 403 may hide an object that exists: quota admission runs before the API server's existence check
         (kubernetes/kubernetes#106842), so re-creating an object in a namespace whose quota it helps use up
@@ -174,12 +175,13 @@ class Kube:
         """
         path, plural = _collection(obj, obj["metadata"]["namespace"])
         try:
-            self.request("POST", path, obj, resource=plural)
+            created = self.request("POST", path, obj, resource=plural)
         except ApiError as err:
             if err.status == 409 or (err.status == 403 and obj["kind"] in READABLE and self._exists(obj)):
                 return False
             raise
-        return True
+        uid = ((created or {}).get("metadata") or {}).get("uid") if isinstance(created, dict) else None
+        return str(uid) if uid else True
 
     def _exists(self, obj: dict[str, Any]) -> bool:
         """Whether ``obj``'s name exists in its namespace; False when it cannot be read."""
@@ -188,14 +190,14 @@ class Kube:
         except ApiError:
             return False
 
-    async def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool]:
-        """Create objects in parallel on the pool; per-object outcome (True/False or the error).
+    async def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool | str]:
+        """Create objects in parallel on the pool; per-object outcome (the UID or True, False, or the error).
 
         A coroutine, not a blocking call run on the pool: a pool thread that waited for other pool
         tasks would deadlock once every thread waits (16 runs fanning out at once).
         """
         results = await asyncio.gather(*(self.run(self.create, o) for o in objs), return_exceptions=True)
-        return [r if isinstance(r, BaseException) else bool(r) for r in results]
+        return [r if isinstance(r, (BaseException, str)) else bool(r) for r in results]
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """An object of a kind in ``_PLURALS`` (e.g. Service, Job); None when it does not exist."""
@@ -313,6 +315,18 @@ class Kube:
             resource="events",
         )
         return list((answer or {}).get("items") or [])
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod by name, through ``list`` (the operator may list pods, not get them: RBAC); None when absent.
+        What holds a pod's name on a 409 (see ``run.ownership``)."""
+        answer = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query=[("fieldSelector", f"metadata.name={name}")],
+            resource="pods",
+        )
+        items = list((answer or {}).get("items") or [])
+        return items[0] if items else None
 
     def read_log(self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int) -> str:
         """The last ``tail_lines`` lines of a container's log, at most ``limit_bytes`` of them (from the start

@@ -268,6 +268,19 @@ class LeaseClient(Protocol):
     def close(self) -> None: ...
 
 
+class LeaseNamespaceMissing(SettingsError):
+    """The Lease's namespace does not exist (a create answered 404): no replica can ever lead there. Not a
+    lost race (409): standing by would reconcile nothing, for ever, in silence."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(
+            f"the leader-election Lease's namespace {namespace!r} does not exist: create it "
+            "(manifests/operator/namespace.yaml), set MLBENCH_LEADER_ELECTION_NAMESPACE to a namespace where the "
+            "operator may create Leases, or run one replica with --no-leader-elect"
+        )
+        self.namespace = namespace
+
+
 class LeaseApi:
     """The Lease over the kubernetes client's transport (configured like :mod:`.kube`).
 
@@ -292,14 +305,18 @@ class LeaseApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(self.timeout, self.timeout))
-        text = resp.read()
-        text = text.decode(errors="replace") if isinstance(text, bytes) else str(text or "")
-        if resp.status in (404, 409):
-            return resp.status, None
-        if not 200 <= resp.status < 300:
-            raise ApiError(resp.status, method, path, text)
-        return resp.status, json.loads(text) if text else None
+        try:
+            resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(self.timeout, self.timeout))
+        except k8s.ApiException as exc:  # the client's own error for an HTTP status
+            status, text = int(exc.status or 0), str(exc.body or exc.reason or "")
+        else:
+            raw = resp.read()
+            status, text = resp.status, raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or "")
+        if status in (404, 409):
+            return status, None
+        if not 200 <= status < 300:
+            raise ApiError(status, method, path, text)
+        return status, json.loads(text) if text else None
 
     def _body(self, spec: Spec, resource_version: str = "") -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -313,8 +330,11 @@ class LeaseApi:
         return lease
 
     def create(self, spec: Spec) -> dict[str, Any] | None:
-        """The created Lease; None when another replica created it first (409)."""
-        _, lease = self._request("POST", self.collection, self._body(spec))
+        """The created Lease; None when another replica created it first (409). A 404 is not that: the
+        namespace does not exist (:class:`LeaseNamespaceMissing`)."""
+        status, lease = self._request("POST", self.collection, self._body(spec))
+        if status == 404:
+            raise LeaseNamespaceMissing(self.namespace)
         return lease
 
     def update(self, spec: Spec, resource_version: str) -> dict[str, Any] | None:
@@ -381,6 +401,7 @@ class Elector:
         else:
             written = await self._call(self.client.update, decision.spec, decision.resource_version)
         if written is None:  # 409: another replica wrote first; its record is read next round
+            log.info("leader_standby", reason="conflict", identity=self.identity, lease=self._lease_name())
             return replace(decision, action=Action.STANDBY, reason="conflict", spec=None)
         self.observed = Observed(LeaseRecord.from_lease(written), self.clock())
         return decision
@@ -388,7 +409,14 @@ class Elector:
     def _note_holder(self, holder: str) -> None:
         if holder != self._seen_holder:
             self._seen_holder = holder
-            log.info("leader_standby", holder=holder, identity=self.identity, lease=self._lease_name())
+            until = expiry(self.observed, self.settings) if self.observed is not None else None
+            log.info(
+                "leader_standby",
+                holder=holder,
+                identity=self.identity,
+                lease=self._lease_name(),
+                expires=micro_time(until) if until is not None else None,
+            )
 
     def _lease_name(self) -> str:
         return f"{self.settings.namespace}/{self.settings.name}"
@@ -409,6 +437,8 @@ class Elector:
             try:
                 async with asyncio.timeout(self.settings.renew_deadline):
                     decision = await self.try_acquire_or_renew()
+            except LeaseNamespaceMissing:
+                raise  # no retry can pass: the operator stops, saying which namespace
             except Exception as err:
                 log.warning("leader_acquire_failed", error=_describe(err), lease=self._lease_name())
             else:
@@ -508,7 +538,7 @@ async def serve_liveness(endpoint: str, elector: Elector) -> Callable[[], Awaita
         raise SettingsError(f"--liveness={endpoint!r}: only http:// is supported")
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"leader": False, "holder": elector._seen_holder})
+        return web.json_response({"leader": False, "holder": elector._seen_holder, "lease": elector._lease_name()})
 
     app = web.Application()
     app.add_routes([web.get(parts.path or "/", health)])

@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+log = logs.get_logger()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:  # a bad MLBENCH_* stops the operator here, named, not at the first run's PVC
@@ -103,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_operator())
     except KeyboardInterrupt:
         return 130
+    except leader.LeaseNamespaceMissing as err:  # no replica could ever lead: said, not stood by in silence
+        log.error("leader_election_failed", error=str(err), namespace=err.namespace)
+        print(f"mlbench-operator: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -89,7 +89,7 @@ class PodView:
     #: "reason: message" of the pod's DisruptionTarget condition (a drain's eviction, the taint manager, preemption)
     disrupted: str | None = None
     memory_limit: str | None = None  #: the main container's memory limit (named when the kernel killed it)
-    created: str | None = None  #: metadata.creationTimestamp
+    created: str | None = None  #: metadata.creationTimestamp (RFC 3339, set by the API server)
 
     @property
     def finished(self) -> bool:

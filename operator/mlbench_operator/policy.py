@@ -27,10 +27,23 @@ DEFAULT_IMAGES = ("docker.io/mlbench/mlbench-runner:*", "docker.io/mlbench/mlben
 #: outside the ``restricted`` Pod Security level: in such a namespace Pod Security admission refuses the pods
 #: and the run fails ``PolicyViolation`` (``run.lifecycle.refusal_is_final``); it needs a ``baseline`` namespace.
 DEFAULT_VOLUME_TYPES = ("persistentVolumeClaim", "nfs", "csi", "ephemeral", "configMap", "emptyDir")
-#: Priority classes refused unless the admin lists them (Kubernetes reserves ``system-`` for itself).
-RESERVED_PRIORITY_PREFIX = "system-"
 #: Node roles a run may not select or tolerate unless allowed: benchmarks do not belong on them.
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+#: ``nodeSelector`` keys a run may use by default: the well-known labels that choose hardware or place (none
+#: of them reaches nodes set aside: those are tainted, and the tolerations are checked too).
+DEFAULT_NODE_SELECTOR_KEYS = (
+    "kubernetes.io/arch",
+    "kubernetes.io/os",
+    "kubernetes.io/hostname",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "nvidia.com/gpu.present",
+    "nvidia.com/gpu.product",
+)
+#: Taint keys a run may tolerate by default: the GPU device plugin's. Never ``node.kubernetes.io/*`` (a
+#: cordoned, unreachable or pressured node) nor the control plane's: those nodes are not the tenants' to use.
+DEFAULT_TOLERATION_KEYS = ("nvidia.com/gpu",)
 
 
 def normalize_image(ref: str) -> str:
@@ -49,8 +62,12 @@ class AdmissionPolicy:
     """The admin's limits on runs; ``from_env`` reads them (``*`` allows everything)."""
 
     images: tuple[str, ...] = DEFAULT_IMAGES
-    #: None: every class except the reserved ``system-*`` ones.
-    priority_classes: tuple[str, ...] | None = None
+    #: Empty: no run may set a priority class (one could preempt every other tenant's pods).
+    priority_classes: tuple[str, ...] = ()
+    #: ``nodeSelector`` keys and toleration keys (shell patterns; ``*`` also allows a toleration of every taint).
+    node_selector_keys: tuple[str, ...] = DEFAULT_NODE_SELECTOR_KEYS
+    toleration_keys: tuple[str, ...] = DEFAULT_TOLERATION_KEYS
+    #: Adds the control-plane keys to both allowlists.
     allow_control_plane: bool = False
     volume_types: tuple[str, ...] = DEFAULT_VOLUME_TYPES
     #: ``spec.network`` (tc netem): the workers' init container runs as root with NET_ADMIN.
@@ -58,15 +75,19 @@ class AdmissionPolicy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AdmissionPolicy:
-        """``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``, ``MLBENCH_ALLOWED_VOLUME_TYPES``
-        (comma-separated; shell-style patterns for images and classes), ``MLBENCH_ALLOW_CONTROL_PLANE`` and
-        ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false). Raises :class:`SettingsError` naming the variable."""
+        """``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``, ``MLBENCH_ALLOWED_NODE_SELECTOR_KEYS``,
+        ``MLBENCH_ALLOWED_TOLERATION_KEYS``, ``MLBENCH_ALLOWED_VOLUME_TYPES`` (comma-separated; shell-style patterns
+        but for volume types), ``MLBENCH_ALLOW_CONTROL_PLANE`` and ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false).
+        Unset or empty: the default. Raises :class:`SettingsError` naming the variable."""
         images = _patterns(env, "MLBENCH_ALLOWED_IMAGES")
-        classes = _patterns(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")
+        selectors = _patterns(env, "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS")
+        tolerations = _patterns(env, "MLBENCH_ALLOWED_TOLERATION_KEYS")
         volumes = _list(env, "MLBENCH_ALLOWED_VOLUME_TYPES")
         return cls(
             images=tuple(normalize_image(i) if i != "*" else i for i in images) if images else DEFAULT_IMAGES,
-            priority_classes=tuple(classes) if classes else None,
+            priority_classes=tuple(_patterns(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")),
+            node_selector_keys=tuple(selectors) if selectors else DEFAULT_NODE_SELECTOR_KEYS,
+            toleration_keys=tuple(tolerations) if tolerations else DEFAULT_TOLERATION_KEYS,
             allow_control_plane=_bool(env, "MLBENCH_ALLOW_CONTROL_PLANE"),
             volume_types=tuple(volumes) if volumes else DEFAULT_VOLUME_TYPES,
             allow_network_emulation=_bool(env, "MLBENCH_ALLOW_NETWORK_EMULATION"),
@@ -111,35 +132,62 @@ def check_image(image: str, field: str, policy: AdmissionPolicy) -> list[str]:
 
 
 def check_priority(name: str | None, policy: AdmissionPolicy) -> list[str]:
-    if not name:
+    """A priority class only if the admin lists it: any other could preempt other tenants' pods."""
+    if not name or _matches(name, policy.priority_classes):
         return []
-    field = "spec.scheduling.priorityClassName"
-    if policy.priority_classes is None:
-        if name.startswith(RESERVED_PRIORITY_PREFIX):
-            return [f"{field}: {name!r} is reserved for the cluster's own components"]
-        return []
-    if _matches(name, policy.priority_classes):
-        return []
+    listed = ", ".join(policy.priority_classes) or "none"
     return [
-        f"{field}: {name!r} is not allowed (MLBENCH_ALLOWED_PRIORITY_CLASSES: {', '.join(policy.priority_classes)})"
+        f"spec.scheduling.priorityClassName: {name!r} is not allowed: a run may use only the priority classes "
+        f"the operator's admin lists (MLBENCH_ALLOWED_PRIORITY_CLASSES: {listed})"
     ]
 
 
-def check_placement(scheduling: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
-    """Control-plane nodes: neither selected nor tolerated (a toleration of every taint included)."""
-    if policy.allow_control_plane or not scheduling:
-        return []
+def _key_allowed(key: str, patterns: tuple[str, ...], policy: AdmissionPolicy) -> bool:
+    return _matches(key, patterns) or (policy.allow_control_plane and key in CONTROL_PLANE_KEYS)
+
+
+def check_node_selector(selector: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """Every ``nodeSelector`` key in the allowlist (the control-plane roles only with ``allow_control_plane``)."""
     out = []
-    for key in scheduling.get("nodeSelector") or {}:
-        if key in CONTROL_PLANE_KEYS:
-            out.append(f"spec.scheduling.nodeSelector: {key!r} selects control-plane nodes")
-    for i, tol in enumerate(scheduling.get("tolerations") or []):
-        key = tol.get("key")
-        if not key and tol.get("operator") == "Exists":
-            out.append(f"spec.scheduling.tolerations[{i}]: tolerates every taint, control-plane ones included")
-        elif key in CONTROL_PLANE_KEYS:
-            out.append(f"spec.scheduling.tolerations[{i}]: tolerates {key!r} (control-plane nodes)")
+    for key in selector or {}:
+        if _key_allowed(key, policy.node_selector_keys, policy):
+            continue
+        rule = (
+            "selects control-plane nodes (MLBENCH_ALLOW_CONTROL_PLANE: false)"
+            if key in CONTROL_PLANE_KEYS
+            else f"key is not allowed (MLBENCH_ALLOWED_NODE_SELECTOR_KEYS: {', '.join(policy.node_selector_keys)})"
+        )
+        out.append(f"spec.scheduling.nodeSelector: {key!r} {rule}")
     return out
+
+
+def check_tolerations(tolerations: Iterable[Mapping[str, Any]] | None, policy: AdmissionPolicy) -> list[str]:
+    """Every toleration's key in the allowlist; a toleration without a key (of every taint: cordoned and
+    control-plane nodes included) only where the allowlist is ``*``."""
+    out = []
+    allowed = ", ".join(policy.toleration_keys)
+    for i, tol in enumerate(tolerations or []):
+        key = tol.get("key") or ""
+        if _key_allowed(key, policy.toleration_keys, policy):
+            continue
+        if not key:
+            what = "every taint, control-plane and cordoned nodes included"
+        elif key in CONTROL_PLANE_KEYS:
+            what = f"{key!r} (control-plane nodes; MLBENCH_ALLOW_CONTROL_PLANE: false)"
+        else:
+            what = repr(key)
+        rule = f"not allowed (MLBENCH_ALLOWED_TOLERATION_KEYS: {allowed})"
+        out.append(f"spec.scheduling.tolerations[{i}]: tolerates {what}, {rule}")
+    return out
+
+
+def check_placement(scheduling: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """``nodeSelector`` keys and tolerations only from the admin's allowlists."""
+    scheduling = scheduling or {}
+    return [
+        *check_node_selector(scheduling.get("nodeSelector"), policy),
+        *check_tolerations(scheduling.get("tolerations"), policy),
+    ]
 
 
 def check_volume(volume: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:

@@ -150,21 +150,68 @@ def _zeros(megabytes: int) -> str:
     return base64.b64encode(gzip.compress(bytes(megabytes << 20))).decode()
 
 
-def test_a_gzip_bomb_is_refused_at_the_total_limit_without_reading_past_it() -> None:
-    """Eight files of 40 MiB of zeros fit the compressed budget; together they are refused once the total
-    passes MAX_TOTAL_BYTES (the operator's 1 GiB would go), and each file is read only up to what is left."""
-    files = {f"f{i}.json.gz": _zeros(40) for i in range(8)}
+def _peak(fn: Any) -> tuple[BaseException | None, int, float]:
+    """(what ``fn`` raised, its peak of traced memory, its seconds)."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    raised: BaseException | None = None
+    try:
+        fn()
+    except Exception as exc:
+        raised = exc
+    finally:
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return raised, peak, seconds
+
+
+def test_a_65_kb_line_inflating_to_64_mib_is_refused_quickly_and_kept_nowhere() -> None:
+    """Issue 33: one file of 64 MiB of zeros is a 65 KB line; it is refused with a reason, its bytes counted
+    a chunk at a time (never held: the peak is a few MiB, not 64), in well under a second of CPU."""
+    line = _line(files={"events.jsonl.gz": _zeros(64)})
+    assert len(line) < 100_000
+    raised, peak, seconds = _peak(lambda: bundle.parse_line(line))
+    assert isinstance(raised, bundle.BundleError), raised
+    assert f"events.jsonl.gz: more than {bundle.MAX_FILE_BYTES} bytes once decompressed" in str(raised)
+    assert peak < 4 << 20, f"{peak >> 20} MiB held"
+    assert seconds < 5, seconds  # generous for a shared CI machine; the count stops at the limit
+
+
+def test_a_gzip_bomb_is_refused_at_the_total_limit_without_keeping_any_file() -> None:
+    """Eight files of 10 MiB of zeros (each within the per-file limit) fit the compressed budget; together
+    they are refused once the count passes MAX_TOTAL_BYTES, before any file is decompressed for keeping."""
+    files = {f"f{i}.json.gz": _zeros(10) for i in range(8)}
     line = _line(files=files)
     assert len(line) < bundle.MAX_LINE_CHARS  # the budget is no defence by itself
-    tracemalloc.start()
-    try:
-        with pytest.raises(bundle.BundleError, match="more than 67108864 bytes together"):
-            bundle.parse_line(line)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 160 << 20, f"{peak >> 20} MiB held (the eight files are 320 MiB)"
-    assert bundle.parse_line(_line(files={"f0.json.gz": _zeros(40)})) is not None  # one file of 40 MiB is fine
+    raised, peak, _ = _peak(lambda: bundle.parse_line(line))
+    assert isinstance(raised, bundle.BundleError), raised
+    assert f"more than {bundle.MAX_TOTAL_BYTES} bytes together" in str(raised)
+    assert peak < 4 << 20, f"{peak >> 20} MiB held (the eight files are 80 MiB)"
+    assert bundle.parse_line(_line(files={"f0.json.gz": _zeros(10)})) is not None  # one file of 10 MiB is fine
+
+
+@pytest.mark.parametrize("size", [0, 1, 65536, 65537, 3 * 65536 + 7])
+def test_the_count_is_the_decompressed_size(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    assert bundle.inflated_size("f", gzip.compress(data), size) == size
+    with pytest.raises(bundle.BundleError, match="more than"):
+        bundle.inflated_size("f", gzip.compress(data + b"!"), size)
+    two = gzip.compress(data) + gzip.compress(b"more")  # every member counts (gzip.decompress reads them all)
+    assert bundle.inflated_size("f", two, size + 4) == size + 4
+    with pytest.raises(bundle.BundleError, match="not gzip data"):
+        bundle.inflated_size("f", gzip.compress(data + b"tail")[:-12], size + 4)
+
+
+def test_fit_keeps_the_bundle_within_what_the_operator_accepts() -> None:
+    """A launcher's event log of repetitive lines compresses far below the budget but may inflate past the
+    operator's limit: fit() cuts it (middle first) so that the operator never refuses the launcher's own line."""
+    line = b'{"event": "epoch_end", "loss": 0.5}\n'
+    events = line * ((bundle.MAX_TOTAL_BYTES // len(line)) + 1000)
+    fitted = bundle.fit({bundle.SUMMARY: _summary_bytes(), bundle.EVENTS: events})
+    assert fitted.truncated == (bundle.EVENTS,)
+    assert sum(map(len, fitted.files.values())) <= bundle.MAX_TOTAL_BYTES
+    assert bundle.parse_line(bundle.results_line(fitted)) is not None
 
 
 def test_a_results_line_longer_than_any_launcher_writes_is_refused_before_decoding() -> None:

@@ -62,6 +62,8 @@ class OperatorProcess:
         # kwok nodes serve no container logs: a finished run's results are given up at once (the
         # results path itself is tested on the real node, tests/e2e, and in test_handlers/test_results)
         env["MLBENCH_RESULTS_WAIT_SECONDS"] = "1"
+        # test_launcher_waits_for_every_worker selects nodes by a label of its own (mlbench-test-*)
+        env.setdefault("MLBENCH_ALLOWED_NODE_SELECTOR_KEYS", "mlbench-test-*,kubernetes.io/*")
         # Leader election: a Lease of this session's own (sessions share the cluster), in mlbench-system
         # (leader-election.yaml), and an identity kept across restarts, like a pod's name: a restarted
         # (SIGKILLed) operator retakes its Lease at once instead of waiting for it to expire.

@@ -10,7 +10,13 @@ from mlbench_operator.policy import DEFAULT_VOLUME_TYPES, AdmissionPolicy
 
 TASK_NAME = "optest-task"
 #: For tests of builders with other images or volumes than the default policy admits.
-PERMISSIVE = AdmissionPolicy(images=("*",), volume_types=(*DEFAULT_VOLUME_TYPES, "hostPath"))
+PERMISSIVE = AdmissionPolicy(
+    images=("*",),
+    volume_types=(*DEFAULT_VOLUME_TYPES, "hostPath"),
+    priority_classes=("*",),
+    node_selector_keys=("*",),
+    toleration_keys=("*",),
+)
 
 TASK: dict[str, Any] = {
     "apiVersion": "mlbench.io/v1alpha1",

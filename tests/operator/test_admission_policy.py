@@ -25,7 +25,13 @@ import pytest
 import yaml
 
 from mlbench_operator.conditions import Reason
-from mlbench_operator.policy import DEFAULT_IMAGES, DEFAULT_VOLUME_TYPES, AdmissionPolicy
+from mlbench_operator.policy import (
+    DEFAULT_IMAGES,
+    DEFAULT_NODE_SELECTOR_KEYS,
+    DEFAULT_TOLERATION_KEYS,
+    DEFAULT_VOLUME_TYPES,
+    AdmissionPolicy,
+)
 from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster, create_namespace, wait_for
 from tests.operator import helpers as h
@@ -35,13 +41,15 @@ POLICY_DIR = REPO / "manifests" / "policy"
 #: the label that makes a test binding judge an object (value: this session's id and the settings set)
 TEST_LABEL = "mlbench.io/admission-policy-test"
 GROUP_VERSION = "mlbench.io/v1alpha1"
-#: The policy's first five variables, in order, and the operator setting each one mirrors.
+#: The policy's first seven variables, in order, and the operator setting each one mirrors.
 SETTINGS = {
     "allowedImages": "MLBENCH_ALLOWED_IMAGES",
     "allowedPriorityClasses": "MLBENCH_ALLOWED_PRIORITY_CLASSES",
     "allowControlPlane": "MLBENCH_ALLOW_CONTROL_PLANE",
     "allowedVolumeTypes": "MLBENCH_ALLOWED_VOLUME_TYPES",
     "allowNetworkEmulation": "MLBENCH_ALLOW_NETWORK_EMULATION",
+    "allowedNodeSelectorKeys": "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS",
+    "allowedTolerationKeys": "MLBENCH_ALLOWED_TOLERATION_KEYS",
 }
 Obj = dict[str, Any]
 
@@ -89,9 +97,11 @@ def test_the_limits_are_the_operators_defaults() -> None:
         "MLBENCH_ALLOWED_VOLUME_TYPES": ",".join(DEFAULT_VOLUME_TYPES),
         "MLBENCH_ALLOW_CONTROL_PLANE": "false",
         "MLBENCH_ALLOW_NETWORK_EMULATION": "false",
+        "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": ",".join(DEFAULT_NODE_SELECTOR_KEYS),
+        "MLBENCH_ALLOWED_TOLERATION_KEYS": ",".join(DEFAULT_TOLERATION_KEYS),
     }
     assert AdmissionPolicy.from_env(defaults) == AdmissionPolicy()
-    # the shipped expressions say exactly that (the priority classes: [] as the unset variable)
+    # the shipped expressions say exactly that (the priority classes: [], none, as the unset variable)
     rendered = policy_with(defaults)["spec"]["variables"]
     for shipped_var, same in zip(variables[: len(SETTINGS)], rendered[: len(SETTINGS)], strict=True):
         assert yaml.safe_load(shipped_var["expression"].replace("'", '"')) == yaml.safe_load(same["expression"])
@@ -122,6 +132,11 @@ SETTINGS_SETS: dict[str, dict[str, str]] = {
     "control-plane": {"MLBENCH_ALLOW_CONTROL_PLANE": "true"},
     "volumes": {"MLBENCH_ALLOWED_VOLUME_TYPES": "persistentVolumeClaim,hostPath"},
     "network": {"MLBENCH_ALLOW_NETWORK_EMULATION": "true"},
+    "placement": {
+        "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": "dedicated",
+        "MLBENCH_ALLOWED_TOLERATION_KEYS": "dedicated,example.com/*",
+    },
+    "any-toleration": {"MLBENCH_ALLOWED_TOLERATION_KEYS": "*"},
     "empty": {key: "" for key in ("MLBENCH_ALLOWED_IMAGES", "MLBENCH_ALLOWED_VOLUME_TYPES")},
 }
 
@@ -170,13 +185,12 @@ def task(id: str, admitted: bool, *needles: str, settings: str = "defaults", **k
 
 
 CASES = [
-    # the defaults: the project's runner, any priority class but system-*, no control plane, no hostPath
+    # the defaults: the project's runner, no priority class, well-known node labels, the GPU taint, no hostPath
     run(
         "run-compliant",
         True,
         image=RUNNER,
         **sched(
-            priorityClassName="batch-low",
             nodeSelector={"nvidia.com/gpu.present": "true"},
             tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         ),
@@ -214,7 +228,20 @@ CASES = [
         "spec.scheduling.tolerations",
         **sched(tolerations=[{"key": CP, "operator": "Exists", "effect": "NoSchedule"}]),
     ),
-    run("run-tolerate-keyless-equal", True, **sched(tolerations=[{"operator": "Equal", "value": "x"}])),
+    run(
+        "run-tolerate-keyless-equal",
+        False,
+        "spec.scheduling.tolerations",
+        **sched(tolerations=[{"operator": "Equal", "value": "x"}]),
+    ),
+    run("run-priority-unlisted", False, "spec.scheduling.priorityClassName", **sched(priorityClassName="batch-low")),
+    run("run-selector-unlisted", False, "spec.scheduling.nodeSelector", **sched(nodeSelector={"dedicated": "a"})),
+    run(
+        "run-tolerate-cordoned",
+        False,
+        "spec.scheduling.tolerations",
+        **sched(tolerations=[{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]),
+    ),
     run("run-network", False, "spec.network", network={"latencyMs": 5}),
     run(
         "run-everything-wrong",
@@ -231,7 +258,8 @@ CASES = [
         ),
     ),
     # a sweep's template becomes its runs
-    sweep("sweep-compliant", True, image=RUNNER, **sched(priorityClassName="batch-low")),
+    sweep("sweep-compliant", True, image=RUNNER, **sched(nodeSelector={"kubernetes.io/arch": "amd64"})),
+    sweep("sweep-selector", False, "spec.template.scheduling.nodeSelector", **sched(nodeSelector={"x": "y"})),
     sweep("sweep-image", False, "spec.template.image", image="busybox:1.36"),
     sweep("sweep-priority", False, "spec.template.scheduling.priorityClassName", **sched(priorityClassName="system-x")),
     sweep(
@@ -289,8 +317,36 @@ CASES = [
         "control-plane",
         True,
         settings="control-plane",
-        **sched(nodeSelector={CP: ""}, tolerations=[{"operator": "Exists"}]),
+        **sched(nodeSelector={CP: ""}, tolerations=[{"key": CP, "operator": "Exists"}]),
     ),
+    run(
+        "control-plane-not-every-taint",
+        False,
+        "spec.scheduling.tolerations",
+        settings="control-plane",
+        **sched(tolerations=[{"operator": "Exists"}]),
+    ),
+    run(
+        "placement-listed",
+        True,
+        settings="placement",
+        **sched(nodeSelector={"dedicated": "a"}, tolerations=[{"key": "example.com/team", "operator": "Exists"}]),
+    ),
+    run(
+        "placement-default-key-dropped",
+        False,
+        "spec.scheduling.nodeSelector",
+        settings="placement",
+        **sched(nodeSelector={"kubernetes.io/arch": "amd64"}),
+    ),
+    run(
+        "placement-gpu-taint-dropped",
+        False,
+        "spec.scheduling.tolerations",
+        settings="placement",
+        **sched(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+    ),
+    run("any-toleration", True, settings="any-toleration", **sched(tolerations=[{"operator": "Exists"}])),
     task("volumes-hostpath", True, settings="volumes", volume={"hostPath": {"path": "/srv/data"}}),
     task(
         "volumes-nfs-unlisted",

@@ -150,8 +150,25 @@ class FakeKube:
         self.calls.append(("get", kind, name))
         return self.existing.get((kind, name))
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_pod", name))
+        return self.existing.get(("Pod", name))
+
     def patches(self) -> list[dict[str, Any]]:
         return [call[1] for call in self.calls if call[0] == "patch"]
+
+
+def ours(run: str = "r1", uid: str = "uid-r1", **labels: str) -> dict[str, Any]:
+    """An object as the operator creates it for run ``run``: controller ownerReference and labels."""
+    from mlbench_operator import naming as n
+
+    ref = {"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkRun", "name": run, "uid": uid, "controller": True}
+    return {
+        "metadata": {
+            "ownerReferences": [ref],
+            "labels": {n.LABEL_RUN: run, n.LABEL_MANAGED_BY: n.MANAGER, **labels},
+        }
+    }
 
 
 def _reconciler(
@@ -195,19 +212,22 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     assert kube.calls[0][0] == "patch", kube.calls
     assert kube.calls[0][1]["phase"] == "Succeeded"
     assert kube.calls[0][1]["result"]["goalReached"] is True
-    # the results are kept before the cleanup may delete the launcher (cleanPodPolicy All)
-    assert kube.calls[1] == ("read_log", "r1-launcher", "launcher")
-    assert kube.calls[2] == ("create", "ConfigMap", "r1-results")
-    assert kube.calls[3][0] == "patch"
-    assert kube.calls[3][1]["results"]["configMap"] == "r1-results"
-    assert kube.calls[4] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
+    # the results are kept before the cleanup may delete the launcher (cleanPodPolicy All), the attempt
+    # recorded before the log is read
+    assert kube.calls[1] == ("patch", {"results": {"attempts": 1}})
+    assert kube.calls[2] == ("read_log", "r1-launcher", "launcher")
+    assert kube.calls[3] == ("create", "ConfigMap", "r1-results")
+    assert kube.calls[4][0] == "patch"
+    assert kube.calls[4][1]["results"]["configMap"] == "r1-results"
+    assert kube.calls[4][1]["results"]["attempts"] is None  # ended
+    assert kube.calls[5] == ("delete", ["r1-launcher", "r1-worker-0", "r1-worker-1"], None)
 
     # Retried in the same process before the watch echoed the final status: not re-planned.
     rec.recover(body["status"])
     assert rec.status["phase"] == "Succeeded"
 
     # The operator restarts; the launcher's delete had gone through, the workers' had not.
-    finished = {**body, "status": {**body["status"], **kube.calls[0][1], **kube.calls[3][1]}}
+    finished = {**body, "status": {**body["status"], **kube.calls[0][1], **kube.calls[4][1]}}
     kube2 = FakeKube()
     rec2 = _reconciler(finished, kube2, monkeypatch)
     assert asyncio.run(rec2.step(workers(ctx))) is None
@@ -370,9 +390,7 @@ def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) 
     assert wr["reason"] == "NameConflict"
     assert "uid-old" in wr["message"]
     # our own ConfigMap from an earlier pass (409 + our uid) is fine
-    kube.existing[("ConfigMap", "r1-config")] = {
-        "metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}
-    }
+    kube.existing[("ConfigMap", "r1-config")] = ours()
     asyncio.run(rec.step([]))
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
 
@@ -444,7 +462,7 @@ def test_foreign_service_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> 
     asyncio.run(rec.step(workers(ctx)))  # still there: nothing new to say
     assert len(kube.patches()) == patches
     # our own Service from an earlier pass (409 + our uid) is fine
-    kube.existing[("Service", "r1")] = {"metadata": {"ownerReferences": [{"uid": "uid-r1", "controller": True}]}}
+    kube.existing[("Service", "r1")] = ours()
     asyncio.run(rec.step(workers(ctx)))
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")] == [("create", "Pod", "r1-launcher")]
 
@@ -638,7 +656,8 @@ def test_unreadable_launcher_log(
         assert rec.status["results"]["message"] == "the launcher's log is gone: boom"
         assert ("Warning", "ResultsNotKept", "the launcher's log is gone: boom") in rec.events
     else:
-        assert set(rec.status["results"]) == {"failingSince"}  # a retry in progress, not an outcome
+        assert set(rec.status["results"]) == {"failingSince", "attempts"}  # a retry in progress, not an outcome
+        assert rec.status["results"]["attempts"] is None  # the attempt ended: not an interrupted one
         assert delay is not None
         assert delay <= 5.1
 
@@ -659,7 +678,10 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     asyncio.run(rec.step(pods))
     assert rec.status["phase"] == "Succeeded"
     since = rec.status["results"]["failingSince"]
-    assert [p["results"] for p in kube.patches() if "results" in p] == [{"failingSince": since}]
+    assert [p["results"] for p in kube.patches() if "results" in p] == [
+        {"attempts": 1},
+        {"failingSince": since, "attempts": None},
+    ]
     assert not [e for e in rec.events if e[1] == "ResultsNotKept"]
     assert "r1-launcher" not in [c for call in kube.calls if call[0] == "delete" for c in call[1]]
     # an operator restarted 30 s later reads the same window from the status
@@ -668,8 +690,12 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     kube2.log_error = TimeoutError("read timed out")
     rec2 = _reconciler({**body, "status": rec.status}, kube2, monkeypatch)
     asyncio.run(rec2.step(pods))
-    assert rec2.status["results"] == {"failingSince": since}
-    assert not kube2.patches()  # nothing new to record
+    assert rec2.status["results"] == {"failingSince": since, "attempts": None}
+    # nothing new to record but the attempt, started and ended
+    assert [p["results"] for p in kube2.patches()] == [
+        {"failingSince": since, "attempts": 1},
+        {"failingSince": since, "attempts": None},
+    ]
     # 61 s after the first failure: given up, once, and the launcher may go
     monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=61))
     asyncio.run(rec2.step(pods))
@@ -765,7 +791,9 @@ def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
     kube.existing[("ConfigMap", "r1-results")] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "x"}]}}
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
-    assert rec.status["results"]["message"] == "ConfigMap r1-results exists and is not this run's"
+    message = rec.status["results"]["message"]
+    assert message.startswith("NameConflict: ConfigMap r1-results already exists and was not created by the operator")
+    assert "(uid x)" in message
     again = FakeKube()
     rec2 = _reconciler({**body, "status": rec.status}, again, monkeypatch)
     asyncio.run(rec2.step(pods))
@@ -923,3 +951,97 @@ def test_a_wait_is_no_longer_than_the_deadline(delay: float | None, left: float 
     from mlbench_operator.run import lifecycle
 
     assert lifecycle.by_deadline(delay, left) == expected
+
+
+def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: an operator killed while reading a launcher's log (a results bomb) must not read it again after
+    every restart: each attempt is recorded before the read, and after MAX_COLLECT_ATTEMPTS unfinished ones the
+    results are given up with the reason, the log left alone."""
+    from mlbench_api.run import MAX_COLLECT_ATTEMPTS
+
+    body, _ctx, pods = _finished("All")
+    kube = FakeKube()
+    kube.log = results_line(h.summary())
+    status = {**body["status"], "phase": "Succeeded", "results": {"attempts": MAX_COLLECT_ATTEMPTS - 1}}
+    rec = _reconciler({**body, "status": status}, kube, monkeypatch)
+
+    class Killed(BaseException):  # the operator dies in the read: nothing after it runs
+        pass
+
+    def killed(*_args: Any) -> str:
+        raise Killed
+
+    kube.read_log = killed  # type: ignore[method-assign, assignment]
+    with pytest.raises(Killed):
+        asyncio.run(rec.step(pods))
+    assert kube.patches()[-1]["results"] == {"attempts": MAX_COLLECT_ATTEMPTS}  # recorded before the read
+    # the restarted operator reads the recorded count, and gives up
+    again = FakeKube()
+    again.log = kube.log
+    restarted = {**body, "status": {**status, "results": {"attempts": MAX_COLLECT_ATTEMPTS}}}
+    rec2 = _reconciler(restarted, again, monkeypatch)
+    asyncio.run(rec2.step(pods))
+    assert not [c for c in again.calls if c[0] == "read_log"]
+    message = rec2.status["results"]["message"]
+    assert message.startswith(f"collecting the results was started {MAX_COLLECT_ATTEMPTS} times and never ended")
+    assert rec2.status["results"]["attempts"] is None
+    assert ("Warning", "ResultsNotKept", message) in rec2.events
+
+
+def test_at_most_two_collections_run_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: many runs ending together do not read and decompress their results all at once."""
+    from mlbench_operator.run import results
+
+    active, peak = 0, 0
+
+    class SlowLogs(FakeKube):
+        async def run(self, fn: Any, *args: Any) -> Any:
+            nonlocal active, peak
+            if fn != self.read_log:
+                return fn(*args)
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+            return fn(*args)
+
+    async def scenario() -> list[Any]:
+        recs = []
+        for _ in range(6):
+            body, _ctx, pods = _finished("None")
+            kube = SlowLogs()
+            kube.log = results_line(h.summary())
+            recs.append((_reconciler(body, kube, monkeypatch), pods))
+        await asyncio.gather(*(rec.step(pods) for rec, pods in recs))
+        return [rec.status["results"] for rec, _ in recs]
+
+    kept = asyncio.run(scenario())
+    assert [r["configMap"] for r in kept] == ["r1-results"] * 6
+    assert peak == results.MAX_CONCURRENT_COLLECTIONS == 2
+
+
+@pytest.mark.parametrize("launcher", [False, True])
+def test_an_unlabelled_pod_squatting_on_a_pods_name_is_a_name_conflict(
+    monkeypatch: pytest.MonkeyPatch, launcher: bool
+) -> None:
+    """Issue 33: a pod without the operator's labels under a worker's (or the launcher's) name is invisible to the
+    planner; its create's 409 is reported as NameConflict naming it, not retried every pass in silence."""
+    from tests.operator.test_reconcile import admitted, workers
+
+    body, ctx = admitted(h.run())
+    name = "r1-launcher" if launcher else "r1-worker-1"
+    kube = FakeKube()
+    kube.existing[("Pod", name)] = {"metadata": {"name": name, "labels": {"app": "squatter"}}}
+    rec = _reconciler(body, kube, monkeypatch)
+    if launcher:
+        rec.service_ensured = True
+    pods = workers(ctx) if launcher else []
+    assert asyncio.run(rec.step(pods)) is not None
+    cond = {c["type"]: c for c in rec.status["conditions"]}["Running" if launcher else "WorkersReady"]
+    assert cond["reason"] == "NameConflict"
+    assert cond["message"] == (
+        f"Pod {name} already exists and was not created by the operator for this run (it has no controller); "
+        "waiting for it to be deleted"
+    )
+    assert ("Warning", "NameConflict", cond["message"]) in rec.events
+    assert ("get_pod", name) in kube.calls  # by list: the operator may not get pods (RBAC)

@@ -333,3 +333,21 @@ def test_a_create_refused_for_an_object_that_exists_is_a_conflict(
     finally:
         kube.close()
     assert calls == (["POST", "GET"] if get is not None else ["POST"])
+
+
+@pytest.mark.parametrize("items", [[], [{"metadata": {"name": "r1-worker-0", "uid": "u"}}]])
+def test_a_pod_is_read_by_listing_its_name(items: list[dict[str, Any]]) -> None:
+    """The operator may list pods, not get them (RBAC): what holds a pod's name is read with a field selector."""
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    calls: list[tuple[str, str, Any]] = []
+
+    def request(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        calls.append((method, path, kw.get("query")))
+        return {"items": items}
+
+    kube.request = request  # type: ignore[method-assign]
+    try:
+        assert kube.get_pod("ns", "r1-worker-0") == (items[0] if items else None)
+    finally:
+        kube.close()
+    assert calls == [("GET", "/api/v1/namespaces/ns/pods", [("fieldSelector", "metadata.name=r1-worker-0")])]

@@ -430,3 +430,118 @@ def test_run_elected(outcome: str) -> None:
         assert (code, ran, leases.holder) == (1, ["kopf"], "me")  # not released: it was not ours to trust
     else:
         assert (code, ran, leases.holder) == (0, [], "other")
+
+
+# -- a Lease namespace that does not exist (issue 33) -------------------------------------------------------------
+class _Response:
+    def __init__(self, status: int, body: str) -> None:
+        self.status, self.body = status, body
+
+    def read(self) -> bytes:
+        return self.body.encode()
+
+
+NOT_FOUND = (
+    '{"kind":"Status","status":"Failure","message":"namespaces \\"mlbench-system\\" not found",'
+    '"reason":"NotFound","details":{"name":"mlbench-system","kind":"namespaces"},"code":404}'
+)
+
+
+def _lease_api(monkeypatch: pytest.MonkeyPatch, answer: Any) -> le.LeaseApi:
+    """A LeaseApi whose transport answers ``answer`` (a response, or the client's ApiException raised)."""
+    from kubernetes import client as k8s
+
+    api = le.LeaseApi("mlbench-system", "mlbench-operator", 5, configuration=k8s.Configuration())
+
+    def call_api(*_args: Any, **_kw: Any) -> Any:
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(api.api, "call_api", call_api)
+    return api
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["response", "ApiException"])
+def test_a_lease_create_answered_404_names_the_missing_namespace(monkeypatch: pytest.MonkeyPatch, raised: bool) -> None:
+    """A 404 on create is not a lost race (409): the namespace is missing, and the error says which."""
+    from kubernetes import client as k8s
+
+    answer: Any = (
+        k8s.ApiException(status=404, reason="Not Found", body=NOT_FOUND) if raised else _Response(404, NOT_FOUND)
+    )
+    api = _lease_api(monkeypatch, answer)
+    assert api.get() is None  # a GET's 404: no Lease yet, as before
+    with pytest.raises(le.LeaseNamespaceMissing, match="namespace 'mlbench-system' does not exist") as err:
+        api.create({"holderIdentity": "me"})
+    assert isinstance(err.value, SettingsError)
+    assert "MLBENCH_LEADER_ELECTION_NAMESPACE" in str(err.value)
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["response", "ApiException"])
+def test_a_lease_create_answered_409_is_still_a_lost_race(monkeypatch: pytest.MonkeyPatch, raised: bool) -> None:
+    from kubernetes import client as k8s
+
+    body = '{"kind":"Status","reason":"AlreadyExists","code":409}'
+    answer: Any = k8s.ApiException(status=409, reason="Conflict", body=body) if raised else _Response(409, body)
+    assert _lease_api(monkeypatch, answer).create({"holderIdentity": "me"}) is None
+
+
+def test_other_lease_errors_are_raised_with_their_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes import client as k8s
+
+    from mlbench_operator.kube import ApiError
+
+    api = _lease_api(monkeypatch, k8s.ApiException(status=403, reason="Forbidden", body='{"message": "no"}'))
+    with pytest.raises(ApiError) as err:
+        api.create({"holderIdentity": "me"})
+    assert err.value.status == 403
+
+
+class _NoNamespace(FakeLeases):
+    def create(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        self.writes += 1
+        raise le.LeaseNamespaceMissing("mlbench-system")
+
+
+def test_a_missing_lease_namespace_stops_the_operator_instead_of_standing_by() -> None:
+    """Issue 33: started where mlbench-system does not exist, the operator reconciled nothing and said nothing
+    (the 404 read as "another replica holds it"). Now run_elected raises the named error at the first try."""
+    leases = _NoNamespace()
+    settings = replace(S, retry_period=0.01)
+    ran: list[str] = []
+
+    async def operator(stop: asyncio.Event) -> None:
+        ran.append("kopf")
+
+    async def scenario() -> int:
+        return await asyncio.wait_for(le.run_elected(operator, settings, client=leases), 5)
+
+    with pytest.raises(le.LeaseNamespaceMissing, match="'mlbench-system'"):
+        asyncio.run(scenario())
+    assert ran == []
+    assert leases.writes == 1  # not retried in a loop
+
+
+def test_main_exits_2_naming_the_namespace(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlbench_operator import main as entry
+
+    async def refused(*_args: Any, **_kw: Any) -> int:
+        raise le.LeaseNamespaceMissing("mlbench-system")
+
+    monkeypatch.setattr(entry.leader, "run_elected", refused)
+    monkeypatch.setattr(entry, "start_http_server", lambda *_: None)
+    assert entry.main(["--metrics-port", "0"]) == 2
+    assert "namespace 'mlbench-system' does not exist" in capsys.readouterr().err
+
+
+def test_a_standby_says_whom_it_waits_for_and_until_when(caplog: pytest.LogCaptureFixture) -> None:
+    leases, clock = FakeLeases(), Clock()
+    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(0))})
+    b = elector(leases, "b", clock)
+    with caplog.at_level("INFO", logger="mlbench_operator.leader"):
+        assert asyncio.run(b.try_acquire_or_renew()).action is le.Action.STANDBY
+    (record,) = [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == "leader_standby"]
+    assert record["holder"] == "other"
+    assert record["lease"] == "mlbench-system/mlbench-operator"
+    assert record["expires"] == le.micro_time(at(15))  # the holder's claim, unless it renews

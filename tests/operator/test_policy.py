@@ -45,19 +45,51 @@ def test_default_images_are_the_projects_runner_only(image: str, allowed: bool) 
     assert (p.check_image(image, "spec.image", DEFAULT) == []) is allowed
 
 
+GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_keys=("nvidia.com/*",))
+
+
 @pytest.mark.parametrize(
     ("scheduling", "policy", "needle"),
     [
+        # priority classes: none unless the admin lists them (a tenant's class could preempt every other tenant)
         ({"priorityClassName": "system-node-critical"}, DEFAULT, "priorityClassName: 'system-node-critical'"),
-        ({"priorityClassName": "batch-low"}, DEFAULT, None),
+        ({"priorityClassName": "batch-low"}, DEFAULT, "priorityClassName: 'batch-low' is not allowed"),
+        ({"priorityClassName": "batch-low"}, DEFAULT, "MLBENCH_ALLOWED_PRIORITY_CLASSES: none"),
+        ({"priorityClassName": "batch-low"}, p.AdmissionPolicy(priority_classes=("batch-*",)), None),
         ({"priorityClassName": "batch-high"}, p.AdmissionPolicy(priority_classes=("batch-low",)), "batch-high"),
         ({"priorityClassName": "system-cluster-critical"}, p.AdmissionPolicy(priority_classes=("system-*",)), None),
-        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, DEFAULT, "nodeSelector"),
-        ({"nodeSelector": {"gpu": "h100"}}, DEFAULT, None),
+        # nodeSelector keys: the well-known ones by default, the admin's list otherwise
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, DEFAULT, "MLBENCH_ALLOW_CONTROL_PLANE"),
+        ({"nodeSelector": {"gpu": "h100"}}, DEFAULT, "nodeSelector: 'gpu' key is not allowed"),
+        ({"nodeSelector": {"dedicated": "team-a"}}, DEFAULT, "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS"),
+        ({"nodeSelector": {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"}}, DEFAULT, None),
+        ({"nodeSelector": {"nvidia.com/gpu.memory": "80"}}, GPU_ONLY, None),
+        ({"nodeSelector": {"kubernetes.io/arch": "amd64"}}, GPU_ONLY, "'kubernetes.io/arch' key is not allowed"),
+        ({"nodeSelector": {"node-role.kubernetes.io/master": ""}}, p.AdmissionPolicy(allow_control_plane=True), None),
+        # tolerations: only allowlisted keys; keyless (every taint) only with "*"
         ({"tolerations": [{"operator": "Exists"}]}, DEFAULT, "tolerations[0]: tolerates every taint"),
+        ({"tolerations": [{"key": "", "operator": "Exists"}]}, DEFAULT, "tolerations[0]: tolerates every taint"),
         ({"tolerations": [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]}, DEFAULT, "master"),
+        (
+            {"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]},
+            DEFAULT,
+            "tolerates 'node.kubernetes.io/unschedulable', not allowed "
+            "(MLBENCH_ALLOWED_TOLERATION_KEYS: nvidia.com/gpu)",
+        ),
         ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}, DEFAULT, None),
-        ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(allow_control_plane=True), None),
+        ({"tolerations": [{"key": "nvidia.com/mig", "operator": "Exists"}]}, GPU_ONLY, None),
+        (
+            {"tolerations": [{"key": "nvidia.com/gpu"}, {"key": "dedicated"}]},
+            DEFAULT,
+            "tolerations[1]: tolerates 'dedicated'",
+        ),
+        ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(allow_control_plane=True), "every taint"),
+        ({"tolerations": [{"operator": "Exists"}]}, p.AdmissionPolicy(toleration_keys=("*",)), None),
+        (
+            {"tolerations": [{"key": "node-role.kubernetes.io/control-plane"}]},
+            p.AdmissionPolicy(allow_control_plane=True),
+            None,
+        ),
     ],
 )
 def test_scheduling_policy(scheduling: dict[str, Any], policy: p.AdmissionPolicy, needle: str | None) -> None:
@@ -67,6 +99,7 @@ def test_scheduling_policy(scheduling: dict[str, Any], policy: p.AdmissionPolicy
     else:
         assert len(found) == 1, found
         assert needle in found[0], found
+        assert found[0].startswith("spec.scheduling."), found  # every refusal names its field
 
 
 @pytest.mark.parametrize(
@@ -89,9 +122,13 @@ def test_settings_from_env() -> None:
             "MLBENCH_ALLOWED_IMAGES": "registry.local/runner:*, mlbench/mlbench-runner:*",
             "MLBENCH_ALLOWED_PRIORITY_CLASSES": "bench-*",
             "MLBENCH_ALLOWED_VOLUME_TYPES": "persistentVolumeClaim,hostPath",
+            "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": "dedicated, kubernetes.io/*",
+            "MLBENCH_ALLOWED_TOLERATION_KEYS": "dedicated",
             "MLBENCH_ALLOW_CONTROL_PLANE": "true",
         }
     )
+    assert pol.node_selector_keys == ("dedicated", "kubernetes.io/*")
+    assert pol.toleration_keys == ("dedicated",)
     assert pol.images == ("registry.local/runner:*", "docker.io/mlbench/mlbench-runner:*")
     assert pol.priority_classes == ("bench-*",)
     assert pol.volume_types == ("persistentVolumeClaim", "hostPath")
@@ -111,6 +148,8 @@ def test_settings_from_env() -> None:
         # a class means one thing in the admission policy's regex and another in fnmatch: refused
         ({"MLBENCH_ALLOWED_IMAGES": "docker.io/mlbench/[!x]*"}, r"MLBENCH_ALLOWED_IMAGES: .*only \* and \?"),
         ({"MLBENCH_ALLOWED_PRIORITY_CLASSES": "batch-[ab]"}, "MLBENCH_ALLOWED_PRIORITY_CLASSES"),
+        ({"MLBENCH_ALLOWED_TOLERATION_KEYS": "a,,b"}, "MLBENCH_ALLOWED_TOLERATION_KEYS"),
+        ({"MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": "[ab]"}, "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], needle: str) -> None:

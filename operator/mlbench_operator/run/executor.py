@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
+import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -19,8 +21,8 @@ from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
-from mlbench_operator.podview import PodChange, PodIndex, PodView, controller_uid
-from mlbench_operator.run import admission, lifecycle, mounts, policies, results
+from mlbench_operator.podview import PodChange, PodIndex, PodView
+from mlbench_operator.run import admission, lifecycle, mounts, ownership, policies, results
 from mlbench_operator.run.status import (
     Plan,
     failed_status,
@@ -55,6 +57,18 @@ LAUNCHER_LOG_BYTES = 64 * 1024
 LAUNCHER_LOG_SECONDS = 5.0
 
 
+#: One semaphore per event loop (the operator has one; tests start many): results collections at once.
+_COLLECTING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def collecting() -> asyncio.Semaphore:
+    """The running loop's limit on concurrent results collections (:data:`results.MAX_CONCURRENT_COLLECTIONS`)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _COLLECTING:
+        _COLLECTING[loop] = asyncio.Semaphore(results.MAX_CONCURRENT_COLLECTIONS)
+    return _COLLECTING[loop]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Stop:
     """A pass that ends before the plan: what :meth:`RunReconciler.step` returns (the next wake-up, or None)."""
@@ -68,6 +82,14 @@ class _Refused(Exception):
     def __init__(self, failures: list[tuple[str, int, str]]) -> None:
         super().__init__(failures)
         self.failures = failures
+
+
+class _Conflict(Exception):
+    """A name the run needs is held by an object the operator did not create for the run."""
+
+    def __init__(self, kind: str, name: str, why: str) -> None:
+        super().__init__(kind, name, why)
+        self.kind, self.name, self.why = kind, name, why
 
 
 class StatusRefused(kopf.TemporaryError):
@@ -279,7 +301,10 @@ class RunReconciler:
             pacing.stale_deleted(time.monotonic())
         if (plan.create_workers or plan.create_launcher) and pacing.creates_paused(time.monotonic()):
             return pacing.wake_in(plan.requeue_after)
-        refused = await self.create_pods(plan, ctx, now)
+        try:
+            refused = await self.create_pods(plan, ctx, now)
+        except _Conflict as held:
+            return await self.name_conflict(held, now)
         if refused:
             return await self.creation_refused(refused, now, pods)
         if ready_now:
@@ -314,6 +339,8 @@ class RunReconciler:
                     refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
         if refused:
             return refused
+        await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid)
+        await self.record_launcher(todo, outcomes, attempt)
         if errors:
             delay = 5.0
             if any(transient(e) for e in errors):
@@ -322,6 +349,36 @@ class RunReconciler:
             raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
         pacing.creates_succeeded()
         return []
+
+    async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
+        """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
+        accepted as the attempt's launcher: :func:`ownership.launcher_refused`)."""
+        launcher = n.launcher_name(self.name)
+        for obj, res in zip(todo, outcomes, strict=True):
+            if obj["metadata"]["name"] == launcher and isinstance(res, str):
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
+
+    async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
+        """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
+        create for this run (an unlabelled pod under a worker's name is invisible to the planner: without this
+        it would be created again every pass, in silence); one gone since is created again by the next pass."""
+        for obj in objs:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            read = self.kube.get_pod if kind == "Pod" else functools.partial(self.kube.get, kind)
+            existing = await self.kube.run(read, self.namespace, name)
+            why = None if existing is None else ownership.not_ours(existing, self.name, uid)
+            if why is not None:
+                raise _Conflict(kind, name, why)
+
+    async def name_conflict(self, held: _Conflict, now: datetime) -> float:
+        """Report a held name (:func:`lifecycle.object_conflict`) and look again later."""
+        launcher = held.kind == "Pod" and held.name == n.launcher_name(self.name)
+        condition = c.RUNNING if launcher else c.WORKERS_READY
+        plan = lifecycle.object_conflict(self.view(), held.kind, held.name, held.why, now, condition=condition)
+        await self.patch(plan.status)
+        self.emit(plan)
+        self.log.warning("name_conflict", kind=held.kind, object=held.name, why=held.why)
+        return min(30.0, self.config.resync_seconds)
 
     async def keep_launcher_log(self, pod: str, restart: int) -> None:
         """The failed attempt's launcher log tail as a Warning Event (best effort: a node that serves no
@@ -433,12 +490,9 @@ class RunReconciler:
                 existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
                 if existing is None:  # deleted in between (the garbage collector, a previous owner's): not ours
                     raise kopf.TemporaryError(f"{kind} {name} vanished after a conflict; creating it again", delay=1)
-                owner = controller_uid(existing)
-                if owner != ctx.uid:
-                    plan = lifecycle.object_conflict(self.view(), kind, name, owner, now)
-                    await self.patch(plan.status)
-                    self.emit(plan)
-                    self.log.warning("name_conflict", kind=kind, object=name, owner=owner)
+                why = ownership.not_ours(existing, self.name, ctx.uid)
+                if why is not None:
+                    await self.name_conflict(_Conflict(kind, name, why), now)
                     return False
         return True
 
@@ -523,10 +577,10 @@ class RunReconciler:
         :class:`StatusRefused` (see :meth:`patch`).
         """
         uid = self.body["metadata"].get("uid", "")
-        pod = results.launcher(pods, uid)
+        pod = results.launcher(pods, uid, self.status.get("launcher"))
         decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
-            decision = await self.collect(pod, uid, now)
+            decision = results.interrupted(self.status) or await self.attempt(pod, uid, now)
         if decision.action is results.Action.GIVE_UP:
             missing = self.results_record(results.missing_status(decision.message, now))
             await self.patch({**self.status, "results": missing})
@@ -539,7 +593,14 @@ class RunReconciler:
         """``status.results`` = ``outcome``, keeping ``failingSince`` (the status is a merge patch: it stays
         stored anyway, and our copy must say what is stored)."""
         since = (self.status.get("results") or {}).get("failingSince")
-        return {"failingSince": since, **outcome} if since else outcome
+        return results.ended(self.status, {"failingSince": since, **outcome} if since else outcome)
+
+    async def attempt(self, pod: PodView, uid: str, now: datetime) -> results.Decision:
+        """One collection, at most :data:`results.MAX_CONCURRENT_COLLECTIONS` at once operator-wide, recorded
+        in ``status.results.attempts`` before the log is read (see :func:`results.interrupted`)."""
+        async with collecting():
+            await self.patch({**self.status, "results": results.attempt_status(self.status)})
+            return await self.collect(pod, uid, now)
 
     async def collect(self, pod: PodView, uid: str, now: datetime) -> results.Decision:
         """Read the launcher's log and keep its results line; a failure is retried (see :meth:`retry_later`)."""
@@ -608,6 +669,8 @@ class RunReconciler:
             existing = await self.kube.run(self.kube.get, "ConfigMap", self.namespace, name)
             if existing is None:  # deleted in between (garbage collection): create it on the next pass
                 raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict", delay=1)
-            if controller_uid(existing) != uid:
-                return results.Decision(results.Action.GIVE_UP, f"ConfigMap {name} exists and is not this run's")
+            why = ownership.not_ours(existing, self.name, uid)
+            if why is not None:
+                text = f"{c.Reason.NAME_CONFLICT}: {ownership.conflict_text('ConfigMap', name, why)}"
+                return results.Decision(results.Action.GIVE_UP, text.removesuffix("; waiting for it to be deleted"))
         return None

@@ -21,6 +21,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
+from mlbench_operator.run.ownership import conflict_text
 from mlbench_operator.run.status import Plan, _spec_workers, _Status
 
 #: A pod still Terminating this long after its deletionTimestamp (the end of its grace period) is on
@@ -289,14 +290,14 @@ def refusal_condition(what: str) -> str:
     return c.RUNNING if kind == "Service" or name.endswith(f"-{n.ROLE_LAUNCHER}") else c.WORKERS_READY
 
 
-def object_conflict(body: Mapping[str, Any], kind: str, name: str, owner: str | None, now: datetime) -> Plan:
-    """A Service/ConfigMap/Secret with the run's name exists but is not the run's: say so, wait."""
+def object_conflict(
+    body: Mapping[str, Any], kind: str, name: str, why: str, now: datetime, *, condition: str = c.WORKERS_READY
+) -> Plan:
+    """An object with a name the run uses exists but is not the run's (``why``: :func:`.ownership.not_ours`):
+    say so in ``condition`` (WorkersReady; Running for the launcher's pod) and an Event, wait."""
     st = _Status.of(body, now)
-    text = (
-        f"{kind} {name} already exists and is not owned by this run (owner uid {owner or 'none'}); "
-        "waiting for it to be deleted"
-    )
-    st.cond(c.WORKERS_READY, "False", Reason.NAME_CONFLICT, text)
+    text = conflict_text(kind, name, why)
+    st.cond(condition, "False", Reason.NAME_CONFLICT, text)
     st.say(text)
-    changed = st.changed(c.WORKERS_READY, message=True)
+    changed = st.changed(condition, message=True)
     return Plan(status=st.dump(), events=[("Warning", Reason.NAME_CONFLICT, text)] if changed else [])

@@ -58,6 +58,7 @@ from mlbench_operator.run.outcome import (
     parse_summary,
     world_disruption,
 )
+from mlbench_operator.run.ownership import launcher_refused
 from mlbench_operator.run.status import Plan, StoredStatus, _Cond, _short, _Status, _uid
 
 #: ``runPolicy.progressDeadlineSeconds`` when unset: ten minutes without a step is no slow epoch.
@@ -115,6 +116,14 @@ class PlanInput:
         own, foreign = _own(pods, ctx.uid)
         stored = StoredStatus.parse(body.get("status"), run=_uid(body))
         restarts = stored.model.restarts or 0
+        # a launcher-named pod the operator did not create for this attempt holds the name, nothing more
+        impostors = [
+            p
+            for p in own
+            if p.role == n.ROLE_LAUNCHER and p.attempt == restarts and launcher_refused(p, stored.model, restarts)
+        ]
+        own = [p for p in own if p not in impostors]
+        foreign = [*foreign, *impostors]
         current = tuple(p for p in own if p.attempt == restarts)
         total = ctx.spec.workers
         workers = {p.rank: p for p in current if p.role == n.ROLE_WORKER and p.rank is not None and p.rank < total}

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api import bundle
-from mlbench_api.run import TERMINAL, NetworkConditions
+from mlbench_api.run import MAX_COLLECT_ATTEMPTS, TERMINAL, NetworkConditions
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
@@ -51,6 +51,11 @@ TAIL_LINES = 500
 LOG_BYTES = 4 * 1024 * 1024
 
 
+#: Collections (a log read, its results decoded and decompressed) the whole operator runs at once: each may
+#: hold a results line and its files in memory, so a hundred runs ending together do not hold a hundred.
+MAX_CONCURRENT_COLLECTIONS = 2
+
+
 class Action(Enum):
     NONE = "none"  #: recorded already, or nothing ran that could have results
     WAIT = "wait"  #: the launcher is still finishing, or its log was unreadable: look again soon
@@ -72,9 +77,17 @@ class Decision:
         return self.action in (Action.WAIT, Action.COLLECT)
 
 
-def launcher(pods: Iterable[PodView], uid: str) -> PodView | None:
-    """The run's launcher pod (there is one name per run; a foreign pod of that name is not ours)."""
-    return next((p for p in pods if p.role == n.ROLE_LAUNCHER and (not uid or p.owner_uid == uid)), None)
+def launcher(pods: Iterable[PodView], uid: str, record: Mapping[str, Any] | None = None) -> PodView | None:
+    """The run's launcher pod (there is one name per run; a foreign pod of that name is not ours, nor one
+    other than the launcher the operator recorded creating for its attempt: ``status.launcher``)."""
+    record = record or {}
+
+    def recorded(p: PodView) -> bool:
+        return record.get("attempt") != p.attempt or record.get("uid") == p.uid
+
+    return next(
+        (p for p in pods if p.role == n.ROLE_LAUNCHER and (not uid or p.owner_uid == uid) and recorded(p)), None
+    )
 
 
 def _seconds_since(value: str | None, now: datetime) -> float:
@@ -143,8 +156,41 @@ def after_error(
 
 
 def retrying_status(status: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """``status.results`` while a failed attempt is retried: when the first one failed (see :func:`after_error`)."""
-    return {"failingSince": failing_since(status, now)}
+    """``status.results`` while a failed attempt is retried: when the first one failed (see :func:`after_error`);
+    the attempt ended (:func:`ended`)."""
+    return ended(status, {"failingSince": failing_since(status, now)})
+
+
+def attempts(status: Mapping[str, Any]) -> int:
+    """Collections started and not ended (``status.results.attempts``)."""
+    value = (status.get("results") or {}).get("attempts")
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def interrupted(status: Mapping[str, Any]) -> Decision | None:
+    """GIVE_UP once :data:`MAX_COLLECT_ATTEMPTS` collections were started and never ended (the operator
+    restarted, or was killed, while reading or decompressing the launcher's log): the same log is not read
+    again after every restart. None: another attempt may start."""
+    n = attempts(status)
+    if n < MAX_COLLECT_ATTEMPTS:
+        return None
+    return Decision(
+        Action.GIVE_UP,
+        f"collecting the results was started {n} times and never ended (the operator restarted while reading "
+        "the launcher's log): not read again",
+    )
+
+
+def attempt_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """``status.results`` written *before* the launcher's log is read: one more attempt started."""
+    return {**(status.get("results") or {}), "attempts": attempts(status) + 1}
+
+
+def ended(status: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """``outcome`` as ``status.results`` once an attempt ended (kept, given up, or a retry scheduled): the
+    count of unfinished attempts cleared (null: the status is a merge patch)."""
+    started = "attempts" in (status.get("results") or {})
+    return {**outcome, "attempts": None} if started else dict(outcome)
 
 
 def from_log(text: str) -> tuple[bundle.Bundle | None, str]:

@@ -1,0 +1,75 @@
+"""Whose is an object that holds a name the operator uses for a run: the pure decision behind ``NameConflict``.
+
+The operator creates a run's pods, Service, ConfigMaps, Secret and NetworkPolicy under names derived from the
+run's (``<run>-worker-<i>``, ``<run>-launcher``, ``<run>-ssh``, ``<run>-results``...). A create answered 409
+means something holds the name: the operator's own object from an interrupted pass, a deleted run's object
+the garbage collector has not reached yet, or one a namespace user put there. Only the first is used; every
+other is reported as ``NameConflict`` (a condition and an Event naming the object and why it is not the
+run's), never adopted, never retried in silence.
+
+What marks the operator's object for *this* run: its controller ownerReference is the BenchmarkRun of the
+run's UID, and it carries the operator's ``managed-by`` label and the run's ``mlbench.io/run`` label (every
+object the operator creates for a run has all three: :mod:`mlbench_operator.builders`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mlbench_api.run import TERMINAL, BenchmarkRunStatus
+from mlbench_operator import conditions as c
+from mlbench_operator import naming as n
+from mlbench_operator.podview import PodView
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+
+
+def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
+    """Why ``obj`` is not an object the operator created for run ``run`` (UID ``uid``); None when it is."""
+    ref = _controller(obj)
+    if ref is None:
+        return "it has no controller"
+    if ref.get("kind") != "BenchmarkRun" or ref.get("uid") != uid:
+        return f"its controller is {ref.get('kind', '?')} {ref.get('name', '?')} (uid {ref.get('uid') or 'none'})"
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(n.LABEL_MANAGED_BY) != n.MANAGER:
+        return f"its label {n.LABEL_MANAGED_BY} is not {n.MANAGER}"
+    if labels.get(n.LABEL_RUN) != run:
+        return f"its label {n.LABEL_RUN} is not {run}"
+    return None
+
+
+def conflict_text(kind: str, name: str, why: str) -> str:
+    """The ``NameConflict`` message: the object, why it is not the run's, and what the operator does."""
+    return f"{kind} {name} already exists and was not created by the operator for this run ({why}); " + (
+        "waiting for it to be deleted"
+    )
+
+
+def launcher_refused(pod: PodView, status: BenchmarkRunStatus, attempt: int) -> str | None:
+    """Why the launcher-named ``pod`` of attempt ``attempt`` is not the run's launcher; None when it is.
+
+    The operator records the UID its create of the attempt's launcher was answered with
+    (``status.launcher``): only that pod is accepted. Without a record for the attempt (a run admitted by an
+    older operator, or one that stopped between the create and the record) the pod is accepted only if it
+    was created once the attempt's workers were all Ready (WorkersReady True), as the operator creates it:
+    a launcher put there earlier, with whatever ownerReference and labels, is not the run's.
+    """
+    record = status.launcher
+    if record is not None and record.attempt == attempt:
+        if pod.uid == record.uid:
+            return None
+        return f"it is not the launcher the operator created (uid {pod.uid or 'none'}, recorded {record.uid})"
+    ready = c.find(status.conditions, c.WORKERS_READY)
+    created = c.parse_time(pod.created)
+    if ready is None or created is None:
+        return None  # nothing to judge by (a run before its first status; a pod without a creation time)
+    if ready.status != "True" and status.phase not in TERMINAL:
+        return "it was created before the attempt's workers were all Ready"
+    if ready.status == "True" and created < ready.last_transition_time.replace(microsecond=0):
+        return "it was created before the attempt's workers were all Ready"
+    return None
