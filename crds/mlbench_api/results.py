@@ -256,6 +256,11 @@ class RunSummary(ApiModel):
         default=None, description="The emulated network conditions the run declared (spec.network), as applied."
     )
     history: list[EpochRecord] = Field(default_factory=list)
+    resumes: SafeInt | None = Field(
+        default=None,
+        description="Times the run continued from an epoch-end checkpoint after a restart (0: never); unset: no "
+        "checkpoints. Its wall clock and time to goal count the lost time and the restarts.",
+    )
     peak_bus_bandwidth: dict[str, Finite] | None = Field(
         default=None,
         description="Collectives tasks: the highest bus bandwidth (bytes/s) of each operation over the sizes swept.",

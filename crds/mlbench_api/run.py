@@ -498,6 +498,8 @@ class RunResult(ApiModel):
     """Global training throughput: samples of all ranks / summed step time."""
     world_size: SafeInt | None = None
     """Processes that trained (workers x slotsPerWorker)."""
+    resumes: SafeInt | None = None
+    """Times the run continued from its epoch-end checkpoint after a gang restart (spec.checkpoint; 0: never)."""
     bytes_per_step: SafeInt | None = None
     """Payload bytes each rank sent per step (the algorithm's declaration; status.results has the full record)."""
     compression_ratio: Finite | None = None

@@ -86,6 +86,7 @@ class SummaryBuilder:
         self.history: list[EpochRecord] = []
         self.time_to_goal: float | None = None
         self.stopped_at: tuple[int, float, float] | None = None
+        self.resumes: int | None = None  #: set when the run checkpoints: how often it resumed
         self.result: RunSummary | None = None
 
     def add_steps(self, steps: list[StepTiming]) -> None:
@@ -182,5 +183,6 @@ class SummaryBuilder:
             communication=communication,
             network=self.config.network.model_dump(by_alias=True, exclude_none=True) if self.config.network else None,
             history=self.history,
+            resumes=self.resumes,
         )
         return self.result
