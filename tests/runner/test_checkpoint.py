@@ -34,7 +34,8 @@ def test_a_checkpoint_round_trips_each_rank_s_state(tmp_path: Path) -> None:
     checkpoint.write(path, _file())
     header, state = checkpoint.open_checkpoint(path.read_bytes(), path, IDENTITY, rank=1)
     assert header["epoch"] == 1
-    assert torch.equal(state["model"]["w"], torch.ones(3)) and state["step"] == 1
+    assert torch.equal(state["model"]["w"], torch.ones(3))
+    assert state["step"] == 1
     assert [p.name for p in path.parent.iterdir()] == [checkpoint.FILE]  # no temporary file left
 
 
@@ -52,7 +53,8 @@ def test_a_corrupt_checkpoint_is_refused_with_its_reason(tmp_path: Path, damage:
     path = tmp_path / checkpoint.FILE
     with pytest.raises(CheckpointRefused, match=reason) as refused:
         checkpoint.open_checkpoint(damage(_file()), path, IDENTITY, rank=0)
-    assert str(path) in str(refused.value) and "not loaded" in str(refused.value)
+    assert str(path) in str(refused.value)
+    assert "not loaded" in str(refused.value)
 
 
 @pytest.mark.parametrize(
