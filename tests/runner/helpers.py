@@ -141,7 +141,7 @@ def launch_processes(
     """Run ``ranks`` processes of ``mlbench-runner train`` (torch-style env, plus ``rank_env[r]`` for rank ``r``);
     return rank records."""
     out = Path(config.output_dir)
-    procs = start_processes(config, ranks, rank_env, **extra)
+    procs = start_processes(config, ranks, rank_env, extra=extra)
     outputs = []
     for p in procs:
         try:
@@ -158,7 +158,12 @@ def launch_processes(
 
 
 def start_processes(
-    config: RunConfig, ranks: int, rank_env: Sequence[dict[str, str]] = (), *, logs: Path | None = None, **extra: str
+    config: RunConfig,
+    ranks: int,
+    rank_env: Sequence[dict[str, str]] = (),
+    *,
+    logs: Path | None = None,
+    extra: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """Start ``ranks`` processes of ``mlbench-runner train`` (see :func:`launch_processes`); do not wait. With
     ``logs``, rank r's output goes to ``logs/rank-<r>.log`` (no pipe to fill while nobody reads it)."""
@@ -178,7 +183,7 @@ def start_processes(
                 LOCAL_RANK=str(r),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
-                **extra,
+                **(extra or {}),
                 **(rank_env[r] if r < len(rank_env) else {}),
             ),
             stdout=(logs / f"rank-{r}.log").open("a") if logs else subprocess.PIPE,

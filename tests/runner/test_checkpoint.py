@@ -116,9 +116,13 @@ EPOCHS = 40
 
 def _config(tmp_path: Path, name: str, algorithm: str) -> Any:
     task = logreg_task(batch=10, epochs=EPOCHS, train=400, features=12, target=1.0)
-    params = {"algorithmParameters": {"density": 0.25}} if algorithm == "sparsified-sgd" else {}
+    params: dict[str, Any] = {"algorithmParameters": {"density": 0.25}} if algorithm == "sparsified-sgd" else {}
     config = make_config(task, tmp_path / name, 2, algorithm=algorithm, **params)
     return config.model_copy(update={"checkpoint_dir": str(tmp_path / "checkpoints" / name)})
+
+
+def _launch(config: Any) -> list[dict[str, Any]]:
+    return launch_processes(config, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
 
 
 def _summary(out: Path) -> RunSummary:
@@ -128,7 +132,7 @@ def _summary(out: Path) -> RunSummary:
 def _kill_after_first_checkpoint(config: Any, logs: Path) -> float:
     """Start the run, SIGKILL both ranks once a checkpoint exists (they are still training); return when."""
     logs.mkdir(parents=True, exist_ok=True)
-    procs = start_processes(config, 2, logs=logs, **TRACE)
+    procs = start_processes(config, 2, logs=logs, extra=TRACE)
     path = Path(config.checkpoint_dir) / checkpoint.FILE
     deadline = time.monotonic() + 180
     while not path.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
@@ -145,13 +149,13 @@ def _kill_after_first_checkpoint(config: Any, logs: Path) -> float:
 @pytest.mark.parametrize("algorithm", ["allreduce-sgd", "sparsified-sgd"])
 def test_a_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path: Path, algorithm: str) -> None:
     """allreduce-sgd: the flat step; sparsified-sgd: torch.optim and the ranks' own error-feedback memory."""
-    whole = launch_processes(_config(tmp_path, "whole", algorithm), 2, **TRACE)
+    whole = _launch(_config(tmp_path, "whole", algorithm))
     config = _config(tmp_path, "cut", algorithm)
     _kill_after_first_checkpoint(config, tmp_path / "logs")
     header, _ = checkpoint.decode((Path(config.checkpoint_dir) / checkpoint.FILE).read_bytes())
     time.sleep(1.0)  # the restart's delay: lost time the clock must count
     relaunched = time.time()
-    resumed = launch_processes(config, 2, **TRACE)
+    resumed = _launch(config)
     done = header["step"]
     assert 0 < done < whole[0]["steps"]
     for r in range(2):

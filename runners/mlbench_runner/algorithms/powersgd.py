@@ -19,7 +19,7 @@ agree on the same gradients (tests/runner/test_powersgd.py checks it against the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -249,7 +249,7 @@ class PowerSGD(DistributedAlgorithm):
 
     def state(self) -> dict[str, Any]:
         """Error feedback, the warm-started Q (and the first one), and the generator of fresh draws."""
-        name, keys, pos, has_gauss, gauss = self._rng.get_state()
+        name, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], self._rng.get_state())
         state: dict[str, Any] = {
             "rng": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)},
             "rngGauss": [int(has_gauss), float(gauss)],
