@@ -17,7 +17,9 @@ import torch
 
 from mlbench_api.results import RunSummary
 from mlbench_runner import checkpoint
+from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.checkpoint import CheckpointRefused, Identity
+from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.timing import WallClock
 from tests.runner.helpers import launch_processes, logreg_task, make_config, read_ranks, start_processes
 
@@ -107,6 +109,16 @@ def test_a_resumed_clock_counts_the_time_since_its_origin() -> None:
 def test_ordered_state_dicts_load_safely() -> None:
     blob = checkpoint.to_blob({"model": OrderedDict(w=torch.zeros(2))})
     assert torch.equal(checkpoint.from_blob(blob)["model"]["w"], torch.zeros(2))
+
+
+def test_powersgd_s_generator_survives_a_checkpoint_s_safe_load() -> None:
+    """Its numpy generator goes through tensors (weights_only reads no numpy objects) and back, mid-stream."""
+    first = PowerSGD(LocalCommunicator("gloo"), seed=3)
+    first._rng.randint(1_000_000_000, size=7)
+    state = checkpoint.from_blob(checkpoint.to_blob({"algorithm": first.state()}))["algorithm"]
+    second = PowerSGD(LocalCommunicator("gloo"), seed=99)
+    second.load_state(state)
+    assert second._rng.randint(1_000_000_000, size=5).tolist() == first._rng.randint(1_000_000_000, size=5).tolist()
 
 
 # -- 2 ranks, gloo: killed after an epoch's checkpoint, resumed ------------------------------------------------
