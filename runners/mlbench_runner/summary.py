@@ -23,6 +23,7 @@ from mlbench_api.results import (
     Environment,
     EpochRecord,
     PhaseTotals,
+    RankHardware,
     RunStatus,
     RunSummary,
     StopReason,
@@ -76,10 +77,12 @@ class SummaryBuilder:
         execution: ExecutionRecord | None = None,
         *,
         nodes: list[str] | None = None,
+        hardware: list[RankHardware] | None = None,
     ) -> None:
         self.config, self.world, self.device, self.precision = config, world, device, precision
         self.execution = execution
         self.nodes = nodes
+        self.hardware = hardware
         self.totals = {p: 0.0 for p in PHASES}
         self.evaluation = 0.0
         self.steps_timed = 0
@@ -144,6 +147,7 @@ class SummaryBuilder:
             seed=self.config.seed,
             hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
             nodes=self.nodes,
+            hardware=self.hardware,
             training_step=self.execution.path if self.execution else None,
             training_step_reason=self.execution.reason if self.execution else None,
             capture_seconds=self.execution.capture_seconds if self.execution else None,

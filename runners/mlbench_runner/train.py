@@ -32,7 +32,7 @@ from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, EpochRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import checkpoint, partition, rankstate, stopping
+from mlbench_runner import checkpoint, hostinfo, partition, rankstate, stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, gather_texts, make_communicator
@@ -257,6 +257,7 @@ class Trainer:
         comm = self.comm = make_communicator(self.world, cfg.backend.value, process_group)
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
         nodes = gather_texts(comm, node_name(), device)  # which machine each rank ran on, kept with the result
+        hardware = hostinfo.rank_hardware(nodes, gather_texts(comm, hostinfo.this_rank(), device))
         torch.manual_seed(cfg.seed)
         # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,
         # instead of a target that is down until the data is decoded (MLBenchWorkerUnreachable).
@@ -315,7 +316,9 @@ class Trainer:
             batch=batch,
             steps_per_epoch=partition.steps_per_epoch(kernel.n_train, batch, self.world.size),
             timer=timer,
-            summary=SummaryBuilder(cfg, self.world, device, precision_label(opts, device), execution, nodes=nodes),
+            summary=SummaryBuilder(
+                cfg, self.world, device, precision_label(opts, device), execution, nodes=nodes, hardware=hardware
+            ),
             autocast=autocast,
         )
         self.log.event(
