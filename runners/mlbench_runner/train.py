@@ -573,7 +573,8 @@ class Trainer:
                 return self._stop(s, "goal", step, reached=True, elapsed=elapsed)
             if outcome.stop == "time-budget" or (accuracy_after_time and self._budget_exceeded(s)):
                 return self._stop(s, "time-budget", step, reached=reached, elapsed=elapsed)
-            self._checkpoint(s, epoch + 1, step)
+            if epoch + 1 < cfg.task.training.max_epochs:  # the last epoch ends the run: nothing to resume
+                self._checkpoint(s, epoch + 1, step)
         scores = self.record.scores
         reached = accuracy_after_time and bool(scores) and cfg.task.goal.met(scores[-1], cfg.goal_target)
         return self._stop(s, "max-epochs", step, reached=reached)
@@ -646,7 +647,11 @@ class Trainer:
             "writtenAt": time.time(),
         }
         data = checkpoint.encode(header, blobs)
-        checkpoint.write(path, data)
+        try:
+            checkpoint.write(path, data)
+        except OSError as exc:  # a full or read-only volume: the run goes on, the previous checkpoint stands
+            self.log.warning("checkpoint_failed", path=str(path), epoch=epochs, error=f"{type(exc).__name__}: {exc}")
+            return
         seconds = round(time.perf_counter() - started, 3)
         self.log.event("checkpoint_saved", path=str(path), epoch=epochs, step=step, bytes=len(data), seconds=seconds)
 

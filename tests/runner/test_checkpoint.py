@@ -191,3 +191,17 @@ def test_a_checkpoint_of_another_run_fails_the_run_and_is_kept(tmp_path: Path) -
     records = read_ranks(Path(mine.output_dir), 2)
     assert [r["steps"] for r in records] == [0, 0]
     assert json.loads((Path(mine.output_dir) / "ranks" / "rank-0.json").read_text())["stop_reason"] == "error"
+
+
+def test_a_checkpoint_that_cannot_be_written_is_a_warning_not_the_run_s_end(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the checkpoint folder should be")
+    config = make_config(logreg_task(epochs=2), tmp_path / "out", 1).model_copy(
+        update={"checkpoint_dir": str(blocked / "run")}
+    )
+    (record,) = launch_processes(config, 1)
+    assert record["epochs_completed"] == 2
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["event"] == "checkpoint_failed"]
+    assert [e["epoch"] for e in failed] == [1]  # after epoch 1; epoch 2 ended the run
+    assert _summary(tmp_path / "out").resumes == 0
