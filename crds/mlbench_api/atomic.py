@@ -23,7 +23,7 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes, *, durable: bool = False) -> None:
     """``path.write_bytes(data)``, atomically: a temporary file next to it, then ``os.replace``; the
     temporary file is removed on any failure (a full disk's ENOSPC too), and the error raised.
 
@@ -34,8 +34,21 @@ def write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            if durable:  # on disk before the rename makes it visible (a checkpoint must survive a node's crash)
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, MODE)
         os.replace(tmp, path)
+        if durable:
+            _fsync_dir(path.parent)  # the rename itself
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

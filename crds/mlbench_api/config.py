@@ -78,6 +78,13 @@ class RunConfig(ApiModel):
         default=None, alias="lr", description="The resolved learning-rate rule; unset for a collectives task."
     )
     output_dir: str = OUTPUT_DIR
+    run_uid: str = Field(
+        default="", description="The BenchmarkRun's metadata.uid (empty locally): whose a checkpoint is."
+    )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="Where rank 0 keeps the run's epoch-end checkpoint and every rank resumes from it; unset: none.",
+    )
     metrics_port: int = Field(default=METRICS_PORT, description="Base port; rank r serves on base + local rank.")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -273,6 +280,8 @@ def effective_config(
     *,
     output_dir: str = OUTPUT_DIR,
     metrics_port: int = METRICS_PORT,
+    run_uid: str = "",
+    checkpoint_dir: str | None = None,
 ) -> RunConfig:
     """Form the configuration every rank of ``run`` trains with (or, for a collectives task, times with:
     no goal target, no time budget and no learning-rate schedule)."""
@@ -308,4 +317,6 @@ def effective_config(
         lr_schedule=schedule,
         output_dir=output_dir,
         metrics_port=metrics_port,
+        run_uid=run_uid,
+        checkpoint_dir=checkpoint_dir,
     )

@@ -34,8 +34,17 @@ SSH_DIR = "/etc/mlbench-ssh"
 OUTPUT_DIR = "/tmp/mlbench"
 #: The namespace's dataset volume (sourced datasets live under it; a task's dataset.path must too).
 DATA_DIR = "/data"
+#: Where a run with ``spec.checkpoint`` mounts its checkpoint volume (the claim it names), on every worker.
+CHECKPOINT_DIR = "/checkpoints"
 #: Where a container's last words go (the pod's terminationMessagePath): the launcher's result, a failure.
 TERMINATION_LOG = "/dev/termination-log"
+
+
+def checkpoint_dir(namespace: str, run: str, uid: str) -> str:
+    """The run's own folder in the checkpoint volume (RunConfig.checkpointDir): by its UID, so a new run of the
+    same name starts afresh and never meets an older run's checkpoint by accident."""
+    return f"{CHECKPOINT_DIR}/{namespace}/{run}-{uid}"
+
 
 # -- environment of the runner's containers ------------------------------------------------------------------
 ENV_CONFIG = "MLBENCH_RUN_CONFIG"  #: the RunConfig file (CONFIG_PATH in a pod)

@@ -162,6 +162,31 @@ class CollectiveResult(ApiModel):
         return peaks
 
 
+class RankHardware(ApiModel):
+    """The machine one rank ran on: what the runner sees (node, driver, CUDA) and, in a cluster, what the
+    operator read from its node's labels when it kept the results (null where unknown)."""
+
+    node: Annotated[str, Field(max_length=253)] | None = None
+    instance_type: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="The node's node.kubernetes.io/instance-type label."
+    )
+    zone: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="The node's topology.kubernetes.io/zone label."
+    )
+    gpu_product: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="The node's nvidia.com/gpu.product label (GPU feature discovery)."
+    )
+    gpu_count: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="The node's nvidia.com/gpu.count label."
+    )
+    driver: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="The NVIDIA driver the rank saw (/proc/driver/nvidia/version); null without one."
+    )
+    cuda: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="The CUDA version PyTorch was built with (torch.version.cuda); null for a CPU build."
+    )
+
+
 class Environment(ApiModel):
     torch: str | None = None
     cuda: str | None = None
@@ -175,6 +200,9 @@ class Environment(ApiModel):
         default=None,
         description="The machine of each rank, in rank order: its pod's Kubernetes node, or the host's name outside "
         "a cluster.",
+    )
+    hardware: Annotated[list[RankHardware], Field(max_length=4096)] | None = Field(
+        default=None, description="Each rank's machine, in rank order: node, instance type, zone, GPU, driver, CUDA."
     )
     precision: str | None = Field(default=None, description="fp32, fp64 or bf16-autocast.")
     channels_last: bool | None = None
@@ -256,6 +284,11 @@ class RunSummary(ApiModel):
         default=None, description="The emulated network conditions the run declared (spec.network), as applied."
     )
     history: list[EpochRecord] = Field(default_factory=list)
+    resumes: SafeInt | None = Field(
+        default=None,
+        description="Times the run continued from an epoch-end checkpoint after a restart (0: never); unset: no "
+        "checkpoints. Its wall clock and time to goal count the lost time and the restarts.",
+    )
     peak_bus_bandwidth: dict[str, Finite] | None = Field(
         default=None,
         description="Collectives tasks: the highest bus bandwidth (bytes/s) of each operation over the sizes swept.",
@@ -273,6 +306,7 @@ class RunSummary(ApiModel):
         data: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.pop("history", None)
         data.pop("collectives", None)  # the full table stays in summary.json; peakBusBandwidth sums it up
+        data["environment"].pop("hardware", None)  # per rank: summary.json keeps it (status.result has no room)
         text = json.dumps(data, separators=(",", ":"))
         for shrink in _SHRINKS:
             if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:

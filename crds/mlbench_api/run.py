@@ -23,6 +23,7 @@ from mlbench_api.common import (
     Condition,
     Finite,
     LabelName,
+    Name,
     ObjectMeta,
     Quantity,
     SafeInt,
@@ -259,6 +260,15 @@ class Scheduling(ApiModel):
     """PriorityClass of the pods (it must exist)."""
 
 
+class CheckpointPolicy(ApiModel):
+    """Epoch-end checkpoints, so that a gang restart continues the run instead of training from epoch 0."""
+
+    claim_name: Name
+    """The PersistentVolumeClaim (run's namespace) for the checkpoints, mounted on every worker at /checkpoints;
+    rank 0 writes <namespace>/<run>-<uid>/checkpoint.mlbc there after each epoch. Writable by UID/fsGroup 1000;
+    ReadWriteMany when workers may land on several nodes."""
+
+
 class CleanPodPolicy(StrEnum):
     """What to delete when a run finishes (Kubeflow's meanings)."""
 
@@ -420,6 +430,9 @@ class BenchmarkRunSpec(ApiModel):
     """Container image of the run's pods instead of the task's runner.image (e.g. your registry's copy)."""
     scheduling: Scheduling | None = None
     """nodeSelector, tolerations and priorityClassName for every pod of the run."""
+    checkpoint: CheckpointPolicy | None = None
+    """Epoch-end checkpoints on a volume, resumed after a gang restart (docs/runner.md#checkpoints). Unset: none;
+    a restarted run trains from epoch 0."""
     run_policy: RunPolicy | None = None
     """Restarts, deadline, cleanup and TTL; the only field that may change after creation."""
 
@@ -501,6 +514,8 @@ class RunResult(ApiModel):
     """Global training throughput: samples of all ranks / summed step time."""
     world_size: SafeInt | None = None
     """Processes that trained (workers x slotsPerWorker)."""
+    resumes: SafeInt | None = None
+    """Times the run continued from its epoch-end checkpoint after a gang restart (spec.checkpoint; 0: never)."""
     bytes_per_step: SafeInt | None = None
     """Payload bytes each rank sent per step (the algorithm's declaration; status.results has the full record)."""
     compression_ratio: Finite | None = None

@@ -289,6 +289,9 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
         {"name": "ssh", "mountPath": contract.SSH_DIR, "readOnly": True},
         {"name": "output", "mountPath": contract.OUTPUT_DIR},
     ]
+    if with_data and ctx.spec.checkpoint is not None:  # the workers: rank 0 writes, every rank may read
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ctx.spec.checkpoint.claim_name}})
+        mounts.append({"name": "checkpoints", "mountPath": contract.CHECKPOINT_DIR})
     if with_data:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})

@@ -210,6 +210,16 @@ class Kube:
                 return None
             raise
 
+    def node_labels(self, name: str) -> dict[str, str] | None:
+        """A node's labels (the result's hardware record); None when the node no longer exists."""
+        try:
+            node: dict[str, Any] = self.request("GET", f"/api/v1/nodes/{quote(name)}", resource="nodes")
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict((node.get("metadata") or {}).get("labels") or {})
+
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None) -> None:
         """Delete one pod (404 is fine); ``grace_seconds=0`` force-deletes a pod whose node is gone.
 

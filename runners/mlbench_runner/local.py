@@ -155,7 +155,12 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
             )
     try:
         config = effective_config(
-            run, run.spec.task_ref.name, spec, output_dir=str(out), metrics_port=args.metrics_port
+            run,
+            run.spec.task_ref.name,
+            spec,
+            output_dir=str(out),
+            metrics_port=args.metrics_port,
+            checkpoint_dir=str(Path(args.checkpoint).resolve()) if getattr(args, "checkpoint", None) else None,
         )
     except OverrideNotAllowed as exc:
         raise LocalRunError(str(exc)) from exc
@@ -574,6 +579,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")
     p.add_argument("--metrics-port", type=port, default=0, help="Prometheus base port (0: off)")
     p.add_argument("--data-dir", help="where to look for datasets whose path does not exist here")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="keep an epoch-end checkpoint in DIR and resume from it (this run's own only; spec.checkpoint's local "
+        "equivalent)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 

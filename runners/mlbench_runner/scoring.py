@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from mlbench_api.config import RunConfig
+from mlbench_api.hardware import hardware_label
 from mlbench_api.results import RunSummary
 from mlbench_api.task import GoalMode
 
@@ -222,6 +223,7 @@ def configuration(summary: RunSummary, config: RunConfig | None) -> Configuratio
         ("precision", str(env.precision)),
         ("channelsLast", str(env.channels_last)),
         ("device", device_of(summary)),
+        ("hardware", hardware_label(summary)),  # instance type, zone, GPU, driver, CUDA: two clusters never mix
     ]
     if config is None:
         algorithm, _, bucketing = (env.algorithm or "unknown").partition("/")

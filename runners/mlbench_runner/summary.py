@@ -23,6 +23,7 @@ from mlbench_api.results import (
     Environment,
     EpochRecord,
     PhaseTotals,
+    RankHardware,
     RunStatus,
     RunSummary,
     StopReason,
@@ -76,16 +77,19 @@ class SummaryBuilder:
         execution: ExecutionRecord | None = None,
         *,
         nodes: list[str] | None = None,
+        hardware: list[RankHardware] | None = None,
     ) -> None:
         self.config, self.world, self.device, self.precision = config, world, device, precision
         self.execution = execution
         self.nodes = nodes
+        self.hardware = hardware
         self.totals = {p: 0.0 for p in PHASES}
         self.evaluation = 0.0
         self.steps_timed = 0
         self.history: list[EpochRecord] = []
         self.time_to_goal: float | None = None
         self.stopped_at: tuple[int, float, float] | None = None
+        self.resumes: int | None = None  #: set when the run checkpoints: how often it resumed
         self.result: RunSummary | None = None
 
     def add_steps(self, steps: list[StepTiming]) -> None:
@@ -143,6 +147,7 @@ class SummaryBuilder:
             seed=self.config.seed,
             hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
             nodes=self.nodes,
+            hardware=self.hardware,
             training_step=self.execution.path if self.execution else None,
             training_step_reason=self.execution.reason if self.execution else None,
             capture_seconds=self.execution.capture_seconds if self.execution else None,
@@ -182,5 +187,6 @@ class SummaryBuilder:
             communication=communication,
             network=self.config.network.model_dump(by_alias=True, exclude_none=True) if self.config.network else None,
             history=self.history,
+            resumes=self.resumes,
         )
         return self.result

@@ -107,6 +107,15 @@ class WallClock:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def origin(self) -> float:
+        """The run's start as wall-clock time (seconds since the epoch), exclusions applied: what a checkpoint
+        keeps so that a restarted process continues this clock."""
+        return time.time() - self.elapsed()
+
+    def resume(self, origin: float) -> None:
+        """Continue a clock whose :meth:`origin` was ``origin``: the time since, a restart included, counts."""
+        self.start = time.perf_counter() - max(0.0, time.time() - origin)
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` (already spent, e.g. one-time data ingest) out of the elapsed time."""
         self.start += max(0.0, seconds)

@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,9 +30,9 @@ from torch import nn
 
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
-from mlbench_api.results import CommunicationRecord, RunStatus, RunSummary, StopReason
+from mlbench_api.results import CommunicationRecord, EpochRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import partition, stopping
+from mlbench_runner import checkpoint, hostinfo, partition, rankstate, stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, gather_texts, make_communicator
@@ -258,6 +258,7 @@ class Trainer:
         comm = self.comm = make_communicator(self.world, cfg.backend.value, process_group)
         self.log.event("init_start", world_size=self.world.size, launcher=self.world.launcher, device=str(device))
         nodes = gather_texts(comm, node_name(), device)  # which machine each rank ran on, kept with the result
+        hardware = hostinfo.rank_hardware(nodes, gather_texts(comm, hostinfo.this_rank(), device))
         torch.manual_seed(cfg.seed)
         # Served before the (possibly long) data ingest: Prometheus sees the rank up, at epoch 0,
         # instead of a target that is down until the data is decoded (MLBenchWorkerUnreachable).
@@ -316,7 +317,9 @@ class Trainer:
             batch=batch,
             steps_per_epoch=partition.steps_per_epoch(kernel.n_train, batch, self.world.size),
             timer=timer,
-            summary=SummaryBuilder(cfg, self.world, device, precision_label(opts, device), execution, nodes=nodes),
+            summary=SummaryBuilder(
+                cfg, self.world, device, precision_label(opts, device), execution, nodes=nodes, hardware=hardware
+            ),
             autocast=autocast,
         )
         self.log.event(
@@ -551,10 +554,10 @@ class Trainer:
     def _train(self, s: Setup) -> RunStatus:
         cfg = self.config
         accuracy_after_time = cfg.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME
-        step = 0
+        first, step = self._resume(s)
         self.log.event("init_stop")
         self._last_progress = time.perf_counter()
-        for epoch in range(cfg.task.training.max_epochs):
+        for epoch in range(first, cfg.task.training.max_epochs):
             outcome = self._train_epoch(s, epoch, step)
             step = outcome.step
             if outcome.stop == "max-steps":
@@ -571,9 +574,87 @@ class Trainer:
                 return self._stop(s, "goal", step, reached=True, elapsed=elapsed)
             if outcome.stop == "time-budget" or (accuracy_after_time and self._budget_exceeded(s)):
                 return self._stop(s, "time-budget", step, reached=reached, elapsed=elapsed)
+            if epoch + 1 < cfg.task.training.max_epochs:  # the last epoch ends the run: nothing to resume
+                self._checkpoint(s, epoch + 1, step)
         scores = self.record.scores
         reached = accuracy_after_time and bool(scores) and cfg.task.goal.met(scores[-1], cfg.goal_target)
         return self._stop(s, "max-epochs", step, reached=reached)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    @staticmethod
+    def _parts(s: Setup) -> rankstate.Parts:
+        generator = getattr(s.kernel, "generator", None)
+        return rankstate.Parts(s.model, s.step, s.algorithm, generator, s.summary, s.device)
+
+    def _checkpoint_path(self) -> Path | None:
+        folder = self.config.checkpoint_dir
+        return Path(folder) / checkpoint.FILE if folder else None
+
+    def _resume(self, s: Setup) -> tuple[int, int]:
+        """The epoch and step to start from: 0, 0, or where the run's checkpoint ended (its state loaded on every
+        rank, the clock continued from its origin). Collective: rank 0 reads the file and shares it, so every
+        rank takes the same decision; a refused checkpoint raises on every rank."""
+        path = self._checkpoint_path()
+        if path is None:
+            return 0, 0
+        data = checkpoint.read_shared(s.comm, path, s.device)
+        if not data:
+            s.summary.resumes = 0
+            self.log.event("checkpoint_none", path=str(path))
+            return 0, 0
+        header, state = checkpoint.open_checkpoint(data, path, checkpoint.identity_of(self.config), self.rank)
+        rankstate.restore(state, self._parts(s))
+        self.step_bytes = int(state.get("stepBytes", 0))
+        s.summary.history = [EpochRecord.model_validate(h) for h in header["history"]]
+        s.summary.time_to_goal = header.get("timeToGoal")
+        s.summary.resumes = int(header["resumes"]) + 1
+        rec = self.record
+        rec.epochs_completed, rec.steps = int(header["epoch"]), int(header["step"])
+        rec.accuracies, rec.scores = list(header["accuracies"]), list(header["scores"])
+        self.clock.resume(float(header["clockOrigin"]))
+        self.log.event(
+            "checkpoint_resumed",
+            path=str(path),
+            epoch=rec.epochs_completed,
+            step=rec.steps,
+            resumes=s.summary.resumes,
+            elapsed_s=round(self.clock.elapsed(), 3),
+        )
+        return rec.epochs_completed, rec.steps
+
+    def _checkpoint(self, s: Setup, epochs: int, step: int) -> None:
+        """After an epoch the run goes on from: every rank's state to rank 0, which writes the file atomically.
+        Its time stays in the clock (it is the run's)."""
+        path = self._checkpoint_path()
+        if path is None:
+            return
+        started = time.perf_counter()
+        state = rankstate.capture(self._parts(s))
+        state["stepBytes"] = self.step_bytes
+        blobs = checkpoint.gather_blobs(s.comm, checkpoint.to_blob(state), s.device)
+        if self.rank != 0:
+            return
+        rec = self.record
+        header = {
+            "identity": asdict(checkpoint.identity_of(self.config)),
+            "epoch": epochs,
+            "step": step,
+            "clockOrigin": self.clock.origin(),
+            "resumes": s.summary.resumes or 0,
+            "history": [h.model_dump(mode="json", by_alias=True) for h in s.summary.history],
+            "timeToGoal": s.summary.time_to_goal,
+            "accuracies": rec.accuracies,
+            "scores": rec.scores,
+            "writtenAt": time.time(),
+        }
+        data = checkpoint.encode(header, blobs)
+        try:
+            checkpoint.write(path, data)
+        except OSError as exc:  # a full or read-only volume: the run goes on, the previous checkpoint stands
+            self.log.warning("checkpoint_failed", path=str(path), epoch=epochs, error=f"{type(exc).__name__}: {exc}")
+            return
+        seconds = round(time.perf_counter() - started, 3)
+        self.log.event("checkpoint_saved", path=str(path), epoch=epochs, step=step, bytes=len(data), seconds=seconds)
 
     def _train_epoch(self, s: Setup, epoch: int, step: int) -> EpochOutcome:
         """One epoch's steps (or fewer, on a max-steps or time-budget stop); ``step`` counts from the run's start."""

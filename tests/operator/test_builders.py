@@ -414,3 +414,18 @@ def test_every_pod_of_a_run_carries_the_node_loss_bound() -> None:
     ctx = dataclasses.replace(ctx_for(), node_loss_seconds=15)
     for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
         assert [t["tolerationSeconds"] for t in pod["spec"]["tolerations"]] == [15, 15]
+
+
+def test_a_checkpointing_run_mounts_its_claim_on_the_workers_and_tells_the_runner_its_own_folder() -> None:
+    ctx = ctx_for(name="bench", namespace="team-a", workers=2, checkpoint={"claimName": "ckpt"})
+    worker, launcher = builders.worker_pod(ctx, 1, 0), builders.launcher_pod(ctx, 0)
+    volumes = {v["name"]: v for v in worker["spec"]["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    mounts = {m["name"]: m["mountPath"] for m in worker["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["checkpoints"] == contract.CHECKPOINT_DIR
+    assert "checkpoints" not in {v["name"] for v in launcher["spec"]["volumes"]}  # the launcher does not train
+    assert ctx.config.checkpoint_dir == f"{contract.CHECKPOINT_DIR}/team-a/bench-uid-bench"
+    assert ctx.config.run_uid == "uid-bench"
+    plain = ctx_for(name="bench", namespace="team-a", workers=2)
+    assert plain.config.checkpoint_dir is None
+    assert "checkpoints" not in {v["name"] for v in builders.worker_pod(plain, 0, 0)["spec"]["volumes"]}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mlbench_api import bundle
+from mlbench_api.results import RankHardware, RunSummary
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import results as r
 from mlbench_operator.settings import RESULTS_WAIT_SECONDS
@@ -167,3 +168,36 @@ def test_the_results_wait_grows_with_the_emulated_delay(network: dict[str, float
     """The launcher's ssh reads of rank 0's files take longer under spec.network: the operator must not delete
     it (and worker 0) while it still reads them."""
     assert r.wait_for(60.0, network) == wait
+
+
+def test_kept_results_join_the_nodes_labels_to_each_rank_s_hardware() -> None:
+    summary = RunSummary.model_validate(
+        {
+            "run": "r",
+            "task": "t",
+            "status": "success",
+            "goalReached": True,
+            "epochs": 1,
+            "steps": 1,
+            "samples": 1,
+            "wallClockSeconds": 1,
+            "trainSeconds": 1,
+            "computeSeconds": 1,
+            "communicationSeconds": 0,
+            "samplesPerSecond": 1,
+            "phases": {},
+            "environment": {"worldSize": 2, "backend": "nccl", "nodes": ["gpu-1", "gpu-2"]},
+        }
+    )
+    found = bundle.Bundle({bundle.SUMMARY: summary.model_dump_json(by_alias=True).encode(), bundle.EVENTS: b"{}"})
+    assert r.nodes_to_read(found) == ["gpu-1", "gpu-2"]
+    labels = {"gpu-2": {"nvidia.com/gpu.product": "NVIDIA-H200", "node.kubernetes.io/instance-type": "p5en"}}
+    joined = r.with_hardware(found, labels)
+    assert joined.files[bundle.EVENTS] == b"{}"
+    kept = joined.summary
+    assert kept is not None
+    assert kept.environment.hardware == [
+        RankHardware(node="gpu-1"),
+        RankHardware(node="gpu-2", gpu_product="NVIDIA-H200", instance_type="p5en"),
+    ]
+    assert r.with_hardware(bundle.Bundle({bundle.EVENTS: b"{}"}), labels).files == {bundle.EVENTS: b"{}"}

@@ -141,30 +141,7 @@ def launch_processes(
     """Run ``ranks`` processes of ``mlbench-runner train`` (torch-style env, plus ``rank_env[r]`` for rank ``r``);
     return rank records."""
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "config.json"
-    path.write_text(config.dump())
-    from mlbench_runner.local import free_port
-
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", str(path)],
-            env=env(
-                RANK=str(r),
-                WORLD_SIZE=str(ranks),
-                LOCAL_RANK=str(r),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                **extra,
-                **(rank_env[r] if r < len(rank_env) else {}),
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(ranks)
-    ]
+    procs = start_processes(config, ranks, rank_env, extra=extra)
     outputs = []
     for p in procs:
         try:
@@ -178,6 +155,43 @@ def launch_processes(
         first = min(failed, key=lambda r: "Connection reset" in outputs[r] or "Connection closed" in outputs[r])
         raise AssertionError(f"rank(s) {failed} failed; rank {first}:\n{outputs[first][-3000:]}")
     return read_ranks(out, ranks)
+
+
+def start_processes(
+    config: RunConfig,
+    ranks: int,
+    rank_env: Sequence[dict[str, str]] = (),
+    *,
+    logs: Path | None = None,
+    extra: dict[str, str] | None = None,
+) -> list[subprocess.Popen[str]]:
+    """Start ``ranks`` processes of ``mlbench-runner train`` (see :func:`launch_processes`); do not wait. With
+    ``logs``, rank r's output goes to ``logs/rank-<r>.log`` (no pipe to fill while nobody reads it)."""
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.json"
+    path.write_text(config.dump())
+    from mlbench_runner.local import free_port
+
+    port = str(free_port())
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "mlbench_runner.cli", "train", "--config", str(path)],
+            env=env(
+                RANK=str(r),
+                WORLD_SIZE=str(ranks),
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                **(extra or {}),
+                **(rank_env[r] if r < len(rank_env) else {}),
+            ),
+            stdout=(logs / f"rank-{r}.log").open("a") if logs else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(ranks)
+    ]
 
 
 def read_ranks(out: Path, ranks: int) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mlbench_api.results import RunSummary
 from mlbench_runner.schedule import learning_rate
@@ -57,6 +58,9 @@ def test_the_result_names_each_rank_s_node(tmp_path: Path) -> None:
     launch_processes(make_config(task, tmp_path / "out", 2), 2, rank_env=nodes)
     summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
     assert summary.environment.nodes == ["node-b", "node-a"]
+    hardware = summary.environment.hardware  # each rank's own record: its node, the driver and CUDA it sees
+    assert hardware is not None
+    assert [(r.node, r.cuda) for r in hardware] == [("node-b", torch.version.cuda), ("node-a", torch.version.cuda)]
 
 
 def test_logreg_k_workers_match_one_big_batch(tmp_path: Path) -> None:

@@ -488,3 +488,10 @@ def test_an_event_unlike_the_reference_runners_is_shown_as_it_came(line: str) ->
     progress.line(line)
     progress.line('{"event": "eval_accuracy", "epoch": 2, "accuracy": 0.5, "target": 0.8, "elapsed_s": 3}')
     assert out.getvalue().splitlines() == [f"  | {line}", "epoch 2/8: test accuracy 50.00% (target 80.0%)  at 3s"]
+
+
+def test_local_checkpoint_flag_names_the_runs_checkpoint_folder(tmp_path: Path) -> None:
+    example = REPO / "manifests" / "examples" / "local-quick.yaml"
+    args = local.parse_args([str(example), "--local", "--checkpoint", str(tmp_path / "ckpt")])
+    assert local.build_config(args, tmp_path / "o").checkpoint_dir == str(tmp_path / "ckpt")
+    assert local.build_config(local.parse_args([str(example), "--local"]), tmp_path / "o").checkpoint_dir is None

@@ -57,11 +57,20 @@ def context(
     meta = body.get("metadata") or {}
     task = BenchmarkTaskSpec.model_validate(snapshot)
     task_name = run.spec.task_ref.name
-    config = effective_config(run, task_name, task, output_dir=contract.OUTPUT_DIR, metrics_port=contract.METRICS_PORT)
+    namespace, uid = run.metadata.namespace or "default", meta.get("uid", "")
+    config = effective_config(
+        run,
+        task_name,
+        task,
+        output_dir=contract.OUTPUT_DIR,
+        metrics_port=contract.METRICS_PORT,
+        run_uid=uid,
+        checkpoint_dir=contract.checkpoint_dir(namespace, run.metadata.name, uid) if run.spec.checkpoint else None,
+    )
     return RunContext(
         name=run.metadata.name,
-        namespace=run.metadata.namespace or "default",
-        uid=meta.get("uid", ""),
+        namespace=namespace,
+        uid=uid,
         task_name=task_name,
         spec=run.spec,
         config=config,

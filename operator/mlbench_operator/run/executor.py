@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from mlbench_api import bundle
+from mlbench_api import bundle, hardware
 from mlbench_api.run import TERMINAL
 from mlbench_operator import builders, datasets, logs, netpol, sshkeys
 from mlbench_operator import conditions as c
@@ -618,10 +618,25 @@ class RunReconciler:
         # decoding, unzipping and compressing again take CPU seconds at the limits: off the event loop
         found, why = await asyncio.to_thread(results.from_log, text)
         if found is not None:
+            found = results.with_hardware(found, await self.node_labels(results.nodes_to_read(found)))
             await asyncio.to_thread(found.compressed_size)  # computed once, kept
         if found is None:
             return results.Decision(results.Action.GIVE_UP, why)
         return await self.store_results(found, uid, now)
+
+    async def node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+        """The labels of the nodes the ranks ran on (the result's hardware). A node that cannot be read (gone,
+        forbidden, the API busy) is left out: its fields stay null, and the results are kept regardless."""
+        found: dict[str, dict[str, str]] = {}
+        for node in nodes[: hardware.MAX_NODES_READ]:
+            try:
+                labels = await self.kube.run(self.kube.node_labels, node)
+            except Exception as err:  # never a reason to lose the results
+                self.log.warning("node_labels_unread", node=node, error=f"{type(err).__name__}: {err}"[:300])
+                continue
+            if labels is not None:
+                found[node] = labels
+        return found
 
     async def retry_later(self, err: Exception, doing: str, now: datetime) -> results.Decision:
         """A failed attempt at the results: WAIT (the first failure's time recorded in

@@ -38,6 +38,7 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         communication_seconds=summary.communication_seconds,
         samples_per_second=summary.samples_per_second,
         world_size=summary.environment.world_size,
+        resumes=summary.resumes,
         bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
         compression_ratio=summary.communication.compression_ratio if summary.communication else None,
         peak_bus_bandwidth=summary.peak_bus_bandwidth,

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mlbench_api import bundle
+from mlbench_api import bundle, hardware
 from mlbench_api.run import MAX_COLLECT_ATTEMPTS, TERMINAL, NetworkConditions
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
@@ -252,3 +252,26 @@ def log_tail(text: str, limit: int) -> str:
         return out
     cut = out[-limit:]
     return cut[cut.find("\n") + 1 :] if "\n" in cut[:-1] else cut
+
+
+def with_hardware(found: bundle.Bundle, labels_by_node: Mapping[str, Mapping[str, str]]) -> bundle.Bundle:
+    """The bundle with its summary's per-rank hardware completed from the nodes' labels
+    (:func:`mlbench_api.hardware.with_node_labels`); as it was when it has no readable summary."""
+    try:
+        summary = found.summary
+    except ValidationError:
+        return found
+    if summary is None:
+        return found
+    joined = hardware.with_node_labels(summary, labels_by_node)
+    files = {**found.files, bundle.SUMMARY: joined.model_dump_json(by_alias=True, indent=2).encode()}
+    return bundle.Bundle(files, found.truncated)
+
+
+def nodes_to_read(found: bundle.Bundle) -> list[str]:
+    """The nodes whose labels the bundle's summary wants (none without a readable summary)."""
+    try:
+        summary = found.summary
+    except ValidationError:
+        return []
+    return hardware.hardware_nodes(summary) if summary is not None else []

@@ -19,6 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,6 +124,14 @@ class DistributedAlgorithm(ABC):
 
     def after_evaluation(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """Undo what :meth:`before_evaluation` changed that training must not see (default: nothing)."""
+
+    def state(self) -> dict[str, Any]:
+        """This rank's state beyond the model and optimizer (error feedback, RNGs, step counters) for a
+        checkpoint: tensors, numbers and strings only (what ``torch.load(weights_only=True)`` reads back)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what :meth:`state` returned (after :meth:`prepare`)."""
 
 
 def average_buffers(model: nn.Module, comm: Communicator) -> None:

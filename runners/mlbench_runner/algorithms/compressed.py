@@ -11,7 +11,7 @@ The selection and error-feedback step (:func:`sparsify`) and the vote (:func:`si
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -230,6 +230,14 @@ class SparsifiedSGD(DistributedAlgorithm):
             self._exchange_top_k(sent, timer)
         else:
             self._exchange_random_k(sent, timer)
+
+    def state(self) -> dict[str, Any]:
+        """Error feedback (the memory) and the step that seeds random-k's draw."""
+        return {"memory": self.memory.detach().clone(), "step": self.step}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.memory.copy_(state["memory"])
+        self.step = int(state["step"])
 
     def _exchange_top_k(self, sent: Sparsified, timer: PhaseTimer) -> None:
         """All-gather every rank's (values, indices) in one byte buffer; scatter-add them; average."""

@@ -19,6 +19,7 @@ agree on the same gradients (tests/runner/test_powersgd.py checks it against the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -245,6 +246,31 @@ class PowerSGD(DistributedAlgorithm):
             for g in self.groups:
                 torch.bmm(g.p, g.q.transpose(1, 2), out=g.grad)  # the mean approximation P Q^T
             self.error.sub_(self.matrices)  # e = M - P Q^T
+
+    def state(self) -> dict[str, Any]:
+        """Error feedback, the warm-started Q (and the first one), and the generator of fresh draws."""
+        name, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], self._rng.get_state())
+        state: dict[str, Any] = {
+            "rng": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)},
+            "rngGauss": [int(has_gauss), float(gauss)],
+            "qReady": self._q_ready,
+        }
+        if self.groups:
+            state["tensors"] = {"error": self.error, "q": self.q, "p": self.p}
+            if self.q_init is not None:
+                state["tensors"]["qInit"] = self.q_init
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        rng = state["rng"]
+        has_gauss, gauss = state["rngGauss"]
+        keys = rng["keys"].numpy().astype(np.uint32)
+        self._rng.set_state((rng["name"], keys, rng["pos"], has_gauss, gauss))
+        self._q_ready = bool(state["qReady"])
+        tensors = state.get("tensors", {})
+        for name, target in (("error", "error"), ("q", "q"), ("p", "p"), ("qInit", "q_init")):
+            if name in tensors and getattr(self, target, None) is not None:
+                getattr(self, target).copy_(tensors[name])
 
     def plan(self, model: nn.Module) -> CommunicationPlan:
         size = parameter_bytes(model)
