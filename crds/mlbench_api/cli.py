@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mlbench_api.badinput import EXIT_BAD_INPUT, BadInput, bad_input, report
 from mlbench_api.catalog import (
     CATALOG_ENV,
     Document,
@@ -34,7 +35,7 @@ from mlbench_api.catalog import (
     strict_validate,
 )
 from mlbench_api.common import GROUP
-from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config, local_task
+from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, RunConfig, effective_config, local_task
 from mlbench_api.contract import Reason
 from mlbench_api.crdgen import stale, write_all
 from mlbench_api.errors import InvalidObject, format_errors
@@ -354,10 +355,18 @@ def _validate(args: argparse.Namespace) -> int:
     if not args.schema_only:
         _admit(files, local=args.local)
     failed = sum(_print(file) for file in files)
-    return 1 if failed else 0
+    return EXIT_BAD_INPUT if failed else 0
 
 
 def _config(args: argparse.Namespace) -> int:
+    try:
+        print(_effective(args).dump())
+    except (InvalidObject, KeyError, ValueError) as exc:  # ValidationError, an override the task refuses
+        raise bad_input(exc, args.run, "BenchmarkRun") from exc
+    return 0
+
+
+def _effective(args: argparse.Namespace) -> RunConfig:
     documents = load_documents(Path(args.run))
     runs = [d for d in documents if d.get("kind") == "BenchmarkRun"]
     if not runs:
@@ -369,8 +378,7 @@ def _config(args: argparse.Namespace) -> int:
     if task is None:
         task = get_task(run.spec.task_ref.name)
     spec = local_task(task.spec, run) if args.local else task.spec
-    print(effective_config(run, task.metadata.name, spec).dump())
-    return 0
+    return effective_config(run, task.metadata.name, spec)
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -378,8 +386,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
     ref = parse_ref(args.run)
     if ref is None:
-        print(f"error: run: expected <namespace>/<run>, got {args.run!r}", file=sys.stderr)
-        return 2
+        raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
     dest = Path(args.output) if args.output else default_dir(*ref)
     try:
         paths = download(*ref, dest, kubeconfig=args.kubeconfig, context=args.context)
@@ -453,7 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument("-o", "--output", help="directory to write (default mlbench-results/<namespace>.<run>)")
+    p.add_argument(
+        "--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)"
+    )
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)
@@ -475,9 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (InvalidObject, KeyError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
-        return 1
+    except (InvalidObject, KeyError, ValueError, FileNotFoundError) as exc:  # BadInput is a ValueError
+        return report(bad_input(exc), sys.stderr)
 
 
 if __name__ == "__main__":

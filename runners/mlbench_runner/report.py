@@ -540,6 +540,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run output directories, summary.json files, folders of result directories, or <namespace>/<run>",
     )
     p.add_argument(
+        "-o",
         "--output",
         choices=("table", "json", "csv", "markdown"),
         default="table",
