@@ -38,10 +38,12 @@ from mlbench_api.common import GROUP
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, RunConfig, effective_config, local_task
 from mlbench_api.contract import Reason
 from mlbench_api.crdgen import stale, write_all
+from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec, GoalMetric
+from mlbench_api.watch import EXIT_FAILED, follow
 
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
@@ -382,8 +384,6 @@ def _effective(args: argparse.Namespace) -> RunConfig:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
-
     ref = parse_ref(args.run)
     if ref is None:
         raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
@@ -396,6 +396,17 @@ def _fetch(args: argparse.Namespace) -> int:
     for path in paths:
         print(path)
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    ref = parse_ref(args.run)
+    if ref is None:
+        raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
+    try:
+        return follow(*ref, lambda line: print(line, flush=True), kubeconfig=args.kubeconfig, context=args.context)
+    except ResultsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _runner(entry: str, argv: list[str]) -> int:
@@ -466,6 +477,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)
+
+    p = sub.add_parser(
+        "watch",
+        help="follow a cluster run until it ends; exit 0 when it succeeded, 1 otherwise",
+        description="Print a cluster run's phase and progress as they change (the Kubernetes watch API), until "
+        "it ends; exit 0 when it Succeeded, 1 when it Failed, was deleted or cannot be read, 2 for bad input.",
+    )
+    p.add_argument("run", help="<namespace>/<run>")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context", help="kubeconfig context")
+    p.set_defaults(func=_watch)
 
     sub.add_parser("run", help="run a BenchmarkRun (--local: on this machine)", add_help=False)
     sub.add_parser(
