@@ -535,7 +535,7 @@ def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
     if not config.task.has_training:
         from mlbench_api.results import CollectiveResult
-        from mlbench_runner.collectives import format_table as format_sweep
+        from mlbench_runner.collective_table import format_table as format_sweep
 
         print(format_sweep(CollectiveResult.model_validate_json((out / "collectives.json").read_text())))
         return []

@@ -648,7 +648,7 @@ def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path
 
 def print_collectives(runs: Sequence[LoadedRun], where: TextIO) -> None:
     """Task 0a runs: their table (bandwidth by size), which is not scored."""
-    from mlbench_runner.collectives import format_table as sweep_table
+    from mlbench_runner.collective_table import format_table as sweep_table
 
     for r in runs:
         if r.summary.collectives is not None:
