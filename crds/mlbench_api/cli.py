@@ -45,6 +45,8 @@ from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec, GoalMetric
 from mlbench_api.watch import EXIT_FAILED, follow
 
+#: The distribution ``pip install`` knows this package by (``mlbench`` on PyPI is another project).
+DISTRIBUTION = "mlbench-k8s"
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
 
@@ -423,7 +425,7 @@ def _runner(entry: str, argv: list[str]) -> int:
 def version() -> str:
     """The installed package's version (``pip install`` / ``make install``)."""
     try:
-        return metadata.version("mlbench")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
