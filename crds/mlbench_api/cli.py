@@ -473,9 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument(
-        "--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)"
-    )
+    p.add_argument("--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)

@@ -39,7 +39,8 @@ def _reason(status: Mapping[str, Any], kind: str) -> str:
 def status_line(obj: Mapping[str, Any]) -> str:
     """One line for a person: ``Running  epoch 2.5/8  accuracy 41.2%  workers 2/2``, then the outcome's figures."""
     status = _status(obj)
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
     parts = [str(status.get("phase") or "Pending")]
     workers = status.get("workers") or {}
     progress = status.get("progress") or {}

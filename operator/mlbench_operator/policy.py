@@ -32,6 +32,8 @@ def repository_patterns(image: str) -> tuple[str, str]:
     slash = ref.rfind("/")
     repository = ref[: slash + 1] + ref[slash + 1 :].split(":", 1)[0]
     return f"{repository}:*", f"{repository}@sha256:*"
+
+
 #: Volume types ``dataset.volume`` may use by default: storage a namespace user could mount anyway. ``nfs`` is
 #: outside the ``restricted`` Pod Security level: in such a namespace Pod Security admission refuses the pods
 #: and the run fails ``PolicyViolation`` (``run.lifecycle.refusal_is_final``); it needs a ``baseline`` namespace.

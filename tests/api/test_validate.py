@@ -360,7 +360,12 @@ LOCAL_DATA = RUN + "  overrides: {dataset: ../shared/datasets/cifar10-jpeg.tar.g
     ("text", "flags", "rc", "said"),
     [
         # the operator refuses a path outside /data for a sourced dataset; a local run reads it as it is
-        (LOCAL_DATA, [], EXIT_BAD_INPUT, "the operator would fail the run InvalidConfig (a local run reads an overridden"),
+        (
+            LOCAL_DATA,
+            [],
+            EXIT_BAD_INPUT,
+            "the operator would fail the run InvalidConfig (a local run reads an overridden",
+        ),
         (LOCAL_DATA, ["--local"], 0, "valid (task cifar10-resnet20-smoke from the catalog)"),
         # with its own datasetSource the path is a fetch target on both: refused both ways, no hint
         (

@@ -275,7 +275,16 @@ def test_metrics_port_outside_the_port_range_is_refused(value: str, capsys: pyte
 def test_metrics_ports_of_every_rank_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("p", "tiny", 2))
-    argv = [str(run), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "o"), "--metrics-port", "65535"]
+    argv = [
+        str(run),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--metrics-port",
+        "65535",
+    ]
     assert local.main(argv) == 2
     assert "--metrics-port" in capsys.readouterr().err
 

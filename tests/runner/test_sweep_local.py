@@ -47,7 +47,17 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     task = _task_file(tmp_path, logreg_task(batch=10, epochs=2, train=200, test=100))
     study = _sweep_file(tmp_path, {"workers": [1, 2], "seeds": [1, 2]}, maxConcurrent=2)
     out = tmp_path / "study"
-    args = [str(study), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", "process", "--quiet"]
+    args = [
+        str(study),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(out),
+        "--launcher",
+        "process",
+        "--quiet",
+    ]
     code = sweep.main(args)
     text = capsys.readouterr().out
     assert code == 0, text
@@ -188,7 +198,17 @@ def test_a_run_refused_before_it_starts_leaves_the_folder_to_the_run_it_holds(
     earlier = fake_run(out, "lr-study-mpi", ttg=10.0)
     (earlier / "run.yaml").write_text(yaml.safe_dump_all(RAN))
     study = _sweep_file(tmp_path, {"backends": ["mpi"]})
-    args = [str(study), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", "process", "--resume"]
+    args = [
+        str(study),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(out),
+        "--launcher",
+        "process",
+        "--resume",
+    ]
     for _ in range(2):  # the second time, the first's refusal must not have made the earlier results this run's
         assert sweep.main(args) == 1
         text = capsys.readouterr().out
