@@ -117,9 +117,16 @@ bench: install ## runner and operator benchmarks (print figures)
 	$(PYTHON) benchmarks/runner_cpu_scaling.py
 	$(PYTHON) benchmarks/operator_scale.py
 
+# Registry and repository of both images: <IMAGE_REPO>/mlbench-operator, <IMAGE_REPO>/mlbench-runner (hack/images.sh).
+IMAGE_REPO ?=
+
 .PHONY: images
-images: ## build the operator and runner images (docker or podman; cached by a hash of their inputs)
-	hack/images.sh build
+images: ## build the operator and runner images (docker or podman; cached by a hash of their inputs); IMAGE_REPO=registry/team
+	IMAGE_REPO=$(IMAGE_REPO) hack/images.sh build
+
+.PHONY: push
+push: ## push what `make images` built to IMAGE_REPO (required: registry.example.com/team)
+	IMAGE_REPO=$(IMAGE_REPO) hack/images.sh push
 
 .PHONY: images-load
 images-load: ## import both images into every test node's containerd (MLBENCH_CONTAINERD_ADDRESSES, from python -m tests.cluster env)

@@ -23,7 +23,7 @@ from pathlib import Path
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec
 from mlbench_api.config import effective_config
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult
-from mlbench_runner.collectives import format_rate, format_size
+from mlbench_runner.collective_table import format_rate, format_size
 from mlbench_runner.local import importable_env, run_processes
 
 

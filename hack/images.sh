@@ -2,11 +2,13 @@
 # Build the operator and runner images (Dockerfile.operator, Dockerfile.runner), cached by
 # a hash of their inputs, and load them into the test node's containerd.
 #
-# Usage: hack/images.sh [--debian-base] [--load] [build|load|prune|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
+# Usage: hack/images.sh [--debian-base] [--load] [build|push|load|prune|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
 #        (default: build)
 #
 #   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
 #               image already carries the label io.mlbench.inputs=<hash of its inputs>
+#   push        push both images (as built: build first) to their registry; refused for the default IMAGE_REPO,
+#               which is a name for local images only (the project owns no Docker Hub namespace)
 #   load        import both images into every node's containerd, $MLBENCH_CONTAINERD_ADDRESSES (space-separated;
 #               else $MLBENCH_CONTAINERD_ADDRESS) in namespace k8s.io, skipped per image and node when it already
 #               holds that image id; then prune
@@ -31,6 +33,10 @@
 #   MLBENCH_CACHE     where the wheelhouse lives (default ~/.cache/mlbench)
 #   MLBENCH_PIP_CA    CA bundle handed to pip as a build secret (default: the host's, if any)
 #   MLBENCH_IMAGE_TAG tag of both images (default 0.1.0, as manifests/ reference them)
+#   IMAGE_REPO        registry and repository of both images: <IMAGE_REPO>/mlbench-operator and
+#                     <IMAGE_REPO>/mlbench-runner (default docker.io/mlbench: what manifests/ and the test cluster use,
+#                     for images side-loaded, never pulled nor pushed). Point the operator at the runner with
+#                     MLBENCH_RUNNER_IMAGE=<IMAGE_REPO>/mlbench-runner:<tag> (manifests/operator/deployment.yaml).
 #
 # Each step prints "[images] <step>: <seconds>s" so cold and warm timings can be reported.
 set -euo pipefail
@@ -39,8 +45,11 @@ cd "$(dirname "$0")/.."
 TAG="${MLBENCH_IMAGE_TAG:-0.1.0}"
 # Fully qualified: podman would prefix a short name with localhost/, and the kubelet
 # normalizes the manifests' mlbench/x to docker.io/mlbench/x.
-RUNNER_IMAGE="docker.io/mlbench/mlbench-runner:${TAG}"
-OPERATOR_IMAGE="docker.io/mlbench/mlbench-operator:${TAG}"
+DEFAULT_IMAGE_REPO="docker.io/mlbench"
+IMAGE_REPO="${IMAGE_REPO:-$DEFAULT_IMAGE_REPO}"
+IMAGE_REPO="${IMAGE_REPO%/}"
+RUNNER_IMAGE="${IMAGE_REPO}/mlbench-runner:${TAG}"
+OPERATOR_IMAGE="${IMAGE_REPO}/mlbench-operator:${TAG}"
 INPUTS_LABEL="io.mlbench.inputs"
 CACHE="${MLBENCH_CACHE:-$HOME/.cache/mlbench}"
 TORCH_INDEX="${TORCH_INDEX-}"
@@ -400,6 +409,14 @@ case "${cmd:-build}" in
       else log "load: skipped (MLBENCH_CONTAINERD_ADDRESSES not set)"; fi
     fi
     ;;
+  push)
+    [ "$IMAGE_REPO" != "$DEFAULT_IMAGE_REPO" ] ||
+      die "push: set IMAGE_REPO to your registry (make push IMAGE_REPO=registry.example.com/team); $DEFAULT_IMAGE_REPO is not the project's to push to"
+    for image in "$OPERATOR_IMAGE" "$RUNNER_IMAGE"; do
+      "$(builder)" image inspect "$image" >/dev/null 2>&1 || die "push: $image is not built (make images IMAGE_REPO=$IMAGE_REPO)"
+      timed "push $image" "$(builder)" push "$image"
+    done
+    ;;
   load) cmd_load ;;
   prune) cmd_prune ;;
   base) ensure_base >/dev/null ;;
@@ -410,5 +427,5 @@ case "${cmd:-build}" in
     [ $# = 1 ] || die "usage: hack/images.sh hash Dockerfile.runner|Dockerfile.operator"
     inputs_hash "$1"
     ;;
-  *) die "unknown command ${cmd} (build | load | base | wheelhouse | tags | run-flags | hash DOCKERFILE)" ;;
+  *) die "unknown command ${cmd} (build | push | load | base | wheelhouse | tags | run-flags | hash DOCKERFILE)" ;;
 esac

@@ -41,7 +41,7 @@ fi
 
 # The shared environment must stay project-free (older versions installed mlbench there).
 if [ -n "$(ls "$venv"/lib/python*/site-packages/ | grep -i '^__editable__.*mlbench' || true)" ]; then
-  "$venv/bin/pip" uninstall -q -y mlbench >&2
+  "$venv/bin/pip" uninstall -q -y mlbench mlbench-k8s >&2
 fi
 exec 9>&-  # the shared environment is complete and project-free: release it
 
@@ -55,6 +55,8 @@ if [ "$(cat .venv/.shared 2>/dev/null)" != "$venv" ]; then
   ln -s "$venv/bin/ruff" .venv/bin/ruff
   echo "$venv" > .venv/.shared
 fi
+# The distribution was called "mlbench" before it became "mlbench-k8s": drop the old one (same console scripts).
+if .venv/bin/python -m pip show -q mlbench >/dev/null 2>&1; then .venv/bin/python -m pip uninstall -q -y mlbench >&2; fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . >&2
 
 # Optional packages of this checkout's .venv only, outside the shared environment and its key: the

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mlbench_api.badinput import EXIT_BAD_INPUT, BadInput, bad_input, report
 from mlbench_api.catalog import (
     CATALOG_ENV,
     Document,
@@ -34,14 +35,18 @@ from mlbench_api.catalog import (
     strict_validate,
 )
 from mlbench_api.common import GROUP
-from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config, local_task
+from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, RunConfig, effective_config, local_task
 from mlbench_api.contract import Reason
 from mlbench_api.crdgen import stale, write_all
+from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec, GoalMetric
+from mlbench_api.watch import EXIT_FAILED, follow
 
+#: The distribution ``pip install`` knows this package by (``mlbench`` on PyPI is another project).
+DISTRIBUTION = "mlbench-k8s"
 DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
 
@@ -354,10 +359,18 @@ def _validate(args: argparse.Namespace) -> int:
     if not args.schema_only:
         _admit(files, local=args.local)
     failed = sum(_print(file) for file in files)
-    return 1 if failed else 0
+    return EXIT_BAD_INPUT if failed else 0
 
 
 def _config(args: argparse.Namespace) -> int:
+    try:
+        print(_effective(args).dump())
+    except (InvalidObject, KeyError, ValueError) as exc:  # ValidationError, an override the task refuses
+        raise bad_input(exc, args.run, "BenchmarkRun") from exc
+    return 0
+
+
+def _effective(args: argparse.Namespace) -> RunConfig:
     documents = load_documents(Path(args.run))
     runs = [d for d in documents if d.get("kind") == "BenchmarkRun"]
     if not runs:
@@ -369,17 +382,13 @@ def _config(args: argparse.Namespace) -> int:
     if task is None:
         task = get_task(run.spec.task_ref.name)
     spec = local_task(task.spec, run) if args.local else task.spec
-    print(effective_config(run, task.metadata.name, spec).dump())
-    return 0
+    return effective_config(run, task.metadata.name, spec)
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
-
     ref = parse_ref(args.run)
     if ref is None:
-        print(f"error: run: expected <namespace>/<run>, got {args.run!r}", file=sys.stderr)
-        return 2
+        raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
     dest = Path(args.output) if args.output else default_dir(*ref)
     try:
         paths = download(*ref, dest, kubeconfig=args.kubeconfig, context=args.context)
@@ -389,6 +398,17 @@ def _fetch(args: argparse.Namespace) -> int:
     for path in paths:
         print(path)
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    ref = parse_ref(args.run)
+    if ref is None:
+        raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
+    try:
+        return follow(*ref, lambda line: print(line, flush=True), kubeconfig=args.kubeconfig, context=args.context)
+    except ResultsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _runner(entry: str, argv: list[str]) -> int:
@@ -405,7 +425,7 @@ def _runner(entry: str, argv: list[str]) -> int:
 def version() -> str:
     """The installed package's version (``pip install`` / ``make install``)."""
     try:
-        return metadata.version("mlbench")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
@@ -453,10 +473,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument("-o", "--output", help="directory to write (default mlbench-results/<namespace>.<run>)")
+    p.add_argument("--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)
+
+    p = sub.add_parser(
+        "watch",
+        help="follow a cluster run until it ends; exit 0 when it succeeded, 1 otherwise",
+        description="Print a cluster run's phase and progress as they change (the Kubernetes watch API), until "
+        "it ends; exit 0 when it Succeeded, 1 when it Failed, was deleted or cannot be read, 2 for bad input.",
+    )
+    p.add_argument("run", help="<namespace>/<run>")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context", help="kubeconfig context")
+    p.set_defaults(func=_watch)
 
     sub.add_parser("run", help="run a BenchmarkRun (--local: on this machine)", add_help=False)
     sub.add_parser(
@@ -475,9 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (InvalidObject, KeyError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
-        return 1
+    except (InvalidObject, KeyError, ValueError, FileNotFoundError) as exc:  # BadInput is a ValueError
+        return report(bad_input(exc), sys.stderr)
 
 
 if __name__ == "__main__":

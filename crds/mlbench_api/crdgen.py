@@ -253,8 +253,16 @@ KINDS: list[CrdSpec] = [
             _col("Algorithm", ".spec.algorithm", priority=1),
             _col("Phase", ".status.phase"),
             _col("Epoch", ".status.progress.epoch", "number", description="Progress: last completed epoch"),
-            _col("Accuracy", ".status.progress.lastAccuracy", "number"),
-            _col("Time-To-Goal", ".status.result.timeToGoalSeconds", "number", description="Seconds"),
+            _col(
+                "Accuracy",
+                ".status.progress.accuracy",
+                description="Latest evaluation, as a percentage (exact: status.progress.lastAccuracy)",
+            ),
+            _col(
+                "Time-To-Goal",
+                ".status.result.timeToGoal",
+                description="A duration (exact seconds: status.result.timeToGoalSeconds)",
+            ),
             _col(
                 "Compression",
                 ".status.result.compressionRatio",

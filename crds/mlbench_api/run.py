@@ -483,6 +483,8 @@ class Progress(ApiModel):
     """Optimizer steps done so far."""
     last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
     """Accuracy (fraction) of the latest evaluation."""
+    accuracy: Annotated[str, Field(max_length=16)] | None = None
+    """lastAccuracy as a percentage with one decimal (``81.2%``), the column ``kubectl get br`` shows."""
     samples_per_second: Annotated[Finite, Field(ge=0)] | None = None
     """Global training throughput so far: samples of all ranks per second of step time."""
     updated_at: datetime | None = None
@@ -498,6 +500,8 @@ class RunResult(ApiModel):
     """Whether the selected target (spec.goal) was reached."""
     time_to_goal_seconds: Finite | None = None
     """Seconds from the run's start (before data loading) to the end of the evaluation that first met the target."""
+    time_to_goal: Annotated[str, Field(max_length=32)] | None = None
+    """timeToGoalSeconds as a duration (``6.5s``, ``4m07s``, ``1h02m09s``), the column ``kubectl get br`` shows."""
     best_accuracy: Finite | None = None
     """Best accuracy (fraction) of any evaluation."""
     final_accuracy: Finite | None = None

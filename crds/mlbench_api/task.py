@@ -767,8 +767,10 @@ RUNNER_ENTRYPOINT = "mlbench-runner"
 class RunnerSpec(ApiModel):
     """The container that implements the task on every rank."""
 
-    image: Annotated[str, Field(min_length=1, max_length=512)]
-    """Container image of every pod of a run (workers, launcher, dataset fetch) unless the run sets spec.image."""
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """Container image of every pod of a run (workers, launcher, dataset fetch) unless the run sets spec.image.
+    Unset: the operator's runner image (its MLBENCH_RUNNER_IMAGE setting), copied into the run's
+    status.taskSnapshot at admission, so that the catalog names no registry."""
     command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
         default_factory=lambda: [RUNNER_ENTRYPOINT, "train"]
     )
@@ -996,8 +998,8 @@ class BenchmarkTaskSpec(ApiModel):
     collectives: CollectiveBenchmark | None = None
     """Instead of model, dataset, training and goal: time the backend's all-reduce, all-gather and broadcast over a
     ladder of message sizes (task 0a; docs/collectives.md). The runner command is then mlbench-runner collectives."""
-    runner: RunnerSpec
-    """The container that trains every rank."""
+    runner: RunnerSpec = Field(default_factory=RunnerSpec)
+    """The container that trains every rank (default: the operator's runner image, mlbench-runner train)."""
     overridable: Annotated[list[Overridable], Field(max_length=16)] = Field(
         default_factory=list,
         description="Hyperparameters a closed-division run may override; open-division runs may override any.",

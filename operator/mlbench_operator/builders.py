@@ -52,7 +52,10 @@ class RunContext:
 
     @property
     def image(self) -> str:
-        return self.spec.image or self.task.runner.image
+        image = self.spec.image or self.task.runner.image
+        if image is None:  # admission fills the snapshot's runner.image (run.admission.with_runner_image)
+            raise ValueError("runner.image: the task snapshot names no image")
+        return image
 
 
 def owner_reference(ctx: RunContext) -> Obj:

@@ -21,8 +21,19 @@ from typing import Any
 
 from mlbench_operator.env import SettingsError
 
-#: Images a run may use by default: the project's runner, any tag or digest.
-DEFAULT_IMAGES = ("docker.io/mlbench/mlbench-runner:*", "docker.io/mlbench/mlbench-runner@sha256:*")
+#: The runner image of a task that names none (``MLBENCH_RUNNER_IMAGE`` overrides it): what ``make images`` tags
+#: with its default ``IMAGE_REPO`` (hack/images.sh).
+DEFAULT_RUNNER_IMAGE = "docker.io/mlbench/mlbench-runner:0.1.0"
+
+
+def repository_patterns(image: str) -> tuple[str, str]:
+    """Any tag or digest of ``image``'s repository: the images a run may use unless the admin lists others."""
+    ref = normalize_image(image).split("@", 1)[0]
+    slash = ref.rfind("/")
+    repository = ref[: slash + 1] + ref[slash + 1 :].split(":", 1)[0]
+    return f"{repository}:*", f"{repository}@sha256:*"
+
+
 #: Volume types ``dataset.volume`` may use by default: storage a namespace user could mount anyway. ``nfs`` is
 #: outside the ``restricted`` Pod Security level: in such a namespace Pod Security admission refuses the pods
 #: and the run fails ``PolicyViolation`` (``run.lifecycle.refusal_is_final``); it needs a ``baseline`` namespace.
@@ -57,11 +68,17 @@ def normalize_image(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
+#: Images a run may use by default: the default runner's repository, any tag or digest.
+DEFAULT_IMAGES = repository_patterns(DEFAULT_RUNNER_IMAGE)
+
+
 @dataclass(frozen=True)
 class AdmissionPolicy:
     """The admin's limits on runs; ``from_env`` reads them (``*`` allows everything)."""
 
     images: tuple[str, ...] = DEFAULT_IMAGES
+    #: The image of a task that names none (``MLBENCH_RUNNER_IMAGE``); its repository is the default of ``images``.
+    runner_image: str = DEFAULT_RUNNER_IMAGE
     #: Empty: no run may set a priority class (one could preempt every other tenant's pods).
     priority_classes: tuple[str, ...] = ()
     #: ``nodeSelector`` keys and toleration keys (shell patterns; ``*`` also allows a toleration of every taint).
@@ -75,16 +92,23 @@ class AdmissionPolicy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AdmissionPolicy:
-        """``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``, ``MLBENCH_ALLOWED_NODE_SELECTOR_KEYS``,
-        ``MLBENCH_ALLOWED_TOLERATION_KEYS``, ``MLBENCH_ALLOWED_VOLUME_TYPES`` (comma-separated; shell-style patterns
-        but for volume types), ``MLBENCH_ALLOW_CONTROL_PLANE`` and ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false).
-        Unset or empty: the default. Raises :class:`SettingsError` naming the variable."""
+        """``MLBENCH_RUNNER_IMAGE``, ``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``,
+        ``MLBENCH_ALLOWED_NODE_SELECTOR_KEYS``, ``MLBENCH_ALLOWED_TOLERATION_KEYS``, ``MLBENCH_ALLOWED_VOLUME_TYPES``
+        (comma-separated; shell-style patterns but for volume types), ``MLBENCH_ALLOW_CONTROL_PLANE`` and
+        ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false). Unset or empty: the default. Raises :class:`SettingsError`
+        naming the variable."""
+        runner_image = env.get("MLBENCH_RUNNER_IMAGE", "").strip() or DEFAULT_RUNNER_IMAGE
+        if any(c in runner_image for c in "*?[ ,"):
+            raise SettingsError(f"MLBENCH_RUNNER_IMAGE: expected an image reference, got {runner_image!r}")
         images = _patterns(env, "MLBENCH_ALLOWED_IMAGES")
         selectors = _patterns(env, "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS")
         tolerations = _patterns(env, "MLBENCH_ALLOWED_TOLERATION_KEYS")
         volumes = _list(env, "MLBENCH_ALLOWED_VOLUME_TYPES")
         return cls(
-            images=tuple(normalize_image(i) if i != "*" else i for i in images) if images else DEFAULT_IMAGES,
+            images=tuple(normalize_image(i) if i != "*" else i for i in images)
+            if images
+            else repository_patterns(runner_image),
+            runner_image=runner_image,
             priority_classes=tuple(_patterns(env, "MLBENCH_ALLOWED_PRIORITY_CLASSES")),
             node_selector_keys=tuple(selectors) if selectors else DEFAULT_NODE_SELECTOR_KEYS,
             toleration_keys=tuple(tolerations) if tolerations else DEFAULT_TOLERATION_KEYS,

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from mlbench_api.common import MAX_SAFE_INT
+from mlbench_api.display import percent
 from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
 
@@ -91,6 +92,8 @@ def parse(text: str, now: datetime) -> dict[str, Any] | None:
             out[key] = value
     if not out:
         return None
+    if "lastAccuracy" in out:
+        out["accuracy"] = percent(out["lastAccuracy"])
     out["updatedAt"] = timestamp(now)
     return out
 

@@ -5,7 +5,7 @@ overrides -> RunConfig; an overridden dataset path is read as it is: ``local_tas
 ranks train it: under real ``mpirun`` with a localhost hostfile (through ``mlbench-runner launch``,
 the launcher pod's own code path) when OpenMPI is installed, otherwise as plain subprocesses with
 ``RANK``/``WORLD_SIZE`` set. Progress is shown live; the run ends with a results table
-and the result files in ``--output`` (default ``./mlbench-results/<run>``).
+and the result files in ``--output-dir`` (default ``./mlbench-results/<run>``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import ValidationError
-
 from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfig, RunSummary, catalog
+from mlbench_api.badinput import BadInput, bad_input, report
 from mlbench_api.common import API_VERSION
-from mlbench_api.config import OverrideNotAllowed, effective_config, local_task
+from mlbench_api.config import effective_config, local_task
 from mlbench_api.contract import ENV_CONFIG, ENV_DATA_DIR
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
@@ -39,8 +38,8 @@ from mlbench_runner.launch import exit_status, launcher_command, rank_command, s
 from mlbench_runner.world import free_port
 
 
-class LocalRunError(Exception):
-    """A problem with the user's input, reported as one clear line."""
+class LocalRunError(BadInput):
+    """A problem with the user's input (its file, its flags, its data), reported as ``mlbench validate`` reports one."""
 
 
 def importable_env(env: dict[str, str]) -> dict[str, str]:
@@ -56,16 +55,8 @@ def importable_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _validation_message(kind: str, path: str, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid {kind}:"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {err['msg']}")
-    return "\n".join(lines)
-
-
-def _invalid(kind: str, exc: InvalidObject) -> str:
-    return "\n".join([f"{exc.source}: invalid {kind}:", *(f"  {p}" for p in exc.problems)])
+def _invalid(kind: str, exc: InvalidObject) -> LocalRunError:
+    return LocalRunError(exc.problems, exc.source, kind)
 
 
 def _documents(path: str, kind: str) -> list[dict[str, Any]]:
@@ -73,7 +64,7 @@ def _documents(path: str, kind: str) -> list[dict[str, Any]]:
     try:
         return catalog.load_documents(Path(path))
     except InvalidObject as exc:
-        raise LocalRunError(f"{exc.source}: cannot read the {kind}: " + "; ".join(exc.problems)) from exc
+        raise LocalRunError(exc.problems, exc.source, kind) from exc
 
 
 def load_run(path: str) -> BenchmarkRun:
@@ -81,11 +72,11 @@ def load_run(path: str) -> BenchmarkRun:
     (``workers: "4"`` is a string and refused), so a local run accepts exactly what a cluster accepts."""
     runs = [d for d in _documents(path, "BenchmarkRun") if d.get("kind") == "BenchmarkRun"]
     if not runs:
-        raise LocalRunError(f"{path}: kind: expected a BenchmarkRun document")
+        raise LocalRunError("kind: expected a BenchmarkRun document", path)
     try:
         return catalog.parse_run(runs[0], path)
     except InvalidObject as exc:
-        raise LocalRunError(_invalid("BenchmarkRun", exc)) from exc
+        raise _invalid("BenchmarkRun", exc) from exc
 
 
 def pick_task(name: str, tasks: Sequence[BenchmarkTask], source: str) -> BenchmarkTask:
@@ -99,8 +90,10 @@ def pick_task(name: str, tasks: Sequence[BenchmarkTask], source: str) -> Benchma
             return task
     found = ", ".join(repr(t.metadata.name) for t in tasks) or "none"
     raise LocalRunError(
-        f"{source}: metadata.name: the file's BenchmarkTask is {found}, but the run's spec.taskRef.name is "
-        f"{name!r}; use a task file that defines {name!r} or change spec.taskRef.name"
+        f"metadata.name: the file's BenchmarkTask is {found}, but the run's spec.taskRef.name is "
+        f"{name!r}; use a task file that defines {name!r} or change spec.taskRef.name",
+        source,
+        "BenchmarkTask",
     )
 
 
@@ -114,12 +107,14 @@ def load_task(name: str, task_file: str | None) -> BenchmarkTaskSpec:
                 return catalog.strict_validate(BenchmarkTaskSpec, docs[0], task_file)
             return pick_task(name, [catalog.parse_task(d, task_file) for d in tasks], task_file).spec
         except InvalidObject as exc:
-            raise LocalRunError(_invalid("BenchmarkTask", exc)) from exc
+            raise _invalid("BenchmarkTask", exc) from exc
 
     try:
         task = catalog.get_task(name)
     except KeyError as exc:
         raise LocalRunError(str(exc.args[0])) from exc
+    except InvalidObject as exc:
+        raise LocalRunError(exc.problems, exc.source, "BenchmarkTask") from exc
     except (OSError, ValueError) as exc:
         raise LocalRunError(f"task catalog: {exc}") from exc
     return task.spec
@@ -145,7 +140,11 @@ def task_file_for(name: str, task_file: str | None, beside: str) -> str | None:
 def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
     run = load_run(args.run)
     name = run.spec.task_ref.name
-    spec = local_task(load_task(name, task_file_for(name, args.task_file, args.run)), run)
+    task = load_task(name, task_file_for(name, args.task_file, args.run))
+    try:
+        spec = local_task(task, run)
+    except ValueError as exc:  # the overrides break the task's own rules
+        raise LocalRunError(bad_input(exc).problems, args.run, "BenchmarkRun") from exc
     if args.ranks is not None:
         if not 1 <= args.ranks <= MAX_WORKERS:  # becomes spec.workers, whose bounds model_copy does not check
             raise LocalRunError(f"--ranks: must be from 1 to {MAX_WORKERS} (spec.workers' range), got {args.ranks}")
@@ -162,10 +161,8 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
             metrics_port=args.metrics_port,
             checkpoint_dir=str(Path(args.checkpoint).resolve()) if getattr(args, "checkpoint", None) else None,
         )
-    except OverrideNotAllowed as exc:
-        raise LocalRunError(str(exc)) from exc
-    except ValidationError as exc:
-        raise LocalRunError(_validation_message("run after overrides", args.run, exc)) from exc
+    except ValueError as exc:  # an override the task refuses or that breaks its rules, an invalid configuration
+        raise LocalRunError(bad_input(exc).problems, args.run, "BenchmarkRun") from exc
     if config.metrics_port and config.metrics_port + config.world_size - 1 > MAX_PORT:
         raise LocalRunError(
             f"--metrics-port: rank r serves on {config.metrics_port} + r, beyond {MAX_PORT} for "
@@ -543,7 +540,7 @@ def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
     if not config.task.has_training:
         from mlbench_api.results import CollectiveResult
-        from mlbench_runner.collectives import format_table as format_sweep
+        from mlbench_runner.collective_table import format_table as format_sweep
 
         print(format_sweep(CollectiveResult.model_validate_json((out / "collectives.json").read_text())))
         return []
@@ -574,7 +571,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("run", help="BenchmarkRun YAML (as for kubectl apply)")
     p.add_argument("--local", action="store_true", help="run here (the only mode this command implements)")
     p.add_argument("--ranks", type=int, help="local ranks (default spec.workers x spec.slotsPerWorker)")
-    p.add_argument("--output", help="result directory (default ./mlbench-results/<run>)")
+    p.add_argument("--output-dir", dest="output", help="result directory (default ./mlbench-results/<run>)")
+    p.add_argument("--output", dest="output", help=argparse.SUPPRESS)  # deprecated alias of --output-dir
     p.add_argument("--task-file", help="BenchmarkTask YAML to use instead of the catalog")
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")
     p.add_argument("--metrics-port", type=port, default=0, help="Prometheus base port (0: off)")
@@ -604,14 +602,14 @@ def clear_previous(out: Path) -> None:
 
 
 def output_dir(args: argparse.Namespace, run_name: str) -> Path:
-    """``--output`` (default ``./mlbench-results/<run>``), created; a file there is refused."""
+    """``--output-dir`` (default ``./mlbench-results/<run>``), created; a file there is refused."""
     out = Path(args.output or Path("mlbench-results") / run_name).resolve()
     if out.exists() and not out.is_dir():
-        raise LocalRunError(f"--output: {out} is a file, not a directory")
+        raise LocalRunError(f"--output-dir: {out} is a file, not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LocalRunError(f"--output: cannot create {out}: {exc.strerror or exc}") from exc
+        raise LocalRunError(f"--output-dir: cannot create {out}: {exc.strerror or exc}") from exc
     return out
 
 
@@ -660,8 +658,7 @@ def _main(argv: list[str] | None, on_start: Callable[[], None] | None) -> int:
     try:
         config, out, launcher = _prepare(args, say)
     except LocalRunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report(exc, sys.stderr)
     except KeyboardInterrupt:
         print("interrupted before the run started", file=sys.stderr)
         return INTERRUPTED

@@ -540,6 +540,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run output directories, summary.json files, folders of result directories, or <namespace>/<run>",
     )
     p.add_argument(
+        "-o",
         "--output",
         choices=("table", "json", "csv", "markdown"),
         default="table",
@@ -647,7 +648,7 @@ def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path
 
 def print_collectives(runs: Sequence[LoadedRun], where: TextIO) -> None:
     """Task 0a runs: their table (bandwidth by size), which is not scored."""
-    from mlbench_runner.collectives import format_table as sweep_table
+    from mlbench_runner.collective_table import format_table as sweep_table
 
     for r in runs:
         if r.summary.collectives is not None:

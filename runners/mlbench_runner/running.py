@@ -39,7 +39,7 @@ class AlreadyRunning(Exception):
 
     def __init__(self, out: Path, pid: int | None) -> None:
         who = f"mlbench run (pid {pid})" if pid else "another mlbench run"
-        super().__init__(f"--output: {who} is already running in {out}")
+        super().__init__(f"--output-dir: {who} is already running in {out}")
         self.pid = pid
 
 

@@ -18,10 +18,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mlbench_api.badinput import BadInput, bad_input, report
 from mlbench_api.catalog import load_documents
+from mlbench_api.cli import sweep_admission_problems
+from mlbench_api.common import API_VERSION
 from mlbench_api.errors import InvalidObject
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, parse_sweep
+from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 
 #: The outcomes of a local run that count as done (the exit code is 0 when every run has one).
 DONE = ("succeeded", "kept")
@@ -34,8 +38,8 @@ NOT_STARTED = "not started"
 PENDING_RUN = "run.next.yaml"
 
 
-class SweepInputError(Exception):
-    """The study file cannot be used; one clear message."""
+class SweepInputError(BadInput):
+    """The study file cannot be used: its problems, each naming the field."""
 
 
 def load_sweep(path: str) -> BenchmarkSweep:
@@ -43,15 +47,14 @@ def load_sweep(path: str) -> BenchmarkSweep:
     try:
         docs = load_documents(Path(path))  # read as kubectl reads YAML, so the types are the API server's
     except InvalidObject as exc:
-        raise SweepInputError(f"{exc.source}: cannot read the BenchmarkSweep: " + "; ".join(exc.problems)) from exc
+        raise SweepInputError(exc.problems, exc.source, "BenchmarkSweep") from exc
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "BenchmarkSweep"]
     if not found:
-        raise SweepInputError(f"{path}: kind: expected a BenchmarkSweep document")
+        raise SweepInputError("kind: expected a BenchmarkSweep document", path)
     try:
         return parse_sweep(found[0], path)
     except InvalidObject as exc:
-        lines = [f"{path}: invalid BenchmarkSweep:", *(f"  {p}" for p in exc.problems)]
-        raise SweepInputError("\n".join(lines)) from exc
+        raise SweepInputError(exc.problems, path, "BenchmarkSweep") from exc
 
 
 def render(sweep: BenchmarkSweep, runs: list[SweepRun], namespace: str | None, source: str) -> str:
@@ -123,7 +126,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("sweep", help="BenchmarkSweep YAML (as for kubectl apply)")
     p.add_argument("--local", action="store_true", help="run the runs here, one after another")
     p.add_argument("-n", "--namespace", help="metadata.namespace of the printed runs (default: the sweep's)")
-    p.add_argument("--output", help="study directory, one sub-directory per run (default ./mlbench-results/<sweep>)")
+    p.add_argument("--output", dest="output", help=argparse.SUPPRESS)  # deprecated alias of --output-dir
+    p.add_argument(
+        "--output-dir",
+        dest="output",
+        help="study directory, one sub-directory per run (default ./mlbench-results/<sweep>)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -205,7 +213,7 @@ def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     # it describes, else --resume would take those for this run's.
     pending = folder / PENDING_RUN
     pending.write_text(yaml.safe_dump_all(run_documents(args, run), sort_keys=False))
-    argv = [str(pending), "--local", "--output", str(folder), "--launcher", args.launcher]
+    argv = [str(pending), "--local", "--output-dir", str(folder), "--launcher", args.launcher]
     argv += ["--task-file", args.task_file] if args.task_file else []
     argv += ["--data-dir", args.data_dir] if args.data_dir else []
     argv += ["--quiet"] if args.quiet else []
@@ -226,6 +234,15 @@ def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     return "succeeded" if code == 0 else f"failed (exit {code})"
 
 
+def local_admission(sweep: BenchmarkSweep, name: str, spec: BenchmarkTaskSpec) -> list[str]:
+    """What ``mlbench run --local`` would refuse in the sweep's runs of task ``name`` (``spec``), as
+    ``mlbench validate --local`` says it: each problem once, at the sweep's field, with the runs it fails."""
+    task = BenchmarkTask.model_validate(
+        {"apiVersion": API_VERSION, "kind": "BenchmarkTask", "metadata": {"name": name}, "spec": spec.to_api()}
+    )
+    return sweep_admission_problems(sweep, {name: task}, "the task given", local=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mlbench sweep``; returns the exit code (2: bad input)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -233,21 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.sweep)
         runs = expand(sweep)
     except (SweepInputError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report(bad_input(exc, args.sweep, "BenchmarkSweep"), sys.stderr)
     if not args.local:
         sys.stdout.write(render(sweep, runs, args.namespace, args.sweep))
         return 0
     from mlbench_runner import local
 
     name = sweep.spec.template.task_ref.name
-    try:  # a task that every run would refuse (unknown, invalid, another name), or an --output that is a file:
+    try:  # a task that every run would refuse (unknown, invalid, another name), or an --output-dir that is a file:
         args.task_file = local.task_file_for(name, args.task_file, args.sweep)  # said once, before any run
-        local.load_task(name, args.task_file)
+        refused = local_admission(sweep, name, local.load_task(name, args.task_file))
+        if refused:  # overrides every run would refuse: said once, at the sweep's field, before any run
+            raise SweepInputError(refused, args.sweep, "BenchmarkSweep")
         out = local.output_dir(args, sweep.metadata.name)
-    except local.LocalRunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except BadInput as exc:
+        return report(exc, sys.stderr)
     from mlbench_runner import stopping
 
     with stopping.interrupt_on():  # between two runs too: `timeout`'s SIGTERM stops the study as a Ctrl-C does

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from mlbench_api.badinput import EXIT_BAD_INPUT
 from tests.api.examples import EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def test_validate_accepts_valid_and_names_the_field_of_invalid() -> None:
     ok = mlbench("validate", str(EXAMPLES / "valid" / "run-full.yaml"))
     assert ok.returncode == 0, ok.stderr
     bad = mlbench("validate", str(EXAMPLES / "invalid" / "run-workers-too-many.yaml"))
-    assert bad.returncode == 1
+    assert bad.returncode == EXIT_BAD_INPUT
     assert "spec.workers: Input should be less than or equal to 1024" in bad.stderr
 
 
@@ -56,7 +57,7 @@ def test_config_with_unknown_task_names_the_field(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(run))
     out = mlbench("config", str(path))
-    assert out.returncode == 1
+    assert out.returncode == EXIT_BAD_INPUT
     assert "spec.taskRef.name: no task 'no-such-task'" in out.stderr
 
 
@@ -97,7 +98,7 @@ def mlbench_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
 
 def test_a_mistyped_catalog_folder_is_an_error_not_an_empty_catalog(tmp_path: Path) -> None:
     out = mlbench_env({"MLBENCH_CATALOG": str(tmp_path / "no-such-folder")}, "catalog")
-    assert out.returncode == 1
+    assert out.returncode == EXIT_BAD_INPUT
     assert out.stderr == f"error: $MLBENCH_CATALOG: {tmp_path / 'no-such-folder'} is not a directory\n"
 
 
@@ -112,7 +113,7 @@ def test_crds_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path: Path) ->
 def test_a_kubeconfig_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "kubeconfig").write_text("garbage: [")
     env = {"KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
-    out = mlbench_env(env, "fetch", "default/some-run", "--output", str(tmp_path / "out"))
+    out = mlbench_env(env, "fetch", "default/some-run", "--output-dir", str(tmp_path / "out"))
     assert out.returncode != 0
     assert "Traceback" not in out.stderr, out.stderr
     assert "no cluster configuration (kubeconfig: " in out.stderr
@@ -124,5 +125,5 @@ def test_validate_names_a_mistyped_catalog_folder(tmp_path: Path) -> None:
     out = mlbench_env(
         {"MLBENCH_CATALOG": str(tmp_path / "no-such-folder")}, "validate", str(EXAMPLES / "valid" / "run-minimal.yaml")
     )
-    assert out.returncode == 1
+    assert out.returncode == EXIT_BAD_INPUT
     assert f"$MLBENCH_CATALOG: {tmp_path / 'no-such-folder'} is not a directory" in out.stderr + out.stdout

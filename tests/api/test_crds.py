@@ -102,7 +102,8 @@ def test_run_has_status_subresource_and_printer_columns() -> None:
     assert columns["Compression"] == ".status.result.compressionRatio"
     assert columns["Phase"] == ".status.phase"
     assert columns["Epoch"] == ".status.progress.epoch"
-    assert columns["Time-To-Goal"] == ".status.result.timeToGoalSeconds"
+    assert columns["Time-To-Goal"] == ".status.result.timeToGoal"
+    assert columns["Accuracy"] == ".status.progress.accuracy"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mlbench_api.badinput import EXIT_BAD_INPUT
 from mlbench_api.common import DNS1035_LABEL
 from mlbench_api.crdgen import KINDS
 from mlbench_api.errors import InvalidObject
@@ -245,7 +246,7 @@ def test_the_cli_validates_and_expands_sweeps(tmp_path: Path, capsys: pytest.Cap
     assert cli.main(["validate", str(example)]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(example.read_text().replace("workers: [1, 2, 4]", 'workers: ["1", 2]'))
-    assert cli.main(["validate", str(bad)]) == 1
+    assert cli.main(["validate", str(bad)]) == EXIT_BAD_INPUT
     assert "spec.matrix.workers" in capsys.readouterr().err
     assert cli.main(["sweep", str(example)]) == 0
     assert capsys.readouterr().out.count("kind: BenchmarkRun") == 9

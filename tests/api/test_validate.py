@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from mlbench_api import cli
+from mlbench_api.badinput import EXIT_BAD_INPUT
 from mlbench_api.catalog import KubectlLoader, load_catalog, parse_run, parse_task, wire
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import Backend, BenchmarkRunSpec
@@ -69,7 +70,7 @@ def test_examples_schema_only_is_the_api_servers_verdict(path: Path, validate: A
     if path.parent.name == "valid":
         assert result.rc == 0, result.err
     else:
-        assert result.rc == 1, result.out
+        assert result.rc == EXIT_BAD_INPUT, result.out
         assert _doc(path)["metadata"]["annotations"][EXPECT_FIELD] in result.err
 
 
@@ -82,7 +83,7 @@ def test_examples_with_admission(path: Path, validate: Any) -> None:
     if path.parent.name == "valid" and refused is None:
         assert result.rc == 0, result.err
     else:
-        assert result.rc == 1, result.out
+        assert result.rc == EXIT_BAD_INPUT, result.out
         field = refused or doc["metadata"]["annotations"][EXPECT_FIELD]
         assert f": {field}" in result.err
     if refused:
@@ -190,7 +191,7 @@ def test_yaml_scalars_as_go_yaml_reads_them(text: str, value: object) -> None:
 def test_a_problem_names_file_line_column_and_document(tmp_path: Path, validate: Any) -> None:
     path = _write(tmp_path, TASK + "---\n" + RUN + '  workers: "4"\n')
     result = validate(path)
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     line = TASK.count("\n") + 1 + RUN.count("\n") + 1
     assert f"{path}:{line}:12: document 2 (BenchmarkRun case): spec.workers: Input should be a valid integer" in (
         result.err
@@ -207,7 +208,7 @@ def test_a_single_document_names_no_index(tmp_path: Path, validate: Any) -> None
 def test_broken_yaml_is_a_line_not_a_traceback(tmp_path: Path, validate: Any) -> None:
     path = _write(tmp_path, "apiVersion: v1\nkind: [a\n")
     result = validate(path)
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert result.err.startswith(f"{path}:3:1: invalid YAML: expected ',' or ']'")
     assert "line 2, column 7" in result.err
 
@@ -215,7 +216,7 @@ def test_broken_yaml_is_a_line_not_a_traceback(tmp_path: Path, validate: Any) ->
 def test_broken_second_document_keeps_the_first(tmp_path: Path, validate: Any) -> None:
     path = _write(tmp_path, TASK + "---\nkind: [\n")
     result = validate(path)
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert "document 1 (BenchmarkTask case-task): valid" in result.out
     assert f"{path}:" in result.err
     assert "document 2: invalid YAML" in result.err
@@ -223,7 +224,7 @@ def test_broken_second_document_keeps_the_first(tmp_path: Path, validate: Any) -
 
 def test_unreadable_file(tmp_path: Path, validate: Any) -> None:
     result = validate(tmp_path / "missing.yaml")
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert "cannot read the file" in result.err
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00")
@@ -239,7 +240,7 @@ def test_other_api_groups_are_skipped(tmp_path: Path, validate: Any) -> None:
 
 def test_an_unknown_mlbench_kind_is_refused(tmp_path: Path, validate: Any) -> None:
     result = validate(_write(tmp_path, RUN.replace("kind: BenchmarkRun", "kind: BenchmarkThing")))
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert "kind: expected BenchmarkRun or BenchmarkTask or BenchmarkSweep, got 'BenchmarkThing'" in result.err
 
 
@@ -269,7 +270,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_task_in_another_file_given_serves_the_run(tmp_path: Path, validate: Any) -> None:
     run = _write(tmp_path, RUN.replace("cifar10-resnet20-smoke", "case-task"), "run.yaml")
-    assert validate(run).rc == 1
+    assert validate(run).rc == EXIT_BAD_INPUT
     result = validate(_write(tmp_path, TASK, "task.yaml"), run)
     assert result.rc == 0, result.err
     assert "(task case-task from the files given)" in result.out
@@ -314,7 +315,7 @@ def test_a_sweep_is_checked_as_the_operator_admits_its_runs(
         assert result.rc == 0, result.err
         assert f"(task {task} from the catalog)" in result.out
     else:
-        assert result.rc == 1
+        assert result.rc == EXIT_BAD_INPUT
         assert refused in result.err
         assert result.err.count("BenchmarkSweep study:") == 1
         assert " more)\n" in result.err  # the runs it fails, last
@@ -324,7 +325,7 @@ def test_a_run_of_an_invalid_task_in_the_files(tmp_path: Path, validate: Any) ->
     task = TASK.replace("maxEpochs: 10", 'maxEpochs: "10"')
     text = task + "---\n" + RUN.replace("cifar10-resnet20-smoke", "case-task")
     result = validate(_write(tmp_path, text))
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert "spec.training.maxEpochs: Input should be a valid integer" in result.err
     assert "BenchmarkTask 'case-task' is invalid (see above); the run would fail InvalidTask" in result.err
 
@@ -334,7 +335,7 @@ def test_without_a_catalog_only_the_files_count(tmp_path: Path, validate: Any, m
     empty.mkdir()
     monkeypatch.setenv("MLBENCH_CATALOG", str(empty))
     result = validate(_write(tmp_path, RUN))
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert "no BenchmarkTask 'cifar10-resnet20-smoke'" in result.err
     assert validate("--schema-only", tmp_path / "input.yaml").rc == 0
 
@@ -347,8 +348,8 @@ def test_config_uses_a_task_of_the_same_file(tmp_path: Path, capsys: pytest.Capt
 
 def test_config_reports_broken_yaml_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, "kind: [\n")
-    assert cli.main(["config", str(path)]) == 1
-    assert capsys.readouterr().err.startswith(f"error: {path}:2:1: invalid YAML")
+    assert cli.main(["config", str(path)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith(f"{path}:2:1: invalid YAML")
 
 
 #: A run of the catalog's smoke task (its dataset has a source) reading the data from this machine's path.
@@ -359,7 +360,12 @@ LOCAL_DATA = RUN + "  overrides: {dataset: ../shared/datasets/cifar10-jpeg.tar.g
     ("text", "flags", "rc", "said"),
     [
         # the operator refuses a path outside /data for a sourced dataset; a local run reads it as it is
-        (LOCAL_DATA, [], 1, "the operator would fail the run InvalidConfig (a local run reads an overridden"),
+        (
+            LOCAL_DATA,
+            [],
+            EXIT_BAD_INPUT,
+            "the operator would fail the run InvalidConfig (a local run reads an overridden",
+        ),
         (LOCAL_DATA, ["--local"], 0, "valid (task cifar10-resnet20-smoke from the catalog)"),
         # with its own datasetSource the path is a fetch target on both: refused both ways, no hint
         (
@@ -368,14 +374,14 @@ LOCAL_DATA = RUN + "  overrides: {dataset: ../shared/datasets/cifar10-jpeg.tar.g
             + "0" * 64
             + "'}}\n",
             ["--local"],
-            1,
+            EXIT_BAD_INPUT,
             "`mlbench run --local` would refuse it",
         ),
         # a problem --local does not mend gets no hint
         (
             RUN.replace("cifar10-resnet20-smoke", "cifar10-resnet20") + "  overrides: {momentum: 0.5}\n",
             [],
-            1,
+            EXIT_BAD_INPUT,
             "the operator would fail the run OverrideNotAllowed\n",
         ),
     ],
@@ -397,7 +403,7 @@ def test_config_local_drops_the_source_the_operator_keeps(tmp_path: Path, capsys
     assert cli.main(["config", "--local", str(path)]) == 0
     dataset = yaml.safe_load(capsys.readouterr().out)["task"]["dataset"]
     assert (dataset["path"], dataset.get("source")) == ("../shared/datasets/cifar10-jpeg.tar.gz", None)
-    assert cli.main(["config", str(path)]) == 1
+    assert cli.main(["config", str(path)]) == EXIT_BAD_INPUT
     assert "path must lie under /data/" in capsys.readouterr().err
 
 
@@ -406,6 +412,6 @@ def test_a_refused_list_item_is_located_at_the_item(tmp_path: Path, validate: An
     text = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: mlbench.io/v1alpha1\n  kind: BenchmarkRunList\n"
     text += "  items: []\n"
     result = validate(_write(tmp_path, text))
-    assert result.rc == 1
+    assert result.rc == EXIT_BAD_INPUT
     assert ":4:3: " in result.err, result.err
     assert "list item 0: kind: a BenchmarkRunList inside a List" in result.err

@@ -86,6 +86,7 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     status = runs.wait_phase(name, "Succeeded")
     assert status["result"]["goalReached"] is True
     assert status["result"]["timeToGoalSeconds"] == 1234.5
+    assert status["result"]["timeToGoal"] == "20m34s"  # the API server keeps the new status field
     assert status["result"]["worldSize"] == workers
     assert cond(status, "Succeeded")["status"] == "True"
     assert cond(status, "GoalReached")["status"] == "True"

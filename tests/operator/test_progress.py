@@ -39,6 +39,7 @@ def test_parse_runner_metrics() -> None:
         "epoch": 3.5,
         "step": 120,
         "lastAccuracy": 0.42,
+        "accuracy": "42.0%",
         "samplesPerSecond": 250.25,
         "updatedAt": STAMP,
     }
@@ -57,8 +58,8 @@ HOSTILE_PAGES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("a huge step is clamped to 2^53-1", "mlbench_steps_total 1e30\n", {"step": MAX_SAFE_INT}),
     ("a huge finite epoch stays finite", "mlbench_epoch 1e300\n", {"epoch": 1e300}),
     ("negative values are clamped to 0", "mlbench_steps_total -5\nmlbench_epoch -1.5\n", {"step": 0, "epoch": 0.0}),
-    ("accuracy above 1 is clamped", "mlbench_accuracy 7\n", {"lastAccuracy": 1.0}),
-    ("accuracy below 0 is clamped", "mlbench_accuracy -0.25\n", {"lastAccuracy": 0.0}),
+    ("accuracy above 1 is clamped", "mlbench_accuracy 7\n", {"lastAccuracy": 1.0, "accuracy": "100.0%"}),
+    ("accuracy below 0 is clamped", "mlbench_accuracy -0.25\n", {"lastAccuracy": 0.0, "accuracy": "0.0%"}),
     ("the first usable sample counts", "mlbench_epoch NaN\nmlbench_epoch 2\nmlbench_epoch 9\n", {"epoch": 2.0}),
     ("a malformed line does not hide the rest", "}{ garbage\nmlbench_epoch 3\n", {"epoch": 3.0}),
     ("a value that is not a number", "mlbench_epoch abc\n", None),
@@ -142,6 +143,7 @@ def test_scrape_a_runner_page() -> None:
             "epoch": 3.5,
             "step": 120,
             "lastAccuracy": 0.42,
+            "accuracy": "42.0%",
             "samplesPerSecond": 250.25,
             "updatedAt": STAMP,
         }

@@ -164,6 +164,8 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
     assert st["progress"]["step"] == 7
     assert st["result"]["goalReached"] is True
     assert st["result"]["timeToGoalSeconds"] == 1234.5
+    assert st["result"]["timeToGoal"] == "20m34s"  # the Time-To-Goal column; the exact figure stays above
+    assert st["progress"]["accuracy"] == f"{summary.final_accuracy:.1%}"
     assert st["result"]["worldSize"] == 3
     assert st["completionTime"] == c.timestamp(later)
     assert cond(st, "Succeeded")["status"] == "True"

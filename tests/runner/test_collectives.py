@@ -23,6 +23,7 @@ from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effectiv
 from mlbench_api.errors import format_errors
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult, Environment, PhaseTotals, RunSummary
 from mlbench_api.task import CollectiveBenchmark, CollectiveOp, size_ladder
+from mlbench_runner import collective_table
 from mlbench_runner import collectives as coll
 from mlbench_runner.launch import launcher_command
 from mlbench_runner.world import World, free_port
@@ -553,7 +554,7 @@ def test_format_table_lists_every_row() -> None:
             latency_max_seconds=0.001,
         )
     ]
-    text = coll.format_table(
+    text = collective_table.format_table(
         CollectiveResult(backend="mpi", world_size=4, device="cpu", warmup_iterations=5, rows=rows)
     )
     assert "1 MiB" in text

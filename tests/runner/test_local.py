@@ -45,7 +45,7 @@ def test_run_local_end_to_end(
     task = _task_file(tmp_path, resnet_task(data, batch=8, epochs=2, subset=64, warmup=0, milestones=[]))
     run = write_yaml(tmp_path / "run.yaml", run_doc("tiny-local", "tiny", 2))
     out = tmp_path / "results"
-    code = local.main([str(run), "--local", "--task-file", str(task), "--output", str(out), "--launcher", launcher])
+    code = local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", launcher])
     text = capsys.readouterr().out
     assert code == 0, text
     summary = RunSummary.model_validate_json((out / "summary.json").read_text())
@@ -80,7 +80,7 @@ def test_run_local_ranks_override_and_results(tmp_path: Path, capsys: pytest.Cap
             "2",
             "--task-file",
             str(task),
-            "--output",
+            "--output-dir",
             str(out),
             "--launcher",
             "process",
@@ -112,7 +112,7 @@ def test_network_conditions_are_refused_locally(tmp_path: Path, capsys: pytest.C
     """One machine has no traffic control between its ranks: the run must not pretend it was shaped."""
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("shaped", "tiny", 2, network={"latencyMs": 5}))
-    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o")]) == 2
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "o")]) == 2
     assert "spec.network" in capsys.readouterr().err
     assert not (tmp_path / "o" / "summary.json").exists()
 
@@ -165,7 +165,7 @@ def test_a_task_file_for_another_task_is_refused(tmp_path: Path, capsys: pytest.
     task = _task_file(tmp_path, logreg_task())  # metadata.name: tiny
     run = write_yaml(tmp_path / "run.yaml", run_doc("mislabelled", "epsilon-logreg-synthetic", 1))
     out = tmp_path / "o"
-    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert "'tiny'" in err
     assert "'epsilon-logreg-synthetic'" in err
@@ -212,7 +212,7 @@ def test_a_refused_run_keeps_the_previous_results(
     run = write_yaml(
         tmp_path / "run.yaml", {**run_doc("again", "tiny", 1), "spec": {**run_doc("a", "tiny", 1)["spec"], **spec}}
     )
-    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out), *extra]) == 2
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out), *extra]) == 2
     assert message in capsys.readouterr().err
     assert {name: (out / name).read_text() for name in PREVIOUS} == PREVIOUS
 
@@ -224,7 +224,7 @@ def test_a_missing_dataset_keeps_the_previous_results(tmp_path: Path, capsys: py
     out.mkdir()
     (out / "summary.json").write_text("previous summary")
     run = write_yaml(tmp_path / "run.yaml", run_doc("again", "tiny", 1))
-    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out)]) == 2
     assert "no-such-data" in capsys.readouterr().err
     assert (out / "summary.json").read_text() == "previous summary"
 
@@ -260,8 +260,8 @@ def test_output_naming_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureF
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("f", "tiny", 1))
     (tmp_path / "afile").write_text("")
-    assert local.main([str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "afile")]) == 2
-    assert "--output" in capsys.readouterr().err
+    assert local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "afile")]) == 2
+    assert "--output-dir" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["-1", "65536", "http"])
@@ -275,7 +275,16 @@ def test_metrics_port_outside_the_port_range_is_refused(value: str, capsys: pyte
 def test_metrics_ports_of_every_rank_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("p", "tiny", 2))
-    argv = [str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o"), "--metrics-port", "65535"]
+    argv = [
+        str(run),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--metrics-port",
+        "65535",
+    ]
     assert local.main(argv) == 2
     assert "--metrics-port" in capsys.readouterr().err
 
@@ -403,7 +412,7 @@ def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
     run = write_yaml(tmp_path / "run.yaml", run_doc("c", "tiny", 1))
     out = tmp_path / "o"
     assert (
-        local.main([str(run), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"])
+        local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", "process"])
         == 130
     )
     err = capsys.readouterr().err
@@ -416,7 +425,7 @@ def test_a_rank_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path: Path, m
     monkeypatch.setattr(local, "run_processes", lambda *args, **kwargs: -9)
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("k", "tiny", 1))
-    argv = [str(run), "--local", "--task-file", str(task), "--output", str(tmp_path / "o"), "--launcher", "process"]
+    argv = [str(run), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "o"), "--launcher", "process"]
     assert local.main(argv) == 137
 
 
@@ -434,9 +443,9 @@ def test_a_second_run_in_a_folder_where_one_runs_is_refused(
     marker = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})  # a live process on this host
     (out / running.MARKER).write_text(marker)
     run = write_yaml(tmp_path / "run.yaml", run_doc("twice", "tiny", 1))
-    argv = [str(run), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"]
+    argv = [str(run), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", "process"]
     assert local.main(argv) == 2
-    assert f"--output: mlbench run (pid {os.getpid()}) is already running in {out}" in capsys.readouterr().err
+    assert f"--output-dir: mlbench run (pid {os.getpid()}) is already running in {out}" in capsys.readouterr().err
     assert {name: (out / name).read_text() for name in PREVIOUS} == PREVIOUS
     assert (out / running.MARKER).read_text() == marker
 

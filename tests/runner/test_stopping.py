@@ -311,7 +311,7 @@ def test_a_stopped_local_run_leaves_its_summary_and_no_process(
     run = write_yaml(tmp_path / "run.yaml", run_doc("stopped", "tiny", 2))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "mlbench_runner.local", str(run), "--local", "--task-file", str(task)]
-    cmd += ["--launcher", launcher, "--output", str(out)]
+    cmd += ["--launcher", launcher, "--output-dir", str(out)]
     # a session of its own, as a command in a terminal has
     proc = subprocess.Popen(
         cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -47,7 +47,17 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     task = _task_file(tmp_path, logreg_task(batch=10, epochs=2, train=200, test=100))
     study = _sweep_file(tmp_path, {"workers": [1, 2], "seeds": [1, 2]}, maxConcurrent=2)
     out = tmp_path / "study"
-    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process", "--quiet"]
+    args = [
+        str(study),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(out),
+        "--launcher",
+        "process",
+        "--quiet",
+    ]
     code = sweep.main(args)
     text = capsys.readouterr().out
     assert code == 0, text
@@ -166,7 +176,7 @@ def test_failure_policy_stop_stops_here_too(tmp_path: Path, capsys: pytest.Captu
     task = _task_file(tmp_path, logreg_task())
     study = _sweep_file(tmp_path, {"backends": ["mpi", "gloo"]}, failurePolicy="Stop")
     out = tmp_path / "study"
-    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process"]
+    args = [str(study), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", "process"]
     code = sweep.main(args)
     captured = capsys.readouterr()
     assert code == 1
@@ -188,7 +198,17 @@ def test_a_run_refused_before_it_starts_leaves_the_folder_to_the_run_it_holds(
     earlier = fake_run(out, "lr-study-mpi", ttg=10.0)
     (earlier / "run.yaml").write_text(yaml.safe_dump_all(RAN))
     study = _sweep_file(tmp_path, {"backends": ["mpi"]})
-    args = [str(study), "--local", "--task-file", str(task), "--output", str(out), "--launcher", "process", "--resume"]
+    args = [
+        str(study),
+        "--local",
+        "--task-file",
+        str(task),
+        "--output-dir",
+        str(out),
+        "--launcher",
+        "process",
+        "--resume",
+    ]
     for _ in range(2):  # the second time, the first's refusal must not have made the earlier results this run's
         assert sweep.main(args) == 1
         text = capsys.readouterr().out
@@ -203,10 +223,10 @@ def test_an_output_that_is_a_file_is_refused_before_any_run(tmp_path: Path, caps
     task = _task_file(tmp_path, logreg_task())
     study = _sweep_file(tmp_path, {"seeds": [1, 2]})
     (tmp_path / "afile").write_text("")
-    args = [str(study), "--local", "--task-file", str(task), "--output", str(tmp_path / "afile")]
+    args = [str(study), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "afile")]
     assert sweep.main(args) == 2
     captured = capsys.readouterr()
-    assert captured.err == f"error: --output: {tmp_path / 'afile'} is a file, not a directory\n"
+    assert captured.err == f"error: --output-dir: {tmp_path / 'afile'} is a file, not a directory\n"
     assert "run lr-study" not in captured.out
 
 
@@ -248,7 +268,7 @@ def test_a_task_file_for_another_task_is_refused_before_any_run(
     doc["spec"]["template"]["taskRef"]["name"] = "epsilon-logreg-synthetic"
     study = write_yaml(tmp_path / "study.yaml", doc)
     out = tmp_path / "study"
-    assert sweep.main([str(study), "--local", "--task-file", str(task), "--output", str(out)]) == 2
+    assert sweep.main([str(study), "--local", "--task-file", str(task), "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert "'tiny'" in err
     assert "'epsilon-logreg-synthetic'" in err
@@ -278,7 +298,7 @@ def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
     """Not in the catalog, no --task-file: exit 2 (an invalid study), not every run failing one by one."""
     study = _sweep_file(tmp_path, {"seeds": [1, 2, 3]})
     out = tmp_path / "study"
-    assert sweep.main([str(study), "--local", "--output", str(out), "--launcher", "process"]) == 2
+    assert sweep.main([str(study), "--local", "--output-dir", str(out), "--launcher", "process"]) == 2
     assert "tiny" in capsys.readouterr().err
     assert not out.exists()
 
@@ -291,7 +311,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     study = _sweep_file(tmp_path, {"workers": [2], "seeds": [1, 2]})
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "mlbench_runner.sweep", str(study), "--local", "--task-file", str(task)]
-    cmd += ["--output", str(out), "--launcher", "process"]
+    cmd += ["--output-dir", str(out), "--launcher", "process"]
     # its own process group, as a command in a terminal has: the SIGINT below is the terminal's Ctrl-C
     proc = subprocess.Popen(
         cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

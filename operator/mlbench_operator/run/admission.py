@@ -96,11 +96,14 @@ def admit(
     snapshot = _snapshot(task, task_name)
     if isinstance(snapshot, Rejection):
         return snapshot
+    snapshot = with_runner_image(snapshot, policy.runner_image)
     ctx = _admitted_context(body, snapshot, run_as_user, dataset_claim)
     if isinstance(ctx, Rejection):
         return ctx
     spec = body.get("spec") or {}
     image_field = "spec.image" if ctx.spec.image else f"BenchmarkTask {task_name!r} runner.image"
+    if not ctx.spec.image and not ((task or {}).get("spec") or {}).get("runner", {}).get("image"):
+        image_field = "the operator's MLBENCH_RUNNER_IMAGE"
     dataset = ctx.task.dataset_spec  # None for a collectives task
     volume = dataset.volume if dataset else None
     broken = violations(ctx.image, image_field, spec.get("scheduling"), volume, policy, network=spec.get("network"))
@@ -117,6 +120,15 @@ def _snapshot(task: Mapping[str, Any] | None, task_name: str) -> dict[str, Any] 
         return BenchmarkTaskSpec.model_validate(task.get("spec") or {}).to_api()
     except ValueError as err:
         return Rejection(Reason.INVALID_TASK, f"BenchmarkTask {task_name!r} is invalid: {_short(err)}")
+
+
+def with_runner_image(snapshot: dict[str, Any], image: str) -> dict[str, Any]:
+    """The snapshot with ``runner.image`` set to the operator's ``image`` when the task names none: the run keeps
+    the image it was admitted with, whatever the operator's setting becomes."""
+    runner = snapshot.get("runner") or {}
+    if runner.get("image"):
+        return snapshot
+    return {**snapshot, "runner": {**runner, "image": image}}
 
 
 def _admitted_context(

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from mlbench_api.display import duration, percent
 from mlbench_api.results import RunSummary
 from mlbench_api.run import (
     Progress,
@@ -30,6 +31,7 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         image_ids=ids[:8] or None,
         goal_reached=summary.goal_reached,
         time_to_goal_seconds=summary.time_to_goal_seconds,
+        time_to_goal=duration(summary.time_to_goal_seconds) if summary.time_to_goal_seconds is not None else None,
         best_accuracy=summary.best_accuracy,
         final_accuracy=summary.final_accuracy,
         epochs=summary.epochs,
@@ -55,7 +57,7 @@ def final_progress(old: Progress | None, summary: RunSummary, now: datetime) -> 
     data = old.model_dump(by_alias=True, exclude_none=True) if old is not None else {}
     data.update(epoch=float(summary.epochs), samplesPerSecond=summary.samples_per_second, updatedAt=c.instant(now))
     if summary.final_accuracy is not None:
-        data["lastAccuracy"] = summary.final_accuracy
+        data.update(lastAccuracy=summary.final_accuracy, accuracy=percent(summary.final_accuracy))
     return Progress.model_validate(data)  # an error names the wire's field
 
 

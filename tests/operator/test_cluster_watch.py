@@ -1,0 +1,44 @@
+"""``mlbench watch`` against the real control plane (kwok nodes): it follows a run until it ends and exits with
+its outcome. Needs the test cluster (marked ``cluster``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlbench_api.watch import EXIT_FAILED, EXIT_SUCCEEDED
+from tests.operator import helpers as h
+from tests.operator.conftest import Runs
+
+pytestmark = pytest.mark.cluster
+
+
+def watch(runs: Runs, name: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "KUBECONFIG": str(runs.cluster.kubeconfig)}
+    command = [sys.executable, "-m", "mlbench_api.cli", "watch", f"{runs.ns}/{name}"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.parametrize(("code", "expected", "last"), [(0, EXIT_SUCCEEDED, "Succeeded"), (1, EXIT_FAILED, "Failed")])
+def test_watch_follows_a_run_to_its_end(runs: Runs, code: int, expected: int, last: str) -> None:
+    name = f"watch{code}"
+    runs.apply(h.run(name, workers=1))
+    proc = watch(runs, name)
+    runs.wait_phase(name, "Running")
+    runs.finish_launcher(name, code, h.summary(name, world_size=1).termination_message() if code == 0 else "boom")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == expected, err
+    lines = out.splitlines()
+    assert any(line.startswith("Running") for line in lines), out
+    assert lines[-1].startswith(last), out
+
+
+def test_watch_of_a_missing_run_fails_with_one_line(runs: Runs) -> None:
+    proc = watch(runs, "no-such-run")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_FAILED
+    assert "Traceback" not in err
+    assert "HTTP 404" in err
