@@ -331,6 +331,14 @@ class LocalCluster:
             containerd_addresses=tuple(node["containerd_addresses"]),
         )
 
+    def ensure_node_images(self) -> None:
+        """Import the nodes' own images (pause, busybox) where they are missing again: a kubelet under disk pressure
+        (this machine's disk, shared by every node and the image builds) garbage-collects even the pause image, and
+        nothing can pull it back."""
+        for node in self.real_node_specs():
+            paths = self.node_paths(node)
+            rn.ensure_node_images(paths.containerd_socket, paths.images_cache)
+
     def lose_node(self, name: str) -> None:
         """Make real node ``name`` vanish as a machine that lost power does: its link goes down (packets to it are
         dropped: its peers see silence, not a reset), its agents stop and every process of its containers dies.

@@ -302,6 +302,8 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
     if not DATASET.exists():
         pytest.skip(f"{DATASET} is not there")
     _build_images(real_node.containerd_addresses or tuple(filter(None, [real_node.containerd_address])))
+    if kube_cluster.local is not None:
+        kube_cluster.local.ensure_node_images()
     _install_operator(kube_cluster)
     namespace = create_namespace(kube_cluster, f"mlbench-e2e-{SESSION}")  # enforcing restricted
     scheduling = real_node.scheduling()

@@ -14,8 +14,8 @@ import pytest
 
 from mlbench_runner.launch import strip_tag
 from tests.cluster.node import SHARED_STORAGE_CLASS
-from tests.e2e.conftest import E2E
-from tests.e2e.test_runs import _assert_succeeded, _first_epoch_started
+from tests.e2e.conftest import E2E, wait_training
+from tests.e2e.test_runs import _assert_succeeded
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,7 +62,7 @@ def _epoch_checkpointed(e2e: E2E, run: str) -> None:
 def test_a_killed_workers_gang_resumes_from_the_last_epoch(e2e: E2E, e2e_task: str) -> None:
     claim = _checkpoint_claim(e2e, "e2e-checkpoints")
     run = e2e.run("resumed", e2e_task, overrides={"maxEpochs": 3}, checkpoint={"claimName": claim})
-    _first_epoch_started(e2e, run)
+    wait_training(e2e, run)
     _epoch_checkpointed(e2e, run)
     epoch = _events(e2e.logs(f"{run}-launcher"), "checkpoint_saved")[-1]["epoch"]
     killed = time.time()

@@ -204,9 +204,13 @@ class RunReconciler:
         """What the Events say of the current workers that wait, scheduled, for their volumes (:mod:`.mounts`)."""
         attempt = int(self.status.get("restarts") or 0)
         workers = [p for p in pods if p.role == n.ROLE_WORKER and p.attempt == attempt and p.owner_uid == ctx.uid]
-        found = {}
+        found: dict[str, tuple[c.Reason, str]] = {}
         for pod in mounts.to_check(workers, now):
-            events = await self.kube.run(self.kube.list_events, self.namespace, mounts.field_selector(pod))
+            try:
+                events = await self.kube.run(self.kube.list_events, self.namespace, mounts.field_selector(pod))
+            except ApiError as err:  # a diagnosis only: without it the run still waits, as before
+                self.log.warning("events_unreadable", pod=pod.name, status=err.status, detail=err.detail[:300])
+                return found
             failure = mounts.failure(events)
             if failure is not None:
                 found[pod.name] = failure
