@@ -33,14 +33,7 @@ if str(REPO) not in sys.path:
 from mlbench_operator.run.results import recorded  # noqa: E402
 from tests.cluster.cluster import LocalCluster, kubectl_path  # noqa: E402
 from tests.cluster.plugin import KubeCluster, create_namespace  # noqa: E402
-from tests.e2e.conftest import (  # noqa: E402
-    DATASET,
-    E2E,
-    _build_images,
-    _dataset_server,
-    _install_operator,
-    sha256,
-)
+from tests.e2e.conftest import E2E, _build_images, _install_operator, serving_data  # noqa: E402
 
 #: task 2a's open stand-in (generated data, in the shipped catalog) and the e2e's shortened 1a smoke recipe
 TASKS = {"2a": "epsilon-logreg-synthetic", "1a": "smoke"}
@@ -104,18 +97,7 @@ def environment(cluster: LocalCluster) -> tuple[E2E, KubeCluster]:
     _build_images(node.containerd_addresses)
     _install_operator(kube)
     namespace = create_namespace(kube, f"mlbench-study-{dt.datetime.now(dt.UTC):%H%M%S}", pod_security="privileged")
-    scheduling = node.scheduling()
-    _dataset_server(kube, namespace, scheduling)
-    env = E2E(
-        cluster=kube,
-        namespace=namespace,
-        scheduling=scheduling,
-        containerd_address=node.containerd_address,
-        dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
-        dataset_sha256=sha256(DATASET),
-        real_nodes=node.names,
-        containerd_addresses=node.containerd_addresses,
-    )
+    env = serving_data(kube, node, namespace)
     return env, kube
 
 

@@ -296,6 +296,22 @@ def wait_training(e2e: E2E, run: str) -> None:
     )
 
 
+def serving_data(cluster: KubeCluster, real_node: RealNodeInfo, namespace: str) -> E2E:
+    """The dataset server in ``namespace`` (on a real node), and the E2E handle of that namespace."""
+    scheduling = real_node.scheduling()
+    _dataset_server(cluster, namespace, scheduling)
+    return E2E(
+        cluster=cluster,
+        namespace=namespace,
+        scheduling=scheduling,
+        containerd_address=real_node.containerd_address,
+        dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
+        dataset_sha256=sha256(DATASET),
+        real_nodes=real_node.names,
+        containerd_addresses=real_node.containerd_addresses,
+    )
+
+
 @pytest.fixture(scope="session")
 def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
     """Images built and loaded, the operator running as a Deployment, a restricted namespace with data."""
@@ -306,18 +322,7 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
         kube_cluster.local.ensure_node_images()
     _install_operator(kube_cluster)
     namespace = create_namespace(kube_cluster, f"mlbench-e2e-{SESSION}")  # enforcing restricted
-    scheduling = real_node.scheduling()
-    _dataset_server(kube_cluster, namespace, scheduling)
-    env = E2E(
-        cluster=kube_cluster,
-        namespace=namespace,
-        scheduling=scheduling,
-        containerd_address=real_node.containerd_address,
-        dataset_url=f"http://datasets.{namespace}.svc.cluster.local:8080/{DATASET.name}",
-        dataset_sha256=sha256(DATASET),
-        real_nodes=real_node.names,
-        containerd_addresses=real_node.containerd_addresses,
-    )
+    env = serving_data(kube_cluster, real_node, namespace)
     yield env
     kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
     if env.tasks:

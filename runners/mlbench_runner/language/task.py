@@ -9,9 +9,6 @@ format ``synthetic``. Only the reference algorithm runs it (allreduce-sgd: one a
 from __future__ import annotations
 
 import json
-import math
-import os
-import socket
 import time
 from pathlib import Path
 
@@ -19,14 +16,15 @@ import torch
 
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
-from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
-from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec, GoalMode, better
+from mlbench_api.results import RunSummary
+from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec
 from mlbench_runner.comm import close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.language.corpus import read_corpus, write_synthetic
-from mlbench_runner.language.loop import LanguageRecipe, LanguageResult, train_language
+from mlbench_runner.language.loop import LanguageRecipe, train_language
 from mlbench_runner.language.model import AwdLstmShape
 from mlbench_runner.metrics import RunnerMetrics
+from mlbench_runner.token_summary import stop_of, summary_of
 from mlbench_runner.world import World, detect_world
 
 
@@ -85,68 +83,6 @@ def data_folder(dataset: DatasetSpec, out: Path, rank: int) -> Path:
         return write_synthetic(out / "data" / f"rank-{rank}", lines, seed=s.seed)
     assert dataset.path is not None
     return Path(dataset.path)
-
-
-def stop_of(config: RunConfig, result: LanguageResult) -> tuple[RunStatus, StopReason]:
-    if config.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME:
-        last = result.history[-1].wall_seconds if result.history else 0.0
-        budget = config.task.goal.time_budget_seconds or math.inf
-        return ("success" if result.reached else "goal-not-reached"), (
-            "time-budget" if last >= budget else "max-epochs"
-        )
-    return ("success", "goal") if result.reached else ("goal-not-reached", "max-epochs")
-
-
-def summary_of(
-    config: RunConfig, world: World, device: torch.device, result: LanguageResult, wall: float
-) -> RunSummary:
-    """Rank 0's RunSummary: the goal metric per epoch (validation perplexity by default), target tokens as the
-    samples, compute and communication seconds of the steps."""
-    status, reason = stop_of(config, result)
-    scores = [h.score for h in result.history if math.isfinite(h.score)]
-    busy = result.compute_seconds + result.communication_seconds
-    return RunSummary(
-        run=config.run_name,
-        task=config.task_name,
-        status=status,
-        stop_reason=reason,
-        goal_reached=result.reached,
-        goal_target=config.goal_target,
-        time_to_goal_seconds=result.time_to_goal if result.reached else None,
-        goal_metric=config.task.goal.metric.value,
-        best_score=better(config.task.goal.metric, scores) if scores else None,
-        final_score=scores[-1] if scores else None,
-        epochs=float(len(result.history)),
-        steps=result.steps,
-        samples=result.tokens,
-        wall_clock_seconds=wall,
-        train_seconds=busy,
-        compute_seconds=result.compute_seconds,
-        communication_seconds=result.communication_seconds,
-        comm_compute_ratio=result.communication_seconds / result.compute_seconds if result.compute_seconds else None,
-        samples_per_second=result.tokens / busy if busy > 0 else 0.0,
-        phases=PhaseTotals(communication=result.communication_seconds),
-        environment=Environment(
-            torch=torch.__version__,
-            cuda=torch.version.cuda,
-            devices=[str(device)],
-            world_size=world.size,
-            backend=config.backend.value,
-            algorithm=config.algorithm.value,
-            seed=config.seed,
-            hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
-            precision="fp32",
-        ),
-        history=[
-            EpochRecord(
-                epoch=h.epoch,
-                loss=h.loss if math.isfinite(h.loss) else None,
-                score=h.score if math.isfinite(h.score) else None,
-                wall_seconds=h.wall_seconds,
-            )
-            for h in result.history
-        ],
-    )
 
 
 def run(config: RunConfig, world: World | None = None) -> RunSummary | None:

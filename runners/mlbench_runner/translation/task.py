@@ -10,22 +10,21 @@ optimizer step).
 from __future__ import annotations
 
 import json
-import math
-import os
-import socket
+import time
 from pathlib import Path
 
 import torch
 
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
-from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
-from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec, GoalMode, better
+from mlbench_api.results import RunSummary
+from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec
 from mlbench_runner.comm import close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
+from mlbench_runner.token_summary import stop_of, summary_of
 from mlbench_runner.translation.corpus import write_synthetic
-from mlbench_runner.translation.loop import TranslationRecipe, TranslationResult, train_translation
+from mlbench_runner.translation.loop import TranslationRecipe, train_translation
 from mlbench_runner.translation.transformer import TransformerShape
 from mlbench_runner.world import World, detect_world
 
@@ -84,79 +83,8 @@ def data_folder(dataset: DatasetSpec, out: Path, rank: int) -> Path:
     return Path(dataset.path)
 
 
-def stop_of(config: RunConfig, result: TranslationResult) -> tuple[RunStatus, StopReason]:
-    if config.task.goal.mode is GoalMode.ACCURACY_AFTER_TIME:
-        last = result.history[-1].wall_seconds if result.history else 0.0
-        budget = config.task.goal.time_budget_seconds or math.inf
-        return ("success" if result.reached else "goal-not-reached"), (
-            "time-budget" if last >= budget else "max-epochs"
-        )
-    if result.reached:
-        return "success", "goal"
-    return "goal-not-reached", "max-epochs"
-
-
-def summary_of(
-    config: RunConfig, world: World, device: torch.device, result: TranslationResult, wall: float
-) -> RunSummary:
-    """Rank 0's RunSummary: the goal metric per epoch (BLEU with sacrebleu's signature), target tokens as the
-    samples, compute and communication seconds of the optimizer steps, the loss scaler's skipped steps."""
-    status, reason = stop_of(config, result)
-    scores = [h.score for h in result.history if math.isfinite(h.score)]
-    train_seconds = result.compute_seconds + result.communication_seconds
-    extra = config.task.training.translation
-    precision = extra.precision if extra is not None and device.type == "cuda" else "fp32"
-    return RunSummary(
-        run=config.run_name,
-        task=config.task_name,
-        status=status,
-        stop_reason=reason,
-        goal_reached=result.reached,
-        goal_target=config.goal_target,
-        time_to_goal_seconds=result.time_to_goal if result.reached else None,
-        goal_metric=config.task.goal.metric.value,
-        best_score=better(config.task.goal.metric, scores) if scores else None,
-        final_score=scores[-1] if scores else None,
-        bleu_signature=result.signature or None,
-        skipped_steps=result.skipped_steps,
-        update_freq=result.update_freq,
-        epochs=float(len(result.history)),
-        steps=result.steps,
-        samples=result.tokens,
-        wall_clock_seconds=wall,
-        train_seconds=train_seconds,
-        compute_seconds=result.compute_seconds,
-        communication_seconds=result.communication_seconds,
-        comm_compute_ratio=result.communication_seconds / result.compute_seconds if result.compute_seconds else None,
-        samples_per_second=result.tokens / train_seconds if train_seconds > 0 else 0.0,
-        phases=PhaseTotals(communication=result.communication_seconds),
-        environment=Environment(
-            torch=torch.__version__,
-            cuda=torch.version.cuda,
-            devices=[str(device)],
-            world_size=world.size,
-            backend=config.backend.value,
-            algorithm=config.algorithm.value,
-            seed=config.seed,
-            hostname=os.environ.get("HOSTNAME") or socket.gethostname(),
-            precision=precision,
-        ),
-        history=[
-            EpochRecord(
-                epoch=h.epoch,
-                loss=h.loss if math.isfinite(h.loss) else None,
-                score=h.score if math.isfinite(h.score) else None,
-                wall_seconds=h.wall_seconds,
-            )
-            for h in result.history
-        ],
-    )
-
-
 def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     """Train this rank of a transformer task; rank 0 writes and returns the RunSummary."""
-    import time
-
     started = time.perf_counter()
     world = world or detect_world()
     if config.algorithm is not Algorithm.ALLREDUCE_SGD:
@@ -195,7 +123,17 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     if world.rank != 0:
         log.close()
         return None
-    summary = summary_of(config, world, device, result, time.perf_counter() - started)
+    summary = summary_of(
+        config,
+        world,
+        device,
+        result,
+        time.perf_counter() - started,
+        precision=extra.precision if extra is not None and device.type == "cuda" else "fp32",
+        bleu_signature=result.signature or None,
+        skipped_steps=result.skipped_steps,
+        update_freq=result.update_freq,
+    )
     atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
     log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, goal_reached=summary.goal_reached)
     log.event("run_summary", summary=json.loads(summary.termination_message()))
