@@ -142,14 +142,14 @@ def test_printer_columns_show_status(kube_cluster: KubeCluster, kube_api: Any, n
     _create(api, namespace, "columns")
     status = {
         "phase": "Succeeded",
-        "progress": {"epoch": 41, "lastAccuracy": 0.8012},
-        "result": {"goalReached": True, "timeToGoalSeconds": 123.5},
+        "progress": {"epoch": 41, "lastAccuracy": 0.8012, "accuracy": "80.1%"},
+        "result": {"goalReached": True, "timeToGoalSeconds": 123.5, "timeToGoal": "2m04s"},
     }
     api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "columns", {"status": status})
     out = kube_cluster.kubectl("get", "benchmarkruns", "-n", namespace, "columns").stdout
     header, row = out.splitlines()[:2]
     assert header.split()[:8] == ["NAME", "TASK", "WORKERS", "BACKEND", "PHASE", "EPOCH", "ACCURACY", "TIME-TO-GOAL"]
-    assert row.split()[:8] == ["columns", "cifar10-resnet20", "2", "gloo", "Succeeded", "41", "0.8012", "123.5"]
+    assert row.split()[:8] == ["columns", "cifar10-resnet20", "2", "gloo", "Succeeded", "41", "80.1%", "2m04s"]
 
 
 def test_field_selector_on_task(kube_cluster: KubeCluster, kube_api: Any, namespace: str) -> None:

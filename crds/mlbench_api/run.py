@@ -574,7 +574,9 @@ class LauncherRecord(ApiModel):
     of the launcher's name, even one carrying the run's ownerReference and labels, is not."""
 
     uid: Annotated[str, Field(min_length=1, max_length=64)]
+    """The UID the API server answered the operator's launcher create with."""
     attempt: Annotated[int, Field(ge=0)]
+    """The attempt (status.restarts when it was created) the launcher belongs to."""
 
 
 class BenchmarkRunStatus(ApiModel):

@@ -25,15 +25,20 @@ def watch(runs: Runs, name: str) -> subprocess.Popen[str]:
 @pytest.mark.parametrize(("code", "expected", "last"), [(0, EXIT_SUCCEEDED, "Succeeded"), (1, EXIT_FAILED, "Failed")])
 def test_watch_follows_a_run_to_its_end(runs: Runs, code: int, expected: int, last: str) -> None:
     name = f"watch{code}"
-    runs.apply(h.run(name, workers=1))
+    runs.apply(h.run(name, workers=1, runPolicy={"maxRestarts": 0}))  # a failed launcher fails the run at once
     proc = watch(runs, name)
     runs.wait_phase(name, "Running")
+    assert proc.stdout is not None
+    seen: list[str] = []  # the watch prints Running before the launcher ends (it may start after the run got there)
+    while not seen or not seen[-1].startswith("Running"):
+        line = proc.stdout.readline()
+        assert line, f"the watch ended before it printed Running: {seen}"
+        seen.append(line)
     runs.finish_launcher(name, code, h.summary(name, world_size=1).termination_message() if code == 0 else "boom")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == expected, err
-    lines = out.splitlines()
-    assert any(line.startswith("Running") for line in lines), out
-    assert lines[-1].startswith(last), out
+    lines = [*seen, *out.splitlines()]
+    assert lines[-1].startswith(last), lines
 
 
 def test_watch_of_a_missing_run_fails_with_one_line(runs: Runs) -> None:
