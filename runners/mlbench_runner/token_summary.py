@@ -1,5 +1,6 @@
-"""Rank 0's RunSummary of the task kinds that train on tokens (translation, language modelling): how the run
-stopped, the goal metric per epoch, target tokens as the samples, compute and communication seconds of the steps.
+"""What the task kinds that train on tokens (translation, language modelling) share around their loops: a rank's
+start (device, output folder, event log, metrics), its rank record, and rank 0's RunSummary (how the run stopped,
+the goal metric per epoch, target tokens as the samples, compute and communication seconds of the steps).
 
 Each kind's loop returns its own result (BLEU's signature and the loss scaler's skipped steps for translation,
 NT-ASGD's averaging for language modelling); what they share is read through :class:`TokenResult`, and a kind's
@@ -8,17 +9,23 @@ own fields reach the summary as keyword arguments of :func:`summary_of`.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
-from mlbench_api.task import GoalMode, better
+from mlbench_api.task import Algorithm, GoalMode, better
+from mlbench_runner.events import EventLog
+from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.world import World
 
 
@@ -118,3 +125,55 @@ def summary_of(
         ],
         **kind_fields,
     )
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """A rank of a token task, started: where it runs and writes, and what it reports through."""
+
+    device: torch.device
+    out: Path
+    log: EventLog
+    metrics: RunnerMetrics
+
+
+def start_rank(config: RunConfig, world: World, kind: str) -> RankStart:
+    """Refuse any algorithm but allreduce-sgd (``kind`` names the task kind in the message), pick the device, make
+    the output folder, open the event log, serve the metrics and log ``run_start``."""
+    if config.algorithm is not Algorithm.ALLREDUCE_SGD:
+        raise ValueError(f"algorithm: {kind} task runs allreduce-sgd only, not {config.algorithm.value}")
+    use_gpu = config.backend.value == "nccl" or (config.gpus_per_worker > 0 and torch.cuda.is_available())
+    device = torch.device("cuda", world.local_rank % torch.cuda.device_count()) if use_gpu else torch.device("cpu")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = EventLog(world.rank, out)
+    metrics = RunnerMetrics(
+        config.run_name,
+        config.task_name,
+        config.backend.value,
+        world_size=world.size,
+        algorithm=config.algorithm.value,
+        rank=world.rank,
+    )
+    metrics.serve(config.metrics_port + world.local_rank if config.metrics_port else 0)
+    log.event("run_start", run=config.run_name, task=config.task_name, rank_count=world.size, device=str(device))
+    return RankStart(device, out, log, metrics)
+
+
+def record_rank(config: RunConfig, world: World, out: Path, result: TokenResult) -> None:
+    """This rank's record (``ranks/rank-<r>.json``, as the Trainer's RankRecord)."""
+    _status, reason = stop_of(config, result)
+    record = {"rank": world.rank, "steps": result.steps, "stop_reason": reason, "epochs_completed": len(result.history)}
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / f"rank-{world.rank}.json").write_text(json.dumps(record))
+
+
+def finish(start: RankStart, summary: RunSummary) -> RunSummary:
+    """Rank 0: write ``summary.json``, log ``run_stop`` and ``run_summary``, close the log."""
+    atomic.write_text(start.out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
+    start.log.event(
+        "run_stop", status=summary.status, stop_reason=summary.stop_reason, goal_reached=summary.goal_reached
+    )
+    start.log.event("run_summary", summary=json.loads(summary.termination_message()))
+    start.log.close()
+    return summary

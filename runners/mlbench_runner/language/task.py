@@ -8,23 +8,17 @@ format ``synthetic``. Only the reference algorithm runs it (allreduce-sgd: one a
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import torch
-
-from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_api.task import Algorithm, DatasetFormat, DatasetSpec
+from mlbench_api.task import DatasetFormat, DatasetSpec
 from mlbench_runner.comm import close_quietly, make_communicator
-from mlbench_runner.events import EventLog
 from mlbench_runner.language.corpus import read_corpus, write_synthetic
 from mlbench_runner.language.loop import LanguageRecipe, train_language
 from mlbench_runner.language.model import AwdLstmShape
-from mlbench_runner.metrics import RunnerMetrics
-from mlbench_runner.token_summary import stop_of, summary_of
+from mlbench_runner.token_summary import finish, record_rank, start_rank, summary_of
 from mlbench_runner.world import World, detect_world
 
 
@@ -89,27 +83,11 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     """Train this rank of an awd-lstm task; rank 0 writes and returns the RunSummary."""
     started = time.perf_counter()
     world = world or detect_world()
-    if config.algorithm is not Algorithm.ALLREDUCE_SGD:
-        raise ValueError(f"algorithm: an awd-lstm task runs allreduce-sgd only, not {config.algorithm.value}")
-    use_gpu = config.backend.value == "nccl" or (config.gpus_per_worker > 0 and torch.cuda.is_available())
-    device = torch.device("cuda", world.local_rank % torch.cuda.device_count()) if use_gpu else torch.device("cpu")
     recipe = recipe_for(config)
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    log = EventLog(world.rank, out)
-    metrics = RunnerMetrics(
-        config.run_name,
-        config.task_name,
-        config.backend.value,
-        world_size=world.size,
-        algorithm=config.algorithm.value,
-        rank=world.rank,
-    )
-    metrics.serve(config.metrics_port + world.local_rank if config.metrics_port else 0)
-    log.event("run_start", run=config.run_name, task=config.task_name, rank_count=world.size, device=str(device))
-    root = data_folder(config.task.dataset, out, world.rank)
+    rank = start_rank(config, world, "an awd-lstm")
+    root = data_folder(config.task.dataset, rank.out, world.rank)
     corpus = read_corpus(root)
-    log.event(
+    rank.log.event(
         "hyperparameters",
         task=config.task_name,
         recipe=str(recipe),
@@ -119,20 +97,17 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     )
     comm = make_communicator(world, config.backend.value)
     try:
-        result = train_language(corpus, recipe, comm, seed=config.seed, device=device, metrics=metrics, log=log)
+        result = train_language(
+            corpus, recipe, comm, seed=config.seed, device=rank.device, metrics=rank.metrics, log=rank.log
+        )
     finally:
         close_quietly(comm, orderly=True)
-    _status, reason = stop_of(config, result)
-    record = {"rank": world.rank, "steps": result.steps, "stop_reason": reason, "epochs_completed": len(result.history)}
-    (out / "ranks").mkdir(exist_ok=True)
-    (out / "ranks" / f"rank-{world.rank}.json").write_text(json.dumps(record))  # as the Trainer's RankRecord
+    record_rank(config, world, rank.out, result)
     if world.rank != 0:
-        log.close()
+        rank.log.close()
         return None
-    summary = summary_of(config, world, device, result, time.perf_counter() - started)
-    atomic.write_text(out / "summary.json", summary.model_dump_json(by_alias=True, indent=2))
-    log.event("test_perplexity", perplexity=result.test_perplexity, averaging_from_epoch=result.averaging_from_epoch)
-    log.event("run_stop", status=summary.status, stop_reason=summary.stop_reason, goal_reached=summary.goal_reached)
-    log.event("run_summary", summary=json.loads(summary.termination_message()))
-    log.close()
-    return summary
+    summary = summary_of(config, world, rank.device, result, time.perf_counter() - started)
+    rank.log.event(
+        "test_perplexity", perplexity=result.test_perplexity, averaging_from_epoch=result.averaging_from_epoch
+    )
+    return finish(rank, summary)
