@@ -436,9 +436,12 @@ class LocalCluster:
         return pid
 
     def _stop_component(self, component: str, grace: float) -> None:
+        """Stop one component; a process this object spawned is forgotten too, so that waits that watch for
+        components exiting (``_wait``) no longer count it."""
         pid = self._pid_alive(component)
         if pid is not None:
             self._terminate(pid, grace)
+        self._procs.pop(component, None)
         (self.pids / f"{component}.pid").unlink(missing_ok=True)
 
     def _nodes_left_behind(self) -> list[rn.NodeSpec]:
