@@ -22,6 +22,7 @@ import base64
 import datetime as dt
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                             "scheduling": {**env.scheduling, "placement": placement(workers, nodes)},
                             **({"network": {"bandwidthMbit": cap}} if cap else {}),
                         }
+                        load_before = os.getloadavg()[0]
                         env.run(name, task, **spec)
                         st = env.wait_finished(name, timeout=1800)
-                        rows.append({**row(label, workers, backend, cap, st), "nodes": kept_nodes(env, name)})
+                        extra = {"nodes": kept_nodes(env, name), "loadAverage1m": [load_before, os.getloadavg()[0]]}
+                        rows.append({**row(label, workers, backend, cap, st), **extra})
                         print(table(rows[-1:]).splitlines()[-1], flush=True)
                         kube.kubectl("delete", "benchmarkrun", name, "-n", env.namespace, "--wait=false")
     finally:
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "sudo .venv/bin/python benchmarks/cross_node.py " + " ".join(argv or sys.argv[1:]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": f"the test cluster's {nodes} real nodes: network namespaces of one 2-core VM (shared cores)",
+        "cores": os.cpu_count(),
+        "note": "loadAverage1m: the VM's 1-minute load before and after each run (other work shares the cores)",
         "data": "1a: 1024 images of the JPEG copy of CIFAR-10; 2a: generated data with epsilon's shape",
         "rows": rows,
     }

@@ -6,6 +6,7 @@ raise :class:`SettingsError`, which names the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping
 
@@ -45,3 +46,13 @@ def integer(env: Mapping[str, str], key: str, default: int, minimum: int = 1) ->
     if value < minimum:
         raise SettingsError(f"{key}={raw!r} must be at least {minimum}")
     return value
+
+
+def cidrs(env: Mapping[str, str], key: str) -> tuple[str, ...] | None:
+    """Comma-separated address blocks (``10.0.0.0/8,2001:db8::/32``), normalised; None when ``key`` is unset or
+    empty. Raises :class:`SettingsError` naming ``key``."""
+    blocks = [x.strip() for x in env.get(key, "").split(",") if x.strip()]
+    try:
+        return tuple(str(ipaddress.ip_network(block)) for block in blocks) or None
+    except ValueError as e:
+        raise SettingsError(f"{key}: {e}") from None

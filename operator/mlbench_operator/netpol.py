@@ -10,6 +10,10 @@ cluster: ``MLBENCH_METRICS_CIDRS``). Egress stays open:
 DNS and the peers are all a rank needs, and a deny-all egress would break clusters whose DNS is
 not where a policy expects it.
 
+A dataset's fetch Job gets a policy of its own (:func:`fetch_network_policy`): nothing may connect to it, and where
+the admin lists the blocks it may reach (``MLBENCH_FETCH_EGRESS_CIDRS``: the mirror, the object store, a proxy) it
+reaches those and DNS only, so a tenant's dataset URL cannot be used to probe the cluster's inside.
+
 Enforcement is the CNI's or a policy agent's (Calico, Cilium, kube-router, ...): on a cluster without
 one the object is inert, which is why it is safe to always create it. The test cluster enforces it
 with kube-router on every real node (tests/cluster/README.md).
@@ -65,4 +69,28 @@ def network_policy(
             "ownerReferences": [builders.owner_reference(ctx)],
         },
         "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+#: What a fetch Job may always reach: DNS, on its standard port, wherever the cluster runs it.
+DNS_PORTS: tuple[dict[str, Any], ...] = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
+
+
+def fetch_network_policy(job_name: str, namespace: str, dataset: str, egress: Sequence[str] | None) -> dict[str, Any]:
+    """The policy of the fetch Job ``job_name`` (named like it, selecting its pods by the Job controller's label).
+
+    No ingress at all; egress to the blocks ``egress`` and to DNS when ``egress`` is given, else open. Created
+    before the Job so that its first pod already runs under it; like the dataset volume it outlives the Job (the
+    next fetch of the same data has the same name) and goes with the namespace.
+    """
+    types = ["Ingress"]
+    spec: dict[str, Any] = {"podSelector": {"matchLabels": {n.LABEL_JOB_NAME: job_name}}, "ingress": []}
+    if egress is not None:
+        types.append("Egress")
+        spec["egress"] = [{"to": [{"ipBlock": {"cidr": cidr}} for cidr in egress]}, {"ports": list(DNS_PORTS)}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": job_name, "namespace": namespace, "labels": builders.dataset_labels(dataset)},
+        "spec": {**spec, "policyTypes": types},
     }

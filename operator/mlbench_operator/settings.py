@@ -8,7 +8,6 @@ kopf in the operator memo (``memo.config``); the handlers read it from there, ne
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from mlbench_api import contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import naming as n
-from mlbench_operator.env import SettingsError, integer, port, seconds
+from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import AdmissionPolicy
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
@@ -42,6 +41,9 @@ class DatasetSettings:
     job_ttl_seconds: int = 3600
     #: Retries of a retryable failure (SourceUnreachable); permanent ones fail at once.
     backoff_limit: int = 2
+    #: ``MLBENCH_FETCH_EGRESS_CIDRS``: where a fetch Job may connect besides DNS (its NetworkPolicy's egress);
+    #: None (unset) leaves its egress open. Nothing may connect to a fetch Job either way.
+    egress_cidrs: tuple[str, ...] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DatasetSettings:
@@ -67,6 +69,7 @@ class DatasetSettings:
             fetch_deadline_seconds=integer(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
             job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
             backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
+            egress_cidrs=cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS"),
         )
 
 
@@ -111,11 +114,7 @@ def scraper_namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
 def scraper_cidrs(env: Mapping[str, str]) -> tuple[str, ...]:
     """``MLBENCH_METRICS_CIDRS`` (comma-separated address blocks; default none): scrapers that live in no namespace
     the policy can select, e.g. a Prometheus on a host. Raises :class:`SettingsError` naming the variable."""
-    blocks = [x.strip() for x in env.get("MLBENCH_METRICS_CIDRS", "").split(",") if x.strip()]
-    try:
-        return tuple(str(ipaddress.ip_network(block)) for block in blocks)
-    except ValueError as e:
-        raise SettingsError(f"MLBENCH_METRICS_CIDRS: {e}") from None
+    return cidrs(env, "MLBENCH_METRICS_CIDRS") or ()
 
 
 #: ``MLBENCH_NODE_LOSS_SECONDS``: a run's pods stay this long on a node that stopped answering, then Kubernetes

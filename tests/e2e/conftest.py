@@ -93,6 +93,19 @@ class E2E:
         self.tasks.append(full)
         return full
 
+    def unreachable_goal(self, task: str) -> str:
+        """``task`` with a goal it never reaches, so that a run trains every epoch (the e2e task reaches its own in
+        the first): for tests that need the run still training a while, or a checkpoint after the first epoch."""
+        body = json.loads(self.kubectl("get", "benchmarktask", task, "-o", "json").stdout)
+        spec = body["spec"]
+        spec["goal"].update(target=0.99, lightTarget=0.98)
+        name = f"{task}-long"
+        meta = {"name": name, "labels": E2E_LABEL}
+        self.apply({"apiVersion": body["apiVersion"], "kind": "BenchmarkTask", "metadata": meta, "spec": spec})
+        if name not in self.tasks:
+            self.tasks.append(name)
+        return name
+
     def run(self, name: str, task: str, **spec: Any) -> str:
         body = {
             "apiVersion": "mlbench.io/v1alpha1",

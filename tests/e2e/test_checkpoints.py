@@ -58,21 +58,9 @@ def _epoch_checkpointed(e2e: E2E, run: str) -> None:
     )
 
 
-def _unreachable_goal(e2e: E2E, task: str) -> str:
-    """The e2e task with a goal it never reaches, so that it trains every epoch: the e2e task reaches its own in
-    the first, before any checkpoint (none is written after the last epoch)."""
-    body = json.loads(e2e.kubectl("get", "benchmarktask", task, "-o", "json").stdout)
-    spec = body["spec"]
-    spec["goal"].update(target=0.99, lightTarget=0.98)
-    name = f"{task}-long"
-    e2e.apply({"apiVersion": body["apiVersion"], "kind": "BenchmarkTask", "metadata": {"name": name}, "spec": spec})
-    e2e.tasks.append(name)
-    return name
-
-
 def test_a_killed_workers_gang_resumes_from_the_last_epoch(e2e: E2E, e2e_task: str) -> None:
     claim = _checkpoint_claim(e2e, "e2e-checkpoints")
-    task = _unreachable_goal(e2e, e2e_task)
+    task = e2e.unreachable_goal(e2e_task)
     run = e2e.run("resumed", task, checkpoint={"claimName": claim})
     wait_training(e2e, run)
     _epoch_checkpointed(e2e, run)

@@ -11,18 +11,25 @@ gloo's own listeners) is probed:
   namespace, as the monitoring e2e runs it), reaches the metrics port only;
 * worker 1, a pod of the run, reaches sshd, metrics and the rendezvous (the control: those ports were open at
   the time) -- and the run trains to Succeeded across nodes, so its own traffic, gloo's included, got through.
+
+And the fetch Job's policy: a pod bearing the fetch Job's label reaches the dataset server (a pod, in the blocks the
+e2e operator lists in ``MLBENCH_FETCH_EGRESS_CIDRS``) and DNS, not the API server; the same pod without the label
+reaches all three (the control).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
+import yaml
 
 from mlbench_api import contract
+from mlbench_operator import naming as n
 from mlbench_operator.settings import DEFAULT_OPERATOR_NAMESPACE
 from tests.cluster.plugin import (
     RESTRICTED_CONTAINER_CONTEXT,
@@ -84,12 +91,14 @@ def _host_probe(ip: str, ports: Iterable[int]) -> dict[int, bool]:
     return seen
 
 
-def _probe_pod(name: str, node: str, command: str, scheduling: dict[str, Any]) -> dict[str, Any]:
+def _probe_pod(
+    name: str, node: str, command: str, scheduling: dict[str, Any], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     selector = {**scheduling.get("nodeSelector", {}), "kubernetes.io/hostname": node}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": labels or {}},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
@@ -123,7 +132,9 @@ def _pod_log_when_done(e2e: E2E, namespace: str, name: str) -> str:
 @pytest.mark.slow
 def test_only_the_runs_own_pods_reach_its_ports_and_scrapers_only_the_metrics(e2e: E2E, e2e_task: str) -> None:
     scheduling = {**e2e.scheduling, "placement": "Spread"}
-    run = e2e.run("isolated", e2e_task, overrides={"maxEpochs": 5}, scheduling=scheduling)
+    # a goal out of reach: the run trains all its epochs, still Running when the probes are done
+    task = e2e.unreachable_goal(e2e_task)
+    run = e2e.run("isolated", task, overrides={"maxEpochs": 4}, scheduling=scheduling)
     stranger = create_namespace(e2e.cluster)
     probes: list[tuple[str, str]] = []
     try:
@@ -165,4 +176,46 @@ def test_only_the_runs_own_pods_reach_its_ports_and_scrapers_only_the_metrics(e2
         for namespace, name in probes:
             e2e.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
         e2e.kubectl("delete", "namespace", stranger, "--wait=false", check=False)
+        e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
+
+
+def _fetch_job_selected(e2e: E2E) -> str | None:
+    """The Job name a fetch Job's NetworkPolicy in the e2e namespace selects (None while there is none)."""
+    items = json.loads(e2e.kubectl("get", "networkpolicy", "-n", e2e.namespace, "-o", "json").stdout)["items"]
+    names = [p["spec"]["podSelector"].get("matchLabels", {}).get(n.LABEL_JOB_NAME) for p in items]
+    return next((name for name in names if name), None)
+
+
+@pytest.mark.cluster
+@pytest.mark.realnode
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_fetch_job_reaches_its_source_and_dns_and_not_the_api_server(e2e: E2E, e2e_task: str) -> None:
+    run = e2e.run("fetch-egress", e2e_task, overrides={"maxEpochs": 1})  # its dataset is fetched in this namespace
+    probes: list[str] = []
+    try:
+        job = wait_for(lambda: _fetch_job_selected(e2e), timeout=120, interval=1, what="the fetch Job's policy")
+        server = e2e.get("pod", "datasets")
+        config = yaml.safe_load(e2e.cluster.kubeconfig.read_text())
+        api = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+        assert api.hostname, api
+        assert api.port not in (None, 8080, 53), api
+        # the probes wait for kube-router to have the new pod's egress rules: until then a new pod is unfiltered,
+        # and a probe stops at its first open connection
+        command = "sleep 6; " + "; ".join(
+            port_probe(ip, [port], tries=5)
+            for ip, port in ((server["status"]["podIP"], 8080), (api.hostname, 53), (api.hostname, api.port))
+        )
+        node = server["spec"]["nodeName"]
+        for name, labels in (("fetch-like", {n.LABEL_JOB_NAME: job}), ("unlabelled", {})):
+            pod = _probe_pod(f"{run}-{name}", node, command, e2e.scheduling, labels)
+            e2e.kubectl("apply", "-n", e2e.namespace, "-f", "-", input=json.dumps(pod))
+            probes.append(f"{run}-{name}")
+        seen = {name: probe_results(_pod_log_when_done(e2e, e2e.namespace, name)) for name in probes}
+        assert seen[f"{run}-unlabelled"] == {8080: True, 53: True, api.port: True}, seen
+        assert seen[f"{run}-fetch-like"] == {8080: True, 53: True, api.port: False}, seen
+        print(f"\nfetch Job {job}'s policy: source and DNS reached, the API server at {api.netloc} not")
+    finally:
+        for name in probes:
+            e2e.kubectl("delete", "pod", name, "-n", e2e.namespace, "--wait=false", check=False)
         e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)

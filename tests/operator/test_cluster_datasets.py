@@ -106,6 +106,9 @@ def test_a_sourced_dataset_is_fetched_before_any_worker(runs: Runs, sourced_task
     container = obj["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["mlbench-runner", "fetch-dataset"]
     assert "--dest" in container["command"]
+    policy = runs.get("networkpolicy", job)  # made before the Job, accepted by the real API server
+    assert policy is not None
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"batch.kubernetes.io/job-name": job}}
 
     pod = fetch_pod(runs, job)
     assert runs.pods(name) == {}  # no worker while the data is not there

@@ -87,3 +87,47 @@ def test_a_bad_address_block_names_the_variable(raw: str) -> None:
     """``10.0.0.1/24`` has host bits set: almost always a typo for ``10.0.0.0/24`` or ``/32``."""
     with pytest.raises(SettingsError, match="MLBENCH_METRICS_CIDRS"):
         settings.scraper_cidrs({"MLBENCH_METRICS_CIDRS": raw})
+
+
+@pytest.mark.parametrize(
+    ("egress", "types", "rules"),
+    [
+        # unset: nothing gets in, egress open (the object has no egress rules and no Egress type)
+        (None, ["Ingress"], None),
+        # listed: those blocks on any port, and DNS anywhere
+        (
+            ("10.213.1.0/24", "fd00::/8"),
+            ["Ingress", "Egress"],
+            [
+                {"to": [{"ipBlock": {"cidr": "10.213.1.0/24"}}, {"ipBlock": {"cidr": "fd00::/8"}}]},
+                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            ],
+        ),
+    ],
+)
+def test_a_fetch_job_is_reached_by_nobody_and_reaches_what_the_admin_lists(
+    egress: tuple[str, ...] | None, types: list[str], rules: list[object] | None
+) -> None:
+    pol = netpol.fetch_network_policy("mlbench-fetch-cifar10-abc", "ns", "cifar10", egress)
+    assert pol["metadata"]["name"] == "mlbench-fetch-cifar10-abc"
+    assert pol["metadata"]["namespace"] == "ns"
+    assert "ownerReferences" not in pol["metadata"]  # made before its Job; lives with the namespace
+    spec = pol["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"batch.kubernetes.io/job-name": "mlbench-fetch-cifar10-abc"}}
+    assert spec["ingress"] == []
+    assert spec["policyTypes"] == types
+    assert spec.get("egress") == rules
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, None), ("", None), (" 10.213.1.0/24 ,10.213.2.0/24", ("10.213.1.0/24", "10.213.2.0/24"))],
+)
+def test_fetch_egress_cidrs(raw: str | None, expected: tuple[str, ...] | None) -> None:
+    env = {} if raw is None else {"MLBENCH_FETCH_EGRESS_CIDRS": raw}
+    assert settings.DatasetSettings.from_env(env).egress_cidrs == expected
+
+
+def test_a_bad_fetch_egress_block_names_the_variable() -> None:
+    with pytest.raises(SettingsError, match="MLBENCH_FETCH_EGRESS_CIDRS"):
+        settings.DatasetSettings.from_env({"MLBENCH_FETCH_EGRESS_CIDRS": "10.213.1.1/24"})

@@ -519,6 +519,8 @@ class RunReconciler:
                 job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
             state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
+                policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
+                await self.kube.run(self.kube.create, policy)
                 await self.kube.run(self.kube.create, builders.fetch_job(ctx, settings))
         except ApiError as err:
             if err.status not in (403, 422):
