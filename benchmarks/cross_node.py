@@ -18,9 +18,7 @@ Writes the raw rows to ``benchmarks/results/<date>-cross-node.json`` (``--out``)
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime as dt
-import gzip
 import json
 import os
 import sys
@@ -31,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from mlbench_api import download, hardware  # noqa: E402
 from mlbench_operator.run.results import recorded  # noqa: E402
 from tests.cluster.cluster import LocalCluster, kubectl_path  # noqa: E402
 from tests.cluster.plugin import KubeCluster, create_namespace  # noqa: E402
@@ -155,17 +154,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def kept_nodes(env: E2E, run: str) -> list[str] | None:
-    """The node each rank ran on, from the run's kept ``summary.json`` (its results ConfigMap, gzip)."""
+    """The node each rank ran on, from the run's kept ``summary.json`` (its results ConfigMap)."""
     st = env.wait_status(run, recorded, 150, "status.results recorded")
     name = (st.get("results") or {}).get("configMap")
     if not name:
         return None
-    data = env.get("configmap", name).get("binaryData") or {}
-    if "summary.json" not in data:
-        return None
-    summary = json.loads(gzip.decompress(base64.b64decode(data["summary.json"])))
-    nodes = (summary.get("environment") or {}).get("nodes")
-    return list(nodes) if nodes else None
+    summary = download.from_config_map(env.get("configmap", name).get("binaryData")).summary
+    return hardware.hardware_nodes(summary) if summary is not None else None
 
 
 if __name__ == "__main__":
