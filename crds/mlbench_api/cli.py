@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("run", "results", "sweep"):
-        return _runner({"run": "local", "results": "report", "sweep": "sweep"}[argv[0]], argv[1:])
+        return _runner({"run": "tools.local", "results": "tools.report", "sweep": "tools.sweep"}[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

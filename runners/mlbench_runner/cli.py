@@ -92,7 +92,7 @@ def _collectives_rank(args: argparse.Namespace) -> int:
 
 
 def _run_collectives(config: RunConfig) -> int:
-    from mlbench_runner.collectives import CollectiveError, run_collectives
+    from mlbench_runner.rank.collectives import CollectiveError, run_collectives
     from mlbench_runner.stopping import Interrupted, stop_once
 
     try:
@@ -108,8 +108,8 @@ def _run_collectives(config: RunConfig) -> int:
 
 
 def _train_rank(args: argparse.Namespace) -> int:
+    from mlbench_runner.rank.train import train
     from mlbench_runner.stopping import Interrupted, stop_once
-    from mlbench_runner.train import train
 
     config = _load_config(args)
     if config is None:
@@ -142,11 +142,11 @@ def configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlbench_runner.fetch import add_arguments as add_fetch_arguments
-    from mlbench_runner.fetch import run as run_fetch
-    from mlbench_runner.launch import add_launch_arguments, run_launch
-    from mlbench_runner.netem import add_arguments as add_netem_arguments
-    from mlbench_runner.netem import run as run_netem
+    from mlbench_runner.pod.fetch import add_arguments as add_fetch_arguments
+    from mlbench_runner.pod.fetch import run as run_fetch
+    from mlbench_runner.pod.launch import add_launch_arguments, run_launch
+    from mlbench_runner.pod.netem import add_arguments as add_netem_arguments
+    from mlbench_runner.pod.netem import run as run_netem
 
     configure_logging()
     parser = argparse.ArgumentParser(prog="mlbench-runner", description=__doc__)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "netem":
         return run_netem(args)
     if args.command == "worker":
-        from mlbench_runner.worker import run_worker
+        from mlbench_runner.pod.worker import run_worker
 
         return run_worker(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if args.command == "train":

@@ -21,17 +21,17 @@ from torch import nn
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_runner import train as train_module
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.comm import LocalCommunicator, TorchCommunicator
 from mlbench_runner.data import TensorDataset
 from mlbench_runner.flat import FlatParameters, FlatSGD, dense_view
-from mlbench_runner.models import CifarResNet
 from mlbench_runner.options import Options
-from mlbench_runner.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path, compile_wanted
-from mlbench_runner.tasks import ImageClassification
+from mlbench_runner.rank import train as train_module
+from mlbench_runner.rank.models import CifarResNet
+from mlbench_runner.rank.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path, compile_wanted
+from mlbench_runner.rank.tasks import ImageClassification
+from mlbench_runner.rank.train import Trainer, status_for
 from mlbench_runner.timing import PhaseTimer
-from mlbench_runner.train import Trainer, status_for
 from mlbench_runner.world import World
 
 from .helpers import join_all, launch_processes, logreg_task, make_config, resnet_task, spawn_ranks, write_cifar_python

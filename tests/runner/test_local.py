@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mlbench_api.results import RunSummary
-from mlbench_runner import local, report, running
+from mlbench_runner.tools import local, report, running
 
 from .helpers import REPO, logreg_task, resnet_task, run_doc, write_cifar_python, write_yaml
 

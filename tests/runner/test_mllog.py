@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_runner import mllog, report
+from mlbench_runner.tools import mllog, report
 
 from .test_report import T0, fake_run
 

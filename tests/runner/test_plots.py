@@ -11,7 +11,7 @@ import pytest
 from mlbench_api import BenchmarkRun
 from mlbench_api.catalog import load_catalog
 from mlbench_api.config import effective_config
-from mlbench_runner import plots, report
+from mlbench_runner.tools import plots, report
 
 from .helpers import resnet_task, run_doc
 from .test_report import fake_run, sweep
@@ -166,7 +166,7 @@ def test_configurations_differing_in_a_setting_get_distinct_labels(
 
 @pytest.mark.parametrize("name", ["a-configuration-name-longer-than-the-legend-is-wide [batchSizePerWorker=64]"])
 def test_the_svg_never_cuts_a_name(name: str) -> None:
-    from mlbench_runner import svg
+    from mlbench_runner.tools import svg
 
     for chart in (
         svg.line_chart("t", "x", "y", [(name, [(1.0, 1.0)])]),
@@ -243,7 +243,7 @@ def test_figures_this_report_does_not_draw_are_not_left_from_an_earlier_one(
 @pytest.mark.parametrize("rows", [1, 9, 14, 40])
 def test_every_bar_and_its_name_lie_inside_the_svg_above_the_axis_label(rows: int) -> None:
     """Many configurations (a 14-point scaling study): the image grows instead of bars falling off its end."""
-    from mlbench_runner import svg
+    from mlbench_runner.tools import svg
 
     bars = [(f"{n} ({n}x1)", {"compute": 1.0, "communication": 0.5}) for n in range(1, rows + 1)]
     root = ElementTree.fromstring(svg.stacked_bars("t", "seconds per run", bars, "a caption"))

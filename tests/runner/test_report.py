@@ -19,7 +19,7 @@ import pytest
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
-from mlbench_runner import report, running
+from mlbench_runner.tools import report, running
 
 from .helpers import logreg_task, make_config, resnet_task
 

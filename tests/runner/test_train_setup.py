@@ -16,10 +16,10 @@ import torch
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_runner import train as train_module
 from mlbench_runner.options import Options
-from mlbench_runner.steps import FastStep
-from mlbench_runner.train import Trainer, waited_for_others
+from mlbench_runner.rank import train as train_module
+from mlbench_runner.rank.steps import FastStep
+from mlbench_runner.rank.train import Trainer, waited_for_others
 from mlbench_runner.world import World
 
 from .helpers import join_all, logreg_task, make_config, spawn_ranks

@@ -4,7 +4,7 @@ Each RUN is a run's output directory (holding ``summary.json``), a summary file,
 holding many of them (a sweep's output folder: every ``summary.json`` below it), or a cluster run
 ``<namespace>/<run>``, whose kept results are downloaded first (``mlbench fetch``).
 Runs that differ only in their seed form one configuration, scored as MLPerf scores a benchmark
-(mlbench_runner.scoring, docs/results.md): the olympic mean of the time to goal (fastest and
+(mlbench_runner.tools.scoring, docs/results.md): the olympic mean of the time to goal (fastest and
 slowest run dropped; 5 seeds wanted, fewer than 3 successes: plain mean, flagged), its spread,
 the success rate, the speedup over the smallest world size, the cost with
 ``--price-per-worker-hour``, and the communication/computation split.
@@ -35,8 +35,8 @@ from mlbench_api.config import RunConfig
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
 from mlbench_api.task import GoalMode
-from mlbench_runner import mllog, plots, running, scoring
-from mlbench_runner.scoring import RUNS_REQUIRED, ConfigScore
+from mlbench_runner.tools import mllog, plots, running, scoring
+from mlbench_runner.tools.scoring import RUNS_REQUIRED, ConfigScore
 
 COLUMNS = (
     "run",
@@ -394,7 +394,7 @@ class Unfinished:
     config: RunConfig | None
     """From its ``config.json``: without one the run cannot be told apart from others, so it is not scored."""
     live: bool = False
-    """A command is still running there (:mod:`mlbench_runner.running`): no summary *yet*, not counted."""
+    """A command is still running there (:mod:`mlbench_runner.tools.running`): no summary *yet*, not counted."""
 
     @property
     def counts(self) -> bool:
@@ -455,7 +455,7 @@ def write_plots(
     fmt: str = "svg",
     scores: Sequence[ConfigScore] | None = None,
 ) -> list[Path]:
-    """The figures (mlbench_runner.plots) of these runs in ``dest``; returns their paths."""
+    """The figures (mlbench_runner.tools.plots) of these runs in ``dest``; returns their paths."""
     loaded = _loaded(runs)
     if scores is None:
         scores = scoring.score(_results(loaded), price)
@@ -648,7 +648,7 @@ def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path
 
 def print_collectives(runs: Sequence[LoadedRun], where: TextIO) -> None:
     """Task 0a runs: their table (bandwidth by size), which is not scored."""
-    from mlbench_runner.collective_table import format_table as sweep_table
+    from mlbench_runner.tools.collective_table import format_table as sweep_table
 
     for r in runs:
         if r.summary.collectives is not None:

@@ -348,7 +348,7 @@ def _expect(ok: bool, size: Size, what: str) -> None:
 
 
 def device_name(device: torch.device) -> str:
-    from mlbench_runner.summary import device_description
+    from mlbench_runner.rank.summary import device_description
 
     return device_description(device)
 
@@ -358,7 +358,7 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
 
     ``opts`` (default: the ``MLBENCH_*`` knobs of the environment) gives the threads and the metrics linger.
     """
-    from mlbench_runner.train import available_cpus, pick_device
+    from mlbench_runner.rank.train import available_cpus, pick_device
 
     start = time.perf_counter()
     spec = config.task.collectives

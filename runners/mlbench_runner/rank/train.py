@@ -3,7 +3,7 @@
 The loop is deliberately flat (airbench's shape): :meth:`Trainer._setup` builds a frozen
 :class:`Setup`, then per epoch :meth:`Trainer._train_epoch` runs the steps (the timed phases
 data, forward, backward, the algorithm's compression and communication, optimizer, and its
-after-step; see :mod:`mlbench_runner.steps` for the eager and the fast step),
+after-step; see :mod:`mlbench_runner.rank.steps` for the eager and the fast step),
 :meth:`Trainer._evaluate` scores every rank's test shard with the counts all-reduced, and
 every way out goes through :meth:`Trainer._stop`. Stopping decisions are collective, so all
 ranks leave at one step.
@@ -32,7 +32,7 @@ from mlbench_api import atomic
 from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, EpochRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
-from mlbench_runner import checkpoint, hostinfo, partition, rankstate, stopping
+from mlbench_runner import stopping
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, close_quietly, gather_texts, make_communicator
@@ -41,10 +41,10 @@ from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
 from mlbench_runner.language import task as language_task
 from mlbench_runner.metrics import RunnerMetrics
-from mlbench_runner.models import build_model
 from mlbench_runner.options import Options
-from mlbench_runner.schedule import learning_rate
-from mlbench_runner.steps import (
+from mlbench_runner.rank import checkpoint, hostinfo, partition, rankstate
+from mlbench_runner.rank.models import build_model
+from mlbench_runner.rank.steps import (
     CaptureCheck,
     EagerStep,
     FastStep,
@@ -55,8 +55,9 @@ from mlbench_runner.steps import (
     choose_path,
     compile_wanted,
 )
-from mlbench_runner.summary import ExecutionRecord, SummaryBuilder
-from mlbench_runner.tasks import ImageClassification, LinearClassification, TaskKernel
+from mlbench_runner.rank.summary import ExecutionRecord, SummaryBuilder
+from mlbench_runner.rank.tasks import ImageClassification, LinearClassification, TaskKernel
+from mlbench_runner.schedule import learning_rate
 from mlbench_runner.timing import PhaseTimer, WallClock
 from mlbench_runner.world import World, detect_world, node_name
 

@@ -148,7 +148,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun], out: Path) -> int:
     """Each run through ``mlbench run --local`` into ``out/<run>``; 0 when every run succeeded (130 when
     interrupted)."""
-    from mlbench_runner import local, report
+    from mlbench_runner.tools import local, report
 
     stop = sweep.spec.failure_policy is FailurePolicy.STOP
     outcomes: dict[str, str] = {}
@@ -197,7 +197,7 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
 def run_documents(args: argparse.Namespace, run: SweepRun) -> list[dict[str, Any]]:
     """The documents of a run's ``run.yaml``: the run, after its task when that is not the catalog's, so that
     ``mlbench run <run.yaml> --local`` runs it on its own."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import local
 
     task = [local.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
     return [*task, run.to_api()]
@@ -205,7 +205,7 @@ def run_documents(args: argparse.Namespace, run: SweepRun) -> list[dict[str, Any
 
 def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     """One run through ``mlbench run <run.yaml> --local`` into ``folder``; its outcome."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import local
 
     folder.mkdir(parents=True, exist_ok=True)
     # The run is read from a file of its own and becomes the folder's run.yaml only when its ranks start: a run
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local:
         sys.stdout.write(render(sweep, runs, args.namespace, args.sweep))
         return 0
-    from mlbench_runner import local
+    from mlbench_runner.tools import local
 
     name = sweep.spec.template.task_ref.name
     try:  # a task that every run would refuse (unknown, invalid, another name), or an --output-dir that is a file:

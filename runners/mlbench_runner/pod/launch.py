@@ -9,7 +9,7 @@ and forwards its output. The rank command is the task's ``runner.command`` (defa
 ``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back or mpirun
 failed. An aborted run (status ``aborted``: every rank exits 3) still gets its summary
 written, and the launcher exits 3. Whatever the outcome, once mpirun has run the launcher's last
-output line carries rank 0's full results for the operator to keep (:mod:`mlbench_runner.collect`).
+output line carries rank 0's full results for the operator to keep (:mod:`mlbench_runner.pod.collect`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from mlbench_api.contract import (
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
-from mlbench_runner.collect import (
+from mlbench_runner.options import knob_names
+from mlbench_runner.pod.collect import (
     CONNECT_TIMEOUT_SECONDS,
     gather,
     handshake_delay,
@@ -56,7 +57,6 @@ from mlbench_runner.collect import (
     results_line,
     ssh_options,
 )
-from mlbench_runner.options import knob_names
 from mlbench_runner.world import parse_hostfile
 
 #: Kubernetes reads at most 4096 bytes of a termination message.

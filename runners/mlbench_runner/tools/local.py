@@ -33,8 +33,9 @@ from mlbench_api.contract import ENV_CONFIG, ENV_DATA_DIR
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
 from mlbench_api.task import RUNNER_ENTRYPOINT, DatasetFormat
-from mlbench_runner import running, stopping
-from mlbench_runner.launch import exit_status, launcher_command, rank_command, strip_tag, summary_from_line
+from mlbench_runner import stopping
+from mlbench_runner.pod.launch import exit_status, launcher_command, rank_command, strip_tag, summary_from_line
+from mlbench_runner.tools import running
 from mlbench_runner.world import free_port
 
 
@@ -540,11 +541,11 @@ def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
     if not config.task.has_training:
         from mlbench_api.results import CollectiveResult
-        from mlbench_runner.collective_table import format_table as format_sweep
+        from mlbench_runner.tools.collective_table import format_table as format_sweep
 
         print(format_sweep(CollectiveResult.model_validate_json((out / "collectives.json").read_text())))
         return []
-    from mlbench_runner.report import format_table, write_plots
+    from mlbench_runner.tools.report import format_table, write_plots
 
     plots = write_plots([(out, summary)], out)
     print(format_table([summary]))
