@@ -352,7 +352,7 @@ def test_gloo_ring_of_4_learns(ring4: tuple[Path, list[dict[str, Any]], list[lis
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpi_ring_of_4_mixes_with_w(tmp_path: Path) -> None:
     """backend mpi: MpiCommunicator.exchange (Isend/Irecv) brings each neighbour's parameters to the right place."""
-    from mlbench_runner.tools.local import free_port
+    from mlbench_runner.world import free_port
 
     k, out, trace = 4, tmp_path / "out", tmp_path / "trace"
     out.mkdir()

@@ -29,7 +29,7 @@ pytestmark = [
 def launch(config_path: Path, out: Path, ranks: int, **extra: str) -> subprocess.CompletedProcess[str]:
     hostfile = out / "hostfile"
     hostfile.write_text(f"# the launcher reads the first host as rendezvous\nlocalhost slots={ranks}\n")
-    from mlbench_runner.tools.local import free_port
+    from mlbench_runner.world import free_port
 
     return subprocess.run(
         launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True),

@@ -12,6 +12,7 @@ from mlbench_api import BenchmarkRun
 from mlbench_api.catalog import load_catalog
 from mlbench_api.config import effective_config
 from mlbench_runner.tools import plots, report
+from mlbench_runner.tools.runs import LoadedRun, load_run, load_summary
 
 from .helpers import resnet_task, run_doc
 from .test_report import fake_run, sweep
@@ -105,7 +106,7 @@ def test_one_local_run_as_mlbench_run_local_plots_it(
         pytest.importorskip("matplotlib")
     monkeypatch.setenv(plots.BACKEND_ENV, backend)
     out = fake_run(tmp_path, "one", ttg=4.0, task=resnet_task(tmp_path / "data", subset=64))
-    paths = report.write_plots([(out, report.load_summary(out))], out)
+    paths = report.write_plots([(out, load_summary(out))], out)
     assert [p.name for p in paths] == ["accuracy-vs-time.svg", "phase-split.svg"]  # one world size: no speedup
     lines = texts(out / "accuracy-vs-time.svg")
     assert any(
@@ -140,7 +141,7 @@ def test_captions_name_the_data_of_the_catalog_tasks() -> None:
 
 def test_a_caption_without_config_says_so(tmp_path: Path) -> None:
     out = fake_run(tmp_path, "bare", ttg=1.0, with_config=False)
-    s = report.load_summary(out)
+    s = load_summary(out)
     assert plots.caption([(s, None)]) == (
         "Data: test-task: dataset unknown (no config.json)\n"
         "This machine's measurement (cpu Test CPU; 1 run), not a reference result."
@@ -192,8 +193,8 @@ def test_accuracy_colour_groups_carry_the_variant(tmp_path: Path, monkeypatch: p
         return []
 
     monkeypatch.setattr(plots, "write_plots", capture)
-    loaded = [report.load_run(r) for r in runs]
-    report.write_plots([r for r in loaded if isinstance(r, report.LoadedRun)], tmp_path / "p")
+    loaded = [load_run(r) for r in runs]
+    report.write_plots([r for r in loaded if isinstance(r, LoadedRun)], tmp_path / "p")
     groups = {c.label: c.group for c in seen[0].curves}
     assert groups["b10-1 (1xgloo)"] == groups["b10-2 (1xgloo)"]
     assert groups["b10-1 (1xgloo)"] != groups["b40-1 (1xgloo)"]

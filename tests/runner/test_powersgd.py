@@ -414,7 +414,7 @@ def labelled(where: str, key: str) -> Callable[[str], str]:
 
 
 def test_agrees_with_torch_powersgd_hook(tmp_path: Path) -> None:
-    from mlbench_runner.tools.local import free_port
+    from mlbench_runner.world import free_port
 
     port = str(free_port())
     procs = [
@@ -497,7 +497,7 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
 def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     """backend mpi (mpi4py all-reduce) under mpirun: the same trajectory as gloo, bit for bit (2 ranks)."""
     from mlbench_runner.pod.launch import launcher_command
-    from mlbench_runner.tools.local import free_port
+    from mlbench_runner.world import free_port
 
     data = write_cifar_python(tmp_path, n_train=40, n_test=20)
     task = resnet_task(data, batch=8, epochs=1, subset=32, warmup=0, milestones=[])

@@ -397,13 +397,13 @@ def _alive(pid: int) -> bool:
 
 def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
     """A rank under mpirun is in a group of its own: neither its parent's group nor SIGTERM reaches it."""
-    from mlbench_runner.tools import local
+    from mlbench_runner.tools import processes
 
     child = subprocess.Popen([sys.executable, "-c", _ORPHAN_MAKER], stdout=subprocess.PIPE, text=True, process_group=0)
     assert child.stdout is not None
     grandchild = int(child.stdout.readline())
     try:
-        local.stop_processes([child], settle=0.0, grace=0.5)
+        processes.stop_processes([child], settle=0.0, grace=0.5)
         deadline = time.monotonic() + 10
         while _alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -416,21 +416,21 @@ def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
 
 def test_the_processes_are_stopped_even_when_their_output_cannot_be_written() -> None:
     """After a Ctrl-C the output is still written; a closed terminal (EIO) there must not skip the stop."""
-    from mlbench_runner.tools import local
+    from mlbench_runner.tools import processes
 
     chatty = (
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "while True:\n print(1, flush=True)\n time.sleep(0.05)"
     )
     proc = subprocess.Popen([sys.executable, "-c", chatty], stdout=subprocess.PIPE, text=True, process_group=0)
-    streams = local.Streams([proc])
+    streams = processes.Streams([proc])
     assert streams.next(timeout=30) == (0, "1")  # its SIGINT handler is set: the Ctrl-C will not end it
 
     def closed_terminal(line: str) -> None:
         raise OSError(5, "Input/output error")
 
     try:
-        with pytest.raises(OSError, match="Input/output"), local.stopped_on_exit([proc], streams, closed_terminal):
+        with pytest.raises(OSError, match="Input/output"), processes.stopped_on_exit([proc], streams, closed_terminal):
             raise KeyboardInterrupt
         assert proc.poll() is not None
     finally:
@@ -529,7 +529,7 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
 
 def test_the_tree_is_taken_from_running_processes_only() -> None:
     """A reaped process's pid may be another's by now: its children are not ours to kill."""
-    from mlbench_runner.tools import local
+    from mlbench_runner.tools import processes
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -542,8 +542,8 @@ def test_the_tree_is_taken_from_running_processes_only() -> None:
             pid = os.getpid()
             returncode = None
 
-        assert local.process_tree([Reaped()]) == set()  # type: ignore[list-item]
-        assert child.pid in {pid for pid, _ in local.process_tree([Running()])}  # type: ignore[list-item]
+        assert processes.process_tree([Reaped()]) == set()  # type: ignore[list-item]
+        assert child.pid in {pid for pid, _ in processes.process_tree([Running()])}  # type: ignore[list-item]
     finally:
         child.kill()
         child.wait()
@@ -597,7 +597,7 @@ def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leav
 def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path: Path) -> None:
     """A rank's exit breaks its peers' collectives within moments, and they stop with stop reason error; a
     SIGTERM at once would make them say interrupted instead (the process launcher of ``mlbench run --local``)."""
-    from mlbench_runner.tools import local
+    from mlbench_runner.tools import processes
 
     marker = str(tmp_path / "terminated")
     rank = (
@@ -608,7 +608,7 @@ def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path:
         "time.sleep(1)  # then its collective breaks: it fails on its own\n"
         "sys.exit(1)\n"
     )
-    code = local.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
+    code = processes.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
     assert code == 1
     assert not (tmp_path / "terminated").exists()
 

@@ -358,7 +358,8 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
 
     ``opts`` (default: the ``MLBENCH_*`` knobs of the environment) gives the threads and the metrics linger.
     """
-    from mlbench_runner.rank.train import available_cpus, pick_device
+    from mlbench_runner.rank.session import available_cpus
+    from mlbench_runner.rank.setup import pick_device
 
     start = time.perf_counter()
     spec = config.task.collectives
