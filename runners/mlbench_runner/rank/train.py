@@ -413,7 +413,8 @@ def _trained(config: RunConfig, world: World | None, options: Options | None) ->
 
 
 def _translated(config: RunConfig, world: World | None, options: Options | None) -> RunSummary | None:
-    from mlbench_runner.translation import task as translation  # torch-only kinds need not import sacrebleu
+    # Lazy: the torch-only kinds need not import sacrebleu.
+    from mlbench_runner.translation import task as translation  # noqa: PLC0415
 
     return translation.run(config, world)
 

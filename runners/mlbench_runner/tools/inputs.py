@@ -17,6 +17,9 @@ from mlbench_api.config import effective_config, local_task
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
 from mlbench_api.task import DatasetFormat
+from mlbench_runner.data.cifar import load_image_archive
+from mlbench_runner.data.loader import resolve_path
+from mlbench_runner.data.tabular import load_libsvm_dataset
 
 #: The highest TCP port.
 MAX_PORT = 65535
@@ -140,7 +143,8 @@ def build_config(args: argparse.Namespace, out: Path) -> RunConfig:
             f"{config.world_size} ranks"
         )
     if config.backend.value == "nccl":
-        import torch
+        # Lazy: this command imports torch only to count an nccl run's GPUs (the ranks train).
+        import torch  # noqa: PLC0415
 
         if torch.cuda.device_count() < config.world_size:
             raise LocalRunError(
@@ -159,10 +163,6 @@ def prepare_data(config: RunConfig, say: Any) -> None:
         return
     ds = config.task.dataset
     if ds.format in (DatasetFormat.IMAGE_TARBALL, DatasetFormat.IMAGE_FOLDER, DatasetFormat.LIBSVM):
-        from mlbench_runner.data.cifar import load_image_archive
-        from mlbench_runner.data.loader import resolve_path
-        from mlbench_runner.data.tabular import load_libsvm_dataset
-
         t0 = time.perf_counter()
         try:
             path = resolve_path(ds.path)

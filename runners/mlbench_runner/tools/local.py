@@ -24,11 +24,15 @@ from typing import Any, TextIO
 from mlbench_api import RunConfig, RunSummary
 from mlbench_api.badinput import report
 from mlbench_api.contract import ENV_CONFIG, ENV_DATA_DIR
+from mlbench_api.results import CollectiveResult
 from mlbench_runner import stopping
 from mlbench_runner.pod.launch import exit_status, strip_tag, summary_from_line
 from mlbench_runner.tools import running
+from mlbench_runner.tools.collective_table import format_table as format_sweep
 from mlbench_runner.tools.inputs import MAX_PORT, LocalRunError, build_config, load_run, model_text, prepare_data
 from mlbench_runner.tools.processes import importable_env, run_mpirun, run_processes
+from mlbench_runner.tools.report import write_plots
+from mlbench_runner.tools.tables import format_table
 
 #: What formatting an event whose fields are missing or of other types raises.
 MALFORMED = (AttributeError, KeyError, TypeError, ValueError, ArithmeticError)
@@ -118,14 +122,8 @@ def final_summary(out: Path, streamed: RunSummary | None) -> RunSummary | None:
 def _report(config: RunConfig, summary: RunSummary, out: Path) -> list[Path]:
     """Print the run's table (a collectives sweep's own table for task 0a); return the plots written."""
     if not config.task.has_training:
-        from mlbench_api.results import CollectiveResult
-        from mlbench_runner.tools.collective_table import format_table as format_sweep
-
         print(format_sweep(CollectiveResult.model_validate_json((out / "collectives.json").read_text())))
         return []
-    from mlbench_runner.tools.report import write_plots
-    from mlbench_runner.tools.tables import format_table
-
     plots = write_plots([(out, summary)], out)
     print(format_table([summary]))
     return plots

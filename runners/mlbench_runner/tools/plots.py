@@ -111,7 +111,8 @@ def backend() -> str:
     if choice == "svg":
         return "svg"
     try:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        # Lazy: matplotlib is the optional `plots` extra (without it the SVG is drawn).
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415, F401
     except ImportError:
         if choice == "matplotlib":
             raise
@@ -262,7 +263,8 @@ class _Matplotlib:
     """Each figure on its own Figure (no pyplot: no global state, no display needed)."""
 
     def __init__(self, data: PlotInput, dest: Path, fmt: str) -> None:
-        from matplotlib.figure import Figure  # type: ignore[import-not-found,unused-ignore]
+        # Lazy: matplotlib is the optional `plots` extra (without it the SVG is drawn).
+        from matplotlib.figure import Figure  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         self.Figure = Figure
         self.data, self.dest, self.fmt = data, dest, fmt
@@ -290,7 +292,7 @@ class _Matplotlib:
         return fig, ax
 
     def _save(self, fig: Any, ax: Any, name: str) -> Path:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         handles, labels = ax.get_legend_handles_labels()
         if handles:

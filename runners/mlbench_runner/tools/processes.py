@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import mlbench_api
+import mlbench_runner
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
 from mlbench_runner.pod.launch import launcher_command, rank_command
@@ -24,9 +26,6 @@ from mlbench_runner.world import free_port
 def importable_env(env: dict[str, str]) -> dict[str, str]:
     """``env`` with PYTHONPATH covering where mlbench_runner and mlbench_api were imported from,
     so child ranks find them without an install (a no-op for an installed package)."""
-    import mlbench_api
-    import mlbench_runner
-
     roots = [str(Path(m.__file__).resolve().parent.parent) for m in (mlbench_runner, mlbench_api) if m.__file__]
     existing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(env)

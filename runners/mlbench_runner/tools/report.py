@@ -28,6 +28,7 @@ from typing import TextIO
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.results import RunSummary
 from mlbench_runner.tools import mllog, plots, scoring
+from mlbench_runner.tools.collective_table import format_table as sweep_table
 from mlbench_runner.tools.runs import LoadedRun, Unfinished, find_results, label, load_config, load_run
 from mlbench_runner.tools.scoring import ConfigScore
 from mlbench_runner.tools.tables import format_csv, format_json, format_markdown, format_scores, format_table
@@ -243,40 +244,48 @@ def write_files(args: argparse.Namespace, scored: Report, folders: Sequence[Path
 
 def print_collectives(runs: Sequence[LoadedRun], where: TextIO) -> None:
     """Task 0a runs: their table (bandwidth by size), which is not scored."""
-    from mlbench_runner.tools.collective_table import format_table as sweep_table
-
     for r in runs:
         if r.summary.collectives is not None:
             print(f"{r.summary.run} ({r.summary.task}):\n{sweep_table(r.summary.collectives)}\n", file=where)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mlbench results``: read, score, print, write; 2 for unusable input."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+class Unusable(Exception):
+    """Input or options ``mlbench results`` cannot use: one line on stderr, exit 2."""
+
+
+def read_runs(args: argparse.Namespace) -> tuple[list[LoadedRun], list[Unfinished], list[Path], list[LoadedRun]]:
+    """The runs given, those that left no readable summary (each warned of), the folders given, and the runs
+    once each; raises :class:`Unusable`."""
     problem = output_problem(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise Unusable(problem)
     try:
         given, unfinished, folders = gather(args)
     except (OSError, ValueError, ResultsUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise Unusable(str(exc)) from exc
     for u in unfinished:
         print(u.warning(), file=sys.stderr)
     runs = once(given)
     if not runs and not any(u.counts for u in unfinished):
-        print("error: no readable summary.json to report on", file=sys.stderr)
+        raise Unusable("no readable summary.json to report on")
+    collectives = [r.summary.run for r in runs if r.summary.collectives is not None]
+    if args.mllog and collectives:
+        raise Unusable(
+            f"--mllog: {', '.join(collectives)}: a collectives run (task 0a) has no MLPerf log (no training, "
+            "no goal); leave it out of the RUNs or drop --mllog"
+        )
+    return given, unfinished, folders, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``mlbench results``: read, score, print, write; 2 for unusable input."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        given, unfinished, folders, runs = read_runs(args)
+    except Unusable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     collectives = [r for r in runs if r.summary.collectives is not None]
-    if args.mllog and collectives:
-        names = ", ".join(r.summary.run for r in collectives)
-        print(
-            f"error: --mllog: {names}: a collectives run (task 0a) has no MLPerf log (no training, no goal); "
-            "leave it out of the RUNs or drop --mllog",
-            file=sys.stderr,
-        )
-        return 2
     print_collectives(collectives, sys.stdout if args.output in ("table", "markdown") else sys.stderr)
     trained = [r for r in runs if r.summary.collectives is None]
     if collectives and not trained and not unfinished:

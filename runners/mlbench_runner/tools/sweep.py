@@ -88,6 +88,20 @@ def what_runs(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _changed_run(run_yaml: Path, documents: list[dict[str, Any]]) -> str:
+    """Why the run in ``run_yaml`` is not the one ``documents`` ask for now (absent, unreadable, or edited); "" when
+    it is."""
+    try:
+        ran = list(yaml.safe_load_all(run_yaml.read_text()))
+    except FileNotFoundError:
+        return "no run.yaml yet"
+    except (OSError, yaml.YAMLError) as exc:
+        return f"{run_yaml} is not readable ({type(exc).__name__})"
+    if not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
+        return f"{run_yaml} is not the run the sweep asks for now (its template or task was edited)"
+    return ""
+
+
 def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None, str]:
     """What ``--resume`` does with an earlier run's folder: (its outcome when kept, else None; why).
 
@@ -99,14 +113,9 @@ def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None
     that was interrupted or crashed (aborted for an error), or left no readable summary, runs again: that
     is what ``--resume`` is for.
     """
-    try:
-        ran = list(yaml.safe_load_all((folder / "run.yaml").read_text()))
-    except FileNotFoundError:
-        return None, "no run.yaml yet"
-    except (OSError, yaml.YAMLError) as exc:
-        return None, f"{folder / 'run.yaml'} is not readable ({type(exc).__name__})"
-    if not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
-        return None, f"{folder / 'run.yaml'} is not the run the sweep asks for now (its template or task was edited)"
+    changed = _changed_run(folder / "run.yaml", documents)
+    if changed:
+        return None, changed
     file = folder / "summary.json"
     try:
         summary = RunSummary.model_validate_json(file.read_text())

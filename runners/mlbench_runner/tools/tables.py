@@ -38,24 +38,23 @@ COLUMNS = (
 Column = tuple[str, Callable[[ConfigScore], str]]
 
 
+#: A number's format by the kind of its column (``bytes``: :func:`_bytes`; any other kind: one decimal).
+FORMATS: dict[str, Callable[[float], str]] = {
+    "pct": lambda v: f"{100 * v:.2f}%",
+    "pct1": lambda v: f"{100 * v:.1f}%",
+    "s": lambda v: f"{v:.1f}s",
+    "ratio": lambda v: f"{v:.3f}",
+    "x": lambda v: f"{v:.2f}x",
+    "money": lambda v: f"{v:.4g}",
+}
+
+
 def _fmt(value: float | None, kind: str) -> str:
     if value is None:
         return "-"
-    if kind == "pct":
-        return f"{100 * value:.2f}%"
-    if kind == "pct1":
-        return f"{100 * value:.1f}%"
-    if kind == "s":
-        return f"{value:.1f}s"
-    if kind == "ratio":
-        return f"{value:.3f}"
-    if kind == "x":
-        return f"{value:.2f}x"
-    if kind == "money":
-        return f"{value:.4g}"
     if kind == "bytes":
         return _bytes(value)
-    return f"{value:.1f}"
+    return FORMATS.get(kind, lambda v: f"{v:.1f}")(value)
 
 
 def _bytes(value: float) -> str:
