@@ -40,7 +40,7 @@ def test_run_local_end_to_end(
         plotted.extend(summary for _, summary in runs)
         return write_plots(runs, dest, *args, **kwargs)
 
-    monkeypatch.setattr(report, "write_plots", spy)
+    monkeypatch.setattr(local, "write_plots", spy)
     data = write_cifar_python(tmp_path, n_train=80, n_test=40)
     task = _task_file(tmp_path, resnet_task(data, batch=8, epochs=2, subset=64, warmup=0, milestones=[]))
     run = write_yaml(tmp_path / "run.yaml", run_doc("tiny-local", "tiny", 2))
@@ -323,7 +323,7 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(processes.subprocess, "Popen", popen)
-        mp.setattr(local, "SETTLE_SECONDS", 0.5)  # these sleepers never end on their own: terminated after it
+        mp.setattr(processes, "SETTLE_SECONDS", 0.5)  # these sleepers never end on their own: terminated after it
         with pytest.raises(KeyboardInterrupt):
             processes.run_processes(tmp_path / "config.json", 2, dict(processes.os.environ), on_line, sleeper)
     assert len(procs) == 2
@@ -407,7 +407,7 @@ def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
     def interrupted(*args: Any, **kwargs: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(processes, "run_processes", interrupted)
+    monkeypatch.setattr(local, "run_processes", interrupted)
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("c", "tiny", 1))
     out = tmp_path / "o"
@@ -422,7 +422,7 @@ def test_ctrl_c_during_the_run_is_one_line_and_exit_130(
 
 def test_a_rank_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Popen's -9 is 137 (128 + 9) for the command, not 247 (sys.exit(-9) wraps to 256 - 9)."""
-    monkeypatch.setattr(processes, "run_processes", lambda *args, **kwargs: -9)
+    monkeypatch.setattr(local, "run_processes", lambda *args, **kwargs: -9)
     task = _task_file(tmp_path, logreg_task())
     run = write_yaml(tmp_path / "run.yaml", run_doc("k", "tiny", 1))
     argv = [str(run), "--local", "--task-file", str(task), "--output-dir", str(tmp_path / "o"), "--launcher", "process"]
@@ -434,7 +434,7 @@ def test_a_second_run_in_a_folder_where_one_runs_is_refused(
 ) -> None:
     """Two runs writing one folder would overwrite each other's files, and the first to end would remove the
     marker of the other: the second is refused before it touches anything, and the first's marker stays."""
-    monkeypatch.setattr(processes, "run_processes", lambda *args, **kwargs: pytest.fail("the ranks started"))
+    monkeypatch.setattr(local, "run_processes", lambda *args, **kwargs: pytest.fail("the ranks started"))
     task = _task_file(tmp_path, logreg_task())
     out = tmp_path / "o"
     out.mkdir()

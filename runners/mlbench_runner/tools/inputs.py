@@ -17,9 +17,6 @@ from mlbench_api.config import effective_config, local_task
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
 from mlbench_api.task import DatasetFormat
-from mlbench_runner.data.cifar import load_image_archive
-from mlbench_runner.data.loader import resolve_path
-from mlbench_runner.data.tabular import load_libsvm_dataset
 
 #: The highest TCP port.
 MAX_PORT = 65535
@@ -163,6 +160,11 @@ def prepare_data(config: RunConfig, say: Any) -> None:
         return
     ds = config.task.dataset
     if ds.format in (DatasetFormat.IMAGE_TARBALL, DatasetFormat.IMAGE_FOLDER, DatasetFormat.LIBSVM):
+        # Lazy: the decoders need numpy, which `mlbench sweep` (importing this module) lacks on the cli extra.
+        from mlbench_runner.data.cifar import load_image_archive  # noqa: PLC0415
+        from mlbench_runner.data.loader import resolve_path  # noqa: PLC0415
+        from mlbench_runner.data.tabular import load_libsvm_dataset  # noqa: PLC0415
+
         t0 = time.perf_counter()
         try:
             path = resolve_path(ds.path)
