@@ -1,5 +1,6 @@
-"""``mlbench-runner``: ``train`` or ``collectives`` (one rank), ``launch`` (the launcher pod), ``fetch-dataset``
-(the fetch Job)."""
+"""``mlbench-runner``: ``train`` or ``collectives`` (one rank: :mod:`mlbench_runner.rank`), ``launch`` (the launcher
+pod), ``worker`` (the worker pod's sshd), ``fetch-dataset`` (the fetch Job) and ``netem`` (the workers' init
+container), all four in :mod:`mlbench_runner.pod`. The one module that assembles the runner's programs."""
 
 from __future__ import annotations
 
