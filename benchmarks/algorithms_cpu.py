@@ -23,8 +23,8 @@ from typing import Any
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
 from mlbench_api.task import Algorithm
-from mlbench_runner.local import importable_env, run_processes
-from mlbench_runner.recipes import catalog_recipe, shared_cifar10
+from mlbench_runner.tools.processes import importable_env, run_processes
+from mlbench_runner.tools.recipes import catalog_recipe, shared_cifar10
 
 #: Parameters each algorithm runs with here (the API's defaults otherwise).
 PARAMETERS: dict[Algorithm, dict[str, Any]] = {

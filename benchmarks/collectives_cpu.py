@@ -23,8 +23,8 @@ from pathlib import Path
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec
 from mlbench_api.config import effective_config
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult
-from mlbench_runner.collective_table import format_rate, format_size
-from mlbench_runner.local import importable_env, run_processes
+from mlbench_runner.tools.collective_table import format_rate, format_size
+from mlbench_runner.tools.processes import importable_env, run_processes
 
 
 def task(max_bytes: int, factor: int, iterations: int, warmup: int) -> BenchmarkTaskSpec:

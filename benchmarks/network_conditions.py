@@ -58,7 +58,7 @@ for sub in ("crds", "runners", "."):
         sys.path.insert(0, str(REPO / sub))
 
 from mlbench_api.run import NetworkConditions  # noqa: E402
-from mlbench_runner import netem  # noqa: E402
+from mlbench_runner.pod import netem  # noqa: E402
 from tests.runner import netlab  # noqa: E402
 
 SMALL = 4 << 10

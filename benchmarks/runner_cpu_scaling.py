@@ -17,8 +17,8 @@ from pathlib import Path
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
-from mlbench_runner.local import importable_env, run_processes
-from mlbench_runner.recipes import catalog_recipe, shared_cifar10
+from mlbench_runner.tools.processes import importable_env, run_processes
+from mlbench_runner.tools.recipes import catalog_recipe, shared_cifar10
 
 
 def task(model: str, data: str, batch: int) -> BenchmarkTaskSpec:

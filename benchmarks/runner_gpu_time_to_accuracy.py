@@ -76,12 +76,13 @@ from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunConfig
 from mlbench_api.config import effective_config
 from mlbench_api.results import RunSummary
 from mlbench_runner.data import load_dataset
-from mlbench_runner.local import importable_env, run_processes
-from mlbench_runner.models import CifarResNet
 from mlbench_runner.options import Options
-from mlbench_runner.recipes import catalog_recipe, shared_cifar10
+from mlbench_runner.rank.models import CifarResNet
+from mlbench_runner.rank.setup import Setup
+from mlbench_runner.rank.train import Trainer
 from mlbench_runner.schedule import learning_rate
-from mlbench_runner.train import Setup, Trainer
+from mlbench_runner.tools.processes import importable_env, run_processes
+from mlbench_runner.tools.recipes import catalog_recipe, shared_cifar10
 from mlbench_runner.world import World
 
 SINGLE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mlbench_runner.models import CifarResNet
+from mlbench_runner.rank.models import CifarResNet
 from mlbench_runner.timing import PHASES, PhaseTimer
 
 

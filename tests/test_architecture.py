@@ -5,6 +5,10 @@ and each is shown to fail on a small made-up house before it is held against the
   of ``settings.py`` once; ruff's PLC0415 says the same for operator/).
 * The floor of the operator (the modules directly in ``mlbench_operator``, but the two that assemble it:
   ``handlers.py`` and ``main.py``) imports no wing (``mlbench_operator.run``, ``mlbench_operator.sweep``).
+* The runner has no import circle, and its rooms import only downwards: the floor (the modules directly in
+  ``mlbench_runner`` but ``cli``, which assembles the programs) and the task packages (``algorithms``, ``data``,
+  ``language``, ``translation``) import no program; the programs (``rank``, ``pod``, ``tools``) import each
+  other only where :data:`PROGRAM_ARROWS` says (``tools`` runs a local run through the launcher's code).
 * The pod contract (``mlbench_api.contract``: environment names, paths, ports, condition types and reasons)
   is stated once: no other module of the API, the operator or the runner holds one of its values as a string
   literal of its own (``"MLBENCH_SSH_PORT"``, ``"/etc/mlbench/hostfile"``, ``"InvalidTask"``...).
@@ -30,6 +34,14 @@ PACKAGE = "mlbench_operator"
 #: The modules that assemble the operator from its floor and its wings.
 ASSEMBLY = {f"{PACKAGE}.handlers", f"{PACKAGE}.main"}
 WINGS = (f"{PACKAGE}.run", f"{PACKAGE}.sweep")
+RUNNERS = ROOT / "runners"
+RUNNER = "mlbench_runner"
+#: The runner's programs, each a package: one rank, the other pods' entry points, the user's tools.
+PROGRAMS = ("rank", "pod", "tools")
+#: The only arrows between two programs: a local run goes through the launcher's own code path.
+PROGRAM_ARROWS = {("tools", "pod")}
+#: The runner's module that assembles the programs (``mlbench-runner``'s subcommands).
+RUNNER_ASSEMBLY = {f"{RUNNER}.cli", f"{RUNNER}.__main__"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -119,6 +131,27 @@ def floor_to_wing(edges: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
     )
 
 
+def program_of(module: str) -> str | None:
+    """The runner program (``rank``, ``pod``, ``tools``) a module belongs to; None for the floor and the task
+    packages."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in PROGRAMS else None
+
+
+def runner_arrows_up(edges: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
+    """Arrows that go against the runner's rooms: from the floor or a task package to a program, or between two
+    programs that :data:`PROGRAM_ARROWS` does not allow (the assembling ``cli`` may import any)."""
+    return sorted(
+        (a, b)
+        for a, targets in edges.items()
+        if a not in RUNNER_ASSEMBLY
+        for b in targets
+        if (target := program_of(b)) is not None
+        and (source := program_of(a)) != target
+        and (source is None or (source, target) not in PROGRAM_ARROWS)
+    )
+
+
 def contract_strings() -> set[str]:
     """The contract's environment names and paths: strings that say something only the contract should."""
     values = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
@@ -192,6 +225,22 @@ def test_an_arrow_from_the_floor_to_a_wing_is_found() -> None:
     assert floor_to_wing(edges) == [(f"{PACKAGE}.settings", f"{PACKAGE}.run.results")]
 
 
+def test_an_arrow_against_the_runners_rooms_is_found() -> None:
+    edges = {
+        f"{RUNNER}.comm": {f"{RUNNER}.rank.train"},  # the floor up to a program
+        f"{RUNNER}.translation.task": {f"{RUNNER}.rank.summary", f"{RUNNER}.comm"},  # a task package up
+        f"{RUNNER}.pod.launch": {f"{RUNNER}.tools.running", f"{RUNNER}.pod.collect"},  # pod to tools
+        f"{RUNNER}.tools.local": {f"{RUNNER}.pod.launch", f"{RUNNER}.rank.train"},  # allowed, and not
+        f"{RUNNER}.cli": {f"{RUNNER}.rank.train", f"{RUNNER}.pod.launch"},  # the assembly
+    }
+    assert runner_arrows_up(edges) == [
+        (f"{RUNNER}.comm", f"{RUNNER}.rank.train"),
+        (f"{RUNNER}.pod.launch", f"{RUNNER}.tools.running"),
+        (f"{RUNNER}.tools.local", f"{RUNNER}.rank.train"),
+        (f"{RUNNER}.translation.task", f"{RUNNER}.rank.summary"),
+    ]
+
+
 def test_a_restated_contract_value_is_found() -> None:
     values = contract_strings() | reason_strings()
     assert {"MLBENCH_SSH_PORT", "/etc/mlbench/hostfile", "MLBENCH_RUN_CONFIG", "InvalidTask"} <= values
@@ -237,3 +286,23 @@ def test_the_contract_is_stated_once() -> None:
         and (hits := restated(path.read_text(), paths | (reasons if root != OPERATOR else set())))
     }
     assert found == {}
+
+
+# -- the runner as it is -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runner() -> dict[str, str]:
+    return sources(RUNNERS, RUNNER)
+
+
+def test_the_runner_is_read(runner: dict[str, str]) -> None:
+    """Every program is seen (a wrong path would make the checks below pass on nothing)."""
+    assert {f"{RUNNER}.rank.train", f"{RUNNER}.pod.launch", f"{RUNNER}.tools.report", f"{RUNNER}.comm"} <= set(runner)
+    assert f"{RUNNER}.pod.launch" in graph(runner)[f"{RUNNER}.tools.processes"]
+
+
+def test_the_runner_has_no_import_circle(runner: dict[str, str]) -> None:
+    assert circles(graph(runner)) == []
+
+
+def test_the_runners_rooms_import_only_downwards(runner: dict[str, str]) -> None:
+    assert runner_arrows_up(graph(runner)) == []

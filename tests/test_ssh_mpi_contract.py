@@ -47,8 +47,8 @@ from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.run import admission
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
-from mlbench_runner.collect import read_remote, ssh_options
-from mlbench_runner.launch import private_key
+from mlbench_runner.pod.collect import read_remote, ssh_options
+from mlbench_runner.pod.launch import private_key
 from mlbench_runner.world import free_port
 from tests.runner.helpers import logreg_task
 

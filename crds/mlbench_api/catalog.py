@@ -320,20 +320,19 @@ def _child(node: yaml.Node, parts: list[str]) -> tuple[yaml.Node | None, int]:
     return None, 0
 
 
+#: What a YAML value is called in a message, by its Python type (bool before int: a bool is an int too).
+_YAML_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (list, "a list"),
+    (str, "a string"),
+    (bool, "a boolean"),
+    ((int, float), "a number"),
+    (type(None), "null"),
+    (dict, "a mapping"),
+)
+
+
 def _yaml_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
+    return next((name for kind, name in _YAML_TYPES if isinstance(value, kind)), type(value).__name__)
 
 
 _INT, _FLOAT, _BOOL = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"

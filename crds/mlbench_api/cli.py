@@ -8,6 +8,7 @@ operator image never needs torch.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
@@ -148,8 +149,9 @@ class _File:
     multi: bool = False
 
 
-def _check_document(doc: Document) -> _Checked:
-    """What the API server says about one document."""
+def _not_parsed(doc: Document) -> _Checked | None:
+    """The verdict on a document that is not parsed as one of ours (refused, not a mapping, without apiVersion
+    or kind, another group's); None for one that is."""
     data = doc.data
     if doc.refused:
         return _Checked(doc, problems=[doc.refused])
@@ -161,6 +163,16 @@ def _check_document(doc: Document) -> _Checked:
         return _Checked(doc, problems=missing)
     if isinstance(api_version, str) and api_version.split("/")[0] != GROUP:
         return _Checked(doc, skipped=f"{api_version} {kind} is not an MLBench object: not checked")
+    return None
+
+
+def _check_document(doc: Document) -> _Checked:
+    """What the API server says about one document."""
+    verdict = _not_parsed(doc)
+    if verdict is not None:
+        return verdict
+    data: dict[str, Any] = doc.data
+    kind = data.get("kind")
     parse = _PARSERS.get(kind) if isinstance(kind, str) else None
     if parse is None:
         return _Checked(doc, problems=[f"kind: expected {' or '.join(_PARSERS)}, got {kind!r}"])
@@ -413,8 +425,6 @@ def _watch(args: argparse.Namespace) -> int:
 
 def _runner(entry: str, argv: list[str]) -> int:
     try:
-        import importlib
-
         module = importlib.import_module(f"mlbench_runner.{entry}")
     except ImportError as exc:
         print(f"the runner is not installed ({exc}); install with `make install`", file=sys.stderr)
@@ -502,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("run", "results", "sweep"):
-        return _runner({"run": "local", "results": "report", "sweep": "sweep"}[argv[0]], argv[1:])
+        return _runner({"run": "tools.local", "results": "tools.report", "sweep": "tools.sweep"}[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -12,12 +12,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Self
 
+import yaml
 from pydantic import Field, ValidationError
 
 from mlbench_api.common import ApiModel
 from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
 from mlbench_api.errors import format_errors
-from mlbench_api.run import Algorithm, AlgorithmParameters, Backend, BenchmarkRun, Bucketing, NetworkConditions
+from mlbench_api.run import (
+    Algorithm,
+    AlgorithmParameters,
+    Backend,
+    BenchmarkRun,
+    Bucketing,
+    NetworkConditions,
+    RunOverrides,
+)
 from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
 
 
@@ -117,8 +126,6 @@ class RunConfig(ApiModel):
         """Read a JSON (or YAML) config file."""
         text = Path(path).read_text()
         if str(path).endswith((".yaml", ".yml")):
-            import yaml
-
             return cls.model_validate(yaml.safe_load(text))
         return cls.model_validate_json(text)
 
@@ -178,6 +185,53 @@ def check_algorithm(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
         )
 
 
+def _check_closed(task: BenchmarkTaskSpec, overrides: RunOverrides, names: list[str]) -> None:
+    """A closed-division task's limits on its overrides: only the fields it names, a variant of its model, a
+    mirror of its data; raises :class:`OverrideNotAllowed`."""
+    allowed = {o.value for o in task.overridable}
+    refused = [n for n in names if n not in allowed]
+    if refused:
+        raise OverrideNotAllowed(
+            f"spec.overrides: {', '.join(refused)} may not be overridden in the closed division "
+            f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
+        )
+    model = overrides.model
+    if model is not None and task.model_spec is not None and model.name is not task.model_spec.name:
+        # an overridable model lets a closed run pick the task's variant (ResNet m1/m2, its depth), not swap it
+        raise OverrideNotAllowed(
+            f"spec.overrides.model.name: the closed division allows only a variant of the task's "
+            f"{task.model_spec.name.value}, got {model.name.value}"
+        )
+    source = overrides.dataset_source
+    if source is not None and task.dataset.source is not None and source.sha256 != task.dataset.source.sha256:
+        raise OverrideNotAllowed(
+            "spec.overrides.datasetSource.sha256: the closed division allows only a mirror of the task's "
+            f"data (sha256 {task.dataset.source.sha256}), got {source.sha256}"
+        )
+
+
+def _override_rate(lr: dict[str, Any], rate: float) -> None:
+    """The overridden learning rate in the schedule's own field (``lr``: the API's learningRate, changed)."""
+    if lr["schedule"] == Schedule.MULTI_STEP.value:
+        lr["perSample"] = rate
+    elif lr["schedule"] == Schedule.INVERSE_SQRT.value:
+        lr["alphaByWorkers"] = [{**row, "alpha": rate} for row in lr["alphaByWorkers"]]
+    else:
+        lr["value"] = rate
+
+
+def _override_budget(goal: dict[str, Any], seconds: float) -> None:
+    """The overridden time budget in the API's goal (changed); raises :class:`InvalidOverride` for a goal that
+    has none."""
+    if goal.get("mode", GoalMode.TIME_TO_ACCURACY.value) != GoalMode.ACCURACY_AFTER_TIME.value:
+        # A time-to-accuracy run stops at its target; a budget there would be silently ignored.
+        raise InvalidOverride(
+            "spec.overrides.timeBudgetSeconds: the task's goal mode is time-to-accuracy, which has no time "
+            "budget (only accuracy-after-time tasks use one; bound the run with runPolicy.activeDeadlineSeconds)"
+        )
+    goal["timeBudgetSeconds"] = seconds
+
+
 def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTaskSpec:
     """The task as this run sees it; raises :class:`OverrideNotAllowed` in the closed division."""
     overrides = run.spec.overrides
@@ -190,36 +244,12 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
             "training or goal"
         )
     if task.division is Division.CLOSED:
-        allowed = {o.value for o in task.overridable}
-        refused = [n for n in names if n not in allowed]
-        if refused:
-            raise OverrideNotAllowed(
-                f"spec.overrides: {', '.join(refused)} may not be overridden in the closed division "
-                f"(allowed: {', '.join(sorted(allowed)) or 'none'})"
-            )
-        model = overrides.model
-        if model is not None and task.model_spec is not None and model.name is not task.model_spec.name:
-            # an overridable model lets a closed run pick the task's variant (ResNet m1/m2, its depth), not swap it
-            raise OverrideNotAllowed(
-                f"spec.overrides.model.name: the closed division allows only a variant of the task's "
-                f"{task.model_spec.name.value}, got {model.name.value}"
-            )
-        source = overrides.dataset_source
-        if source is not None and task.dataset.source is not None and source.sha256 != task.dataset.source.sha256:
-            raise OverrideNotAllowed(
-                "spec.overrides.datasetSource.sha256: the closed division allows only a mirror of the task's "
-                f"data (sha256 {task.dataset.source.sha256}), got {source.sha256}"
-            )
+        _check_closed(task, overrides, names)
     data = task.to_api()
     training, lr = data["training"], data["training"]["learningRate"]
     o = overrides
     if o.learning_rate is not None:
-        if lr["schedule"] == Schedule.MULTI_STEP.value:
-            lr["perSample"] = o.learning_rate
-        elif lr["schedule"] == Schedule.INVERSE_SQRT.value:
-            lr["alphaByWorkers"] = [{**row, "alpha": o.learning_rate} for row in lr["alphaByWorkers"]]
-        else:
-            lr["value"] = o.learning_rate
+        _override_rate(lr, o.learning_rate)
     plain = o.model_dump(mode="json", by_alias=True, exclude_none=True)
     for name in (
         "optimizer",
@@ -242,13 +272,7 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
         data["dataset"]["source"] = plain["datasetSource"]
         data["dataset"].pop("volume", None)  # the source replaces wherever the data came from
     if "timeBudgetSeconds" in plain:
-        if data["goal"].get("mode", GoalMode.TIME_TO_ACCURACY.value) != GoalMode.ACCURACY_AFTER_TIME.value:
-            # A time-to-accuracy run stops at its target; a budget there would be silently ignored.
-            raise InvalidOverride(
-                "spec.overrides.timeBudgetSeconds: the task's goal mode is time-to-accuracy, which has no time "
-                "budget (only accuracy-after-time tasks use one; bound the run with runPolicy.activeDeadlineSeconds)"
-            )
-        data["goal"]["timeBudgetSeconds"] = plain["timeBudgetSeconds"]
+        _override_budget(data["goal"], plain["timeBudgetSeconds"])
     # Validate once at the end: an override can break a cross-field rule (maxEpochs below a milestone).
     try:
         return BenchmarkTaskSpec.model_validate(data)

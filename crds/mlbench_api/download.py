@@ -43,8 +43,9 @@ def default_dir(namespace: str, run: str) -> Path:
 
 
 def _clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
+    # Lazy: kubernetes is the `cli` extra's; the runner image imports this module without it.
+    from kubernetes import client, config  # noqa: PLC0415
+    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
 
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
@@ -119,8 +120,9 @@ def download(
     namespace: str, run: str, dest: Path, *, kubeconfig: str | None = None, context: str | None = None
 ) -> list[Path]:
     """Fetch ``namespace/run``'s kept results into ``dest``; returns the written files."""
-    import urllib3
-    from kubernetes.client.exceptions import ApiException
+    # Lazy: kubernetes is the `cli` extra's; the runner image imports this module without it.
+    import urllib3  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
     core, custom = _clients(kubeconfig, context)
     try:

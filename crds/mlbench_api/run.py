@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlbench_api.common import (
     API_VERSION,
+    DNS1035_LABEL,
     MAX_INT32,
     MAX_LABEL_VALUE,
     MAX_SAFE_INT,
@@ -28,6 +29,7 @@ from mlbench_api.common import (
     Quantity,
     SafeInt,
     cel,
+    re2_search,
 )
 from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
 
@@ -629,8 +631,6 @@ class BenchmarkRun(ApiModel):
 
     @model_validator(mode="after")
     def _name(self) -> BenchmarkRun:
-
-        from mlbench_api.common import DNS1035_LABEL, re2_search
 
         name = self.metadata.name
         if len(name) > MAX_RUN_NAME:

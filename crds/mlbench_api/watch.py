@@ -95,9 +95,10 @@ def follow(
     namespace: str, run: str, say: Callable[[str], None], *, kubeconfig: str | None = None, context: str | None = None
 ) -> int:
     """Watch ``namespace/run`` until it ends (ResultsUnavailable: the cluster or the run cannot be read)."""
-    import urllib3
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
+    # Lazy: kubernetes is the `cli` extra's; the runner image imports this module without it.
+    import urllib3  # noqa: PLC0415
+    from kubernetes import watch  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
     _, custom = _clients(kubeconfig, context)
     last = ""

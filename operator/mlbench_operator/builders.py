@@ -208,10 +208,10 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 #: host key that others may read when it owns the file, and the Secret's files are root's (0440 +
 #: fsGroup for the operator's UID, 0444 under the image's own user, see _volumes): it gets a private
 #: copy (0600, its user's) whoever that user is, root included; so does ssh of the client key, which
-#: mpirun's tree spawn uses on the workers at the path the launcher uses (``mlbench_runner.launch.
+#: mpirun's tree spawn uses on the workers at the path the launcher uses (``mlbench_runner.pod.launch.
 #: PRIVATE_SSH_DIR``, the same directory). ``mlbench-runner worker`` supervises
 #: sshd so that a rank OOM-killed inside the container fails the pod as OOMKilled with the limit named
-#: (see mlbench_runner.worker). The ranks' sessions get the pod's node name (``SetEnv``: an ssh session starts with
+#: (see mlbench_runner.pod.worker). The ranks' sessions get the pod's node name (``SetEnv``: an ssh session starts with
 #: sshd's environment, not the container's), so that each rank's result names its node.
 WORKER_SCRIPT = f"""set -eu
 d=/tmp/mlbench-sshd

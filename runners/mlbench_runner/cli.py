@@ -1,16 +1,28 @@
-"""``mlbench-runner``: ``train`` or ``collectives`` (one rank), ``launch`` (the launcher pod), ``fetch-dataset``
-(the fetch Job)."""
+"""``mlbench-runner``: ``train`` or ``collectives`` (one rank: :mod:`mlbench_runner.rank`), ``launch`` (the launcher
+pod), ``worker`` (the worker pod's sshd), ``fetch-dataset`` (the fetch Job) and ``netem`` (the workers' init
+container), all four in :mod:`mlbench_runner.pod`. The one module that assembles the runner's programs."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable
+
+import structlog
+from pydantic import ValidationError
 
 from mlbench_api.config import RunConfig
 from mlbench_api.contract import ENV_CONFIG
 from mlbench_runner import stopping
+from mlbench_runner.pod.fetch import add_arguments as add_fetch_arguments
+from mlbench_runner.pod.fetch import run as run_fetch
+from mlbench_runner.pod.launch import add_launch_arguments, run_launch
+from mlbench_runner.pod.netem import add_arguments as add_netem_arguments
+from mlbench_runner.pod.netem import run as run_netem
+from mlbench_runner.pod.worker import run_worker
+from mlbench_runner.stopping import Interrupted, stop_once
 
 
 def abort_mpi_if_initialised(code: int) -> None:
@@ -52,8 +64,6 @@ def _guarded(rank_main: Callable[[argparse.Namespace], int], args: argparse.Name
         code = rank_main(args)
     except BaseException as exc:
         if mpi_initialised() and not (isinstance(exc, SystemExit) and exc.code in (0, None)):
-            import traceback
-
             traceback.print_exc()  # Abort below ends the process: say why first
             abort_mpi_if_initialised(1)
         raise
@@ -64,8 +74,6 @@ def _guarded(rank_main: Callable[[argparse.Namespace], int], args: argparse.Name
 
 def _load_config(args: argparse.Namespace) -> RunConfig | None:
     """The RunConfig of ``--config`` or ``$MLBENCH_RUN_CONFIG`` (``--output-dir`` applied); None after saying why."""
-    from pydantic import ValidationError
-
     path = args.config or os.environ.get(ENV_CONFIG)
     if not path:
         print(f"error: pass --config or set {ENV_CONFIG}", file=sys.stderr)
@@ -92,8 +100,8 @@ def _collectives_rank(args: argparse.Namespace) -> int:
 
 
 def _run_collectives(config: RunConfig) -> int:
-    from mlbench_runner.collectives import CollectiveError, run_collectives
-    from mlbench_runner.stopping import Interrupted, stop_once
+    # Lazy: torch (seconds to import) only for a rank, after stopping.noted_early() holds the stop signals.
+    from mlbench_runner.rank.collectives import CollectiveError, run_collectives  # noqa: PLC0415
 
     try:
         with stop_once():
@@ -108,8 +116,8 @@ def _run_collectives(config: RunConfig) -> int:
 
 
 def _train_rank(args: argparse.Namespace) -> int:
-    from mlbench_runner.stopping import Interrupted, stop_once
-    from mlbench_runner.train import train
+    # Lazy: torch (seconds to import) only for a rank, after stopping.noted_early() holds the stop signals.
+    from mlbench_runner.rank.train import train  # noqa: PLC0415
 
     config = _load_config(args)
     if config is None:
@@ -130,8 +138,6 @@ def _train_rank(args: argparse.Namespace) -> int:
 
 def configure_logging() -> None:
     """Library log lines (e.g. dataset decoding) as JSON too, like the event log."""
-    import structlog
-
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -142,12 +148,6 @@ def configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlbench_runner.fetch import add_arguments as add_fetch_arguments
-    from mlbench_runner.fetch import run as run_fetch
-    from mlbench_runner.launch import add_launch_arguments, run_launch
-    from mlbench_runner.netem import add_arguments as add_netem_arguments
-    from mlbench_runner.netem import run as run_netem
-
     configure_logging()
     parser = argparse.ArgumentParser(prog="mlbench-runner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "netem":
         return run_netem(args)
     if args.command == "worker":
-        from mlbench_runner.worker import run_worker
-
         return run_worker(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if args.command == "train":
         return _train(args)

@@ -154,7 +154,8 @@ class MpiCommunicator(Communicator):
     """mpi4py on the tensors' own memory (CPU only)."""
 
     def __init__(self, world: World) -> None:
-        from mpi4py import MPI
+        # Lazy: importing mpi4py.MPI initialises MPI, which only backend: mpi may do.
+        from mpi4py import MPI  # noqa: PLC0415
 
         self._mpi = MPI
         self._comm = MPI.COMM_WORLD

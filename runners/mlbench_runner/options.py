@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 def _dtype(name: str) -> torch.dtype:
-    import torch
+    # Lazy: the launcher parses the knobs without torch (tests/runner/test_options.py).
+    import torch  # noqa: PLC0415
 
     return {"float32": torch.float32, "float64": torch.float64}[name]
 

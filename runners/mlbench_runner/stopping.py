@@ -22,7 +22,7 @@ Three kinds of process, a policy each:
 * **The local command** (:func:`interrupt_on`, ``mlbench run --local`` and ``mlbench sweep``): SIGTERM
   and SIGHUP raise ``KeyboardInterrupt`` as SIGINT does, so ``timeout``, a closed terminal and a Ctrl-C
   all take the same path: pass one SIGINT to each child, let them settle, then stop them and all
-  their descendants (:func:`mlbench_runner.local.stopped_on_exit`); during that stop a further signal
+  their descendants (:func:`mlbench_runner.tools.processes.stopped_on_exit`); during that stop a further signal
   only cuts the wait at hand short (:func:`noted`). Its children run in their own
   process groups, so a terminal's Ctrl-C reaches only the command, which passes it on exactly once.
 

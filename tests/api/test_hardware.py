@@ -6,7 +6,8 @@ from pathlib import Path
 
 from mlbench_api import hardware
 from mlbench_api.results import RankHardware
-from mlbench_runner import hostinfo, scoring
+from mlbench_runner.rank import hostinfo
+from mlbench_runner.tools import scoring
 from tests.runner.helpers import logreg_task, make_config
 from tests.runner.test_report import summary_for
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_runner.launch import strip_tag
+from mlbench_runner.pod.launch import strip_tag
 from tests.cluster.node import SHARED_STORAGE_CLASS
 from tests.e2e.conftest import E2E, wait_training
 

@@ -30,7 +30,7 @@ from mlbench_operator import builders, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator.builders import WORKER_SCRIPT
 from mlbench_operator.run import admission
-from mlbench_runner.collect import ssh_options
+from mlbench_runner.pod.collect import ssh_options
 from tests.operator import helpers as h
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +130,8 @@ def test_runner_has_no_compiler(images: Images) -> None:
 def test_runner_python_imports(images: Images) -> None:
     script = (
         "python -c 'import torch, mpi4py.MPI, numpy, PIL, prometheus_client, structlog, yaml, sacrebleu, "
-        "mlbench_runner.train, mlbench_api.catalog; print(torch.__version__, mpi4py.MPI.Get_library_version()[:16])'"
+        "mlbench_runner.rank.train, mlbench_api.catalog; "
+        "print(torch.__version__, mpi4py.MPI.Get_library_version()[:16])'"
     )
     out = images.check(RUNNER, script)
     assert out.startswith("2.15.0"), out

@@ -301,7 +301,7 @@ def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
 def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
     """mpirun's tree spawn: the daemons on the workers start the next workers with the launcher's ssh options,
     ``-i <its private copy>``, so every worker keeps its copy of the client key at that very path."""
-    from mlbench_runner.launch import PRIVATE_SSH_DIR
+    from mlbench_runner.pod.launch import PRIVATE_SSH_DIR
 
     script = builders.WORKER_SCRIPT
     assert f"d={PRIVATE_SSH_DIR}\n" in script

@@ -18,7 +18,7 @@ from tests.operator import helpers as h
 
 
 def results_line(summary: RunSummary) -> str:
-    """The launcher's last line for ``summary`` (see mlbench_runner.collect)."""
+    """The launcher's last line for ``summary`` (see mlbench_runner.pod.collect)."""
     return bundle.results_line(bundle.fit({bundle.SUMMARY: summary.model_dump_json(by_alias=True).encode()}))
 
 

@@ -171,7 +171,7 @@ def start_processes(
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
     path.write_text(config.dump())
-    from mlbench_runner.local import free_port
+    from mlbench_runner.world import free_port
 
     port = str(free_port())
     return [

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from mlbench_api.results import RunSummary
-from mlbench_runner import checkpoint
 from mlbench_runner.algorithms.powersgd import PowerSGD
-from mlbench_runner.checkpoint import CheckpointRefused, Identity
 from mlbench_runner.comm import LocalCommunicator
+from mlbench_runner.rank import checkpoint
+from mlbench_runner.rank.checkpoint import CheckpointRefused, Identity
 from mlbench_runner.timing import WallClock
 from tests.runner.helpers import launch_processes, logreg_task, make_config, read_ranks, start_processes
 

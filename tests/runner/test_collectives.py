@@ -23,9 +23,9 @@ from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effectiv
 from mlbench_api.errors import format_errors
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult, Environment, PhaseTotals, RunSummary
 from mlbench_api.task import CollectiveBenchmark, CollectiveOp, size_ladder
-from mlbench_runner import collective_table
-from mlbench_runner import collectives as coll
-from mlbench_runner.launch import launcher_command
+from mlbench_runner.pod.launch import launcher_command
+from mlbench_runner.rank import collectives as coll
+from mlbench_runner.tools import collective_table
 from mlbench_runner.world import World, free_port
 
 from .helpers import env, logreg_task, make_config, run_doc

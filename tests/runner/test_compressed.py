@@ -32,7 +32,7 @@ from mlbench_runner.algorithms.compressed import (
 )
 from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator, MpiCommunicator
 from mlbench_runner.data import load_dataset
-from mlbench_runner.models import build_model
+from mlbench_runner.rank.models import build_model
 from mlbench_runner.timing import PhaseTimer
 
 from .helpers import launch_processes, logreg_task, make_config, read_ranks, resnet_task, write_cifar_python

@@ -26,8 +26,8 @@ from mlbench_runner.algorithms.decentralized import (
     neighbours,
 )
 from mlbench_runner.comm import Communicator, CountingCommunicator
-from mlbench_runner.launch import launcher_command
-from mlbench_runner.models import CifarResNet
+from mlbench_runner.pod.launch import launcher_command
+from mlbench_runner.rank.models import CifarResNet
 from mlbench_runner.timing import PhaseTimer
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks
@@ -352,7 +352,7 @@ def test_gloo_ring_of_4_learns(ring4: tuple[Path, list[dict[str, Any]], list[lis
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpi_ring_of_4_mixes_with_w(tmp_path: Path) -> None:
     """backend mpi: MpiCommunicator.exchange (Isend/Irecv) brings each neighbour's parameters to the right place."""
-    from mlbench_runner.local import free_port
+    from mlbench_runner.world import free_port
 
     k, out, trace = 4, tmp_path / "out", tmp_path / "trace"
     out.mkdir()

@@ -21,17 +21,17 @@ from torch import nn
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_runner import train as train_module
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.comm import LocalCommunicator, TorchCommunicator
 from mlbench_runner.data import TensorDataset
 from mlbench_runner.flat import FlatParameters, FlatSGD, dense_view
-from mlbench_runner.models import CifarResNet
 from mlbench_runner.options import Options
-from mlbench_runner.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path, compile_wanted
-from mlbench_runner.tasks import ImageClassification
+from mlbench_runner.rank import setup as rank_setup
+from mlbench_runner.rank.models import CifarResNet
+from mlbench_runner.rank.steps import EagerStep, FastStep, PathChoice, StepPath, choose_path, compile_wanted
+from mlbench_runner.rank.tasks import ImageClassification
+from mlbench_runner.rank.train import Trainer, status_for
 from mlbench_runner.timing import PhaseTimer
-from mlbench_runner.train import Trainer, status_for
 from mlbench_runner.world import World
 
 from .helpers import join_all, launch_processes, logreg_task, make_config, resnet_task, spawn_ranks, write_cifar_python
@@ -312,7 +312,7 @@ def test_graph_capture_failure_falls_back_to_eager(
             raise capture
         return 0.25
 
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", fake_capture)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: verify)
     summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="0")).run()
@@ -329,7 +329,7 @@ def test_graph_capture_failure_falls_back_to_eager(
 
 
 def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
 
     def fake_capture(self: FastStep, x: torch.Tensor, y: torch.Tensor) -> float:
         time.sleep(0.2)
@@ -446,7 +446,7 @@ def test_torch_compile_s_own_start_is_left_out_of_the_clock(
         return 0.1
 
     monkeypatch.setattr(torch, "compile", slow_compile)
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(path, "test"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(path, "test"))
     monkeypatch.setattr(FastStep, "warm_up", prepare)
     monkeypatch.setattr(FastStep, "capture", prepare)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
@@ -473,7 +473,7 @@ def test_a_capture_that_fails_is_left_out_of_the_clock_too(tmp_path: Path, monke
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(torch, "compile", slow_compile)
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", failing_capture)
     trainer = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3, compile="1"))
     start = trainer.clock.start
@@ -509,7 +509,7 @@ def _compile_fails_on_capture(monkeypatch: pytest.MonkeyPatch, calls: list[bool]
         return 0.25
 
     monkeypatch.setattr(torch, "compile", lambda model, **_: _Compiled(model))
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", fake_capture)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
 
@@ -529,7 +529,7 @@ def test_auto_compile_that_fails_falls_back_to_the_captured_step_without_it(
     assert env.training_step == "flat"  # the fake capture made no graphs: the uncompiled fast step ran
     assert env.compiled is False
     reason = env.training_step_reason or ""
-    assert train_module.COMPILE_DROPPED in reason
+    assert rank_setup.COMPILE_DROPPED in reason
     assert "InvalidCxxCompiler: No working C++ compiler found" in reason
     assert "\n" not in reason, "one line"
     assert trainer.setup is not None
@@ -554,7 +554,7 @@ def test_auto_compile_that_fails_falls_back_to_the_captured_step_without_it(
     ],
 )
 def test_retry_without_compile(setting: str, compiled: bool, succeeded: bool, retry: bool) -> None:
-    assert train_module.retry_without_compile(setting, compiled, succeeded=succeeded) is retry
+    assert rank_setup.retry_without_compile(setting, compiled, succeeded=succeeded) is retry
 
 
 def test_a_model_torch_compile_cannot_wrap_fails_where_it_is_first_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -587,7 +587,7 @@ def test_auto_compile_that_cannot_wrap_falls_back_to_the_captured_step_without_i
         return 0.25
 
     monkeypatch.setattr(torch, "compile", unsupported)
-    monkeypatch.setattr(train_module, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
+    monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
     monkeypatch.setattr(FastStep, "capture", fake_capture)
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
     summary = Trainer(_single_rank_config(tmp_path), SINGLE, Options(max_steps=3)).run()
@@ -620,8 +620,8 @@ def test_an_explicit_compile_that_fails_is_a_failed_capture(tmp_path: Path, monk
     ],
 )
 def test_brief_error(error: Exception, limit: int, expected: str) -> None:
-    assert train_module.brief_error(error, limit) == expected
-    assert len(train_module.brief_error(error, limit)) <= limit
+    assert rank_setup.brief_error(error, limit) == expected
+    assert len(rank_setup.brief_error(error, limit)) <= limit
 
 
 def _rank_whose_compile_may_fail(rank: int, port: int, out: str) -> None:
@@ -633,7 +633,7 @@ def _rank_whose_compile_may_fail(rank: int, port: int, out: str) -> None:
         return 0.25
 
     torch.compile = lambda model, **_: _Compiled(model)  # type: ignore[assignment]
-    train_module.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
+    rank_setup.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
     FastStep.capture = fake_capture  # type: ignore[method-assign]
     FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
     config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
@@ -654,7 +654,7 @@ def test_a_compile_failing_on_one_rank_drops_it_on_every_rank(
     assert summary.environment.training_step == "flat"  # the fake capture made no graphs
     assert summary.environment.compiled is False
     reason = summary.environment.training_step_reason or ""
-    assert reason.endswith(f"{train_module.COMPILE_DROPPED} (on another rank)")
+    assert reason.endswith(f"{rank_setup.COMPILE_DROPPED} (on another rank)")
     lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
     dropped = {e.get("rank"): e["reason"] for e in lines if e.get("event") == "compile_fallback"}
     assert "rank 1: compile refused" in dropped[1]
@@ -671,7 +671,7 @@ def _rank_whose_capture_may_fail(rank: int, port: int, out: str, fast_path: str 
             raise RuntimeError("rank 1: capture refused")
         return 0.25
 
-    train_module.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
+    rank_setup.choose_path = lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU")
     FastStep.capture = fake_capture  # type: ignore[method-assign]
     FastStep.verify = lambda self, x, y, lr: 0.0  # type: ignore[method-assign]
     config = RunConfig.model_validate_json((Path(out) / "config.json").read_text())
@@ -695,13 +695,13 @@ def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
     join_all(_two_ranks_whose_capture_may_fail(tmp_path, "auto"), timeout=150)
     summary = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
     assert summary.environment.training_step == "eager"
-    assert summary.environment.training_step_reason == train_module.OTHER_RANK_CAPTURE_FAILED
+    assert summary.environment.training_step_reason == rank_setup.OTHER_RANK_CAPTURE_FAILED
     # every rank logs its own cause (rank 0 also into events.jsonl)
     lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
     fallbacks = {e.get("rank"): e["reason"] for e in lines if e.get("event") == "fast_path_fallback"}
     assert '"fast_path_fallback"' in (tmp_path / "events.jsonl").read_text()
     assert "rank 1: capture refused" in fallbacks[1]
-    assert fallbacks[0] == train_module.OTHER_RANK_CAPTURE_FAILED
+    assert fallbacks[0] == rank_setup.OTHER_RANK_CAPTURE_FAILED
     assert summary.steps == 3
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
-from mlbench_runner.fetch import (
+from mlbench_runner.pod.fetch import (
     FetchError,
     FetchRequest,
     _describe_url_error,

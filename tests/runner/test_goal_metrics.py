@@ -13,7 +13,7 @@ import pytest
 from mlbench_api.results import RunSummary
 from mlbench_runner.goals import epoch_score, perplexity
 from mlbench_runner.options import Options
-from mlbench_runner.train import Trainer
+from mlbench_runner.rank.train import Trainer
 from mlbench_runner.world import World
 
 from .helpers import logreg_task, make_config

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mlbench_api.results import RunSummary
-from mlbench_runner import local, report, running
+from mlbench_runner.tools import inputs, local, processes, report, running
 
 from .helpers import REPO, logreg_task, resnet_task, run_doc, write_cifar_python, write_yaml
 
@@ -40,7 +40,7 @@ def test_run_local_end_to_end(
         plotted.extend(summary for _, summary in runs)
         return write_plots(runs, dest, *args, **kwargs)
 
-    monkeypatch.setattr(report, "write_plots", spy)
+    monkeypatch.setattr(local, "write_plots", spy)
     data = write_cifar_python(tmp_path, n_train=80, n_test=40)
     task = _task_file(tmp_path, resnet_task(data, batch=8, epochs=2, subset=64, warmup=0, milestones=[]))
     run = write_yaml(tmp_path / "run.yaml", run_doc("tiny-local", "tiny", 2))
@@ -118,7 +118,7 @@ def test_network_conditions_are_refused_locally(tmp_path: Path, capsys: pytest.C
 
 
 def test_example_manifest_is_valid() -> None:
-    doc = local.load_run(str(REPO / "manifests" / "examples" / "local-quick.yaml"))
+    doc = inputs.load_run(str(REPO / "manifests" / "examples" / "local-quick.yaml"))
     assert doc.spec.task_ref.name == "cifar10-resnet20-smoke"
 
 
@@ -129,7 +129,7 @@ def test_the_main_jobs_run_builds_its_config(tmp_path: Path) -> None:
 
     example = REPO / "manifests" / "examples" / "local-quick.yaml"
     args = argparse.Namespace(run=str(example), task_file=None, ranks=None, metrics_port=0)
-    config = local.build_config(args, tmp_path)
+    config = inputs.build_config(args, tmp_path)
     assert config.task.dataset.path == "../shared/datasets/cifar10-jpeg.tar.gz"
     assert config.task.dataset.source is None
     assert config.world_size == 2
@@ -152,10 +152,10 @@ def test_pick_task_takes_the_runs_task_or_refuses(names: list[str], wanted: str,
 
     tasks = [BenchmarkTask.model_validate({"metadata": {"name": n}, "spec": logreg_task()}) for n in names]
     if picked is not None:
-        assert local.pick_task(wanted, tasks, "t.yaml").metadata.name == picked
+        assert inputs.pick_task(wanted, tasks, "t.yaml").metadata.name == picked
         return
-    with pytest.raises(local.LocalRunError) as err:
-        local.pick_task(wanted, tasks, "t.yaml")
+    with pytest.raises(inputs.LocalRunError) as err:
+        inputs.pick_task(wanted, tasks, "t.yaml")
     assert f"spec.taskRef.name is {wanted!r}" in str(err.value)
     assert "metadata.name" in str(err.value)
 
@@ -181,10 +181,10 @@ def test_a_run_file_that_also_holds_its_task_uses_it(tmp_path: Path, with_task: 
     path.write_text(yaml.safe_dump_all([*docs, run_doc("both", "tiny", 1)]))
     args = local.parse_args([str(path), "--local"])
     if not with_task:
-        with pytest.raises(local.LocalRunError, match="tiny"):
-            local.build_config(args, tmp_path / "o")
+        with pytest.raises(inputs.LocalRunError, match="tiny"):
+            inputs.build_config(args, tmp_path / "o")
         return
-    config = local.build_config(args, tmp_path / "o")
+    config = inputs.build_config(args, tmp_path / "o")
     assert (config.task_name, config.task.training.batch_size_per_worker) == ("tiny", 7)
 
 
@@ -243,16 +243,16 @@ def test_the_run_is_parsed_as_strictly_as_mlbench_validate(
     run = write_yaml(
         tmp_path / "run.yaml", {**run_doc("strict", "tiny", 1), "spec": {"taskRef": {"name": "tiny"}, **spec}}
     )
-    with pytest.raises(local.LocalRunError) as err:
-        local.load_run(str(run))
+    with pytest.raises(inputs.LocalRunError) as err:
+        inputs.load_run(str(run))
     assert field in str(err.value)
 
 
 def test_the_task_file_is_parsed_strictly(tmp_path: Path) -> None:
     spec = logreg_task()
     task = _task_file(tmp_path, {**spec, "training": {**spec["training"], "maxEpochs": "2"}})
-    with pytest.raises(local.LocalRunError) as err:
-        local.load_task("tiny", str(task))
+    with pytest.raises(inputs.LocalRunError) as err:
+        inputs.load_task("tiny", str(task))
     assert "spec.training.maxEpochs" in str(err.value)
 
 
@@ -299,7 +299,7 @@ def test_metrics_ports_of_every_rank_must_exist(tmp_path: Path, capsys: pytest.C
     ],
 )
 def test_the_progress_line_names_the_model_in_words(model: Any, text: str) -> None:
-    assert local.model_text(model) == text
+    assert inputs.model_text(model) == text
 
 
 def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
@@ -315,17 +315,17 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
 
     sleeper = (sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)")
     procs: list[Any] = []
-    real_popen = local.subprocess.Popen
+    real_popen = processes.subprocess.Popen
 
     def popen(*args: Any, **kwargs: Any) -> Any:
         procs.append(real_popen(*args, **kwargs))
         return procs[-1]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(local.subprocess, "Popen", popen)
-        mp.setattr(local, "SETTLE_SECONDS", 0.5)  # these sleepers never end on their own: terminated after it
+        mp.setattr(processes.subprocess, "Popen", popen)
+        mp.setattr(processes, "SETTLE_SECONDS", 0.5)  # these sleepers never end on their own: terminated after it
         with pytest.raises(KeyboardInterrupt):
-            local.run_processes(tmp_path / "config.json", 2, dict(local.os.environ), on_line, sleeper)
+            processes.run_processes(tmp_path / "config.json", 2, dict(processes.os.environ), on_line, sleeper)
     assert len(procs) == 2
     assert all(p.poll() is not None for p in procs)
 
@@ -357,7 +357,7 @@ def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_st
     try:
         for press in presses:
             press.start()
-        local.stop_processes(procs, settle=120.0, grace=120.0)
+        processes.stop_processes(procs, settle=120.0, grace=120.0)
         assert [p.poll() is not None for p in procs] == [True, True]
         assert time.monotonic() - started < 60, "a Ctrl-C did not cut a wait short"
     finally:
@@ -376,14 +376,14 @@ def test_a_ctrl_c_between_two_steps_of_the_stop_skips_none(monkeypatch: pytest.M
     import sys
     import time
 
-    real_scan = local.process_tree
+    real_scan = processes.process_tree
 
     def scan_hit_by_a_ctrl_c(procs: Any) -> Any:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # the handler runs here, inside the scan
         return real_scan(procs)
 
-    monkeypatch.setattr(local, "process_tree", scan_hit_by_a_ctrl_c)
+    monkeypatch.setattr(processes, "process_tree", scan_hit_by_a_ctrl_c)
     ignores_sigterm = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)"
     )
@@ -392,7 +392,7 @@ def test_a_ctrl_c_between_two_steps_of_the_stop_skips_none(monkeypatch: pytest.M
     assert proc.stdout.readline().strip() == "1"
     try:
         try:
-            local.stop_processes([proc], settle=0.0, grace=0.5)
+            processes.stop_processes([proc], settle=0.0, grace=0.5)
         except KeyboardInterrupt:
             pytest.fail("a Ctrl-C between two steps escaped from the stop")
         assert proc.poll() is not None
@@ -473,10 +473,10 @@ def test_ranks_has_the_bounds_of_spec_workers(tmp_path: Path, ranks: int, error:
     run = write_yaml(tmp_path / "run.yaml", run_doc("r", "tiny", 1))
     args = local.parse_args([str(run), "--local", "--task-file", str(task), "--ranks", str(ranks)])
     if error:
-        with pytest.raises(local.LocalRunError, match=f"--ranks: must be from 1 to 1024.*got {ranks}"):
-            local.build_config(args, tmp_path / "o")
+        with pytest.raises(inputs.LocalRunError, match=f"--ranks: must be from 1 to 1024.*got {ranks}"):
+            inputs.build_config(args, tmp_path / "o")
     else:
-        assert local.build_config(args, tmp_path / "o").world_size == ranks
+        assert inputs.build_config(args, tmp_path / "o").world_size == ranks
 
 
 @pytest.mark.parametrize(
@@ -502,5 +502,5 @@ def test_an_event_unlike_the_reference_runners_is_shown_as_it_came(line: str) ->
 def test_local_checkpoint_flag_names_the_runs_checkpoint_folder(tmp_path: Path) -> None:
     example = REPO / "manifests" / "examples" / "local-quick.yaml"
     args = local.parse_args([str(example), "--local", "--checkpoint", str(tmp_path / "ckpt")])
-    assert local.build_config(args, tmp_path / "o").checkpoint_dir == str(tmp_path / "ckpt")
-    assert local.build_config(local.parse_args([str(example), "--local"]), tmp_path / "o").checkpoint_dir is None
+    assert inputs.build_config(args, tmp_path / "o").checkpoint_dir == str(tmp_path / "ckpt")
+    assert inputs.build_config(local.parse_args([str(example), "--local"]), tmp_path / "o").checkpoint_dir is None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_runner.local import free_port
 from mlbench_runner.metrics import METRIC_NAMES
+from mlbench_runner.world import free_port
 
 from .helpers import env, logreg_task, make_config
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_runner import mllog, report
+from mlbench_runner.tools import mllog, report
+from mlbench_runner.tools.runs import LoadedRun, load_config, load_run, load_summary
 
 from .test_report import T0, fake_run
 
@@ -39,7 +40,7 @@ REQUIRED = {
 
 
 def convert(run: Path) -> tuple[str, list[dict[str, Any]]]:
-    text = "\n".join(mllog.convert_dir(run, report.load_summary(run), report.load_config(run))) + "\n"
+    text = "\n".join(mllog.convert_dir(run, load_summary(run), load_config(run))) + "\n"
     return text, mllog.parse(text)
 
 
@@ -85,7 +86,7 @@ def test_a_run_that_reached_the_goal(tmp_path: Path) -> None:
     # MLPerf's score, run_stop - run_start, is the runner's wall clock (here: the time to goal)
     assert by_key["run_stop"]["time_ms"] - by_key["run_start"]["time_ms"] == 12_500
     evals = [(r["metadata"]["epoch_num"], r["value"]) for r in records if r["key"] == "eval_accuracy"]
-    history = report.load_summary(run).history
+    history = load_summary(run).history
     assert evals == [(h.epoch, pytest.approx(h.accuracy)) for h in history]
     for start, stop in (("epoch_start", "epoch_stop"), ("eval_start", "eval_stop")):
         assert [r["metadata"]["epoch_num"] for r in records if r["key"] == start] == [1, 2, 3]
@@ -151,7 +152,7 @@ def test_mlcommons_parser_and_compliance_checker_accept_it(tmp_path: Path) -> No
     for name, ttg in (("ok", 12.0), ("miss", None)):
         run = fake_run(tmp_path, name, ttg=ttg, ingest_ms=1500)
         log = tmp_path / f"{name}.log"
-        report.write_mllog([report.LoadedRun(run, report.load_summary(run), report.load_config(run))], log)
+        report.write_mllog([LoadedRun(run, load_summary(run), load_config(run))], log)
         lines, errors = parser.parse_file(str(log), ruleset="4.1.0")
         assert errors == []
         assert len(lines) == len(log.read_text().splitlines())
@@ -166,12 +167,12 @@ def test_mllog_file_names_from_the_results_stay_in_the_output_folder(
     from the results (a cluster's ConfigMap) and must not pick where the file goes."""
     a = fake_run(tmp_path / "runs", "a", ttg=5.0)
     b = fake_run(tmp_path / "runs", "b", ttg=6.0, seed=2)
-    loaded = report.load_run(a)
-    assert isinstance(loaded, report.LoadedRun)
+    loaded = load_run(a)
+    assert isinstance(loaded, LoadedRun)
     monkeypatch.chdir(a)  # `mlbench results . ../b --mllog logs/`
     hostile = loaded.summary.model_copy(update={"run": "../../escaped"})
-    other = report.load_run(b)
-    assert isinstance(other, report.LoadedRun)
+    other = load_run(b)
+    assert isinstance(other, LoadedRun)
     out = tmp_path / "logs"
     targets = report.write_mllog([dataclasses.replace(loaded, path=Path("."), summary=hostile), other], out)
     assert [t.parent for t in targets] == [out, out]

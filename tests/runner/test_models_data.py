@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from mlbench_api.task import DatasetSpec, ModelSpec, SyntheticData
-from mlbench_runner.augment import crop_flip
 from mlbench_runner.data import load_dataset
 from mlbench_runner.data.tabular import parse_libsvm, synthetic_epsilon
-from mlbench_runner.models import CifarResNet, build_model
+from mlbench_runner.rank.augment import crop_flip
+from mlbench_runner.rank.models import CifarResNet, build_model
 
 from .helpers import write_cifar_python
 
@@ -333,7 +333,7 @@ def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pyt
 
     from mlbench_runner.data import tabular
     from mlbench_runner.options import Options
-    from mlbench_runner.train import train
+    from mlbench_runner.rank.train import train
     from mlbench_runner.world import World
 
     from .helpers import logreg_task, make_config

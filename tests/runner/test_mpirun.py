@@ -16,7 +16,7 @@ import pytest
 
 from mlbench_api import bundle
 from mlbench_api.results import RunSummary
-from mlbench_runner.launch import launcher_command, mpirun_command
+from mlbench_runner.pod.launch import launcher_command, mpirun_command
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks
 
@@ -29,7 +29,7 @@ pytestmark = [
 def launch(config_path: Path, out: Path, ranks: int, **extra: str) -> subprocess.CompletedProcess[str]:
     hostfile = out / "hostfile"
     hostfile.write_text(f"# the launcher reads the first host as rendezvous\nlocalhost slots={ranks}\n")
-    from mlbench_runner.local import free_port
+    from mlbench_runner.world import free_port
 
     return subprocess.run(
         launcher_command(config_path, hostfile, out / "termination-log", oversubscribe=True),
@@ -187,7 +187,7 @@ def test_launch_error_names_the_cause_and_fits(tmp_path: Path) -> None:
 
 def test_ranks_get_the_config_path_with_its_symlinks_kept(tmp_path: Path) -> None:
     """Like a ConfigMap volume: the resolved target's timestamped name differs in every pod."""
-    from mlbench_runner.launch import rank_config_path
+    from mlbench_runner.pod.launch import rank_config_path
 
     real = tmp_path / "..2026_11_23_11_22_09.3663563106"
     real.mkdir()
@@ -202,7 +202,7 @@ def test_ranks_get_the_config_path_with_its_symlinks_kept(tmp_path: Path) -> Non
 def test_the_client_key_is_used_through_a_private_copy(tmp_path: Path) -> None:
     """ssh refuses a key others may read when it owns it (the mounted Secret is root's 0440 or 0444): the
     launcher hands mpirun a copy that is its user's, 0600, in a 0700 directory."""
-    from mlbench_runner.launch import private_key
+    from mlbench_runner.pod.launch import private_key
 
     mounted = tmp_path / "ssh-privatekey"
     mounted.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")
@@ -239,7 +239,7 @@ def test_a_key_copy_that_cannot_be_written_is_the_pods_failure_not_the_runs_inpu
 
 
 def test_a_key_copy_that_fails_half_way_leaves_no_partial_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlbench_runner import launch as launch_module
+    from mlbench_runner.pod import launch as launch_module
 
     mounted = tmp_path / "ssh-privatekey"
     mounted.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey\n")

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from mlbench_api.run import NetworkConditions
-from mlbench_runner import netem
 from mlbench_runner.cli import main
+from mlbench_runner.pod import netem
 
 from . import netlab
 from .helpers import logreg_task, make_config

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlbench_runner.launch import FORWARD_ENV, LAUNCHER_ENV
 from mlbench_runner.options import KNOBS, TRACE_GOSSIP, Knob, Options, knob_names, knob_table
+from mlbench_runner.pod.launch import FORWARD_ENV, LAUNCHER_ENV
 
 from .helpers import env
 
@@ -138,7 +138,7 @@ def test_the_launcher_forwards_every_knob_and_its_own_variables() -> None:
 
 def test_the_launcher_and_the_declaration_do_not_import_torch() -> None:
     """The launcher pod (and ``mlbench-runner fetch-dataset``/``netem``, whose parsers it builds) stays light."""
-    code = "import sys, mlbench_runner.launch, mlbench_runner.options; assert 'torch' not in sys.modules"
+    code = "import sys, mlbench_runner.pod.launch, mlbench_runner.options; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], env=env(), check=True, timeout=60)
 
 

@@ -11,7 +11,8 @@ import pytest
 from mlbench_api import BenchmarkRun
 from mlbench_api.catalog import load_catalog
 from mlbench_api.config import effective_config
-from mlbench_runner import plots, report
+from mlbench_runner.tools import plots, report
+from mlbench_runner.tools.runs import LoadedRun, load_run, load_summary
 
 from .helpers import resnet_task, run_doc
 from .test_report import fake_run, sweep
@@ -105,7 +106,7 @@ def test_one_local_run_as_mlbench_run_local_plots_it(
         pytest.importorskip("matplotlib")
     monkeypatch.setenv(plots.BACKEND_ENV, backend)
     out = fake_run(tmp_path, "one", ttg=4.0, task=resnet_task(tmp_path / "data", subset=64))
-    paths = report.write_plots([(out, report.load_summary(out))], out)
+    paths = report.write_plots([(out, load_summary(out))], out)
     assert [p.name for p in paths] == ["accuracy-vs-time.svg", "phase-split.svg"]  # one world size: no speedup
     lines = texts(out / "accuracy-vs-time.svg")
     assert any(
@@ -140,7 +141,7 @@ def test_captions_name_the_data_of_the_catalog_tasks() -> None:
 
 def test_a_caption_without_config_says_so(tmp_path: Path) -> None:
     out = fake_run(tmp_path, "bare", ttg=1.0, with_config=False)
-    s = report.load_summary(out)
+    s = load_summary(out)
     assert plots.caption([(s, None)]) == (
         "Data: test-task: dataset unknown (no config.json)\n"
         "This machine's measurement (cpu Test CPU; 1 run), not a reference result."
@@ -166,7 +167,7 @@ def test_configurations_differing_in_a_setting_get_distinct_labels(
 
 @pytest.mark.parametrize("name", ["a-configuration-name-longer-than-the-legend-is-wide [batchSizePerWorker=64]"])
 def test_the_svg_never_cuts_a_name(name: str) -> None:
-    from mlbench_runner import svg
+    from mlbench_runner.tools import svg
 
     for chart in (
         svg.line_chart("t", "x", "y", [(name, [(1.0, 1.0)])]),
@@ -192,8 +193,8 @@ def test_accuracy_colour_groups_carry_the_variant(tmp_path: Path, monkeypatch: p
         return []
 
     monkeypatch.setattr(plots, "write_plots", capture)
-    loaded = [report.load_run(r) for r in runs]
-    report.write_plots([r for r in loaded if isinstance(r, report.LoadedRun)], tmp_path / "p")
+    loaded = [load_run(r) for r in runs]
+    report.write_plots([r for r in loaded if isinstance(r, LoadedRun)], tmp_path / "p")
     groups = {c.label: c.group for c in seen[0].curves}
     assert groups["b10-1 (1xgloo)"] == groups["b10-2 (1xgloo)"]
     assert groups["b10-1 (1xgloo)"] != groups["b40-1 (1xgloo)"]
@@ -243,7 +244,7 @@ def test_figures_this_report_does_not_draw_are_not_left_from_an_earlier_one(
 @pytest.mark.parametrize("rows", [1, 9, 14, 40])
 def test_every_bar_and_its_name_lie_inside_the_svg_above_the_axis_label(rows: int) -> None:
     """Many configurations (a 14-point scaling study): the image grows instead of bars falling off its end."""
-    from mlbench_runner import svg
+    from mlbench_runner.tools import svg
 
     bars = [(f"{n} ({n}x1)", {"compute": 1.0, "communication": 0.5}) for n in range(1, rows + 1)]
     root = ElementTree.fromstring(svg.stacked_bars("t", "seconds per run", bars, "a caption"))

@@ -414,7 +414,7 @@ def labelled(where: str, key: str) -> Callable[[str], str]:
 
 
 def test_agrees_with_torch_powersgd_hook(tmp_path: Path) -> None:
-    from mlbench_runner.local import free_port
+    from mlbench_runner.world import free_port
 
     port = str(free_port())
     procs = [
@@ -457,7 +457,7 @@ def resnet20_bytes(rank: int) -> int:
 
 def test_resnet20_declared_bytes() -> None:
     from mlbench_api.task import ModelSpec
-    from mlbench_runner.models import build_model
+    from mlbench_runner.rank.models import build_model
 
     model = build_model(ModelSpec.model_validate({"name": "resnet", "version": "m1", "depth": 20}))
     algo = powersgd(MirrorCommunicator(2), rank=2)
@@ -496,8 +496,8 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     """backend mpi (mpi4py all-reduce) under mpirun: the same trajectory as gloo, bit for bit (2 ranks)."""
-    from mlbench_runner.launch import launcher_command
-    from mlbench_runner.local import free_port
+    from mlbench_runner.pod.launch import launcher_command
+    from mlbench_runner.world import free_port
 
     data = write_cifar_python(tmp_path, n_train=40, n_test=20)
     task = resnet_task(data, batch=8, epochs=1, subset=32, warmup=0, milestones=[])

@@ -19,7 +19,8 @@ import pytest
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
-from mlbench_runner import report, running
+from mlbench_runner.tools import report, running
+from mlbench_runner.tools.runs import find_results
 
 from .helpers import logreg_task, make_config, resnet_task
 
@@ -521,6 +522,6 @@ def test_a_run_at_the_top_of_a_study_folder_does_not_hide_the_runs_below(tmp_pat
     root = tmp_path / "study"
     runs = [fake_run(root, f"r-s{seed}", ttg=100.0, seed=seed) for seed in (1, 2, 3)]
     shutil.copy(runs[0] / stray, root / stray)
-    assert report.find_results(root) == [root, *runs]
-    assert report.find_results(runs[1]) == [runs[1]]
-    assert report.find_results(runs[1] / "summary.json") == [runs[1] / "summary.json"]
+    assert find_results(root) == [root, *runs]
+    assert find_results(runs[1]) == [runs[1]]
+    assert find_results(runs[1] / "summary.json") == [runs[1] / "summary.json"]

@@ -11,7 +11,7 @@ import pytest
 
 from mlbench_api.results import RunSummary
 from mlbench_runner.options import Options
-from mlbench_runner.train import Trainer
+from mlbench_runner.rank.train import Trainer
 from mlbench_runner.world import World
 
 from .helpers import logreg_task, make_config
@@ -61,16 +61,16 @@ def test_the_stop_reason_names_how_the_run_ended(
 
 def _kept_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every RunnerMetrics the trainer makes from now on, in order (to read their registries afterwards)."""
-    from mlbench_runner import train
+    from mlbench_runner.rank import setup
 
-    registries: list[train.RunnerMetrics] = []
-    made = train.RunnerMetrics
+    registries: list[setup.RunnerMetrics] = []
+    made = setup.RunnerMetrics
 
-    def keep(*args: object, **kwargs: object) -> train.RunnerMetrics:
+    def keep(*args: object, **kwargs: object) -> setup.RunnerMetrics:
         registries.append(made(*args, **kwargs))  # type: ignore[arg-type]
         return registries[-1]
 
-    monkeypatch.setattr(train, "RunnerMetrics", keep)
+    monkeypatch.setattr(setup, "RunnerMetrics", keep)
     return registries
 
 

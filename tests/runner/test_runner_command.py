@@ -15,8 +15,8 @@ from mlbench_api import BenchmarkRun, BenchmarkTaskSpec
 from mlbench_api.config import effective_config
 from mlbench_api.contract import ENV_CONFIG
 from mlbench_api.results import RunSummary
-from mlbench_runner.launch import mpirun_command, rank_command
-from mlbench_runner.local import run_processes
+from mlbench_runner.pod.launch import mpirun_command, rank_command
+from mlbench_runner.tools.processes import run_processes
 
 from .helpers import logreg_task, run_doc
 from .test_mpirun import launch

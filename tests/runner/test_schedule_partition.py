@@ -10,7 +10,7 @@ import torch
 
 from mlbench_api.config import ResolvedSchedule, resolve_schedule
 from mlbench_api.task import LearningRate, Schedule
-from mlbench_runner import partition
+from mlbench_runner.rank import partition
 from mlbench_runner.schedule import learning_rate
 
 

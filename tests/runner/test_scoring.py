@@ -1,4 +1,4 @@
-"""mlbench_runner.scoring on hand-computed inputs: olympic mean, spread, speedup, cost, grouping."""
+"""mlbench_runner.tools.scoring on hand-computed inputs: olympic mean, spread, speedup, cost, grouping."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_runner import scoring
-from mlbench_runner.scoring import Configuration, PhaseSplit, RunResult
+from mlbench_runner.tools import scoring
+from mlbench_runner.tools.scoring import Configuration, PhaseSplit, RunResult
+from mlbench_runner.tools.tables import format_scores
 
 from .helpers import logreg_task, make_config
 from .test_report import summary_for
@@ -289,9 +290,8 @@ def test_an_accuracy_after_time_goal_is_scored_by_the_final_accuracy() -> None:
     assert not any("never reached the goal" in f for f in two.flags)
     mixed = scoring.score([*runs, run(10.0, seed=3, conf=replace(BASE, task="other"))])
     assert {(s.configuration.task, s.accuracy_after_time) for s in mixed} == {("t", True), ("other", False)}
-    from mlbench_runner import report
 
-    table = report.format_scores(mixed).splitlines()
+    table = format_scores(mixed).splitlines()
     header = next(line for line in table if line.startswith("configuration"))
     assert "final acc" in header
     assert any("75.75%" in line or "75.8%" in line for line in table), table

@@ -19,7 +19,7 @@ from mlbench_api import bundle
 from mlbench_api.common import API_VERSION as API
 from mlbench_api.results import RunSummary
 from mlbench_runner import stopping
-from mlbench_runner.launch import strip_tag, summary_from_line
+from mlbench_runner.pod.launch import strip_tag, summary_from_line
 
 from .helpers import env, logreg_task, make_config, run_doc, write_yaml
 
@@ -170,7 +170,7 @@ def test_a_launcher_stopped_before_mpirun_starts_does_not_start_it(
     reads its config and hostfile is noted, mpirun never starts, and the termination log says why."""
     import argparse
 
-    from mlbench_runner import launch
+    from mlbench_runner.pod import launch
 
     mpirun = tmp_path / "fake-mpirun"
     started = tmp_path / "mpirun-started"
@@ -310,7 +310,7 @@ def test_a_stopped_local_run_leaves_its_summary_and_no_process(
     )
     run = write_yaml(tmp_path / "run.yaml", run_doc("stopped", "tiny", 2))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "mlbench_runner.local", str(run), "--local", "--task-file", str(task)]
+    cmd = [sys.executable, "-m", "mlbench_runner.tools.local", str(run), "--local", "--task-file", str(task)]
     cmd += ["--launcher", launcher, "--output-dir", str(out)]
     # a session of its own, as a command in a terminal has
     proc = subprocess.Popen(
@@ -332,7 +332,7 @@ def test_a_deleted_launcher_pod_still_reports_the_aborted_summary(tmp_path: Path
     results line still come out, and the termination log says aborted/interrupted, exit 3."""
     if shutil.which("mpirun") is None:
         pytest.skip("OpenMPI's mpirun is not installed on this machine")
-    from mlbench_runner.launch import launcher_command
+    from mlbench_runner.pod.launch import launcher_command
     from mlbench_runner.world import free_port
 
     out = tmp_path / "launch"
@@ -397,13 +397,13 @@ def _alive(pid: int) -> bool:
 
 def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
     """A rank under mpirun is in a group of its own: neither its parent's group nor SIGTERM reaches it."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import processes
 
     child = subprocess.Popen([sys.executable, "-c", _ORPHAN_MAKER], stdout=subprocess.PIPE, text=True, process_group=0)
     assert child.stdout is not None
     grandchild = int(child.stdout.readline())
     try:
-        local.stop_processes([child], settle=0.0, grace=0.5)
+        processes.stop_processes([child], settle=0.0, grace=0.5)
         deadline = time.monotonic() + 10
         while _alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -416,21 +416,21 @@ def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
 
 def test_the_processes_are_stopped_even_when_their_output_cannot_be_written() -> None:
     """After a Ctrl-C the output is still written; a closed terminal (EIO) there must not skip the stop."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import processes
 
     chatty = (
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "while True:\n print(1, flush=True)\n time.sleep(0.05)"
     )
     proc = subprocess.Popen([sys.executable, "-c", chatty], stdout=subprocess.PIPE, text=True, process_group=0)
-    streams = local.Streams([proc])
+    streams = processes.Streams([proc])
     assert streams.next(timeout=30) == (0, "1")  # its SIGINT handler is set: the Ctrl-C will not end it
 
     def closed_terminal(line: str) -> None:
         raise OSError(5, "Input/output error")
 
     try:
-        with pytest.raises(OSError, match="Input/output"), local.stopped_on_exit([proc], streams, closed_terminal):
+        with pytest.raises(OSError, match="Input/output"), processes.stopped_on_exit([proc], streams, closed_terminal):
             raise KeyboardInterrupt
         assert proc.poll() is not None
     finally:
@@ -460,7 +460,7 @@ def test_mpirun_gives_a_stopped_rank_time_to_write_its_summary(tmp_path: Path) -
     launcher's SIGUSR1, which mpirun passes on, lets each end on its own."""
     if shutil.which("mpirun") is None:
         pytest.skip("OpenMPI's mpirun is not installed on this machine")
-    from mlbench_runner.launch import launcher_command
+    from mlbench_runner.pod.launch import launcher_command
     from mlbench_runner.world import free_port
 
     out = tmp_path / "launch"
@@ -502,7 +502,7 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     """In a pod the ranks' output folder is on worker 0: the summary comes from there (fetched over ssh)."""
     import argparse
 
-    from mlbench_runner import launch
+    from mlbench_runner.pod import launch
     from tests.operator import helpers as h
 
     summary = h.summary("t", world_size=2)
@@ -529,7 +529,7 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
 
 def test_the_tree_is_taken_from_running_processes_only() -> None:
     """A reaped process's pid may be another's by now: its children are not ours to kill."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import processes
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -542,8 +542,8 @@ def test_the_tree_is_taken_from_running_processes_only() -> None:
             pid = os.getpid()
             returncode = None
 
-        assert local.process_tree([Reaped()]) == set()  # type: ignore[list-item]
-        assert child.pid in {pid for pid, _ in local.process_tree([Running()])}  # type: ignore[list-item]
+        assert processes.process_tree([Reaped()]) == set()  # type: ignore[list-item]
+        assert child.pid in {pid for pid, _ in processes.process_tree([Running()])}  # type: ignore[list-item]
     finally:
         child.kill()
         child.wait()
@@ -563,7 +563,7 @@ time.sleep(60)
 def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leave_first(tmp_path: Path) -> None:
     """The operator restarts an interrupted run (a lost pod) but not an aborted one: the launcher knows it was
     stopped, whatever rank 0 concluded from a broken collective."""
-    from mlbench_runner.launch import launcher_command
+    from mlbench_runner.pod.launch import launcher_command
     from tests.operator import helpers as h
 
     said = h.summary("t").model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "error"})
@@ -597,7 +597,7 @@ def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leav
 def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path: Path) -> None:
     """A rank's exit breaks its peers' collectives within moments, and they stop with stop reason error; a
     SIGTERM at once would make them say interrupted instead (the process launcher of ``mlbench run --local``)."""
-    from mlbench_runner import local
+    from mlbench_runner.tools import processes
 
     marker = str(tmp_path / "terminated")
     rank = (
@@ -608,14 +608,14 @@ def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path:
         "time.sleep(1)  # then its collective breaks: it fails on its own\n"
         "sys.exit(1)\n"
     )
-    code = local.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
+    code = processes.run_processes(tmp_path / "config.json", 2, env(), lambda line: None, (sys.executable, "-c", rank))
     assert code == 1
     assert not (tmp_path / "terminated").exists()
 
 
 def test_output_that_is_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
     """mpirun tags each piece it reads, so a tag can split a multi-byte character (a progress bar's block)."""
-    from mlbench_runner import launch
+    from mlbench_runner.pod import launch
 
     lines: list[str] = []
     raw = b"[1,0]<stdout>:caf\xc3[1,0]<stdout>:\xa9 ok\n[1,0]<stdout>:next\n"
@@ -635,7 +635,7 @@ def test_a_broken_local_summary_file_is_an_error_message_not_a_traceback(
     its error object (the run fails with the launcher's reason), it does not die with a traceback."""
     import argparse
 
-    from mlbench_runner import launch
+    from mlbench_runner.pod import launch
 
     mpirun = tmp_path / "fake-mpirun"
     mpirun.write_text(f"#!{sys.executable}\nprint('no summary here')\n")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from mlbench_runner.summary import SummaryBuilder
+from mlbench_runner.rank.summary import SummaryBuilder
 from mlbench_runner.timing import StepTiming
 from mlbench_runner.world import World
 

@@ -17,7 +17,7 @@ import yaml
 from mlbench_api.catalog import parse_run
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import LABEL_SWEEP
-from mlbench_runner import local, report, sweep
+from mlbench_runner.tools import inputs, local, report, sweep
 
 from .helpers import REPO, env, logreg_task, write_yaml
 from .test_report import fake_run
@@ -73,7 +73,7 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
         assert run.metadata.labels[LABEL_SWEEP] == "lr-study"
         assert task_doc["metadata"]["name"] == "tiny"
         # and it runs on its own, task included
-        config = local.build_config(local.parse_args([str(out / name / "run.yaml"), "--local"]), tmp_path / "again")
+        config = inputs.build_config(local.parse_args([str(out / name / "run.yaml"), "--local"]), tmp_path / "again")
         assert (config.run_name, config.task_name, config.seed) == (name, "tiny", int(name[-1]))
     assert "[4/4] run lr-study-w2-s2: workers=2 algorithm=allreduce-sgd backend=gloo seed=2" in text
     assert f"mlbench results {out}" in text
@@ -310,7 +310,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     task = _task_file(tmp_path, logreg_task(epochs=100_000, train=2000))
     study = _sweep_file(tmp_path, {"workers": [2], "seeds": [1, 2]})
     out = tmp_path / "study"
-    cmd = [sys.executable, "-m", "mlbench_runner.sweep", str(study), "--local", "--task-file", str(task)]
+    cmd = [sys.executable, "-m", "mlbench_runner.tools.sweep", str(study), "--local", "--task-file", str(task)]
     cmd += ["--output-dir", str(out), "--launcher", "process"]
     # its own process group, as a command in a terminal has: the SIGINT below is the terminal's Ctrl-C
     proc = subprocess.Popen(

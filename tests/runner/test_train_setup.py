@@ -16,10 +16,12 @@ import torch
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_runner import train as train_module
 from mlbench_runner.options import Options
-from mlbench_runner.steps import FastStep
-from mlbench_runner.train import Trainer, waited_for_others
+from mlbench_runner.rank import session
+from mlbench_runner.rank import setup as rank_setup
+from mlbench_runner.rank.session import waited_for_others
+from mlbench_runner.rank.steps import FastStep
+from mlbench_runner.rank.train import Trainer
 from mlbench_runner.world import World
 
 from .helpers import join_all, logreg_task, make_config, spawn_ranks
@@ -46,7 +48,7 @@ def test_the_wait_for_slower_ranks_set_up(waited: float, own: float, slowest: fl
 def _rank(rank: int, port: int, out: str, where: str) -> None:
     """One of two gloo ranks in a spawned process; rank 1's ingest or compile takes SKEW seconds longer."""
     if where == "ingest":
-        real_load = train_module.load_dataset
+        real_load = rank_setup.load_dataset
 
         def load(spec: Any) -> Any:
             data = real_load(spec)
@@ -55,7 +57,7 @@ def _rank(rank: int, port: int, out: str, where: str) -> None:
                 data = dataclasses.replace(data, ingest_seconds=data.ingest_seconds + SKEW)
             return data
 
-        train_module.load_dataset = load
+        rank_setup.load_dataset = load
     else:
         torch.compile = lambda model, **_: model  # type: ignore[assignment]
 
@@ -99,4 +101,4 @@ def test_a_slower_ranks_set_up_is_not_in_rank_0s_clock(tmp_path: Path, where: st
     ],
 )
 def test_threads_from_a_cpu_limit_round_down(cpu_max: str, cpus: int | None) -> None:
-    assert train_module.quota_cpus(cpu_max) == cpus
+    assert session.quota_cpus(cpu_max) == cpus

@@ -16,8 +16,8 @@ import torch
 from mlbench_api.task import Goal, ModelName
 from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.metrics import RunnerMetrics
+from mlbench_runner.rank.train import KINDS
 from mlbench_runner.schedule import warmup_inverse_sqrt
-from mlbench_runner.train import KINDS
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     build_vocabulary,

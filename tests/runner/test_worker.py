@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_runner.worker import (
+from mlbench_runner.pod.worker import (
     EXIT_OOM,
     Process,
     alive,
@@ -218,7 +218,7 @@ time.sleep(60)
 
 SUPERVISE = """
 import sys
-from mlbench_runner.worker import supervise
+from mlbench_runner.pod.worker import supervise
 sys.exit(supervise(sys.argv[2:], termination_log=sys.argv[1], counters=[], worker="r-worker-1", poll=0.05))
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from mlbench_api.config import RunConfig
 from mlbench_runner.algorithms.base import (
@@ -83,8 +84,6 @@ class DDPBaseline(DistributedAlgorithm):
     def prepare(self, model: nn.Module) -> nn.Module:
         if not isinstance(self.comm.transport(), TorchCommunicator):
             raise ValueError("algorithm: ddp needs backend gloo or nccl (torch.distributed), not mpi")
-        from torch.nn.parallel import DistributedDataParallel
-
         device = next(model.parameters()).device
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=True)

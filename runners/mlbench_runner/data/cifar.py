@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import structlog
+from PIL import Image
 
 from mlbench_runner.data.base import (
     DECODER_VERSION,
@@ -182,8 +183,6 @@ def _file_name(image: tuple[str, np.ndarray]) -> str:
 
 def decode_image_archive(path: Path) -> dict[str, np.ndarray]:
     """Decode every ``train|test/<class>/<file>`` image into uint8 NCHW arrays (split folders in any case)."""
-    from PIL import Image
-
     found: dict[str, dict[str, list[tuple[str, np.ndarray]]]] = {"train": defaultdict(list), "test": defaultdict(list)}
     for name, data in _members(path):
         match = _IMAGE.search(name)

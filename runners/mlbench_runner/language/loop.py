@@ -201,15 +201,7 @@ def train_language(
     losses: list[float] = []
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout masks differ by rank
     for epoch in range(recipe.max_epochs):
-        rng = random.Random(seed * 1_000_003 + epoch) if recipe.random_length else None
-        lengths = sequence_lengths(
-            data.size(0),
-            recipe.bptt,
-            rng,
-            short_probability=recipe.short_probability,
-            std=recipe.length_std,
-            min_length=recipe.min_length,
-        )
+        lengths = epoch_lengths(recipe, data.size(0), seed, epoch)
         hidden, start, loss_sum, loss_tokens, out_of_time = model.init_hidden(recipe.batch), 0, 0.0, 0, False
         for i, length in enumerate(lengths):
             base = warmed_rate(recipe.rate, comm.size, epoch + i / len(lengths), recipe.warmup_epochs_per_worker)
@@ -219,30 +211,16 @@ def train_language(
                 t, words, target, hidden, recipe=recipe, lr=lr, comm=comm
             )
             start += length
-            result.steps += 1
-            result.tokens += target.numel() * comm.size
-            result.compute_seconds += compute
-            result.communication_seconds += communication
+            count_window(result, metrics, target.numel(), comm.size, lr=lr, seconds=(compute, communication))
             loss_sum += loss * target.numel()
             loss_tokens += target.numel()
-            if metrics is not None:
-                metrics.steps.inc()
-                metrics.samples.inc(target.numel())
-                metrics.lr.set(lr)
-                metrics.phase_seconds.labels("communication").inc(communication)
-                metrics.step_duration.observe(compute + communication)
             if result.steps % BUDGET_EVERY == 0 and budget_spent(comm, clock, budget, device):
                 out_of_time = True
                 break
         averaged = t.average.active
-        t.average.swap(params)  # evaluate the average once averaging began
-        nll = evaluate(model, held_out, recipe, comm)
-        t.average.swap(params)
+        nll = evaluate_average(t, held_out, recipe, comm)  # the average once averaging began
         if not t.average.active and switch_to_averaging(losses, nll, recipe.nonmono):
-            t.average.start(params)
-            result.averaging_from_epoch = epoch + 1
-            if log is not None:
-                log.event("asgd_switch", epoch=epoch + 1, valid_nll=nll, best_before=min(losses[: -recipe.nonmono]))
+            start_averaging(t, result, epoch, log, best_before=min(losses[: -recipe.nonmono]), nll=nll)
         losses.append(nll)
         score = epoch_score(goal.metric, 0.0, nll)
         elapsed = time.perf_counter() - clock
@@ -259,10 +237,65 @@ def train_language(
             break
     if budget is not None:
         result.reached = bool(result.history) and goal.met(result.history[-1].score)
-    t.average.swap(params)
-    result.test_perplexity = perplexity(evaluate(model, corpus.test, recipe, comm))
-    t.average.swap(params)
+    result.test_perplexity = perplexity(evaluate_average(t, corpus.test, recipe, comm))
     return result
+
+
+def epoch_lengths(recipe: LanguageRecipe, tokens: int, seed: int, epoch: int) -> list[int]:
+    """The epoch's BPTT window lengths (random ones drawn from the seed and the epoch: the same on every rank)."""
+    rng = random.Random(seed * 1_000_003 + epoch) if recipe.random_length else None
+    return sequence_lengths(
+        tokens,
+        recipe.bptt,
+        rng,
+        short_probability=recipe.short_probability,
+        std=recipe.length_std,
+        min_length=recipe.min_length,
+    )
+
+
+def count_window(
+    result: LanguageResult,
+    metrics: RunnerMetrics | None,
+    tokens: int,
+    ranks: int,
+    *,
+    lr: float,
+    seconds: tuple[float, float],
+) -> None:
+    """One window of ``tokens`` target tokens per rank into the result and the rank's metrics; ``seconds``:
+    its compute and communication."""
+    compute, communication = seconds
+    result.steps += 1
+    result.tokens += tokens * ranks
+    result.compute_seconds += compute
+    result.communication_seconds += communication
+    if metrics is not None:
+        metrics.steps.inc()
+        metrics.samples.inc(tokens)
+        metrics.lr.set(lr)
+        metrics.phase_seconds.labels("communication").inc(communication)
+        metrics.step_duration.observe(compute + communication)
+
+
+def evaluate_average(t: Trainee, split: torch.Tensor, recipe: LanguageRecipe, comm: Communicator) -> float:
+    """The mean negative log-likelihood on ``split`` of the averaged parameters (the model's own until averaging
+    starts), the model's put back after."""
+    t.average.swap(t.params)
+    try:
+        return evaluate(t.model, split, recipe, comm)
+    finally:
+        t.average.swap(t.params)
+
+
+def start_averaging(
+    t: Trainee, result: LanguageResult, epoch: int, log: EventLog | None, *, best_before: float, nll: float
+) -> None:
+    """NT-ASGD's switch after ``epoch``: the average starts from the parameters now."""
+    t.average.start(t.params)
+    result.averaging_from_epoch = epoch + 1
+    if log is not None:
+        log.event("asgd_switch", epoch=epoch + 1, valid_nll=nll, best_before=best_before)
 
 
 def report(

@@ -1,5 +1,5 @@
 """The language-modelling task kind under ``mlbench-runner train``: a RunConfig of an awd-lstm task in, rank 0's
-RunSummary out (summary.json), as :func:`mlbench_runner.train.train` does for the other models.
+RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.train` does for the other models.
 
 The task's sections become a :class:`~.loop.LanguageRecipe` (:func:`recipe_for`); the data is the task's
 ``wikitext-tokens`` folder, or the synthetic corpus (NOT WikiText-2) generated into this rank's output folder for

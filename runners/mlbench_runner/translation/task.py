@@ -1,5 +1,5 @@
 """The translation task kind under ``mlbench-runner train``: a RunConfig of a transformer task in, rank 0's
-RunSummary out (summary.json), as :func:`mlbench_runner.train.train` does for the other models.
+RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.train` does for the other models.
 
 The task's sections become a :class:`~.loop.TranslationRecipe` (:func:`recipe_for`); the data is the task's
 ``parallel-text`` folder, or the synthetic pair (NOT WMT) generated into this rank's output folder for format

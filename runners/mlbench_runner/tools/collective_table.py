@@ -1,5 +1,5 @@
 """Task 0a's table as text (nccl-tests-like), without torch: what ``mlbench results`` prints for a
-collectives run (the sweep itself is :mod:`mlbench_runner.collectives`)."""
+collectives run (the sweep itself is :mod:`mlbench_runner.rank.collectives`)."""
 
 from __future__ import annotations
 

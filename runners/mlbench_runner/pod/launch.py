@@ -9,7 +9,7 @@ and forwards its output. The rank command is the task's ``runner.command`` (defa
 ``{"error": ..., "exitCode": n}`` and exits non-zero when no summary came back or mpirun
 failed. An aborted run (status ``aborted``: every rank exits 3) still gets its summary
 written, and the launcher exits 3. Whatever the outcome, once mpirun has run the launcher's last
-output line carries rank 0's full results for the operator to keep (:mod:`mlbench_runner.collect`).
+output line carries rank 0's full results for the operator to keep (:mod:`mlbench_runner.pod.collect`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,7 +49,8 @@ from mlbench_api.contract import (
 from mlbench_api.results import RunSummary
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
-from mlbench_runner.collect import (
+from mlbench_runner.options import knob_names
+from mlbench_runner.pod.collect import (
     CONNECT_TIMEOUT_SECONDS,
     gather,
     handshake_delay,
@@ -56,7 +58,6 @@ from mlbench_runner.collect import (
     results_line,
     ssh_options,
 )
-from mlbench_runner.options import knob_names
 from mlbench_runner.world import parse_hostfile
 
 #: Kubernetes reads at most 4096 bytes of a termination message.
@@ -342,35 +343,91 @@ def run_launch(args: argparse.Namespace) -> int:
         return _launch(args)
 
 
+class LaunchFailed(Exception):
+    """The launcher ends before a run could give its result: ``str(exc)`` goes to the termination log with exit
+    ``code``; ``said`` (default: the same text) to stderr, unless None."""
+
+    def __init__(self, message: str, code: int, said: str | None = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.said = message if said == "" else said
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launcher read and will run: the rank's config path, the config, the hostfile's hosts, the ssh
+    key's private copy, the ranks' environment and the mpirun command."""
+
+    config: RunConfig
+    hosts: list[tuple[str, int]]
+    ssh_key: str | None
+    env: dict[str, str]
+    cmd: list[str]
+
+
+@dataclass
+class RankOutput:
+    """What the launcher keeps of the ranks' output as it streams: rank 0's summary lines, its events, the
+    lines that look like a failure's cause, and the last lines."""
+
+    found: list[RunSummary] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    def on_line(self, line: str) -> None:
+        print(line, flush=True)
+        event = rank0_event(strip_tag(line))
+        if event is not None and len(self.events) < MAX_SEEN_EVENTS:
+            self.events.append(event)
+        summary = summary_from_line(line)
+        if summary is not None:
+            self.found.append(summary)
+            return
+        if len(self.causes) < MAX_CAUSES and is_cause(line):
+            self.causes.append(line)
+        self.tail.append(line)
+        del self.tail[:-20]
+
+
 def _launch(args: argparse.Namespace) -> int:
+    try:
+        launch = prepare_launch(args)
+        print(json.dumps({"event": "launch", "command": launch.cmd}), flush=True)
+        if args.dry_run:
+            return 0
+        out = RankOutput()
+        code, stopped = _run_ranks(launch, out)
+    except LaunchFailed as exc:
+        write_termination(args.termination_log, error_message(str(exc), exc.code))
+        if exc.said is not None:
+            print(f"error: {exc.said}", file=sys.stderr)
+        return exc.code
+    _collect(args, launch, out)
+    message, status = verdict(out, code, stopped)
+    write_termination(args.termination_log, message)
+    return status
+
+
+def prepare_launch(args: argparse.Namespace) -> Launch:
+    """The config, the hosts and the ssh key read and checked, and the mpirun command; raises
+    :class:`LaunchFailed` (2: the run's input; 1: this pod's file system)."""
     config_path = args.config or os.environ.get(ENV_CONFIG)
     if not config_path:
-        write_termination(args.termination_log, error_message(f"no --config and no ${ENV_CONFIG}", 2))
-        print(f"error: pass --config or set {ENV_CONFIG}", file=sys.stderr)
-        return 2
+        raise LaunchFailed(f"no --config and no ${ENV_CONFIG}", 2, said=f"pass --config or set {ENV_CONFIG}")
     try:
         config = RunConfig.load(config_path)
         hosts = parse_hostfile(args.hostfile)
         ssh_key = private_key(args.ssh_key) if args.ssh_key else None
     except PodSetupError as exc:
-        write_termination(args.termination_log, error_message(str(exc), 1))
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        raise LaunchFailed(str(exc), 1) from exc
     except (OSError, ValueError) as exc:
-        write_termination(args.termination_log, error_message(str(exc), 2))
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise LaunchFailed(str(exc), 2) from exc
     if args.ssh_known_hosts and not Path(args.ssh_known_hosts).is_file():  # ssh would refuse every worker
-        msg = f"ssh known_hosts file {args.ssh_known_hosts} does not exist"
-        write_termination(args.termination_log, error_message(msg, 2))
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+        raise LaunchFailed(f"ssh known_hosts file {args.ssh_known_hosts} does not exist", 2)
     slots = sum(s for _, s in hosts)
     if slots < config.world_size and not args.oversubscribe:
-        msg = f"hostfile {args.hostfile} has {slots} slots for worldSize {config.world_size}"
-        write_termination(args.termination_log, error_message(msg, 2))
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+        raise LaunchFailed(f"hostfile {args.hostfile} has {slots} slots for worldSize {config.world_size}", 2)
     env = dict(os.environ)
     env[ENV_CONFIG] = rank_config_path(config_path)
     env.setdefault(ENV_HOSTFILE, args.hostfile)
@@ -391,89 +448,85 @@ def _launch(args: argparse.Namespace) -> int:
         command=config.task.runner.command,
         ssh_delay=handshake_delay(config.network),
     )
-    print(json.dumps({"event": "launch", "command": cmd}), flush=True)
-    if args.dry_run:
-        return 0
-    found: list[RunSummary] = []
-    tail: list[str] = []
-    causes: list[str] = []
-    events: list[str] = []
+    return Launch(config, hosts, ssh_key, env, cmd)
 
-    def on_line(line: str) -> None:
-        print(line, flush=True)
-        event = rank0_event(strip_tag(line))
-        if event is not None and len(events) < MAX_SEEN_EVENTS:
-            events.append(event)
-        summary = summary_from_line(line)
-        if summary is not None:
-            found.append(summary)
-            return
-        if len(causes) < MAX_CAUSES and is_cause(line):
-            causes.append(line)
-        tail.append(line)
-        del tail[:-20]
 
+def _run_ranks(launch: Launch, out: RankOutput) -> Streamed:
+    """mpirun, its output handed to ``out``; raises :class:`LaunchFailed` when it was stopped before it started
+    (nothing to stop, no results to gather) or cannot be started."""
     early = stopping.pending()
-    if early is not None:  # stopped before anything started: nothing to stop, no results to gather
-        msg = f"stopped by {early.name} before mpirun started"
-        write_termination(args.termination_log, error_message(msg, 128 + early))
-        print(f"error: {msg}", file=sys.stderr)
-        return 128 + early
+    if early is not None:
+        raise LaunchFailed(f"stopped by {early.name} before mpirun started", 128 + early)
     try:
-        code, stopped = stream(cmd, on_line, env)
+        return stream(launch.cmd, out.on_line, launch.env)
     except FileNotFoundError as exc:
-        write_termination(args.termination_log, error_message(f"cannot start mpirun: {exc}", 127))
-        return 127
-    if not found and Path(config.output_dir, "summary.json").exists():
+        raise LaunchFailed(f"cannot start mpirun: {exc}", 127, said=None) from exc
+
+
+def _collect(args: argparse.Namespace, launch: Launch, out: RankOutput) -> None:
+    """Rank 0's results gathered and printed as the log's last line (the operator keeps it:
+    mlbench_api.bundle); its summary read from its file where no line carried it."""
+    summary_file = Path(launch.config.output_dir, "summary.json")
+    if not out.found and summary_file.exists():
         # an open-division program's broken file (not JSON, not UTF-8, unreadable): the error message below
         with contextlib.suppress(ValidationError, OSError):
-            found.append(RunSummary.model_validate_json(Path(config.output_dir, "summary.json").read_bytes()))
-    try:  # best effort: a problem here must not turn a finished run into a failed one
+            out.found.append(RunSummary.model_validate_json(summary_file.read_bytes()))
+    files, line = _gathered(args, launch, out)
+    if not out.found and files.get(SUMMARY_FILE):  # the summary line was lost or mangled: worker 0's summary.json
+        with contextlib.suppress(ValidationError):
+            out.found.append(RunSummary.model_validate_json(files[SUMMARY_FILE]))
+    if line is not None:
+        print(line, flush=True)
+
+
+def _gathered(args: argparse.Namespace, launch: Launch, out: RankOutput) -> tuple[dict[str, bytes], str | None]:
+    """Rank 0's result files and their ``run_results`` line; best effort: a problem here must not turn a
+    finished run into a failed one."""
+    try:
         files = gather(
-            config.output_dir,
-            env[ENV_CONFIG],
-            hosts[0][0] if hosts else None,
+            launch.config.output_dir,
+            launch.env[ENV_CONFIG],
+            launch.hosts[0][0] if launch.hosts else None,
             ssh_port=args.ssh_port,
-            ssh_key=ssh_key,
-            seen_events=events,
-            seen_summary=found[-1] if found else None,
+            ssh_key=launch.ssh_key,
+            seen_events=out.events,
+            seen_summary=out.found[-1] if out.found else None,
             ssh_known_hosts=args.ssh_known_hosts,
             ssh_host_key_alias=args.ssh_host_key_alias,
-            delay=handshake_delay(config.network),
+            delay=handshake_delay(launch.config.network),
         )
-        line = results_line(files)
+        return files, results_line(files)
     except Exception as exc:
         print(json.dumps({"event": "results_not_collected", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
-        files, line = {}, None
-    if not found and files.get(SUMMARY_FILE):  # the summary line was lost or mangled: worker 0's summary.json
-        with contextlib.suppress(ValidationError):
-            found.append(RunSummary.model_validate_json(files[SUMMARY_FILE]))
-    if line is not None:  # the last line of the log: the operator keeps it (mlbench_api.bundle)
-        print(line, flush=True)
-    if found and found[-1].status == "aborted" and (code in (0, 3) or stopped):
+        return {}, None
+
+
+def verdict(out: RankOutput, code: int, stopped: bool) -> tuple[str, int]:
+    """The termination message and the launcher's exit status, from mpirun's exit ``code``, whether the launcher
+    passed on a stop signal, and what the ranks printed."""
+    if out.found and out.found[-1].status == "aborted" and (code in (0, 3) or stopped):
         # Every rank exits 3 on an aborted run (a collective decision), so mpirun does too: keep the
         # summary; also when the launcher passed on a stop signal, whatever mpirun's own code then is.
         # Another code means a rank crashed: report that error instead.
-        summary = found[-1]
+        summary = out.found[-1]
         if stopped and summary.stop_reason == "error":
             # rank 0's collective broke when a peer took the stop first: the stop, not the peer, ended the run
             # (and the operator restarts an interrupted run like any lost pod)
             summary = summary.model_copy(update={"stop_reason": "interrupted"})
-        write_termination(args.termination_log, summary.termination_message())
-        return 3
-    if code != 0 or not found:
+        return summary.termination_message(), 3
+    if code != 0 or not out.found:
         status = exit_status(code) or 1
-        if code < 0:
-            reason = f"mpirun was killed by signal {-code}"
-        elif code != 0:
-            reason = f"mpirun exited with {code}"
-        else:
-            reason = "no run summary from rank 0"
-        write_termination(args.termination_log, error_message(failure_text(reason, causes, tail), status))
-        return status
-    summary = found[-1]
-    write_termination(args.termination_log, summary.termination_message())
-    return 0
+        return error_message(failure_text(failure_reason(code), out.causes, out.tail), status), status
+    return out.found[-1].termination_message(), 0
+
+
+def failure_reason(code: int) -> str:
+    """Why a run without a summary failed, from mpirun's exit code."""
+    if code < 0:
+        return f"mpirun was killed by signal {-code}"
+    if code != 0:
+        return f"mpirun exited with {code}"
+    return "no run summary from rank 0"
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:

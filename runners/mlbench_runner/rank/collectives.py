@@ -57,6 +57,9 @@ from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
 from mlbench_runner.options import Options
+from mlbench_runner.rank.session import available_cpus
+from mlbench_runner.rank.setup import pick_device
+from mlbench_runner.rank.summary import device_description
 from mlbench_runner.world import World, detect_world
 
 #: The float32 buffers' element type.
@@ -348,9 +351,38 @@ def _expect(ok: bool, size: Size, what: str) -> None:
 
 
 def device_name(device: torch.device) -> str:
-    from mlbench_runner.summary import device_description
-
     return device_description(device)
+
+
+def _sweep_spec(config: RunConfig, world: World) -> CollectiveBenchmark:
+    """The task's sweep, for as many ranks as were started; raises ValueError (a training task, another size)."""
+    spec = config.task.collectives
+    if spec is None:
+        raise ValueError(
+            f"collectives: task {config.task_name!r} is a training task (no collectives section); "
+            "run it with mlbench-runner train"
+        )
+    if config.world_size != world.size:
+        raise ValueError(f"worldSize: the config says {config.world_size} ranks but {world.size} were started")
+    return spec
+
+
+def _row_recorder(rank: int, registry: CollectiveMetrics, log: EventLog) -> Callable[[CollectiveMeasurement], None]:
+    """What rank 0 does with each measured row (the others nothing): its gauges and a ``collective`` event."""
+
+    def on_row(row: CollectiveMeasurement) -> None:
+        if rank != 0:
+            return
+        labels = (row.op, str(row.bytes))
+        registry.algorithm_bandwidth.labels(*labels).set(row.algorithm_bandwidth)
+        registry.bus_bandwidth.labels(*labels).set(row.bus_bandwidth)
+        for q, value in zip(
+            QUANTILES, (row.latency_p50_seconds, row.latency_p90_seconds, row.latency_p99_seconds), strict=True
+        ):
+            registry.latency.labels(*labels, str(q)).set(value)
+        log.event("collective", **row.model_dump(mode="json", by_alias=True))
+
+    return on_row
 
 
 def run_collectives(config: RunConfig, world: World | None = None, opts: Options | None = None) -> RunSummary | None:
@@ -358,18 +390,9 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
 
     ``opts`` (default: the ``MLBENCH_*`` knobs of the environment) gives the threads and the metrics linger.
     """
-    from mlbench_runner.train import available_cpus, pick_device
-
     start = time.perf_counter()
-    spec = config.task.collectives
-    if spec is None:
-        raise ValueError(
-            f"collectives: task {config.task_name!r} is a training task (no collectives section); "
-            "run it with mlbench-runner train"
-        )
     world = world or detect_world()
-    if config.world_size != world.size:
-        raise ValueError(f"worldSize: the config says {config.world_size} ranks but {world.size} were started")
+    spec = _sweep_spec(config, world)
     opts = opts or Options.from_env()
     threads = opts.threads or max(1, available_cpus() // max(1, world.local_size))
     torch.set_num_threads(threads)
@@ -401,21 +424,8 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
             warmup_iterations=spec.warmup_iterations,
             max_seconds_per_size=spec.max_seconds_per_size,
         )
-        registry = metrics
-
-        def on_row(row: CollectiveMeasurement) -> None:
-            if world.rank != 0:
-                return
-            labels = (row.op, str(row.bytes))
-            registry.algorithm_bandwidth.labels(*labels).set(row.algorithm_bandwidth)
-            registry.bus_bandwidth.labels(*labels).set(row.bus_bandwidth)
-            for q, value in zip(
-                QUANTILES, (row.latency_p50_seconds, row.latency_p90_seconds, row.latency_p99_seconds), strict=True
-            ):
-                registry.latency.labels(*labels, str(q)).set(value)
-            log.event("collective", **row.model_dump(mode="json", by_alias=True))
-
-        sweep = Sweep(spec, comm, device, on_row=on_row, on_iterations=registry.steps.inc)
+        on_row = _row_recorder(world.rank, metrics, log)
+        sweep = Sweep(spec, comm, device, on_row=on_row, on_iterations=metrics.steps.inc)
         rows = sweep.run()
         result = CollectiveResult(
             backend=config.backend.value,

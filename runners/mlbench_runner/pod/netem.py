@@ -57,6 +57,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
+from mlbench_api.config import RunConfig
 from mlbench_api.contract import ENV_CONFIG
 from mlbench_api.errors import format_errors
 from mlbench_api.run import NetworkConditions
@@ -315,8 +318,6 @@ def conditions_from_args(args: argparse.Namespace) -> NetworkConditions | None:
 
     Raises ValueError (a bad value, both flags and --config, no config at all) and OSError (unreadable file).
     """
-    from mlbench_api.config import RunConfig
-
     given = {wire: getattr(args, attr) for attr, wire in _FLAGS if getattr(args, attr) is not None}
     if given:
         if args.config:
@@ -331,20 +332,8 @@ def conditions_from_args(args: argparse.Namespace) -> NetworkConditions | None:
 def run(args: argparse.Namespace) -> int:
     """0: applied (or nothing to apply); 1: tc failed; 2: bad input. Prints the commands, the qdiscs used
     (:func:`describe`) and what the interface holds (``tc qdisc show``, ``tc class show``)."""
-    from pydantic import ValidationError
-
     if args.clear:
-        command = clear_command(args.interface)
-        if args.dry_run:
-            print(shlex.join(command))
-            return 0
-        try:
-            cleared = clear(args.interface)
-        except NetemError as err:
-            print(f"error: netem: {err}", file=sys.stderr)
-            return 1
-        print(f"cleared {args.interface}" if cleared else f"{args.interface} has its default qdisc: nothing to clear")
-        return 0
+        return _clear(args)
     try:
         conditions = conditions_from_args(args)
     except ValidationError as err:
@@ -356,6 +345,25 @@ def run(args: argparse.Namespace) -> int:
     if conditions is None:
         print("netem: the run declares no network conditions (spec.network unset): nothing applied")
         return 0
+    return _apply(conditions, args)
+
+
+def _clear(args: argparse.Namespace) -> int:
+    """``--clear``: the interface back to its default qdisc (``--dry-run``: the command only)."""
+    if args.dry_run:
+        print(shlex.join(clear_command(args.interface)))
+        return 0
+    try:
+        cleared = clear(args.interface)
+    except NetemError as err:
+        print(f"error: netem: {err}", file=sys.stderr)
+        return 1
+    print(f"cleared {args.interface}" if cleared else f"{args.interface} has its default qdisc: nothing to clear")
+    return 0
+
+
+def _apply(conditions: NetworkConditions, args: argparse.Namespace) -> int:
+    """The conditions on the interface (``--dry-run``: the commands only)."""
     if args.dry_run:
         for command in netem_commands(conditions, args.interface):
             print(shlex.join(command))

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from mlbench_runner.algorithms import DistributedAlgorithm
-from mlbench_runner.steps import Step
-from mlbench_runner.summary import SummaryBuilder
+from mlbench_runner.rank.steps import Step
+from mlbench_runner.rank.summary import SummaryBuilder
 
 
 def _optimizer_state(step: Step) -> dict[str, Any]:

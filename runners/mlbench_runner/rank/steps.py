@@ -37,7 +37,7 @@ from torch import nn
 from mlbench_runner.algorithms import DistributedAlgorithm
 from mlbench_runner.algorithms.base import FlatGradients
 from mlbench_runner.flat import FlatParameters, FlatSGD
-from mlbench_runner.tasks import TaskKernel
+from mlbench_runner.rank.tasks import TaskKernel
 from mlbench_runner.timing import PhaseTimer
 
 #: Warm-up iterations on a side stream before capture (cuDNN and allocator initialisation, as torch's docs ask).

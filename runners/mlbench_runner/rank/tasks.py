@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlbench_runner.augment import crop_flip, normalize
 from mlbench_runner.data import TensorDataset
+from mlbench_runner.rank.augment import crop_flip, normalize
 
 #: Dtypes whose logits the loss takes in fp32.
 LOW_PRECISION = (torch.float16, torch.bfloat16)

@@ -1,7 +1,7 @@
 """The figures of ``mlbench results``: matplotlib when installed, else the hand-written SVG.
 
 matplotlib is the optional "plots" extra (``make install`` puts it into the checkout's .venv);
-without it :mod:`mlbench_runner.svg` draws the same figures, under the same names, as SVG.
+without it :mod:`mlbench_runner.tools.svg` draws the same figures, under the same names, as SVG.
 ``MLBENCH_PLOTS=svg`` forces the built-in SVG, ``MLBENCH_PLOTS=matplotlib`` fails when matplotlib
 is missing. Every figure carries a caption naming its data (the dataset, e.g. "CIFAR-10 (JPEG
 copy)" or "synthetic epsilon stand-in", and the division) and saying that it is this machine's
@@ -27,8 +27,8 @@ from typing import Any
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
 from mlbench_api.task import DatasetFormat
-from mlbench_runner import svg
-from mlbench_runner.scoring import ConfigScore, Configuration, device_of
+from mlbench_runner.tools import svg
+from mlbench_runner.tools.scoring import ConfigScore, Configuration, device_of
 
 BACKEND_ENV = "MLBENCH_PLOTS"
 Points = list[tuple[float, float]]
@@ -111,7 +111,8 @@ def backend() -> str:
     if choice == "svg":
         return "svg"
     try:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        # Lazy: matplotlib is the optional `plots` extra (without it the SVG is drawn).
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415, F401
     except ImportError:
         if choice == "matplotlib":
             raise
@@ -262,7 +263,8 @@ class _Matplotlib:
     """Each figure on its own Figure (no pyplot: no global state, no display needed)."""
 
     def __init__(self, data: PlotInput, dest: Path, fmt: str) -> None:
-        from matplotlib.figure import Figure  # type: ignore[import-not-found,unused-ignore]
+        # Lazy: matplotlib is the optional `plots` extra (without it the SVG is drawn).
+        from matplotlib.figure import Figure  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         self.Figure = Figure
         self.data, self.dest, self.fmt = data, dest, fmt
@@ -290,7 +292,7 @@ class _Matplotlib:
         return fig, ax
 
     def _save(self, fig: Any, ax: Any, name: str) -> Path:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
 
         handles, labels = ax.get_legend_handles_labels()
         if handles:

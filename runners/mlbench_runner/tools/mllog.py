@@ -152,6 +152,33 @@ def _epochs(events: list[Event], summary: RunSummary, start_ms: int) -> Iterator
     yield from sorted(per.items())
 
 
+def _add_hyperparameters(
+    w: _Writer, begin: int, summary: RunSummary, config: RunConfig | None, hyper: Event | None
+) -> None:
+    """The run's seed, batch, optimizer and schedule, and its sample counts, as POINT events at ``begin``."""
+    env = summary.environment
+    hl = hyper.lineno if hyper is not None else 0
+    seed = config.seed if config is not None else env.seed
+    if seed is not None:
+        w.add(begin, POINT, "seed", seed, hl)
+    if config is not None:
+        training, lr = config.task.training, config.lr
+        w.add(begin, POINT, "global_batch_size", training.batch_size_per_worker * config.world_size, hl)
+        w.add(begin, POINT, "gradient_accumulation_steps", 1, hl)
+        w.add(begin, POINT, "opt_name", training.optimizer.value, hl)
+        w.add(begin, POINT, "opt_base_learning_rate", lr.peak_lr, hl)
+        if lr.schedule is Schedule.MULTI_STEP:
+            w.add(begin, POINT, "opt_learning_rate_warmup_epochs", lr.warmup_epochs, hl)
+            w.add(begin, POINT, "opt_learning_rate_decay_boundary_epochs", list(lr.milestones), hl)
+            w.add(begin, POINT, "opt_learning_rate_decay_factor", lr.decay_factor, hl)
+        w.add(begin, POINT, "opt_weight_decay", training.weight_decay, hl)
+    train, test = _samples(config, hyper, summary)
+    if train is not None:
+        w.add(begin, POINT, "train_samples", train, hl)
+    if test is not None:
+        w.add(begin, POINT, "eval_samples", test, hl)
+
+
 def convert(
     summary: RunSummary,
     config: RunConfig | None,
@@ -182,26 +209,7 @@ def convert(
     platform = f"{env.world_size}x {env.devices[0]}" if env.devices else f"{env.world_size} ranks"
     w.add(begin, POINT, "submission_platform", platform, at)
     w.add(begin, POINT, "cache_clear", False, at)  # MLBench does not drop the OS caches
-    hl = hyper.lineno if hyper is not None else 0
-    seed = config.seed if config is not None else env.seed
-    if seed is not None:
-        w.add(begin, POINT, "seed", seed, hl)
-    if config is not None:
-        training, lr = config.task.training, config.lr
-        w.add(begin, POINT, "global_batch_size", training.batch_size_per_worker * config.world_size, hl)
-        w.add(begin, POINT, "gradient_accumulation_steps", 1, hl)
-        w.add(begin, POINT, "opt_name", training.optimizer.value, hl)
-        w.add(begin, POINT, "opt_base_learning_rate", lr.peak_lr, hl)
-        if lr.schedule is Schedule.MULTI_STEP:
-            w.add(begin, POINT, "opt_learning_rate_warmup_epochs", lr.warmup_epochs, hl)
-            w.add(begin, POINT, "opt_learning_rate_decay_boundary_epochs", list(lr.milestones), hl)
-            w.add(begin, POINT, "opt_learning_rate_decay_factor", lr.decay_factor, hl)
-        w.add(begin, POINT, "opt_weight_decay", training.weight_decay, hl)
-    train, test = _samples(config, hyper, summary)
-    if train is not None:
-        w.add(begin, POINT, "train_samples", train, hl)
-    if test is not None:
-        w.add(begin, POINT, "eval_samples", test, hl)
+    _add_hyperparameters(w, begin, summary, config, hyper)
     w.add(begin, START, "init_start", None, at)
     w.add(run_start, END, "init_stop", None, at)
     w.add(run_start, START, "run_start", None, at)

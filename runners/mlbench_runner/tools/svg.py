@@ -1,6 +1,6 @@
 """Tiny hand-written SVG charts (no matplotlib): a line chart and stacked bars.
 
-The fallback of :mod:`mlbench_runner.plots` when matplotlib (the "plots" extra) is not installed.
+The fallback of :mod:`mlbench_runner.tools.plots` when matplotlib (the "plots" extra) is not installed.
 """
 
 from __future__ import annotations

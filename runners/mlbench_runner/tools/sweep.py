@@ -26,6 +26,10 @@ from mlbench_api.errors import InvalidObject
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand, parse_sweep
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
+from mlbench_runner import stopping
+from mlbench_runner.tools import inputs, local
+from mlbench_runner.tools.runs import load_summary
+from mlbench_runner.tools.tables import format_table
 
 #: The outcomes of a local run that count as done (the exit code is 0 when every run has one).
 DONE = ("succeeded", "kept")
@@ -84,6 +88,20 @@ def what_runs(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _changed_run(run_yaml: Path, documents: list[dict[str, Any]]) -> str:
+    """Why the run in ``run_yaml`` is not the one ``documents`` ask for now (absent, unreadable, or edited); "" when
+    it is."""
+    try:
+        ran = list(yaml.safe_load_all(run_yaml.read_text()))
+    except FileNotFoundError:
+        return "no run.yaml yet"
+    except (OSError, yaml.YAMLError) as exc:
+        return f"{run_yaml} is not readable ({type(exc).__name__})"
+    if not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
+        return f"{run_yaml} is not the run the sweep asks for now (its template or task was edited)"
+    return ""
+
+
 def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None, str]:
     """What ``--resume`` does with an earlier run's folder: (its outcome when kept, else None; why).
 
@@ -95,14 +113,9 @@ def resumable(folder: Path, documents: list[dict[str, Any]]) -> tuple[str | None
     that was interrupted or crashed (aborted for an error), or left no readable summary, runs again: that
     is what ``--resume`` is for.
     """
-    try:
-        ran = list(yaml.safe_load_all((folder / "run.yaml").read_text()))
-    except FileNotFoundError:
-        return None, "no run.yaml yet"
-    except (OSError, yaml.YAMLError) as exc:
-        return None, f"{folder / 'run.yaml'} is not readable ({type(exc).__name__})"
-    if not all(isinstance(d, dict) for d in ran) or what_runs(ran) != what_runs(documents):
-        return None, f"{folder / 'run.yaml'} is not the run the sweep asks for now (its template or task was edited)"
+    changed = _changed_run(folder / "run.yaml", documents)
+    if changed:
+        return None, changed
     file = folder / "summary.json"
     try:
         summary = RunSummary.model_validate_json(file.read_text())
@@ -148,7 +161,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepRun], out: Path) -> int:
     """Each run through ``mlbench run --local`` into ``out/<run>``; 0 when every run succeeded (130 when
     interrupted)."""
-    from mlbench_runner import local, report
 
     stop = sweep.spec.failure_policy is FailurePolicy.STOP
     outcomes: dict[str, str] = {}
@@ -178,7 +190,7 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
         if outcome.startswith(NOT_STARTED):
             continue
         try:
-            summaries.append(report.load_summary(out / name))
+            summaries.append(load_summary(out / name))
         except (FileNotFoundError, ValueError):
             continue
     print(f"\nsweep {sweep.metadata.name}: {len(outcomes)} of {len(runs)} run(s) done")
@@ -186,7 +198,7 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
         print(f"  {name}: {outcome}")
     if summaries:
         print()
-        print(report.format_table(summaries))
+        print(format_table(summaries))
     print(f"\nresults in {out}; score the study with: mlbench results {out}")
     if INTERRUPTED in outcomes.values():
         return local.INTERRUPTED
@@ -197,16 +209,12 @@ def run_local(args: argparse.Namespace, sweep: BenchmarkSweep, runs: list[SweepR
 def run_documents(args: argparse.Namespace, run: SweepRun) -> list[dict[str, Any]]:
     """The documents of a run's ``run.yaml``: the run, after its task when that is not the catalog's, so that
     ``mlbench run <run.yaml> --local`` runs it on its own."""
-    from mlbench_runner import local
-
-    task = [local.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
+    task = [inputs.task_document(run.spec.task_ref.name, args.task_file)] if args.task_file else []
     return [*task, run.to_api()]
 
 
 def run_one(args: argparse.Namespace, run: SweepRun, folder: Path) -> str:
     """One run through ``mlbench run <run.yaml> --local`` into ``folder``; its outcome."""
-    from mlbench_runner import local
-
     folder.mkdir(parents=True, exist_ok=True)
     # The run is read from a file of its own and becomes the folder's run.yaml only when its ranks start: a run
     # refused before (bad data, a run already going on there) leaves the folder's run.yaml beside the results
@@ -254,19 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local:
         sys.stdout.write(render(sweep, runs, args.namespace, args.sweep))
         return 0
-    from mlbench_runner import local
-
     name = sweep.spec.template.task_ref.name
     try:  # a task that every run would refuse (unknown, invalid, another name), or an --output-dir that is a file:
-        args.task_file = local.task_file_for(name, args.task_file, args.sweep)  # said once, before any run
-        refused = local_admission(sweep, name, local.load_task(name, args.task_file))
+        args.task_file = inputs.task_file_for(name, args.task_file, args.sweep)  # said once, before any run
+        refused = local_admission(sweep, name, inputs.load_task(name, args.task_file))
         if refused:  # overrides every run would refuse: said once, at the sweep's field, before any run
             raise SweepInputError(refused, args.sweep, "BenchmarkSweep")
         out = local.output_dir(args, sweep.metadata.name)
     except BadInput as exc:
         return report(exc, sys.stderr)
-    from mlbench_runner import stopping
-
     with stopping.interrupt_on():  # between two runs too: `timeout`'s SIGTERM stops the study as a Ctrl-C does
         return run_local(args, sweep, runs, out)
 

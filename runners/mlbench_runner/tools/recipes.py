@@ -18,7 +18,7 @@ from mlbench_api.task import BenchmarkTaskSpec
 def shared_cifar10() -> Path:
     """The JPEG copy of CIFAR-10: ``$MLBENCH_DATA_DIR`` or the ``shared/`` beside the checkout."""
     data_dir = os.environ.get(ENV_DATA_DIR)
-    root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[3] / "shared" / "datasets"
+    root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[4] / "shared" / "datasets"
     return root / "cifar10-jpeg.tar.gz"
 
 
