@@ -208,6 +208,7 @@ UNIT_RULES: list[tuple[str, set[str | None], Callable[[dict[str, Any]], bool]]] 
     (r"_bytes\b", {"bytes"}, lambda p: True),
     ("mlbench_samples", {"short"}, lambda p: "samples/s" in p["title"]),
     ("mlbench_accuracy", {"percentunit"}, lambda p: p["fieldConfig"]["defaults"].get("max") == 1),
+    ("mlbench_score", {"none"}, lambda p: "goal metric" in p["title"].lower()),
     ("DCGM_FI_DEV_GPU_UTIL", {"percent"}, lambda p: p["fieldConfig"]["defaults"].get("max") == 100),
     ("mlbench_operator_api_requests_total", {"reqps"}, lambda p: True),
     ("mlbench_operator_reconcile", {"ops"}, lambda p: True),

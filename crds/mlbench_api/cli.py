@@ -39,11 +39,12 @@ from mlbench_api.common import GROUP
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, RunConfig, effective_config, local_task
 from mlbench_api.contract import Reason
 from mlbench_api.crdgen import stale, write_all
+from mlbench_api.display import score
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
-from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec, GoalMetric
+from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 from mlbench_api.watch import EXIT_FAILED, follow
 
 #: The distribution ``pip install`` knows this package by (``mlbench`` on PyPI is another project).
@@ -89,18 +90,9 @@ def _catalog(args: argparse.Namespace) -> int:
         print(
             f"{name:<28} {s.division.value:<8} {model:<24} {s.dataset.name:<18} "
             f"{s.training.batch_size_per_worker:>5} {s.training.max_epochs:>6} "
-            f"{_target(s.goal.metric, s.goal.target):>6}"
+            f"{score(s.goal.metric, s.goal.target, target=True):>6}"
         )
     return 0
-
-
-def _target(metric: GoalMetric, target: float) -> str:
-    """``80%`` for an accuracy, ``25 BLEU`` for BLEU, ``ppl 4.5``, ``loss 0.3``: a goal as the listing shows it."""
-    if metric in (GoalMetric.TEST_TOP1_ACCURACY, GoalMetric.TEST_ACCURACY):
-        return f"{target:.0%}"
-    if metric is GoalMetric.BLEU:
-        return f"{target:g} BLEU"
-    return f"{'ppl' if metric is GoalMetric.PERPLEXITY else 'loss'} {target:g}"
 
 
 def _bytes(n: int) -> str:

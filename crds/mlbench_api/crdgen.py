@@ -219,6 +219,7 @@ KINDS: list[CrdSpec] = [
             _col("Model", ".spec.model.name"),
             _col("Depth", ".spec.model.depth", "integer", priority=1),
             _col("Dataset", ".spec.dataset.name"),
+            _col("Metric", ".spec.goal.metric"),
             _col("Target", ".spec.goal.target", "number", description="Goal target, in the goal metric's units"),
             _col("Epochs", ".spec.training.maxEpochs", "integer", priority=1),
             AGE,
@@ -254,9 +255,10 @@ KINDS: list[CrdSpec] = [
             _col("Phase", ".status.phase"),
             _col("Epoch", ".status.progress.epoch", "number", description="Progress: last completed epoch"),
             _col(
-                "Accuracy",
-                ".status.progress.accuracy",
-                description="Latest evaluation, as a percentage (exact: status.progress.lastAccuracy)",
+                "Score",
+                ".status.progress.score",
+                description="Latest evaluation of the task's goal metric: 81.2% (accuracy), 24.3 BLEU, ppl 71.2, "
+                "loss 0.412 (exact: status.progress.lastScore)",
             ),
             _col(
                 "Time-To-Goal",

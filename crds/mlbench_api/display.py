@@ -8,10 +8,31 @@ from __future__ import annotations
 
 import math
 
+from mlbench_api.task import ACCURACY_METRICS, GoalMetric
+
+#: Above this a perplexity or BLEU figure is written in exponent form, so a column's string stays short.
+_LARGE = 1e6
+
 
 def percent(fraction: float) -> str:
     """``81.2%``: an accuracy (a fraction of 1) with one decimal."""
     return f"{fraction * 100:.1f}%"
+
+
+def score(metric: GoalMetric, value: float, *, target: bool = False) -> str:
+    """A value of a goal metric as a column shows it: ``81.2%`` (an accuracy), ``24.3 BLEU``, ``ppl 71.2``,
+    ``loss 0.412``; a goal's target (``target=True``) with its own digits: ``80%``, ``25 BLEU``, ``ppl 4.5``."""
+    if metric in ACCURACY_METRICS:
+        return f"{value:.0%}" if target else percent(value)
+    if target:
+        number = f"{value:g}"
+    elif metric is GoalMetric.LOSS or abs(value) >= _LARGE:
+        number = f"{value:.3g}"
+    else:
+        number = f"{value:.1f}"
+    if metric is GoalMetric.BLEU:
+        return f"{number} BLEU"
+    return f"{'ppl' if metric is GoalMetric.PERPLEXITY else 'loss'} {number}"
 
 
 def duration(seconds: float) -> str:

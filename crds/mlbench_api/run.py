@@ -31,7 +31,7 @@ from mlbench_api.common import (
     cel,
     re2_search,
 )
-from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, ModelSpec, Optimizer
+from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, GoalMetric, ModelSpec, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4
@@ -486,7 +486,13 @@ class Progress(ApiModel):
     last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
     """Accuracy (fraction) of the latest evaluation."""
     accuracy: Annotated[str, Field(max_length=16)] | None = None
-    """lastAccuracy as a percentage with one decimal (``81.2%``), the column ``kubectl get br`` shows."""
+    """lastAccuracy as a percentage with one decimal (``81.2%``)."""
+    last_score: Annotated[Finite, Field(ge=0)] | None = None
+    """The task's goal metric (goal.metric) at the latest evaluation: an accuracy as a fraction, BLEU (0 to 100),
+    a perplexity or a loss. For an accuracy goal the same as lastAccuracy."""
+    score: Annotated[str, Field(max_length=24)] | None = None
+    """lastScore as the column ``kubectl get br`` shows it, in the metric's own form: ``81.2%``, ``24.3 BLEU``,
+    ``ppl 71.2``, ``loss 0.412``."""
     samples_per_second: Annotated[Finite, Field(ge=0)] | None = None
     """Global training throughput so far: samples of all ranks per second of step time."""
     updated_at: datetime | None = None
@@ -508,6 +514,14 @@ class RunResult(ApiModel):
     """Best accuracy (fraction) of any evaluation."""
     final_accuracy: Finite | None = None
     """Accuracy (fraction) of the last evaluation."""
+    goal_metric: GoalMetric | None = None
+    """The metric the goal compares (the task's goal.metric); bestScore and finalScore are values of it."""
+    best_score: Finite | None = None
+    """The goal metric's best value of any evaluation (the lowest for perplexity and loss)."""
+    final_score: Finite | None = None
+    """The goal metric's value at the last evaluation."""
+    bleu_signature: Annotated[str, Field(max_length=256)] | None = None
+    """A BLEU goal: sacrebleu's signature, saying how BLEU was computed (tokenizer, smoothing, version)."""
     epochs: Finite | None = None
     """Epochs trained, fractional (steps / steps per epoch)."""
     wall_clock_seconds: Finite | None = None

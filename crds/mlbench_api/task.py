@@ -580,10 +580,17 @@ class GoalMetric(StrEnum):
     LOSS = "loss"  #: the mean test loss; lower is better
 
 
+#: The metrics that are a fraction of correct predictions (shown as a percentage).
+ACCURACY_METRICS = frozenset({GoalMetric.TEST_TOP1_ACCURACY, GoalMetric.TEST_ACCURACY})
 #: The metrics whose goal is met at or below the target; all others at or above it.
 LOWER_IS_BETTER = frozenset({GoalMetric.PERPLEXITY, GoalMetric.LOSS})
 #: The largest target each bounded metric can reach.
 METRIC_MAXIMUM = {GoalMetric.TEST_TOP1_ACCURACY: 1.0, GoalMetric.TEST_ACCURACY: 1.0, GoalMetric.BLEU: 100.0}
+
+
+def known_metric(value: object) -> GoalMetric | None:
+    """``value`` as a goal metric; None when it names none this API knows (absent, or from a newer version)."""
+    return next((m for m in GoalMetric if m.value == value), None)
 
 
 def comparator_of(metric: GoalMetric) -> Literal[">=", "<="]:

@@ -37,7 +37,7 @@ def _reason(status: Mapping[str, Any], kind: str) -> str:
 
 
 def status_line(obj: Mapping[str, Any]) -> str:
-    """One line for a person: ``Running  epoch 2.5/8  accuracy 41.2%  workers 2/2``, then the outcome's figures."""
+    """One line for a person: ``Running  epoch 2.5  score 24.3 BLEU  workers 2/2``, then the outcome's figures."""
     status = _status(obj)
     spec = obj.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
@@ -47,7 +47,9 @@ def status_line(obj: Mapping[str, Any]) -> str:
     result = status.get("result") or {}
     if isinstance(progress.get("epoch"), int | float):
         parts.append(f"epoch {progress['epoch']:g}")
-    if isinstance(progress.get("lastAccuracy"), int | float):
+    if isinstance(progress.get("score"), str):
+        parts.append(f"score {progress['score']}")
+    elif isinstance(progress.get("lastAccuracy"), int | float):  # an operator older than status.progress.score
         parts.append(f"accuracy {percent(progress['lastAccuracy'])}")
     if isinstance(workers.get("ready"), int) and status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED):
         parts.append(f"workers {workers['ready']}/{workers.get('total', spec.get('workers', '?'))}")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.display import percent
+from mlbench_api.display import percent, score
+from mlbench_api.task import GoalMetric, known_metric
 from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
 
@@ -33,6 +35,7 @@ FIELDS = {
     "mlbench_epoch": "epoch",
     "mlbench_steps": "step",
     "mlbench_accuracy": "lastAccuracy",
+    "mlbench_score": "lastScore",
     "mlbench_samples_per_second": "samplesPerSecond",
 }
 #: status.progress field -> (minimum, maximum): the schema's bounds (``Progress`` in mlbench_api.run).
@@ -40,6 +43,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "epoch": (0.0, math.inf),
     "step": (0.0, float(MAX_SAFE_INT)),
     "lastAccuracy": (0.0, 1.0),
+    "lastScore": (0.0, math.inf),
     "samplesPerSecond": (0.0, math.inf),
 }
 #: A sample line of the text exposition format: name, optional {labels} (values may hold '}'), value,
@@ -67,8 +71,9 @@ def _clamp(key: str, value: float) -> float | int | None:
     return int(value) if key == "step" else round(value, 6)
 
 
-def parse(text: str, now: datetime) -> dict[str, Any] | None:
-    """``status.progress`` from a metrics page; None when it carries none of the fields.
+def parse(text: str, now: datetime, metric: GoalMetric | None = None) -> dict[str, Any] | None:
+    """``status.progress`` from a metrics page; None when it carries none of the fields. ``metric`` (the task's
+    goal.metric) says how ``score``, the column's string, writes ``lastScore``.
 
     Never raises: lines that do not parse, other metrics and values that cannot be stored (NaN,
     Infinity, ``1e400``) are skipped; the first usable sample of each metric counts.
@@ -94,6 +99,8 @@ def parse(text: str, now: datetime) -> dict[str, Any] | None:
         return None
     if "lastAccuracy" in out:
         out["accuracy"] = percent(out["lastAccuracy"])
+    if "lastScore" in out and metric is not None:
+        out["score"] = score(metric, out["lastScore"])
     out["updatedAt"] = timestamp(now)
     return out
 
@@ -135,7 +142,7 @@ async def _read_at_most(reader: asyncio.StreamReader, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def scrape(host: str, port: int, now: datetime) -> dict[str, Any] | None:
+async def scrape(host: str, port: int, now: datetime, metric: GoalMetric | None = None) -> dict[str, Any] | None:
     """``status.progress`` from rank 0's metrics endpoint, or None; never raises (but lets a cancellation through).
 
     The page is parsed in a worker thread so that a large or pathological page never stalls the event loop.
@@ -144,10 +151,18 @@ async def scrape(host: str, port: int, now: datetime) -> dict[str, Any] | None:
         text = await fetch(host, port)
         if not text:
             return None
-        return await asyncio.to_thread(parse, text, now)
+        return await asyncio.to_thread(parse, text, now, metric)
     except Exception as err:  # best effort by design: no scrape problem may reach the handler
         log.debug("progress_scrape_failed", host=host, port=port, error=repr(err)[:200])
         return None
+
+
+def goal_metric(status: Mapping[str, Any]) -> GoalMetric | None:
+    """The goal metric of the run's task, from the snapshot its status keeps; None before admission took one."""
+    snapshot = status.get("taskSnapshot")
+    goal = snapshot.get("goal") if isinstance(snapshot, Mapping) else None
+    value = goal.get("metric") if isinstance(goal, Mapping) else None
+    return known_metric(value)
 
 
 def advance(old: dict[str, Any] | None, new: dict[str, Any], now: datetime) -> dict[str, Any]:

@@ -19,6 +19,7 @@ METRIC_NAMES = (
     "mlbench_epoch",
     "mlbench_loss",
     "mlbench_accuracy",
+    "mlbench_score",
     "mlbench_learning_rate",
     "mlbench_samples_per_second",
     "mlbench_goal_reached",
@@ -80,6 +81,12 @@ class RunnerMetrics:
         self.epoch = Gauge("mlbench_epoch", "Epochs completed (fractional during an epoch).", registry=r)
         self.loss = LateGauge("mlbench_loss", "Mean training loss of the last epoch on this rank.", r)
         self.accuracy = LateGauge("mlbench_accuracy", "Last test accuracy (fraction, all ranks).", r)
+        self.score = LateGauge(
+            "mlbench_score",
+            "The task's goal metric at the last evaluation (goal.metric: an accuracy as a fraction, BLEU 0-100, "
+            "a perplexity or a loss).",
+            r,
+        )
         self.lr = Gauge("mlbench_learning_rate", "Current learning rate.", registry=r)
         self.throughput = LateGauge(
             "mlbench_samples_per_second", "Global training samples per second of step time, so far.", r

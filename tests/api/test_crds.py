@@ -103,7 +103,7 @@ def test_run_has_status_subresource_and_printer_columns() -> None:
     assert columns["Phase"] == ".status.phase"
     assert columns["Epoch"] == ".status.progress.epoch"
     assert columns["Time-To-Goal"] == ".status.result.timeToGoal"
-    assert columns["Accuracy"] == ".status.progress.accuracy"
+    assert columns["Score"] == ".status.progress.score"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 

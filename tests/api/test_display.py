@@ -7,7 +7,9 @@ import math
 import pytest
 
 from mlbench_api.crdgen import KINDS
-from mlbench_api.display import duration, percent
+from mlbench_api.display import duration, percent, score
+from mlbench_api.run import Progress
+from mlbench_api.task import GoalMetric
 
 
 @pytest.mark.parametrize(
@@ -38,9 +40,34 @@ def test_percent_has_one_decimal(fraction: float, shown: str) -> None:
     assert percent(fraction) == shown
 
 
+@pytest.mark.parametrize(
+    ("metric", "value", "shown", "as_target"),
+    [
+        (GoalMetric.TEST_TOP1_ACCURACY, 0.8123456, "81.2%", "81%"),
+        (GoalMetric.TEST_ACCURACY, 0.89, "89.0%", "89%"),
+        (GoalMetric.BLEU, 24.3456, "24.3 BLEU", "24.3456 BLEU"),
+        (GoalMetric.BLEU, 25.0, "25.0 BLEU", "25 BLEU"),
+        (GoalMetric.PERPLEXITY, 71.234, "ppl 71.2", "ppl 71.234"),
+        (GoalMetric.PERPLEXITY, 3.2e12, "ppl 3.2e+12", "ppl 3.2e+12"),
+        (GoalMetric.LOSS, 0.41234, "loss 0.412", "loss 0.41234"),
+        (GoalMetric.LOSS, 12.3456, "loss 12.3", "loss 12.3456"),
+    ],
+)
+def test_a_score_is_written_in_its_metrics_form(metric: GoalMetric, value: float, shown: str, as_target: str) -> None:
+    assert score(metric, value) == shown
+    assert score(metric, value, target=True) == as_target
+
+
+@pytest.mark.parametrize("metric", list(GoalMetric))
+def test_the_largest_score_fits_the_status_column(metric: GoalMetric) -> None:
+    """status.progress.score holds at most 24 characters: the largest storable value of every metric fits."""
+    value = 1.0 if metric.value.endswith("accuracy") else 1.7976931348623157e308
+    Progress(score=score(metric, value))
+
+
 def test_run_columns_show_the_formatted_strings() -> None:
     run = next(spec for spec in KINDS if spec.kind == "BenchmarkRun")
     columns = {c["name"]: c for c in run.printer_columns}
-    assert columns["Accuracy"] == {**columns["Accuracy"], "jsonPath": ".status.progress.accuracy", "type": "string"}
+    assert columns["Score"] == {**columns["Score"], "jsonPath": ".status.progress.score", "type": "string"}
     ttg = columns["Time-To-Goal"]
     assert ttg == {**ttg, "jsonPath": ".status.result.timeToGoal", "type": "string"}

@@ -39,6 +39,8 @@ def test_status_line_reads_at_a_glance() -> None:
     assert status_line(run()) == "Pending"
     assert status_line(RUNNING) == "Running  epoch 2.5  accuracy 41.2%  workers 2/2"
     assert status_line(SUCCEEDED) == "Succeeded  epoch 8  accuracy 80.0%  goal reached  time to goal 6.5s"
+    translated = run({"phase": "Running", "progress": {"epoch": 3, "lastScore": 24.31, "score": "24.3 BLEU"}})
+    assert status_line(translated) == "Running  epoch 3  score 24.3 BLEU"
     assert status_line(FAILED) == "Failed  reason OOMKilled  worker 1 was OOMKilled"
 
 

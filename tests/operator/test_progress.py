@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from mlbench_api.common import MAX_SAFE_INT
 from mlbench_api.run import Progress
+from mlbench_api.task import GoalMetric
 from mlbench_operator import progress
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -230,9 +231,9 @@ def test_scrape_parses_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> No
     threads: list[int] = []
     real = progress.parse
 
-    def spy(text: str, now: datetime) -> dict[str, Any] | None:
+    def spy(text: str, now: datetime, metric: GoalMetric | None = None) -> dict[str, Any] | None:
         threads.append(threading.get_ident())
-        return real(text, now)
+        return real(text, now, metric)
 
     monkeypatch.setattr(progress, "parse", spy)
 
@@ -267,3 +268,44 @@ def test_step_changed_at_stays_while_the_counter_stands_still() -> None:
     moved = progress.advance(same, {"step": 11}, t0 + timedelta(seconds=60))
     assert moved["stepChangedAt"] == "2026-01-01T00:01:00Z"
     assert "stepChangedAt" not in progress.advance(moved, {"epoch": 1.0}, t0)  # no step scraped: unknown
+
+
+# -- the goal metric's column ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("metric", "page", "expected"),
+    [
+        (GoalMetric.BLEU, "mlbench_score 24.31\n", {"lastScore": 24.31, "score": "24.3 BLEU"}),
+        (GoalMetric.PERPLEXITY, "mlbench_score 71.25\n", {"lastScore": 71.25, "score": "ppl 71.2"}),
+        (GoalMetric.PERPLEXITY, "mlbench_score 1e300\n", {"lastScore": 1e300, "score": "ppl 1e+300"}),
+        (GoalMetric.LOSS, "mlbench_score -3\n", {"lastScore": 0.0, "score": "loss 0"}),
+        (
+            GoalMetric.TEST_TOP1_ACCURACY,
+            "mlbench_accuracy 0.5\nmlbench_score 0.5\n",
+            {"lastAccuracy": 0.5, "accuracy": "50.0%", "lastScore": 0.5, "score": "50.0%"},
+        ),
+        (None, "mlbench_score 24.31\n", {"lastScore": 24.31}),  # no snapshot yet: the figure, no string
+        (GoalMetric.BLEU, "mlbench_score NaN\n", None),
+    ],
+)
+def test_the_score_column_is_written_in_the_tasks_metric(
+    metric: GoalMetric | None, page: str, expected: dict[str, Any] | None
+) -> None:
+    out = progress.parse(page, NOW, metric)
+    assert out == (None if expected is None else {**expected, "updatedAt": STAMP})
+    if out is not None:
+        Progress.model_validate(out)
+
+
+@pytest.mark.parametrize(
+    ("status", "metric"),
+    [
+        ({"taskSnapshot": {"goal": {"metric": "bleu", "target": 25}}}, GoalMetric.BLEU),
+        ({"taskSnapshot": {"goal": {"metric": "perplexity"}}}, GoalMetric.PERPLEXITY),
+        ({}, None),
+        ({"taskSnapshot": None}, None),
+        ({"taskSnapshot": {"goal": "bleu"}}, None),
+        ({"taskSnapshot": {"goal": {"metric": "top5"}}}, None),  # a metric this operator does not know
+    ],
+)
+def test_the_goal_metric_comes_from_the_task_snapshot(status: dict[str, Any], metric: GoalMetric | None) -> None:
+    assert progress.goal_metric(status) is metric

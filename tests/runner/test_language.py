@@ -27,7 +27,7 @@ from mlbench_runner.language.corpus import (
     split_file,
     write_synthetic,
 )
-from mlbench_runner.language.loop import RECIPE_3A, LanguageRecipe, evaluate
+from mlbench_runner.language.loop import RECIPE_3A, EpochScore, LanguageRecipe, LanguageResult, evaluate, report
 from mlbench_runner.language.model import AwdLstm, AwdLstmShape
 from mlbench_runner.language.rules import (
     ParameterAverage,
@@ -39,6 +39,7 @@ from mlbench_runner.language.rules import (
     warmed_rate,
 )
 from mlbench_runner.language.task import recipe_for
+from mlbench_runner.metrics import RunnerMetrics
 
 from .helpers import make_config
 
@@ -240,3 +241,14 @@ def test_the_reference_model_on_wikitext2s_vocabulary_has_the_papers_33m_paramet
         1150 + 400 + 2
     )
     assert 33_000_000 < count < 34_000_000
+
+
+def test_an_epochs_report_feeds_the_runners_metrics() -> None:
+    metrics = RunnerMetrics("r", "t", "gloo", world_size=1, algorithm="allreduce-sgd", rank=0)
+    record = EpochScore(epoch=2, score=71.25, nll=math.log(71.25), loss=4.3, averaging=False, wall_seconds=3.0)
+    result = LanguageResult(history=[record], tokens=600, compute_seconds=2.0, communication_seconds=1.0)
+    report(metrics, None, record, result, goal=RECIPE_3A.goal, met=False)
+    sample = metrics.registry.get_sample_value
+    assert sample("mlbench_score") == 71.25  # the perplexity: the SCORE column's figure
+    assert (sample("mlbench_epoch"), sample("mlbench_loss"), sample("mlbench_goal_reached")) == (2, 4.3, 0)
+    assert sample("mlbench_samples_per_second") == 200.0

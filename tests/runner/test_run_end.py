@@ -89,14 +89,15 @@ def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until
 
     def evaluate(self: Trainer, s: object) -> tuple[float, float]:
         registry = registries[0].registry
-        seen.append([registry.get_sample_value(m) for m in ("mlbench_accuracy", "mlbench_goal_reached")])
+        names = ("mlbench_accuracy", "mlbench_score", "mlbench_goal_reached")
+        seen.append([registry.get_sample_value(m) for m in names])
         return next(accuracies), 0.5
 
     monkeypatch.setattr(Trainer, "_evaluate", evaluate)
     Trainer(config, SINGLE, Options()).run()
     summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
     assert not summary.goal_reached
-    assert seen == [[None, 0.0], [0.9, 1.0], [0.3, 0.0]]
+    assert seen == [[None, None, 0.0], [0.9, 0.9, 1.0], [0.3, 0.3, 0.0]]
     assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
 
     # reached after epoch 1, diverged in epoch 2 (a non-finite loss): aborted, and the gauge says 0 too

@@ -345,6 +345,7 @@ def test_the_loop_feeds_the_runners_metrics(pair: Path) -> None:
     assert sample("mlbench_epoch") == 2
     assert sample("mlbench_goal_reached") == 0
     assert sample("mlbench_loss") == result.history[-1].loss
+    assert sample("mlbench_score") == result.history[-1].score  # the goal metric's column (loss here)
     assert sample("mlbench_phase_seconds_total", {"phase": "communication"}) == pytest.approx(
         result.communication_seconds
     )

@@ -33,6 +33,7 @@ import kopf
 from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
 from mlbench_api.run import TERMINAL
+from mlbench_api.task import GoalMetric
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
@@ -200,13 +201,15 @@ def _is_running(status: kopf.Status, **_: Any) -> bool:
     return status.get("phase") == "Running"
 
 
-async def scrape_rank0(namespace: str, name: str, pods: PodIndex, uid: str, attempt: int) -> dict[str, Any] | None:
+async def scrape_rank0(
+    namespace: str, name: str, pods: PodIndex, uid: str, attempt: int, *, metric: GoalMetric | None = None
+) -> dict[str, Any] | None:
     """``status.progress`` from rank 0 (worker 0 of the run's current attempt, :func:`lifecycle.rank0`); None
     when unreachable (kwok, start-up) or empty."""
     rank0 = lifecycle.rank0(pods.get((namespace, name)), uid, attempt)
     if rank0 is None or rank0.ip is None:
         return None
-    return await progress.scrape(rank0.ip, PROGRESS_PORT, _now())
+    return await progress.scrape(rank0.ip, PROGRESS_PORT, _now(), metric)
 
 
 async def scrape_progress(
@@ -222,7 +225,8 @@ async def scrape_progress(
     is still Running in the same attempt when the scrape returns (:meth:`Kube.patch_running_progress`)."""
     restarts = status.get("restarts")
     ns = namespace or ""
-    value = await scrape_rank0(ns, name, memo.get("pods") or PodIndex(), uid or "", int(restarts or 0))
+    metric = progress.goal_metric(status)
+    value = await scrape_rank0(ns, name, memo.get("pods") or PodIndex(), uid or "", int(restarts or 0), metric=metric)
     if value is None:
         return
     kube: Kube = memo.kube

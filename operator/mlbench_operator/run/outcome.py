@@ -10,19 +10,26 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from mlbench_api.display import duration, percent
+from mlbench_api.display import duration, percent, score
 from mlbench_api.results import RunSummary
 from mlbench_api.run import (
     Progress,
     RunResult,
 )
+from mlbench_api.task import GoalMetric, known_metric
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
 
 
-def _summary_result(summary: RunSummary, image: str | None = None, workers: Iterable[PodView] = ()) -> RunResult:
+def metric_of(summary: RunSummary) -> GoalMetric | None:
+    """The summary's goal metric; None for a summary that names none (older runners: an accuracy, without scores)
+    or one this API does not know."""
+    return known_metric(summary.goal_metric)
+
+
+def summary_result(summary: RunSummary, image: str | None = None, workers: Iterable[PodView] = ()) -> RunResult:
     """``status.result``: the summary's figures, and exactly what ran (the image asked for and the digests
     the workers' containers resolved it to, so a result stays attributable after a tag moves)."""
     ids = sorted({p.image_id for p in workers if p.image_id})
@@ -34,6 +41,10 @@ def _summary_result(summary: RunSummary, image: str | None = None, workers: Iter
         time_to_goal=duration(summary.time_to_goal_seconds) if summary.time_to_goal_seconds is not None else None,
         best_accuracy=summary.best_accuracy,
         final_accuracy=summary.final_accuracy,
+        goal_metric=metric_of(summary),
+        best_score=summary.best_score,
+        final_score=summary.final_score,
+        bleu_signature=summary.bleu_signature,
         epochs=summary.epochs,
         wall_clock_seconds=summary.wall_clock_seconds,
         compute_seconds=summary.compute_seconds,
@@ -58,6 +69,9 @@ def final_progress(old: Progress | None, summary: RunSummary, now: datetime) -> 
     data.update(epoch=float(summary.epochs), samplesPerSecond=summary.samples_per_second, updatedAt=c.instant(now))
     if summary.final_accuracy is not None:
         data.update(lastAccuracy=summary.final_accuracy, accuracy=percent(summary.final_accuracy))
+    metric = metric_of(summary)
+    if summary.final_score is not None and metric is not None:
+        data.update(lastScore=summary.final_score, score=score(metric, summary.final_score))
     return Progress.model_validate(data)  # an error names the wire's field
 
 

@@ -53,9 +53,9 @@ from mlbench_operator.run.outcome import (
     PERMANENT_FAILURES,
     _find_failure,
     _root_cause_wait,
-    _summary_result,
     final_progress,
     parse_summary,
+    summary_result,
     world_disruption,
 )
 from mlbench_operator.run.ownership import launcher_refused
@@ -204,7 +204,7 @@ def launcher_succeeded(inp: PlanInput) -> Plan | None:
         if not text:
             raise ValueError("the launcher exited 0 but wrote no termination message")
         summary = parse_summary(text)
-        result = _summary_result(summary, inp.ctx.image, inp.workers.values())  # a RunResult holds finite numbers
+        result = summary_result(summary, inp.ctx.image, inp.workers.values())  # a RunResult holds finite numbers
         progress = final_progress(inp.old.progress, summary, inp.now)
     except ValueError as err:
         st.fail(Reason.INVALID_RESULT, f"launcher {launcher.name} succeeded but its result is unusable: {_short(err)}")
@@ -243,7 +243,7 @@ def launcher_aborted(inp: PlanInput) -> Plan | None:
         return None
     try:
         summary = parse_summary(launcher.term_message)
-        result = _summary_result(summary, inp.ctx.image, inp.workers.values())
+        result = summary_result(summary, inp.ctx.image, inp.workers.values())
     except ValueError:
         return None
     if summary.status != "aborted" or summary.stop_reason == "interrupted":

@@ -312,6 +312,7 @@ def report(
     if metrics is not None:
         metrics.epoch.set(record.epoch)
         metrics.loss.set(record.loss)
+        metrics.score.set(record.score)
         metrics.goal.set(1 if met else 0)
         metrics.throughput.set(result.tokens / busy if busy > 0 else 0.0)
     if log is not None:

@@ -302,6 +302,7 @@ class Trainer(TrainerSetup):
         self.record.accuracies.append(accuracy)
         self.record.scores.append(score)
         s.metrics.accuracy.set(accuracy)
+        s.metrics.score.set(score)
         s.metrics.epoch.set(outcome.step / s.steps_per_epoch)
         s.summary.add_epoch(epoch + 1, accuracy, outcome.mean_loss, elapsed, outcome.lr, score=score)
         self.log.event(

@@ -285,6 +285,7 @@ def train_translation(
         if metrics is not None:
             metrics.epoch.set(epoch + 1)
             metrics.loss.set(record.loss)
+            metrics.score.set(score)
             metrics.goal.set(1 if met else 0)
             busy = result.compute_seconds + result.communication_seconds
             metrics.throughput.set(result.tokens / busy if busy > 0 else 0.0)
