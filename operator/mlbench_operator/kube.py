@@ -26,6 +26,8 @@ from mlbench_operator import metrics as m
 
 T = TypeVar("T")
 USER_AGENT = f"mlbench-operator/{__version__}"
+#: Where each kubelet renews the Lease named like its node (the node heartbeat the lifecycle controller reads).
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 _PLURALS = {
     "Pod": "pods",
     "Service": "services",
@@ -210,15 +212,31 @@ class Kube:
                 return None
             raise
 
-    def node_labels(self, name: str) -> dict[str, str] | None:
-        """A node's labels (the result's hardware record); None when the node no longer exists."""
+    def node(self, name: str) -> dict[str, Any] | None:
+        """A Node; None when it no longer exists."""
         try:
             node: dict[str, Any] = self.request("GET", f"/api/v1/nodes/{quote(name)}", resource="nodes")
         except ApiError as err:
             if err.status == 404:
                 return None
             raise
-        return dict((node.get("metadata") or {}).get("labels") or {})
+        return node
+
+    def node_labels(self, name: str) -> dict[str, str] | None:
+        """A node's labels (the result's hardware record); None when the node no longer exists."""
+        node = self.node(name)
+        return None if node is None else dict((node.get("metadata") or {}).get("labels") or {})
+
+    def node_lease(self, name: str) -> dict[str, Any] | None:
+        """The Lease a node's kubelet renews (``kube-node-lease/<node>``); None when there is none."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{quote(name)}"
+        try:
+            lease: dict[str, Any] = self.request("GET", path, resource="leases")
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return lease
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None) -> None:
         """Delete one pod (404 is fine); ``grace_seconds=0`` force-deletes a pod whose node is gone.

@@ -90,6 +90,7 @@ class PodView:
     disrupted: str | None = None
     memory_limit: str | None = None  #: the main container's memory limit (named when the kernel killed it)
     created: str | None = None  #: metadata.creationTimestamp (RFC 3339, set by the API server)
+    node: str | None = None  #: spec.nodeName: the node the pod was bound to
 
     @property
     def finished(self) -> bool:
@@ -160,6 +161,7 @@ class PodView:
             disrupted=disruption(conds.get("DisruptionTarget")),
             memory_limit=_memory_limit(pod),
             created=meta.get("creationTimestamp"),
+            node=(pod.get("spec") or {}).get("nodeName"),
         )
 
     def failure(self) -> tuple[Reason, str]:

@@ -126,7 +126,7 @@ def _operator_kubeconfig(cluster: KubeCluster, out: Path, service_account: tuple
     """A kubeconfig for the mlbench-operator ServiceAccount (least-privilege RBAC under test), or for
     ``service_account`` (namespace, name), whose RBAC the caller sets up."""
     if service_account is None:
-        for f in ("namespace.yaml", "rbac.yaml", "leader-election.yaml"):
+        for f in ("namespace.yaml", "rbac.yaml", "leader-election.yaml", "node-leases.yaml"):
             cluster.kubectl("apply", "-f", str(RBAC / f), check=True)
         service_account = ("mlbench-system", "mlbench-operator")
     sa_namespace, sa_name = service_account

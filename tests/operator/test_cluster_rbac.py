@@ -281,3 +281,16 @@ def test_namespaced_operator(
                 )  # fmt: skip
     finally:
         kube_cluster.kubectl("delete", "clusterrolebinding", cluster_binding["metadata"]["name"], "--ignore-not-found")
+
+
+def test_the_operator_reads_node_leases_and_nothing_else_of_them(kube_cluster: KubeCluster) -> None:
+    """A failed launcher's workers' nodes: the operator may get their kubelets' Leases (node-leases.yaml), only in
+    kube-node-lease, and may not list them (it asks by node name) nor write them."""
+    for f in ("namespace.yaml", "rbac.yaml", "node-leases.yaml"):
+        kube_cluster.kubectl("apply", "-f", str(REPO / "manifests" / "operator" / f), check=True)
+    user = f"system:serviceaccount:mlbench-system:{SA}"
+    assert can(kube_cluster, user, "get", "leases.coordination.k8s.io", "kube-node-lease")
+    assert can(kube_cluster, user, "get", "nodes", None)
+    assert not can(kube_cluster, user, "list", "leases.coordination.k8s.io", "kube-node-lease")
+    assert not can(kube_cluster, user, "update", "leases.coordination.k8s.io", "kube-node-lease")
+    assert not can(kube_cluster, user, "get", "leases.coordination.k8s.io", "kube-system")

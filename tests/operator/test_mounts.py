@@ -68,14 +68,14 @@ def test_workers_ready_names_the_volume_and_the_run_warns_once() -> None:
     body, ctx = admitted(h.run(workers=2))
     pods = [workers(ctx)[0], _waiting(ctx, 1, 30)]
     failure = {pods[1].name: (c.Reason.FAILED_MOUNT, MISSING)}
-    plan = policies.plan(body, ctx, pods, T0, failure)
+    plan = policies.plan(body, ctx, pods, T0, mounts=failure)
     wr = cond(plan.status, "WorkersReady")
     assert (wr["status"], wr["reason"]) == ("False", "FailedMount")
     assert wr["message"] == f"worker 1 (pod {pods[1].name}): {MISSING}"
     assert ("Warning", "FailedMount", wr["message"]) in plan.events
     assert plan.requeue_after is not None  # Events wake nobody: look again
     assert plan.requeue_after <= mounts.RECHECK_SECONDS
-    again = policies.plan({**body, "status": plan.status}, ctx, pods, T0 + timedelta(seconds=10), failure)
+    again = policies.plan({**body, "status": plan.status}, ctx, pods, T0 + timedelta(seconds=10), mounts=failure)
     assert not [e for e in again.events if e[1] == "FailedMount"]  # said once, while it lasts
     # without the Events' word the worker is merely waited for
     quiet = policies.plan(body, ctx, pods, T0)

@@ -233,8 +233,12 @@ def test_cluster_wide_install_builds() -> None:
         ("ClusterRole", "", "mlbench-view"),
         ("ClusterRole", "", "mlbench-catalog-reader"),
     } <= ids(objs)
-    # Roles only in the operator's own namespace (its leader-election Lease), none in a namespace of runs
-    assert {o["metadata"]["namespace"] for o in objs if o["kind"] in ("Role", "RoleBinding")} <= {"mlbench-system"}
+    # Roles only in the operator's own namespace (its leader-election Lease) and in kube-node-lease (reading the
+    # kubelets' Leases), none in a namespace of runs
+    namespaces = {o["metadata"]["namespace"] for o in objs if o["kind"] in ("Role", "RoleBinding")}
+    assert namespaces <= {"mlbench-system", "kube-node-lease"}
+    leases = find(objs, "Role", "mlbench-operator-node-leases", "kube-node-lease")
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]
     deployment = find(objs, "Deployment", "mlbench-operator", "mlbench-system")
     assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "namespace" in a]
     assert ids(objs) <= ids(kustomize(REPO / "manifests" / "default"))

@@ -16,6 +16,7 @@ from mlbench_operator import conditions as c
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import admission, lifecycle, policies
 from mlbench_operator.run import status as run_status
+from mlbench_operator.run.nodes import NodeState
 from tests.operator import helpers as h
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -969,13 +970,14 @@ def decide(
     restarts: int = 0,
     conditions: dict[str, tuple[str, str]] | None = None,
     now: datetime = T0,
+    nodes: dict[str, NodeState] | None = None,
 ) -> tuple[run_status.Plan | None, policies.PlanInput]:
     """One policy on its own, over an admitted 2-worker run with ``restarts`` and the given old conditions."""
     body, ctx = admitted(h.run(runPolicy=run_policy) if run_policy else h.run())
     status = {**body["status"], "restarts": restarts}
     for type_, (value, reason) in (conditions or {}).items():
         status["conditions"] = c.set_condition(status["conditions"], type_, value, reason, f"{reason} before", now=T0)
-    inp = policies.PlanInput.of({**body, "status": status}, ctx, world(ctx), now)
+    inp = policies.PlanInput.of({**body, "status": status}, ctx, world(ctx), now, nodes=nodes)
     return policy(inp), inp
 
 
@@ -1144,6 +1146,51 @@ def test_policy_root_cause_hold(world: World, expected: float | None) -> None:
     assert plan.requeue_after == pytest.approx(expected)
     assert plan.status["phase"] == "Pending"  # nothing decided: the phase stays
     assert (plan.events, plan.create_workers, plan.delete_stale) == ([], [], {})
+
+
+#: Worker 1's node stopped answering; its Lease is late, not yet lost; every node answers.
+SILENT = {"node-b": NodeState(silent="its kubelet last renewed its Lease 31 s ago")}
+SUSPECT = {"node-b": NodeState(wait=5.0)}
+ANSWER = {"node-a": NodeState(), "node-b": NodeState()}
+ON_NODES = (worker(0, node="node-a"), worker(1, node="node-b"))
+
+
+@pytest.mark.parametrize(
+    ("world", "nodes", "expected"),
+    [
+        pytest.param(launcher_failed_at(-2, *ON_NODES), ANSWER, 8.0, id="nodes-answer:root-cause-grace"),
+        pytest.param(launcher_failed_at(-2, *ON_NODES), SILENT, None, id="node-silent:decide-now"),
+        pytest.param(launcher_failed_at(-9, *ON_NODES), SUSPECT, 5.0, id="lease-late:wait-longer-than-the-grace"),
+        pytest.param(launcher_failed_at(-30, *ON_NODES), SUSPECT, 5.0, id="lease-late:after-the-grace"),
+        pytest.param(launcher_failed_at(-30, *ON_NODES), ANSWER, None, id="grace-over-nodes-answer"),
+    ],
+)
+def test_policy_root_cause_hold_waits_for_a_late_node(
+    world: World, nodes: dict[str, NodeState], expected: float | None
+) -> None:
+    plan, _ = decide(policies.root_cause_hold, world, nodes=nodes)
+    assert (plan.requeue_after if plan is not None else None) == (pytest.approx(expected) if expected else None)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected", "counted"),
+    [
+        pytest.param(SILENT, ("Pending", "Disrupted"), 0, id="node-silent:a-disruption"),
+        pytest.param(ANSWER, ("Pending", "LauncherFailed"), 1, id="nodes-answer:the-runs-failure"),
+    ],
+)
+def test_a_launcher_failure_on_a_silent_node_is_a_disruption(
+    nodes: dict[str, NodeState], expected: tuple[str, str], counted: int
+) -> None:
+    """mpirun fails when a node is lost, before the node lifecycle controller marks it NotReady: what the node's
+    Lease says decides whether the restart spends maxRestarts."""
+    plan, _ = decide(policies.gang_failure, launcher_failed_at(-30, *ON_NODES), nodes=nodes)
+    assert outcome(plan) == expected
+    assert plan is not None
+    st = plan.status
+    assert st["restarts"] - (st.get("disruptionRestarts") or 0) == counted
+    if counted == 0:
+        assert "worker 1 (pod r1-worker-1) is on node node-b, which stopped answering" in st["message"]
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,8 @@ from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
 from mlbench_operator.podview import PodChange, PodIndex, PodView
-from mlbench_operator.run import admission, lifecycle, mounts, ownership, policies, results
+from mlbench_operator.run import admission, lifecycle, mounts, nodes, ownership, policies, results
+from mlbench_operator.run.nodes import NodeState
 from mlbench_operator.run.status import (
     Plan,
     failed_status,
@@ -196,14 +197,36 @@ class RunReconciler:
         if ready is not None:
             return ready.delay
         volumes = await self.mount_failures(ctx, pods, now)
-        return await self.execute(policies.plan(self.view(), ctx, pods, now, volumes), ctx, now, pods)
+        states = await self.node_states(ctx, pods, now)
+        return await self.execute(
+            policies.plan(self.view(), ctx, pods, now, mounts=volumes, nodes=states), ctx, now, pods
+        )
+
+    def _current(self, ctx: builders.RunContext, pods: list[PodView]) -> list[PodView]:
+        attempt = int(self.status.get("restarts") or 0)
+        return [p for p in pods if p.attempt == attempt and p.owner_uid == ctx.uid]
+
+    async def node_states(self, ctx: builders.RunContext, pods: list[PodView], now: datetime) -> dict[str, NodeState]:
+        """What the current workers' nodes say (Ready, the kubelet's Lease), read only once the launcher failed
+        (:mod:`.nodes`): a node lost under a running world is a disruption, not the run's failure."""
+        current = self._current(ctx, pods)
+        launcher = next((p for p in current if p.role == n.ROLE_LAUNCHER), None)
+        found: dict[str, NodeState] = {}
+        for node in nodes.to_check([p for p in current if p.role == n.ROLE_WORKER], launcher):
+            try:
+                obj = await self.kube.run(self.kube.node, node)
+                lease = await self.kube.run(self.kube.node_lease, node)
+            except ApiError as err:  # a diagnosis only: without it the failure is the launcher's, as before
+                self.log.warning("node_unreadable", node=node, status=err.status, detail=err.detail[:300])
+                continue
+            found[node] = nodes.judge(obj, lease, now)
+        return found
 
     async def mount_failures(
         self, ctx: builders.RunContext, pods: list[PodView], now: datetime
     ) -> dict[str, tuple[c.Reason, str]]:
         """What the Events say of the current workers that wait, scheduled, for their volumes (:mod:`.mounts`)."""
-        attempt = int(self.status.get("restarts") or 0)
-        workers = [p for p in pods if p.role == n.ROLE_WORKER and p.attempt == attempt and p.owner_uid == ctx.uid]
+        workers = [p for p in self._current(ctx, pods) if p.role == n.ROLE_WORKER]
         found: dict[str, tuple[c.Reason, str]] = {}
         for pod in mounts.to_check(workers, now):
             try:

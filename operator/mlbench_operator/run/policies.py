@@ -47,8 +47,9 @@ from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
-from mlbench_operator.run import mounts
+from mlbench_operator.run import mounts, nodes
 from mlbench_operator.run.lifecycle import _cleanup, _deletable, _own, _seconds, _stuck_terminating, _until_stuck
+from mlbench_operator.run.nodes import NodeState
 from mlbench_operator.run.outcome import (
     PERMANENT_FAILURES,
     _find_failure,
@@ -103,6 +104,8 @@ class PlanInput:
     launcher: PodView | None  #: the current attempt's launcher
     #: ``(reason, message)`` of the volume Events of workers that wait to start, by pod name (:mod:`.mounts`)
     mounts: Mapping[str, tuple[Reason, str]] = field(default_factory=lambda: MappingProxyType({}))
+    #: what the current workers' nodes say, by node name, read once the launcher failed (:mod:`.nodes`)
+    nodes: Mapping[str, NodeState] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(
@@ -111,7 +114,9 @@ class PlanInput:
         ctx: RunContext,
         pods: Iterable[PodView],
         now: datetime,
+        *,
         mounts: Mapping[str, tuple[Reason, str]] | None = None,
+        nodes: Mapping[str, NodeState] | None = None,
     ) -> PlanInput:
         own, foreign = _own(pods, ctx.uid)
         stored = StoredStatus.parse(body.get("status"), run=_uid(body))
@@ -141,6 +146,7 @@ class PlanInput:
             workers=MappingProxyType(workers),
             launcher=next((p for p in current if p.role == n.ROLE_LAUNCHER), None),
             mounts=MappingProxyType(dict(mounts or {})),
+            nodes=MappingProxyType(dict(nodes or {})),
         )
 
     @property
@@ -304,11 +310,15 @@ def launcher_stopping_hold(inp: PlanInput) -> Plan | None:
 
 def root_cause_hold(inp: PlanInput) -> Plan | None:
     """The launcher failed while every worker still runs: decide nothing for up to
-    :data:`ROOT_CAUSE_GRACE_SECONDS`, so that a worker can report the real cause first."""
-    hold = _root_cause_wait(inp.launcher, inp.workers, inp.total, inp.now)
-    if hold is None:
+    :data:`ROOT_CAUSE_GRACE_SECONDS`, so that a worker can report the real cause first, and while a worker's node
+    is late renewing its Lease (lost, or only late: :func:`.nodes.wait`). A node that stopped answering is the
+    cause: decided at once."""
+    if nodes.lost_worker(inp.workers, inp.nodes) is not None:
         return None
-    return Plan(status=inp.status().dump(), requeue_after=hold)
+    waits = [w for w in (_root_cause_wait(inp.launcher, inp.workers, inp.total, inp.now), nodes.wait(inp.nodes)) if w]
+    if not waits:
+        return None
+    return Plan(status=inp.status().dump(), requeue_after=max(waits))
 
 
 def gang_failure(inp: PlanInput) -> Plan | None:
@@ -327,7 +337,7 @@ def gang_failure(inp: PlanInput) -> Plan | None:
     if reason in PERMANENT_FAILURES:
         st.fail(reason, f"{message} (not restarted: the runner refused its input, a restart would repeat it)")
         return _finished(inp, st)
-    disrupted = world_disruption(inp.workers, inp.launcher)
+    disrupted = world_disruption(inp.workers, inp.launcher) or nodes.lost_worker(inp.workers, inp.nodes)
     spared = inp.old.disruption_restarts or 0
     counted = inp.restarts - spared
     if disrupted is None and counted >= limit:
@@ -517,11 +527,14 @@ def plan(
     ctx: RunContext,
     pods: Iterable[PodView],
     now: datetime,
+    *,
     mounts: Mapping[str, tuple[Reason, str]] | None = None,
+    nodes: Mapping[str, NodeState] | None = None,
 ) -> Plan:
     """Next status and actions for an admitted, unfinished run: the first of :data:`POLICIES` that decides
-    (``mounts``: what the volume Events of waiting workers say, :func:`.mounts.failure`)."""
-    inp = PlanInput.of(body, ctx, pods, now, mounts)
+    (``mounts``: what the volume Events of waiting workers say, :func:`.mounts.failure`; ``nodes``: what the
+    workers' nodes say once the launcher failed, :func:`.nodes.judge`)."""
+    inp = PlanInput.of(body, ctx, pods, now, mounts=mounts, nodes=nodes)
     for policy in POLICIES:
         out = policy(inp)
         if out is not None:
