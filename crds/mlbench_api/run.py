@@ -307,11 +307,9 @@ class RunPolicy(ApiModel):
     marked Stalled=True with reason NoProgress and a Warning Event (default 600). The run is not stopped: use
     activeDeadlineSeconds for that. Only once a step was seen (rank 0's metrics reachable)."""
     startup_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
-    """Seconds from the creation of an attempt's first pod until every worker is Ready and the launcher runs
-    (default 600; Kueue's waitForPodsReady). Past it the attempt's pods are deleted (nothing holds a node or a
-    GPU), WorkersReady and Restarted say why with the pods' own reasons (Unschedulable, ImagePullBackOff,
-    FailedMount, ...), and a new attempt follows after startupBackoffSeconds, or the run fails with
-    StartupDeadlineExceeded once startupRetries are spent. Such a retry does not count against maxRestarts."""
+    """Seconds from an attempt's first pod until every worker is Ready and the launcher runs (default 600).
+    Past it the pods are deleted, the pods' reasons (Unschedulable, ImagePullBackOff, ...) recorded, and the run
+    retried after startupBackoffSeconds (not counted against maxRestarts) or failed (StartupDeadlineExceeded)."""
     startup_retries: Annotated[int, Field(ge=0, le=100)] = 3
     """New attempts after a startup deadline passed, 0 to 100 (default 3); the next one past it fails the run."""
     startup_backoff_seconds: Annotated[int, Field(ge=0, le=STARTUP_BACKOFF_MAX_SECONDS)] = 60
