@@ -246,3 +246,31 @@ def test_an_attempt_that_starts_in_time_is_unaffected() -> None:
     plan = _step(body, ctx, pods, T0 + timedelta(seconds=3600))
     st = plan.status
     assert (st["phase"], st.get("startupTimeouts"), plan.delete_stale) == ("Running", None, {})
+
+
+def test_an_attempt_that_has_run_is_past_the_clock() -> None:
+    """Once the attempt was Running, a vanished or stopping launcher is a gang restart's business, never a
+    startup timeout (however long ago its pods were created)."""
+    body, ctx = _admitted(startupDeadlineSeconds=60)
+    late = T0 + timedelta(seconds=3600)
+    inp = policies.PlanInput.of(body, ctx, _world(ctx), late)
+    assert inp.startup_left == -3540.0
+    running = c.set_condition(body["status"]["conditions"], c.RUNNING, "True", Reason.LAUNCHER_RUNNING, "", now=T0)
+    body["status"] = {**body["status"], "conditions": running}
+    inp = policies.PlanInput.of(body, ctx, _world(ctx), late)
+    assert inp.startup_left is None
+    assert policies.startup_deadline(inp) is None
+
+
+def test_workers_never_created_say_why() -> None:
+    """A create the API server refused (a quota) is why a worker never came: the release says so."""
+    body, ctx = _admitted(startupDeadlineSeconds=60)
+    refused = "pod r1-worker-1: 403 exceeded quota: pods=1"
+    conds = c.set_condition(
+        body["status"]["conditions"], c.WORKERS_READY, "False", Reason.CREATE_FAILED, refused, now=T0
+    )
+    body["status"] = {**body["status"], "conditions": conds}
+    plan = _step(body, ctx, [_ready(builders.worker_pod(ctx, 0, 0))], T0 + timedelta(seconds=60))
+    text = _cond(plan.status, c.RESTARTED)["message"]
+    assert text.endswith(f"1/2 workers not ready (NotCreated: 1); CreateFailed: {refused}"), text
+    assert list(plan.delete_stale) == ["r1-worker-0"]

@@ -177,6 +177,14 @@ class PlanInput:
             return None
         return (start + _seconds(deadline) - self.now).total_seconds()
 
+    @property
+    def startup_left(self) -> float | None:
+        """Seconds until the attempt's startup deadline (<= 0: passed); None once it has started (its launcher
+        left Pending, or it has been Running) or before its first pod (:func:`.startup.left`)."""
+        if c.holds(self.old.conditions, c.RUNNING):
+            return None
+        return startup.left(self.run_policy, self.current, self.launcher, self.now)
+
     def status(self) -> _Status:
         """A fresh builder for the next status, with the counts every decision reports."""
         st = _Status.following(self.stored, self.now, (self.body.get("metadata") or {}).get("generation"))
@@ -394,10 +402,13 @@ def startup_deadline(inp: PlanInput) -> Plan | None:
     counted against ``maxRestarts``, or the run fails ``StartupDeadlineExceeded`` once ``startupRetries``
     are spent (the cleanup then releases every unfinished pod: :func:`.lifecycle.cleanup_pending`)."""
     policy = inp.run_policy
-    left = startup.left(policy, inp.current, inp.launcher, inp.now)
+    left = inp.startup_left
     if left is None or left > 0:
         return None
     why = startup.blockers(inp.workers, inp.launcher, inp.total, inp.mounts)
+    refused = c.find(inp.old.conditions, c.WORKERS_READY)
+    if refused is not None and refused.reason == Reason.CREATE_FAILED:  # why some were never created
+        why += f"; {Reason.CREATE_FAILED}: {refused.message}"
     text = f"not started within runPolicy.startupDeadlineSeconds={startup.deadline(policy)}: {why}"
     timeouts, limit = inp.old.startup_timeouts or 0, policy.startup_retries
     st = inp.status()
@@ -564,7 +575,7 @@ def _upkeep(inp: PlanInput, out: Plan) -> Plan:
     out.force_delete = sorted(p.name for p in inp.own if _stuck_terminating(p, inp.now))
     waits = [_until_stuck(p, inp.now) for p in inp.own if p.terminating and p.name not in out.force_delete]
     left = inp.deadline_left
-    starting = startup.left(inp.run_policy, inp.current, inp.launcher, inp.now)  # the startup deadline's moment
+    starting = inp.startup_left  # the startup deadline's moment
     waits += [out.requeue_after, *(t for t in (left, starting) if t is not None and t > 0)]
     if mounts.waiting(inp.workers.values()):  # a failing mount sends Events only, which wake nobody
         waits.append(mounts.RECHECK_SECONDS)

@@ -33,9 +33,9 @@ def deadline(policy: RunPolicy) -> int:
 
 
 def started(launcher: PodView | None) -> bool:
-    """The attempt has started: its launcher exists and has left Pending (running, or already ended: then the
-    failure or the result decides, not the clock)."""
-    return launcher is not None and launcher.phase != PodPhase.PENDING and not launcher.terminating
+    """The attempt has started: its launcher exists and has left Pending (running, or already ended or being
+    deleted: then the failure, the result or the gang restart decides, not the clock)."""
+    return launcher is not None and launcher.phase != PodPhase.PENDING
 
 
 def clock_start(pods: Iterable[PodView]) -> datetime | None:
