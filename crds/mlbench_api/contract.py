@@ -119,6 +119,10 @@ class Reason(StrEnum):
     #: WorkersReady/Running False: a pod, Service, ConfigMap or Secret with the run's name has another owner
     NAME_CONFLICT = "NameConflict"
     RESTARTING = "Restarting"  #: WorkersReady/Running False during a gang restart (also its Event)
+    #: WorkersReady/Running False after the startup deadline released the attempt's pods, until the next attempt
+    #: (its message: the pods' own reasons, the backoff); also Restarted's reason, the Event's and Failed's once
+    #: runPolicy.startupRetries are spent
+    STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     RUN_FINISHED = "RunFinished"  #: WorkersReady False once the run succeeded (workers no longer needed)
     #: WorkersReady, Running and GoalReached False once the run failed (Failed names the cause)
     RUN_FAILED = "RunFailed"

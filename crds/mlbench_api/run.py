@@ -279,6 +279,10 @@ class CleanPodPolicy(StrEnum):
     NONE = "None"  #: keep every pod
 
 
+#: The longest wait between two attempts after a startup deadline (runPolicy.startupBackoffSeconds doubles up to it).
+STARTUP_BACKOFF_MAX_SECONDS = 3600
+
+
 class RunPolicy(ApiModel):
     """Restarts, deadline and cleanup; the one part of the spec that may change after creation."""
 
@@ -302,6 +306,15 @@ class RunPolicy(ApiModel):
     """Seconds the training step counter (status.progress.step) may stand still while Running before the run is
     marked Stalled=True with reason NoProgress and a Warning Event (default 600). The run is not stopped: use
     activeDeadlineSeconds for that. Only once a step was seen (rank 0's metrics reachable)."""
+    startup_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    """Seconds from an attempt's first pod until every worker is Ready and the launcher runs (default 600).
+    Past it the pods are deleted, the pods' reasons (Unschedulable, ImagePullBackOff, ...) recorded, and the run
+    retried after startupBackoffSeconds (not counted against maxRestarts) or failed (StartupDeadlineExceeded)."""
+    startup_retries: Annotated[int, Field(ge=0, le=100)] = 3
+    """New attempts after a startup deadline passed, 0 to 100 (default 3); the next one past it fails the run."""
+    startup_backoff_seconds: Annotated[int, Field(ge=0, le=STARTUP_BACKOFF_MAX_SECONDS)] = 60
+    """Wait before the first new attempt after a startup deadline (default 60 s, 0 to 3600); it doubles with each
+    further one, up to 3600 s (Kueue's requeuing backoff)."""
 
 
 #: The runner's DDP wraps torch.distributed (gloo or nccl); backend mpi goes through mpi4py, which DDP cannot use.
@@ -616,10 +629,16 @@ class BenchmarkRunStatus(ApiModel):
     workers: WorkerCounts | None = None
     """Worker pods ready and wanted."""
     restarts: Annotated[int, Field(ge=0)] | None = None
-    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts plus disruptionRestarts."""
+    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts plus disruptionRestarts
+    plus startupTimeouts."""
     disruption_restarts: Annotated[int, Field(ge=0)] | None = None
     """Of those, the restarts a disruption caused (a drain, an eviction, a preemption, a lost node: a pod with the
     DisruptionTarget condition); they do not count against runPolicy.maxRestarts."""
+    startup_timeouts: Annotated[int, Field(ge=0)] | None = None
+    """Of those, the restarts after runPolicy.startupDeadlineSeconds passed (the attempt's pods released); they do
+    not count against runPolicy.maxRestarts but against runPolicy.startupRetries."""
+    startup_retry_at: datetime | None = None
+    """When the attempt after the last startup timeout may create its pods (RFC 3339): the backoff's end."""
     progress: Progress | None = None
     """Live figures from rank 0's metrics, refreshed about every 30 s while Running; best effort."""
     result: RunResult | None = None

@@ -460,3 +460,56 @@ def test_a_quota_on_the_run_s_secret_is_shown_then_overcome(runs: Runs) -> None:
     finally:
         runs.kubectl("delete", "resourcequota", "no-secrets", "--wait=true")
     runs.wait_phase("quota", "Running", timeout=90)
+
+
+def _event_reasons(runs: Runs, name: str) -> set[str]:
+    out = runs.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+    return {e["reason"] for e in json.loads(out)["items"]}
+
+
+def test_startup_deadline_releases_an_unschedulable_world_retries_then_fails(runs: Runs) -> None:
+    """A worker no node can take (a nodeSelector no kwok node carries): at startupDeadlineSeconds the attempt's
+    pods are deleted and the scheduler's words recorded, the next attempt comes after the backoff, and once
+    startupRetries are spent the run fails StartupDeadlineExceeded with nothing left holding a node."""
+    name = "nostart"
+    key = f"mlbench-test-{uuid.uuid4().hex[:6]}"
+    policy = {"startupDeadlineSeconds": 5, "startupBackoffSeconds": 3, "startupRetries": 1, "maxRestarts": 0}
+    runs.apply(h.run(name, workers=2, scheduling={"nodeSelector": {key: "yes"}}, runPolicy=policy))
+    status = runs.wait_status(name, lambda s: s.get("startupTimeouts") == 1 and s, timeout=60, what="released")
+    restarted = cond(status, "Restarted")
+    assert (restarted["status"], restarted["reason"]) == ("True", "StartupDeadlineExceeded")
+    assert "Unschedulable: " in restarted["message"], restarted["message"]  # the scheduler's own words follow
+    assert "startupDeadlineSeconds=5" in restarted["message"]
+    assert status["restarts"] == 1
+    assert status["startupRetryAt"]
+    wait_for(
+        lambda: all(p["metadata"]["labels"]["mlbench.io/attempt"] == "1" for p in runs.pods(name).values()),
+        timeout=30,
+        what="the first attempt's pods gone",
+    )
+    # the retry: a new attempt after the backoff, not counted against maxRestarts=0
+    wait_for(lambda: len(runs.pods(name)) == 2, timeout=30, what="the second attempt's workers")
+    status = runs.wait_phase(name, "Failed", timeout=60)
+    failed = cond(status, "Failed")
+    assert failed["reason"] == "StartupDeadlineExceeded"
+    assert "Unschedulable: 2" in failed["message"]
+    assert "gave up after 1 of startupRetries=1" in failed["message"]
+    assert status["restarts"] == 1
+    wait_for(lambda: not runs.pods(name), timeout=30, what="every pod released")
+    wait_for(lambda: "StartupDeadlineExceeded" in _event_reasons(runs, name), timeout=20, what="the Event")
+
+
+def test_startup_deadline_spares_a_run_that_starts_in_time(runs: Runs) -> None:
+    """A world that starts within the deadline runs on past it, untouched."""
+    name = "intime"
+    runs.apply(h.run(name, workers=2, runPolicy={"startupDeadlineSeconds": 20}))
+    runs.wait_phase(name, "Running", timeout=20)
+    uids = {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()}
+    created = min(o["metadata"]["creationTimestamp"] for o in runs.pods(name).values())
+    since = c.parse_time(created)
+    assert since is not None
+    time.sleep(max(22 - (time.time() - since.timestamp()), 0))  # past the deadline
+    status = runs.status(name)
+    assert (status["phase"], status.get("restarts"), status.get("startupTimeouts")) == ("Running", 0, None)
+    assert {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()} == uids
+    assert "StartupDeadlineExceeded" not in _event_reasons(runs, name)

@@ -1051,6 +1051,8 @@ def test_the_policies_and_their_order() -> None:
         "launcher_stopping_hold",
         "gang_failure",
         "stale_attempt",
+        "startup_deadline",
+        "startup_backoff",
         "make_progress",
     ]
 

@@ -42,6 +42,17 @@ def clean_pod_policy(spec: Mapping[str, Any] | None) -> CleanPodPolicy:
         return RunPolicy().clean_pod_policy
 
 
+def end_policy(body: Mapping[str, Any]) -> CleanPodPolicy:
+    """The cleanPodPolicy a finished run is cleaned up by: its own, except that a run failed by its startup
+    deadline releases every unfinished pod even under None (nothing holds a node or a GPU forever for a world
+    that never started; finished pods keep their logs)."""
+    policy = clean_pod_policy(body.get("spec"))
+    failed = c.get((body.get("status") or {}).get("conditions"), c.FAILED) or {}
+    if policy is CleanPodPolicy.NONE and failed.get("reason") == Reason.STARTUP_DEADLINE_EXCEEDED:
+        return CleanPodPolicy.RUNNING
+    return policy
+
+
 def _cleanup(policy: CleanPodPolicy, pods: Iterable[PodView]) -> list[str]:
     """Pods to delete at the end. Running (as Kubeflow's): every pod that has not finished, the launcher
     included (a Pending launcher would otherwise wait forever); finished pods stay for their logs."""
@@ -90,7 +101,7 @@ def cleanup_pending(body: Mapping[str, Any], pods: Iterable[PodView]) -> list[st
     """
     uid = (body.get("metadata") or {}).get("uid", "")
     mine, _ = _own(pods, uid)
-    return _cleanup(clean_pod_policy(body.get("spec")), mine)
+    return _cleanup(end_policy(body), mine)
 
 
 def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool:
@@ -100,7 +111,7 @@ def cleanup_unrecorded(body: Mapping[str, Any], pods: Iterable[PodView]) -> bool
     :data:`CLEANED_UP`, and a pod of the run is going or ``workers.ready`` counts more workers than are ready
     (under ``Running`` the finished launcher stays: its pods are not all gone)."""
     status = body.get("status") or {}
-    policy = clean_pod_policy(body.get("spec"))
+    policy = end_policy(body)
     if status.get("phase") not in TERMINAL or policy is CleanPodPolicy.NONE:
         return False
     wr = c.get(status.get("conditions"), c.WORKERS_READY) or {}

@@ -18,20 +18,23 @@ attempt, of earlier attempts, and foreign pods that merely hold names) and asks 
 5. :func:`gang_failure`: a failed or lost rank; restart the whole gang, or give up (a permanent
    failure, ``maxRestarts`` spent).
 6. :func:`stale_attempt`: pods of an earlier attempt remain; delete them, wait.
-7. :func:`make_progress`: always decides; create workers, then the launcher, and report
+7. :func:`startup_deadline`: the attempt has not started within ``startupDeadlineSeconds``; release its pods
+   and retry after a backoff, or give up (:mod:`.startup`).
+8. :func:`startup_backoff`: a startup retry's backoff has not ended; create nothing, wait.
+9. :func:`make_progress`: always decides; create workers, then the launcher, and report
    WorkersReady, Running, the phase and Stalled (NoProgress).
 
 The order is the precedence: a result beats the deadline (the run did finish), the deadline
-beats a failure (no restart past it), and a worker's cause beats the launcher's echo of it.
-Whatever decides, every pass also force-deletes pods stuck Terminating on a lost node and wakes
-up by the earliest wait (:func:`_upkeep`).
+beats a failure (no restart past it), a worker's cause beats the launcher's echo of it, and a failure
+beats the startup clock (a pod that failed is a failure, not a slow start). Whatever decides, every pass
+also force-deletes pods stuck Terminating on a lost node and wakes up by the earliest wait (:func:`_upkeep`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -47,8 +50,16 @@ from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
-from mlbench_operator.run import mounts, nodes
-from mlbench_operator.run.lifecycle import _cleanup, _deletable, _own, _seconds, _stuck_terminating, _until_stuck
+from mlbench_operator.run import mounts, nodes, startup
+from mlbench_operator.run.lifecycle import (
+    _cleanup,
+    _deletable,
+    _own,
+    _seconds,
+    _stuck_terminating,
+    _until_stuck,
+    end_policy,
+)
 from mlbench_operator.run.nodes import NodeState
 from mlbench_operator.run.outcome import (
     PERMANENT_FAILURES,
@@ -172,6 +183,14 @@ class PlanInput:
             return None
         return (start + _seconds(deadline) - self.now).total_seconds()
 
+    @property
+    def startup_left(self) -> float | None:
+        """Seconds until the attempt's startup deadline (<= 0: passed); None once it has started (its launcher
+        left Pending, or it has been Running) or before its first pod (:func:`.startup.left`)."""
+        if c.holds(self.old.conditions, c.RUNNING):
+            return None
+        return startup.left(self.run_policy, self.current, self.launcher, self.now)
+
     def status(self) -> _Status:
         """A fresh builder for the next status, with the counts every decision reports."""
         st = _Status.following(self.stored, self.now, (self.body.get("metadata") or {}).get("generation"))
@@ -191,9 +210,10 @@ def _finished(inp: PlanInput, st: _Status) -> Plan:
     """A terminal plan: the final status, the deletions its cleanPodPolicy wants, an Event with the outcome."""
     phase = st.new.phase or Phase.FAILED
     kind = "Normal" if phase == Phase.SUCCEEDED else "Warning"
+    status = st.dump()
     return Plan(
-        status=st.dump(),
-        cleanup=_cleanup(inp.run_policy.clean_pod_policy, inp.own),
+        status=status,
+        cleanup=_cleanup(end_policy({**inp.body, "status": status}), inp.own),
         events=[(kind, phase, st.new.message or "")],
     )
 
@@ -339,7 +359,7 @@ def gang_failure(inp: PlanInput) -> Plan | None:
         return _finished(inp, st)
     disrupted = world_disruption(inp.workers, inp.launcher) or nodes.lost_worker(inp.workers, inp.nodes)
     spared = inp.old.disruption_restarts or 0
-    counted = inp.restarts - spared
+    counted = inp.restarts - spared - (inp.old.startup_timeouts or 0)  # neither spends maxRestarts
     if disrupted is None and counted >= limit:
         st.fail(reason, f"{message} (gave up after {counted} of maxRestarts={limit} restarts)")
         return _finished(inp, st)
@@ -383,6 +403,54 @@ def stale_attempt(inp: PlanInput) -> Plan | None:
     st.in_progress()
     st.say(msg)
     return Plan(status=st.dump(), delete_stale=_deletable(inp.stale))
+
+
+def startup_deadline(inp: PlanInput) -> Plan | None:
+    """The attempt has not started (every worker Ready, the launcher running) within the startup deadline
+    (:mod:`.startup`): its pods are released (deleted, as in a gang restart) and WorkersReady, Running and
+    Restarted say why in the pods' own words; the next attempt follows after :func:`.startup.backoff`, not
+    counted against ``maxRestarts``, or the run fails ``StartupDeadlineExceeded`` once ``startupRetries``
+    are spent (the cleanup then releases every unfinished pod: :func:`.lifecycle.cleanup_pending`)."""
+    policy = inp.run_policy
+    left = inp.startup_left
+    if left is None or left > 0:
+        return None
+    why = startup.blockers(inp.workers, inp.launcher, inp.total, inp.mounts)
+    refused = c.find(inp.old.conditions, c.WORKERS_READY)
+    if refused is not None and refused.reason == Reason.CREATE_FAILED:  # why some were never created
+        why += f"; {Reason.CREATE_FAILED}: {refused.message}"
+    text = f"not started within runPolicy.startupDeadlineSeconds={startup.deadline(policy)}: {why}"
+    timeouts, limit = inp.old.startup_timeouts or 0, policy.startup_retries
+    st = inp.status()
+    if timeouts >= limit:
+        st.fail(Reason.STARTUP_DEADLINE_EXCEEDED, f"{text} (gave up after {timeouts} of startupRetries={limit})")
+        return _finished(inp, st)
+    wait = startup.backoff(policy, timeouts + 1)
+    text = f"pods released, startup retry {timeouts + 1}/{limit} in {wait} s: {text}"
+    st.new.restarts = inp.restarts + 1
+    st.new.startup_timeouts = timeouts + 1
+    st.new.startup_retry_at = c.instant(inp.now + timedelta(seconds=wait))
+    st.new.phase = Phase.PENDING
+    st.new.workers = WorkerCounts(ready=0, total=inp.total)
+    st.new.progress = None
+    st.say(text)
+    st.cond(c.WORKERS_READY, "False", Reason.STARTUP_DEADLINE_EXCEEDED, text)
+    st.cond(c.RUNNING, "False", Reason.STARTUP_DEADLINE_EXCEEDED, text)
+    st.cond(c.RESTARTED, "True", Reason.STARTUP_DEADLINE_EXCEEDED, text)
+    events: list[tuple[str, str, str]] = [("Warning", Reason.STARTUP_DEADLINE_EXCEEDED, text)]
+    return Plan(status=st.dump(), delete_stale=_deletable(inp.own), events=events, requeue_after=wait or None)
+
+
+def startup_backoff(inp: PlanInput) -> Plan | None:
+    """After a startup timeout, until ``status.startupRetryAt``: no pod is created (WorkersReady still says why
+    the last attempt was released)."""
+    wait = startup.retry_wait(inp.old.startup_retry_at, inp.now)
+    if wait is None or inp.current:
+        return None
+    st = inp.status()
+    st.new.phase = Phase.PENDING
+    st.in_progress()
+    return Plan(status=st.dump(), requeue_after=wait)
 
 
 def _workers_to_create(inp: PlanInput, held: Mapping[str, PodView]) -> tuple[list[int], list[PodView]]:
@@ -504,6 +572,8 @@ POLICIES: tuple[Policy, ...] = (
     launcher_stopping_hold,
     gang_failure,
     stale_attempt,
+    startup_deadline,
+    startup_backoff,
     make_progress,
 )
 
@@ -515,7 +585,8 @@ def _upkeep(inp: PlanInput, out: Plan) -> Plan:
     out.force_delete = sorted(p.name for p in inp.own if _stuck_terminating(p, inp.now))
     waits = [_until_stuck(p, inp.now) for p in inp.own if p.terminating and p.name not in out.force_delete]
     left = inp.deadline_left
-    waits += [out.requeue_after, left if left is not None and left > 0 else None]
+    starting = inp.startup_left  # the startup deadline's moment
+    waits += [out.requeue_after, *(t for t in (left, starting) if t is not None and t > 0)]
     if mounts.waiting(inp.workers.values()):  # a failing mount sends Events only, which wake nobody
         waits.append(mounts.RECHECK_SECONDS)
     out.requeue_after = min((w for w in waits if w is not None), default=None)
