@@ -131,7 +131,8 @@ def test_cel_rules_are_present() -> None:
     assert "self.workers == oldSelf.workers" in immutable
     assert "runPolicy" not in immutable
     assert "self.managedBy" in immutable  # managedBy: immutable, as a Job's
-    assert "self.suspend" not in immutable and "self.scheduling" not in immutable
+    assert "self.suspend" not in immutable
+    assert "self.scheduling" not in immutable
     scheduling = spec_rules[SCHEDULING_WHILE_SUSPENDED]
     assert scheduling["rule"].startswith("(has(oldSelf.suspend) && oldSelf.suspend) || ")
     assert scheduling["fieldPath"] == ".scheduling"
