@@ -11,7 +11,7 @@ from mlbench_api.run import MANAGED_BY_OPERATOR, Phase
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
-from mlbench_operator.run import suspension
+from mlbench_operator.run import admission, suspension
 from mlbench_operator.run.kueue import Admission
 from tests.operator import helpers as h
 
@@ -108,3 +108,22 @@ def test_a_run_that_was_not_held_is_not_resumed() -> None:
     body = h.run()
     body["status"] = {"phase": "Running", "restarts": 0}
     assert suspension.resumed_status(body, None, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "refused"),
+    [
+        (None, False),
+        ({"nodeSelector": {"kubernetes.io/arch": "amd64"}}, False),
+        ({"nodeSelector": {"not-allowed": "x"}}, True),
+    ],
+)
+def test_scheduling_changed_while_suspended_meets_the_policy_again(
+    scheduling: dict[str, Any] | None, refused: bool
+) -> None:
+    body = h.run(**({"scheduling": scheduling} if scheduling else {}))
+    rejection = admission.scheduling_rejection(body)
+    assert (rejection is not None) is refused
+    if rejection is not None:
+        assert rejection.reason == Reason.POLICY_VIOLATION
+        assert "nodeSelector" in rejection.message  # names the field

@@ -270,6 +270,11 @@ class RunReconciler:
                 await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
             return _Stop(QUEUE_POLL_SECONDS if queue else None)  # a Workload's change wakes nobody: look again
         resumed = suspension.resumed_status(self.view(), queued, now)
+        refused = admission.scheduling_rejection(self.view(), self.config.policy) if resumed is not None else None
+        if refused is not None:  # spec.scheduling changed while suspended: the admin's policy again
+            await self.patch(admission.rejected_status(self.view(), refused, now))
+            self.event("Warning", refused.reason, refused.message)
+            return _Stop(await self.finished(now, pods))
         if resumed is not None:
             await self.patch(resumed)
             self.event("Normal", c.SUSPENDED, resumed.get("message", ""))
