@@ -121,7 +121,9 @@ def test_a_run_that_was_not_held_is_not_resumed() -> None:
 def test_scheduling_changed_while_suspended_meets_the_policy_again(
     scheduling: dict[str, Any] | None, refused: bool
 ) -> None:
-    body = h.run(**({"scheduling": scheduling} if scheduling else {}))
+    body = h.run()
+    if scheduling is not None:
+        body["spec"]["scheduling"] = scheduling
     rejection = admission.scheduling_rejection(body)
     assert (rejection is not None) is refused
     if rejection is not None:
