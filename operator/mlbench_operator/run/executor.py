@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from mlbench_api import bundle, hardware
-from mlbench_api.run import TERMINAL
+from mlbench_api.run import TERMINAL, Phase
 from mlbench_operator import builders, datasets, logs, netpol, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
@@ -269,7 +269,8 @@ class RunReconciler:
             if plan.delete_stale:
                 await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
             return _Stop(QUEUE_POLL_SECONDS if queue else None)  # a Workload's change wakes nobody: look again
-        resumed = suspension.resumed_status(self.view(), queued, now)
+        held_before = self.status.get("phase") == Phase.SUSPENDED  # the parse below only then
+        resumed = suspension.resumed_status(self.view(), queued, now) if held_before else None
         refused = admission.scheduling_rejection(self.view(), self.config.policy) if resumed is not None else None
         if refused is not None:  # spec.scheduling changed while suspended: the admin's policy again
             await self.patch(admission.rejected_status(self.view(), refused, now))
