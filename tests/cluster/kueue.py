@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def build() -> Path:
 def config(health_port: int, webhook_port: int, cert_dir: Path) -> dict[str, Any]:
     """The manager's Configuration: no leader election, no metrics server, a webhook server nobody calls,
     the batch/job integration only (Kueue needs one; without the webhook it suspends nothing), no
-    waitForPodsReady (the operator's runs wait for their own pods)."""
+    waitForPodsReady (the operator's runs wait for their own pods), no visibility server."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -60,6 +61,9 @@ def config(health_port: int, webhook_port: int, cert_dir: Path) -> dict[str, Any
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["batch/job"]},
+        # the visibility API server (pending workloads on demand) reads its certificate from /visibility and is
+        # served through an APIService: not needed here
+        "featureGates": {"VisibilityOnDemand": False},
     }
 
 
@@ -78,10 +82,12 @@ class KueueManager:
             "apply", "--server-side", "--force-conflicts", "-f", str(self.install / "crds"), check=True
         )
         for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
-            self.cluster.kubectl(
-                "wait", "--for=condition=Established", f"crd/{crd}.kueue.x-k8s.io", "--timeout=60s", check=True
-            )
+            wait_for(self._established(f"crd/{crd}.kueue.x-k8s.io"), timeout=60, what=f"{crd} Established")
         self.cluster.kubectl("create", "namespace", NAMESPACE)  # exists already: fine
+
+    def _established(self, name: str) -> Callable[[], bool]:
+        """Whether the CRD ``name`` serves yet (a wait on one the API server has not stored yet fails at once)."""
+        return lambda: self.cluster.kubectl("wait", "--for=condition=Established", name).returncode == 0
 
     def _certificate(self) -> Path:
         certs = self.work / "certs"

@@ -25,8 +25,6 @@ from tests.operator.conftest import SESSION, Runs
 
 pytestmark = pytest.mark.cluster
 
-FLAVOR = f"mlbench-test-{SESSION}"
-CLUSTER_QUEUE = f"mlbench-test-{SESSION}"
 QUEUE = "runs"
 CPU_QUOTA = "3"
 
@@ -44,14 +42,16 @@ def kueue_manager(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture
 def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) -> Iterator[str]:
-    """A ResourceFlavor, a ClusterQueue with CPU_QUOTA CPUs and a LocalQueue in the test's namespace."""
+    """A ResourceFlavor, a ClusterQueue with CPU_QUOTA CPUs and a LocalQueue in the test's namespace; named after
+    the namespace (Kueue may still hold a deleted ClusterQueue of the same name inactive for a while)."""
     api = kq.API_VERSION
+    flavor = cluster_queue = f"mlbench-test-{SESSION}-{runs.ns}"[:63].rstrip("-")
     objs: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
         {
             "apiVersion": api,
             "kind": "ClusterQueue",
-            "metadata": {"name": CLUSTER_QUEUE},
+            "metadata": {"name": cluster_queue},
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": runs.ns}},
                 "resourceGroups": [
@@ -59,7 +59,7 @@ def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) ->
                         "coveredResources": ["cpu", "memory"],
                         "flavors": [
                             {
-                                "name": FLAVOR,
+                                "name": flavor,
                                 "resources": [
                                     {"name": "cpu", "nominalQuota": CPU_QUOTA},
                                     {"name": "memory", "nominalQuota": "100Gi"},
@@ -74,7 +74,7 @@ def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) ->
             "apiVersion": api,
             "kind": "LocalQueue",
             "metadata": {"name": QUEUE, "namespace": runs.ns},
-            "spec": {"clusterQueue": CLUSTER_QUEUE},
+            "spec": {"clusterQueue": cluster_queue},
         },
     ]
     kube_cluster.kubectl(
@@ -83,7 +83,7 @@ def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) ->
     try:
         yield QUEUE
     finally:
-        for kind, name in (("clusterqueue", CLUSTER_QUEUE), ("resourceflavor", FLAVOR)):
+        for kind, name in (("clusterqueue", cluster_queue), ("resourceflavor", flavor)):
             kube_cluster.kubectl("delete", f"{kind}.kueue.x-k8s.io", name, "--ignore-not-found", "--wait=false")
 
 
