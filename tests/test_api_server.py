@@ -51,7 +51,7 @@ def test_spec_is_immutable_except_run_policy(kube_api: Any, namespace: str) -> N
     with pytest.raises(ApiException) as info:
         api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "immutable", {"spec": {"workers": 4}})
     assert info.value.status == 422
-    assert "spec is immutable except runPolicy" in str(info.value.body)
+    assert "spec is immutable except runPolicy, suspend and scheduling" in str(info.value.body)
     patched = api.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "immutable", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}}}
     )

@@ -77,6 +77,7 @@ SSH_KNOWN_HOSTS = "known_hosts"
 RUNNER_UID = 1000
 
 # Condition types, in the order ``kubectl describe`` shows them.
+SUSPENDED = "Suspended"  #: True while spec.suspend holds or a queue (Kueue) has not admitted the run: no pods
 DATASET_READY = "DatasetReady"  #: only on runs whose task has a dataset.source
 WORKERS_READY = "WorkersReady"
 RUNNING = "Running"
@@ -88,7 +89,19 @@ RESTARTED = "Restarted"  #: True after a gang restart, with the cause
 READY = "Ready"  #: True once the run Succeeded; False with the phase (or the failure) as the reason
 RECONCILING = "Reconciling"  #: True while the run is Pending, Starting or Running
 STALLED = "Stalled"  #: True when the run Failed, or Running with a step counter that stopped moving
-TYPES = (DATASET_READY, WORKERS_READY, RUNNING, GOAL_REACHED, SUCCEEDED, FAILED, RESTARTED, READY, RECONCILING, STALLED)
+TYPES = (
+    SUSPENDED,
+    DATASET_READY,
+    WORKERS_READY,
+    RUNNING,
+    GOAL_REACHED,
+    SUCCEEDED,
+    FAILED,
+    RESTARTED,
+    READY,
+    RECONCILING,
+    STALLED,
+)
 
 
 @unique
@@ -101,6 +114,12 @@ class Reason(StrEnum):
     (tests/operator/test_conditions.py keeps the two in step).
     """
 
+    # -- Suspended (also WorkersReady and Running False while it holds) ----------------------------------------
+    SUSPENDED = "Suspended"  #: True: spec.suspend is true; the run's pods are deleted, none is created
+    #: True: the run's Kueue Workload waits for admission (Kueue's message: quota, a missing queue, too big)
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"  #: False: Kueue admitted the run's Workload; its flavors' node labels go on the pods
+    RESUMED = "Resumed"  #: False: spec.suspend was set back to false; the run starts a new attempt
     # -- WorkersReady ------------------------------------------------------------------------------------------
     CREATING = "Creating"  #: False: just admitted, the first workers are being created
     WAITING_FOR_DATASET = "WaitingForDataset"  #: False: the dataset is fetched first (no worker exists yet)

@@ -18,7 +18,14 @@ import yaml
 from pydantic import BaseModel
 
 from mlbench_api.common import GROUP, MAX_LABEL_VALUE, VERSION, cel
-from mlbench_api.run import MAX_RUN_NAME, BenchmarkRunSpec, BenchmarkRunStatus
+from mlbench_api.run import (
+    FORBIDDEN,
+    MAX_RUN_NAME,
+    SUSPEND_FINISHED,
+    SUSPEND_FINISHED_RULE,
+    BenchmarkRunSpec,
+    BenchmarkRunStatus,
+)
 from mlbench_api.sweep import BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTaskSpec
 
@@ -245,6 +252,7 @@ KINDS: list[CrdSpec] = [
                 "metadata.name must be a DNS-1035 label (start with a letter) as it names the run's Service",
                 reason="FieldValueInvalid",
             ),
+            cel(SUSPEND_FINISHED_RULE, SUSPEND_FINISHED, ".spec.suspend", FORBIDDEN),
         ],
         selectable_fields=[".spec.taskRef.name"],
         printer_columns=[

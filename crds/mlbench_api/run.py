@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mlbench_api import contract
 from mlbench_api.common import (
     API_VERSION,
     DNS1035_LABEL,
@@ -333,11 +334,34 @@ DEADLINE_ONLY_LOWERED_RULE = (
     "self.runPolicy.activeDeadlineSeconds <= oldSelf.runPolicy.activeDeadlineSeconds)"
 )
 
+#: ``spec.managedBy`` of the runs this operator reconciles (unset means the same); any other value: another
+#: controller's run, which the operator leaves alone (Kubernetes Job semantics).
+MANAGED_BY_OPERATOR = "mlbench.io/operator"
+
 #: The reason of a refused transition (an immutable field, a raised deadline).
 FORBIDDEN = "FieldValueForbidden"
 
-#: Fields of the spec that may change after creation; everything else is immutable.
-MUTABLE_SPEC_FIELDS = ("runPolicy",)
+#: The message of the immutability rule.
+IMMUTABLE_SPEC = "spec is immutable except runPolicy, suspend and scheduling"
+
+#: Fields of the spec that may change after creation; everything else is immutable (scheduling only while the
+#: run is suspended: :data:`SCHEDULING_WHILE_SUSPENDED_RULE`).
+MUTABLE_SPEC_FIELDS = ("runPolicy", "suspend", "scheduling")
+
+#: As for a suspended Job: the pods' placement may change while the run is (or was, in the same update) suspended,
+#: which is when a queue (Kueue) decides where it goes; otherwise it is fixed with the pods that carry it.
+SCHEDULING_WHILE_SUSPENDED = "scheduling may change only while the run is suspended (spec.suspend)"
+SCHEDULING_WHILE_SUSPENDED_RULE = (
+    "(has(oldSelf.suspend) && oldSelf.suspend) || "
+    "(has(self.scheduling) == has(oldSelf.scheduling) && "
+    "(!has(self.scheduling) || self.scheduling == oldSelf.scheduling))"
+)
+#: A finished run cannot be suspended or resumed (checked on the whole object: the rule reads the status).
+SUSPEND_FINISHED = "spec.suspend cannot change once the run has finished (status.phase Succeeded or Failed)"
+SUSPEND_FINISHED_RULE = (
+    "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Succeeded', 'Failed']) || "
+    "(has(self.spec.suspend) ? self.spec.suspend : false) == (has(oldSelf.spec.suspend) ? oldSelf.spec.suspend : false)"
+)
 
 
 def _parameter_rules() -> list[dict[str, Any]]:
@@ -373,7 +397,8 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "slotsPerWorker must not exceed resources.gpu",
             ".slotsPerWorker",
         ),
-        cel(_immutability_rule(cls), "spec is immutable except runPolicy", reason=FORBIDDEN),
+        cel(_immutability_rule(cls), IMMUTABLE_SPEC, reason=FORBIDDEN),
+        cel(SCHEDULING_WHILE_SUSPENDED_RULE, SCHEDULING_WHILE_SUSPENDED, ".scheduling", FORBIDDEN),
         *(
             [cel(DEADLINE_ONLY_LOWERED_RULE, DEADLINE_ONLY_LOWERED, ".runPolicy.activeDeadlineSeconds", FORBIDDEN)]
             if getattr(cls, "PODS_CARRY_THE_DEADLINE", True)
@@ -398,7 +423,8 @@ def _immutability_rule(cls: type[BaseModel]) -> str:
 
 
 class BenchmarkRunSpec(ApiModel):
-    """Which task to run and how: workers, resources, backend, algorithm, overrides. Immutable except runPolicy."""
+    """Which task to run and how: workers, resources, backend, algorithm, overrides. Immutable except runPolicy,
+    suspend, and scheduling while suspended."""
 
     model_config = ConfigDict(json_schema_extra=_spec_rules)
     #: algorithmParameters may hold only spec.algorithm's parameters (a sweep's template: any of its runs').
@@ -449,7 +475,15 @@ class BenchmarkRunSpec(ApiModel):
     """Epoch-end checkpoints on a volume, resumed after a gang restart (docs/runner.md#checkpoints). Unset: none;
     a restarted run trains from epoch 0."""
     run_policy: RunPolicy | None = None
-    """Restarts, deadline, cleanup and TTL; the only field that may change after creation."""
+    """Restarts, deadline, cleanup and TTL; may change after creation (deadline: only lowered)."""
+    suspend: bool = False
+    """As for a Job: true creates no pods (a running run releases its pods: phase Suspended); false (default) starts
+    or resumes it, from a new attempt that does not count against maxRestarts. May change until the run finishes.
+    A run with the label kueue.x-k8s.io/queue-name also waits for its Kueue Workload's admission."""
+    managed_by: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    """As for a Job: the controller that reconciles this run. Unset or mlbench.io/operator (MANAGED_BY_OPERATOR): the
+    MLBench operator;
+    any other value: the operator leaves the run alone (e.g. MultiKueue's). Immutable."""
 
     @model_validator(mode="after")
     def _rules(self) -> BenchmarkRunSpec:
@@ -469,6 +503,7 @@ class BenchmarkRunSpec(ApiModel):
 
 
 class Phase(StrEnum):
+    SUSPENDED = contract.SUSPENDED  #: spec.suspend, or queued (Kueue): no pods
     PENDING = "Pending"
     STARTING = "Starting"
     RUNNING = "Running"

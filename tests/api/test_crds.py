@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from mlbench_api.crdgen import KINDS, crd, stale, write_all
+from mlbench_api.run import IMMUTABLE_SPEC, SCHEDULING_WHILE_SUSPENDED, SUSPEND_FINISHED
 
 BASES = Path(__file__).resolve().parents[2] / "crds" / "bases"
 
@@ -125,10 +126,19 @@ def test_cel_rules_are_present() -> None:
     ddp = spec_rules["ddp needs backend gloo or nccl (torch.distributed), not mpi"]
     assert ddp["rule"] == "self.algorithm != 'ddp' || self.backend != 'mpi'"
     assert ddp["fieldPath"] == ".algorithm"
-    immutable = spec_rules["spec is immutable except runPolicy"]["rule"]
+    immutable = spec_rules[IMMUTABLE_SPEC]["rule"]
     assert "self.taskRef == oldSelf.taskRef" in immutable
     assert "self.workers == oldSelf.workers" in immutable
     assert "runPolicy" not in immutable
+    assert "self.managedBy" in immutable  # managedBy: immutable, as a Job's
+    assert "self.suspend" not in immutable
+    assert "self.scheduling" not in immutable
+    scheduling = spec_rules[SCHEDULING_WHILE_SUSPENDED]
+    assert scheduling["rule"].startswith("(has(oldSelf.suspend) && oldSelf.suspend) || ")
+    assert scheduling["fieldPath"] == ".scheduling"
+    finished = next(r for r in runs["x-kubernetes-validations"] if r["message"] == SUSPEND_FINISHED)
+    assert "oldSelf.status.phase in ['Succeeded', 'Failed']" in finished["rule"]
+    assert finished["fieldPath"] == ".spec.suspend"
     tasks = _schema("benchmarktasks")
     lr = tasks["properties"]["spec"]["properties"]["training"]["properties"]["learningRate"]
     assert any("isSorted" in r["rule"] for r in lr["x-kubernetes-validations"])

@@ -8,9 +8,10 @@ export MLBENCH_CACHE
 .PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status cluster-import-image test-cluster test-realnode
 
 ## k8s-bins: build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, coredns
-## and the NetworkPolicy enforcer kube-router (cached; the two builds overlap: downloads of one while the other compiles)
+## and the NetworkPolicy enforcer kube-router, and Kueue's manager (cached; the builds overlap: downloads of one while another compiles)
 k8s-bins:
-	tests/cluster/build-netpol.sh >/dev/null & netpol=$$!; tests/cluster/build-k8s.sh; wait $$netpol
+	tests/cluster/build-netpol.sh >/dev/null & netpol=$$!; tests/cluster/build-kueue.sh >/dev/null & kueue=$$!; \
+	tests/cluster/build-k8s.sh; wait $$netpol; wait $$kueue
 
 ## cluster-up: start the local cluster (idempotent); prints the kubeconfig path
 cluster-up: k8s-bins $(PYTHON)

@@ -101,12 +101,17 @@ def test_each_role_holds_the_cluster_roles_rules() -> None:
 
 
 def test_cluster_part_is_only_cluster_scoped_resources() -> None:
-    """What a Role cannot grant, and nothing more: reading BenchmarkTasks (cluster-scoped, the catalog) and
-    Nodes by name (the hardware a run's results record: mlbench_api.hardware)."""
+    """What a Role cannot grant, and nothing more: reading BenchmarkTasks (cluster-scoped, the catalog), Nodes
+    by name (the hardware a run's results record: mlbench_api.hardware) and Kueue's ResourceFlavors (the node
+    labels of the flavors a queued run was assigned)."""
     scope = crd_scope()
     assert scope == {"benchmarkruns": "Namespaced", "benchmarksweeps": "Namespaced", "benchmarktasks": "Cluster"}
     cluster_part = find(NS_RBAC, "ClusterRole", "mlbench-operator-cluster")
-    assert triples(cluster_part["rules"]) == {("mlbench.io", "benchmarktasks", "get"), ("", "nodes", "get")}
+    assert triples(cluster_part["rules"]) == {
+        ("mlbench.io", "benchmarktasks", "get"),
+        ("", "nodes", "get"),
+        ("kueue.x-k8s.io", "resourceflavors", "get"),
+    }
     for ns in WATCHED:
         for group, resource, _ in triples(find(NS_RBAC, "Role", "mlbench-operator", ns)["rules"]):
             if group == "mlbench.io":

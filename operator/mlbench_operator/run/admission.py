@@ -23,7 +23,7 @@ from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
-from mlbench_operator.policy import AdmissionPolicy, violations
+from mlbench_operator.policy import AdmissionPolicy, check_placement, check_priority, violations
 from mlbench_operator.run.status import _short, _spec_workers, _Status
 
 DEFAULT_POLICY = AdmissionPolicy()
@@ -110,6 +110,16 @@ def admit(
     if broken:
         return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken))
     return ctx, snapshot
+
+
+def scheduling_rejection(body: Mapping[str, Any], policy: AdmissionPolicy = DEFAULT_POLICY) -> Rejection | None:
+    """spec.scheduling checked again when a suspended run resumes: it may have changed while suspended."""
+    scheduling = (body.get("spec") or {}).get("scheduling")
+    broken = [
+        *check_priority((scheduling or {}).get("priorityClassName"), policy),
+        *check_placement(scheduling, policy),
+    ]
+    return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken)) if broken else None
 
 
 def _snapshot(task: Mapping[str, Any] | None, task_name: str) -> dict[str, Any] | Rejection:

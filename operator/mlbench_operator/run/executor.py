@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from mlbench_api import bundle, hardware
-from mlbench_api.run import TERMINAL
+from mlbench_api.run import TERMINAL, Phase
 from mlbench_operator import builders, datasets, logs, netpol, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
@@ -22,7 +22,18 @@ from mlbench_operator import naming as n
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube, transient
 from mlbench_operator.podview import PodChange, PodIndex, PodView
-from mlbench_operator.run import admission, lifecycle, mounts, nodes, ownership, policies, results
+from mlbench_operator.run import (
+    admission,
+    kueue,
+    lifecycle,
+    mounts,
+    nodes,
+    ownership,
+    policies,
+    queueing,
+    results,
+    suspension,
+)
 from mlbench_operator.run.nodes import NodeState
 from mlbench_operator.run.status import (
     Plan,
@@ -45,6 +56,10 @@ def _now() -> datetime:
 
 #: While a dataset is fetched: look again this often even without a Job event.
 DATASET_POLL_SECONDS = 10.0
+
+
+#: While a run waits for Kueue: look at its Workload again this often (no watch on Workloads).
+QUEUE_POLL_SECONDS = 3.0
 
 
 #: A failed launcher's log tail kept in an Event at a gang restart: lines read, and the wait for them.
@@ -121,6 +136,7 @@ class RunReconciler:
         self.linger = self.config.metrics_linger_seconds
         self.results_wait = results.wait_for(self.config.results_wait_seconds, body["spec"].get("network"))
         self.pvc_ensured = False
+        self.queue_released = False  #: a finished run's Kueue Workload is marked Finished
         #: The operator's pod index (memo.pods), told at once of the pods a cleanup deleted (see finished).
         self.index: PodIndex | None = None
 
@@ -183,6 +199,8 @@ class RunReconciler:
         now = _now()
         if self.body["metadata"].get("deletionTimestamp"):
             return self.config.resync_seconds  # kopf stops us; owner references clean up the rest
+        if not suspension.managed_here(self.body["spec"]):
+            return None  # spec.managedBy names another controller: not ours to touch
         if self.status.get("phase") in TERMINAL:
             return await self.finished(now, pods)
         live = (self.body.get("status") or {}).get("progress")
@@ -191,6 +209,8 @@ class RunReconciler:
         else:  # none, or cleared by a gang restart: a copy read before the watch echoed that must not linger
             self.status.pop("progress", None)
         ctx = await self.run_context(now, pods)
+        if not isinstance(ctx, _Stop):
+            ctx = await self.gate(ctx, now, pods)
         if isinstance(ctx, _Stop):
             return ctx.delay
         ready = await self.prepare(ctx, now, pods)
@@ -269,6 +289,65 @@ class RunReconciler:
         self.event("Normal", "Admitted", f"task {ctx.task_name} snapshotted; creating {ctx.spec.workers} workers")
         self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
         return ctx
+
+    async def gate(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> builders.RunContext | _Stop:
+        """spec.suspend and a queue's admission (:mod:`.suspension`, :mod:`.kueue`): a held run releases its pods
+        and stops here; an admitted one gets its flavors' placement."""
+        queue = kueue.queue_name(self.body)
+        queued = await self.kueue_admission(ctx, queue) if queue else None
+        held = suspension.gate(self.body["spec"], queued)
+        if held is not None:
+            plan = suspension.held_plan(self.view(), ctx.uid, pods, held, now)
+            await self.patch(plan.status)
+            self.emit(plan)
+            if plan.delete_stale:
+                await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
+            return _Stop(QUEUE_POLL_SECONDS if queue else None)  # a Workload's change wakes nobody: look again
+        held_before = self.status.get("phase") == Phase.SUSPENDED  # the parse below only then
+        resumed = suspension.resumed_status(self.view(), queued, now) if held_before else None
+        refused = admission.scheduling_rejection(self.view(), self.config.policy) if resumed is not None else None
+        if refused is not None:  # spec.scheduling changed while suspended: the admin's policy again
+            await self.patch(admission.rejected_status(self.view(), refused, now))
+            self.event("Warning", refused.reason, refused.message)
+            return _Stop(await self.finished(now, pods))
+        if resumed is not None:
+            await self.patch(resumed)
+            self.event("Normal", c.SUSPENDED, resumed.get("message", ""))
+        if queued is None or not queued.flavors:
+            return ctx
+        flavors = [await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors]
+        labels, tolerations = kueue.placement(flavors)
+        return dataclasses.replace(ctx, spec=kueue.with_placement(ctx.spec, labels, tolerations))
+
+    async def kueue_admission(self, ctx: builders.RunContext, queue: str) -> kueue.Admission:
+        """The run's Workload, created when missing, as Kueue has admitted it or not."""
+        name = kueue.workload_name(self.name, ctx.uid)
+        found = await self.kube.run(queueing.get_workload, self.kube, self.namespace, name)
+        if found is None:
+            worker, launcher = builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)
+            obj = kueue.workload(
+                self.name,
+                self.namespace,
+                ctx.uid,
+                queue=queue,
+                worker=worker,
+                launcher=launcher,
+                count=ctx.spec.workers,
+            )
+            await self.kube.run(queueing.create_workload, self.kube, obj)
+            self.log.info("workload_created", workload=name, queue=queue)
+        return kueue.admission(found, name, queue)
+
+    async def release_queue(self) -> None:
+        """A finished run's Workload is marked Finished once (Kueue releases its quota)."""
+        queue, phase = kueue.queue_name(self.body), self.status.get("phase")
+        if queue is None or self.queue_released or phase not in TERMINAL:
+            return
+        name = kueue.workload_name(self.name, self.body["metadata"].get("uid", ""))
+        await self.kube.run(
+            queueing.finish_workload, self.kube, self.namespace, name, kueue.finished_patch(phase, _now())
+        )
+        self.queue_released = True
 
     def _configured(self, ctx: builders.RunContext) -> builders.RunContext:
         """The operator's settings that shape the pods but are no part of the run's snapshot."""
@@ -572,6 +651,7 @@ class RunReconciler:
         Returns None (nothing left to do) once the results are recorded and nothing is left to delete;
         ttlSecondsAfterFinished is handled by :func:`expire_run`.
         """
+        await self.release_queue()
         decision = await self.keep_results(now, pods)
         todo = lifecycle.cleanup_pending(self.view(), pods)
         spared = {n.launcher_name(self.name)} if decision.holds_launcher else set()  # its log is still to be read

@@ -39,7 +39,7 @@ from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
 from mlbench_operator.kube import Kube
 from mlbench_operator.podview import PodIndex
-from mlbench_operator.run import lifecycle, results
+from mlbench_operator.run import lifecycle, results, suspension
 from mlbench_operator.run.executor import RunReconciler
 from mlbench_operator.run.status import generation_patch, serves_metrics
 from mlbench_operator.runtime import config_of, pods_of
@@ -96,10 +96,13 @@ async def run_event(
 
 # -- the reconciler ----------------------------------------------------------------------------------------
 def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> bool:
-    """Unfinished runs, and finished ones whose results are not yet kept or whose cleanPodPolicy still
-    wants pods deleted (e.g. the operator died between writing the final status and deleting the pods), or
-    whose cleanup is not recorded yet (it died between deleting the pods and saying so)."""
+    """Runs this operator manages (spec.managedBy): unfinished runs, and finished ones whose results are not yet
+    kept or whose cleanPodPolicy still wants pods deleted (e.g. the operator died between writing the final
+    status and deleting the pods), or whose cleanup is not recorded yet (it died between deleting the pods and
+    saying so)."""
     status = body.get("status") or {}
+    if not suspension.managed_here(body.get("spec") or {}):
+        return False  # spec.managedBy names another controller
     if status.get("phase") not in TERMINAL:
         return True
     pods = pods_of(kwargs.get("memo"), (namespace or "", name))

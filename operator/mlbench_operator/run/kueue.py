@@ -1,0 +1,184 @@
+"""Kueue: a run labelled ``kueue.x-k8s.io/queue-name`` is admitted as a whole, through a Workload the operator
+manages (pure functions; the executor reads and writes the objects).
+
+The operator plays the part Kueue's job integrations play for a Job or an MPIJob: one ``Workload`` per run
+(owned by it, so it goes with the run), with a pod set for the workers (count = spec.workers) and one for the
+launcher, each with the requests of the pods the operator will create. Until Kueue admits the Workload
+(``Admitted`` True) the run is held as if suspended: no pods, condition ``Suspended`` True with reason
+``Queued`` and Kueue's own message. Once admitted, the node labels and tolerations of the flavors Kueue
+assigned go on every pod of the run; if Kueue evicts the Workload (preemption) the run releases its pods
+again. When the run ends the Workload is marked ``Finished``, which releases its quota.
+
+Why not Kueue's plain-pod groups (``kueue.x-k8s.io/pod-group-name`` on every pod): they work only through
+Kueue's pod webhook (it gates each pod with a scheduling gate), which needs a webhook server with
+certificates reachable from the API server; the group's size is fixed on the pods, and a gang restart
+replaces every pod, which Kueue sees as a new group to admit again. A Workload keeps the quota across the
+run's gang restarts, like a Job's, and works with nothing but Kueue's controllers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from mlbench_api.run import BenchmarkRunSpec, Scheduling, Toleration
+from mlbench_operator import conditions as c
+
+#: The label that names a run's LocalQueue (Kueue's, on any job kind).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GROUP = "kueue.x-k8s.io"
+#: Kueue v0.17 stores v1beta2 (v1beta1 is served without a conversion webhook, so only v1beta2 reads right).
+API_VERSION = f"{GROUP}/v1beta2"
+WORKLOADS = f"/apis/{API_VERSION}/namespaces/{{namespace}}/workloads"
+FLAVOR = f"/apis/{API_VERSION}/resourceflavors/{{name}}"
+WORKERS_POD_SET = "workers"
+LAUNCHER_POD_SET = "launcher"
+#: The field manager of the operator's server-side apply of a Workload's Finished condition.
+FIELD_MANAGER = "mlbench-operator"
+#: Workload conditions Kueue writes.
+ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
+
+_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "restartPolicy", "overhead")
+_CONTAINER_FIELDS = ("name", "image", "resources")
+
+
+def queue_name(body: Mapping[str, Any]) -> str | None:
+    """The run's LocalQueue (its ``kueue.x-k8s.io/queue-name`` label), or None: not queued through Kueue."""
+    value = ((body.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    return str(value) if value else None
+
+
+def workload_name(run: str, uid: str) -> str:
+    """The run's Workload: its name and the start of its UID (a deleted run's Workload may still be going)."""
+    return f"{run}-{uid[:8]}"
+
+
+def _template(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What Kueue reads of a pod (requests, where it may go), from the pod the operator will create."""
+    spec = pod.get("spec") or {}
+    out: dict[str, Any] = {k: spec[k] for k in _POD_FIELDS if k in spec}
+    for key in ("initContainers", "containers"):
+        if spec.get(key):
+            out[key] = [{f: ct[f] for f in _CONTAINER_FIELDS if f in ct} for ct in spec[key]]
+    return {"spec": out}
+
+
+def workload(
+    run: str,
+    namespace: str,
+    uid: str,
+    *,
+    queue: str,
+    worker: Mapping[str, Any],
+    launcher: Mapping[str, Any],
+    count: int,
+) -> dict[str, Any]:
+    """The run's Workload: ``count`` workers like ``worker`` and one ``launcher``, in ``queue``, owned by the run."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(run, uid),
+            "namespace": namespace,
+            "labels": {QUEUE_LABEL: queue},
+            "ownerReferences": [
+                {
+                    "apiVersion": "mlbench.io/v1alpha1",
+                    "kind": "BenchmarkRun",
+                    "name": run,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "queueName": queue,
+            "podSets": [
+                {"name": WORKERS_POD_SET, "count": count, "template": _template(worker)},
+                {"name": LAUNCHER_POD_SET, "count": 1, "template": _template(launcher)},
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a Workload says: admitted or not, why (Kueue's words), and the flavors it was assigned."""
+
+    admitted: bool
+    message: str
+    flavors: tuple[str, ...] = ()
+
+
+def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    return c.get((workload.get("status") or {}).get("conditions"), type_)
+
+
+def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admission:
+    """Read a Workload (None: not created yet): admitted once ``Admitted`` is True and it is not finished;
+    else the most telling of Kueue's messages (an eviction, a quota that cannot reserve, a missing queue)."""
+    if workload is None:
+        return Admission(False, f"creating Kueue Workload {name} in queue {queue}")
+    admitted = _condition(workload, ADMITTED)
+    if admitted is not None and admitted.get("status") == "True" and _condition(workload, FINISHED) is None:
+        assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+        flavors = sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
+        return Admission(True, f"admitted by Kueue (queue {queue}, Workload {name})", tuple(flavors))
+    for type_ in (EVICTED, QUOTA_RESERVED, ADMITTED):
+        cond = _condition(workload, type_)
+        if cond is not None and cond.get("message") and (type_ != EVICTED or cond.get("status") == "True"):
+            return Admission(False, f"queue {queue}, Workload {name}: {cond['message']}")
+    return Admission(False, f"queue {queue}, Workload {name}: waiting for Kueue")
+
+
+def placement(flavors: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """(node labels, tolerations) that the assigned ResourceFlavors put on the run's pods."""
+    labels: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    for flavor in flavors:
+        spec = flavor.get("spec") or {}
+        labels.update(spec.get("nodeLabels") or {})
+        tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+    return labels, tolerations
+
+
+def with_placement(
+    spec: BenchmarkRunSpec, labels: Mapping[str, str], tolerations: list[dict[str, Any]]
+) -> BenchmarkRunSpec:
+    """The run's spec as its pods are built once admitted: the flavors' node labels and tolerations added to
+    spec.scheduling (Kueue assigns only flavors that agree with the run's own nodeSelector)."""
+    if not labels and not tolerations:
+        return spec
+    sched = spec.scheduling or Scheduling()
+    given = list(sched.tolerations or [])
+    extra = [Toleration.model_validate(t) for t in tolerations]
+    merged = sched.model_copy(
+        update={
+            "node_selector": {**(sched.node_selector or {}), **labels},
+            "tolerations": given + [t for t in extra if t not in given],
+        }
+    )
+    return spec.model_copy(update={"scheduling": merged})
+
+
+def finished_patch(phase: str, now: datetime) -> dict[str, Any]:
+    """A server-side apply of the Workload's ``Finished`` condition (``phase``: how the run ended): Kueue
+    releases its quota."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "status": {
+            "conditions": [
+                {
+                    "type": FINISHED,
+                    "status": "True",
+                    "reason": phase,
+                    "message": f"the BenchmarkRun ended {phase}",
+                    "lastTransitionTime": c.timestamp(now),
+                }
+            ]
+        },
+    }

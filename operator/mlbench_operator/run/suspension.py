@@ -1,0 +1,85 @@
+"""``spec.suspend`` and ``spec.managedBy`` (Kubernetes Job semantics), and the gate a queue puts on a run (pure).
+
+A run is held (:func:`gate`) while ``spec.suspend`` is true or, with the label ``kueue.x-k8s.io/queue-name``,
+until Kueue admits its Workload (:mod:`.kueue`). A held run has no pods: :func:`held_plan` deletes those it
+has and says why (phase ``Suspended``, condition ``Suspended`` True). A run that had pods of its current
+attempt moves to the next attempt, counted as a disruption restart (not against ``runPolicy.maxRestarts``,
+as for a preemption), so that it resumes from a fresh world. When the gate opens, :func:`resumed_status`
+starts the run again with a new ``startTime`` (the active deadline counts from the resume, as a Job's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from mlbench_api.run import MANAGED_BY_OPERATOR, Phase
+from mlbench_operator import conditions as c
+from mlbench_operator.conditions import Reason
+from mlbench_operator.podview import PodView
+from mlbench_operator.run.kueue import Admission
+from mlbench_operator.run.lifecycle import _deletable, _own
+from mlbench_operator.run.status import Plan, _Status
+
+
+def managed_here(spec: Mapping[str, Any]) -> bool:
+    """Whether this operator reconciles the run: ``spec.managedBy`` unset or :data:`MANAGED_BY_OPERATOR`."""
+    return spec.get("managedBy") in (None, MANAGED_BY_OPERATOR)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Why a run may not have pods now: the Suspended condition's reason and message."""
+
+    reason: Reason
+    message: str
+
+
+def gate(spec: Mapping[str, Any], queued: Admission | None) -> Gate | None:
+    """The run's gate: ``spec.suspend`` first, then its Kueue admission (None: not queued through Kueue)."""
+    if spec.get("suspend"):
+        return Gate(Reason.SUSPENDED, "spec.suspend is true: the run has no pods until it is set to false")
+    if queued is not None and not queued.admitted:
+        return Gate(Reason.QUEUED, queued.message)
+    return None
+
+
+def held_plan(body: Mapping[str, Any], uid: str, pods: Iterable[PodView], held: Gate, now: datetime) -> Plan:
+    """The status of a held run, and its own pods to delete (each by UID)."""
+    st = _Status.of(body, now)
+    own, _foreign = _own(pods, uid)
+    restarts = st.old.restarts or 0
+    if any(p.attempt == restarts for p in own):  # it had started: resume from a fresh world
+        st.new.restarts = restarts + 1
+        st.new.disruption_restarts = (st.old.disruption_restarts or 0) + 1
+        st.new.launcher = None
+    st.new.phase = Phase.SUSPENDED
+    st.cond(c.SUSPENDED, "True", held.reason, held.message)
+    gone = f"no pods while suspended ({held.reason})"
+    st.cond(c.WORKERS_READY, "False", held.reason, gone)
+    st.cond(c.RUNNING, "False", held.reason, gone)
+    st.in_progress()
+    left = [p for p in own if not p.terminating]
+    st.say(held.message if not left else f"{held.message}; deleting {len(left)} pods")
+    events = [("Normal", str(held.reason), held.message)] if st.changed(c.SUSPENDED, message=True) else []
+    return Plan(status=st.dump(), delete_stale=_deletable(own), events=events)
+
+
+def resumed_status(body: Mapping[str, Any], queued: Admission | None, now: datetime) -> dict[str, Any] | None:
+    """The status that starts a held run again (None: it was not held): phase Pending, a new startTime,
+    Suspended False (Resumed, or Admitted with Kueue's word)."""
+    st = _Status.of(body, now)
+    if st.old.phase != Phase.SUSPENDED:
+        return None
+    st.new.phase = Phase.PENDING
+    st.new.start_time = c.instant(now)
+    reason, text = (
+        (Reason.ADMITTED, queued.message) if queued is not None else (Reason.RESUMED, "spec.suspend is false")
+    )
+    st.cond(c.SUSPENDED, "False", reason, text)
+    st.cond(c.WORKERS_READY, "False", Reason.CREATING, "the run resumes: creating its workers")
+    st.cond(c.RUNNING, "False", Reason.WAITING_FOR_WORKERS, "the launcher starts once every worker is Ready")
+    st.say(text)
+    return st.dump()

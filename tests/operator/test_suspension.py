@@ -1,0 +1,131 @@
+"""spec.suspend, spec.managedBy and a queue's gate, decided without a cluster (run/suspension.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from mlbench_api.run import MANAGED_BY_OPERATOR, Phase
+from mlbench_operator import conditions as c
+from mlbench_operator.conditions import Reason
+from mlbench_operator.podview import PodPhase, PodView
+from mlbench_operator.run import admission, suspension
+from mlbench_operator.run.kueue import Admission
+from tests.operator import helpers as h
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("managed_by", "ours"),
+    [(None, True), (MANAGED_BY_OPERATOR, True), ("kueue.x-k8s.io/multikueue", False), ("", False)],
+)
+def test_managed_by(managed_by: str | None, ours: bool) -> None:
+    spec = {} if managed_by is None else {"managedBy": managed_by}
+    assert suspension.managed_here(spec) is ours
+
+
+@pytest.mark.parametrize(
+    ("spec", "queued", "reason"),
+    [
+        ({}, None, None),
+        ({"suspend": False}, None, None),
+        ({"suspend": True}, None, Reason.SUSPENDED),
+        ({}, Admission(False, "queue q: insufficient quota"), Reason.QUEUED),
+        ({}, Admission(True, "admitted"), None),
+        ({"suspend": True}, Admission(True, "admitted"), Reason.SUSPENDED),  # the user's suspend wins
+    ],
+)
+def test_gate(spec: dict[str, Any], queued: Admission | None, reason: Reason | None) -> None:
+    held = suspension.gate(spec, queued)
+    assert (held.reason if held else None) == reason
+    if queued is not None and reason == Reason.QUEUED:
+        assert held is not None
+        assert held.message == queued.message
+
+
+def _pod(name: str, rank: int | None, attempt: int = 0, **kw: Any) -> PodView:
+    role = "worker" if rank is not None else "launcher"
+    return PodView(name=name, role=role, rank=rank, attempt=attempt, owner_uid="uid-r1", uid=f"pod-{name}", **kw)
+
+
+def _running_run() -> dict[str, Any]:
+    body = h.run(suspend=True)
+    body["status"] = {"phase": "Running", "restarts": 0, "startTime": "2026-01-01T11:00:00Z"}
+    return body
+
+
+def test_a_running_run_that_is_suspended_releases_its_pods_and_moves_to_a_new_attempt() -> None:
+    pods = [
+        _pod("r1-worker-0", 0, phase=PodPhase.RUNNING),
+        _pod("r1-worker-1", 1, terminating=True),
+        _pod("r1-launcher", None, phase=PodPhase.RUNNING),
+        PodView(name="other", role="worker", rank=0, attempt=0, owner_uid="someone-else", uid="x"),
+    ]
+    held = suspension.Gate(Reason.SUSPENDED, "spec.suspend is true")
+    plan = suspension.held_plan(_running_run(), "uid-r1", pods, held, NOW)
+    assert plan.delete_stale == {"r1-launcher": "pod-r1-launcher", "r1-worker-0": "pod-r1-worker-0"}
+    st = plan.status
+    assert st["phase"] == Phase.SUSPENDED
+    assert (st["restarts"], st["disruptionRestarts"]) == (1, 1)  # not against maxRestarts
+    cond = c.get(st["conditions"], c.SUSPENDED)
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", Reason.SUSPENDED)
+    assert c.get(st["conditions"], c.WORKERS_READY)["reason"] == Reason.SUSPENDED  # type: ignore[index]
+    assert [e[1] for e in plan.events] == [Reason.SUSPENDED]
+
+
+def test_a_run_held_before_it_started_keeps_its_attempt() -> None:
+    body = h.run(suspend=True)
+    body["status"] = {"phase": "Pending", "restarts": 0}
+    held = suspension.Gate(Reason.QUEUED, "queue q: waiting")
+    plan = suspension.held_plan(body, "uid-r1", [], held, NOW)
+    assert plan.delete_stale == {}
+    assert plan.status["restarts"] == 0
+    assert "disruptionRestarts" not in plan.status
+    assert c.get(plan.status["conditions"], c.SUSPENDED)["message"] == "queue q: waiting"  # type: ignore[index]
+    # said once: the same gate again makes no second Event
+    body["status"] = plan.status
+    assert suspension.held_plan(body, "uid-r1", [], held, NOW).events == []
+
+
+@pytest.mark.parametrize(
+    ("queued", "reason"), [(None, Reason.RESUMED), (Admission(True, "admitted by Kueue", ("f",)), Reason.ADMITTED)]
+)
+def test_resume_starts_the_clock_again(queued: Admission | None, reason: Reason) -> None:
+    body = h.run()
+    body["status"] = {"phase": "Suspended", "restarts": 1, "startTime": "2026-01-01T11:00:00Z"}
+    st = suspension.resumed_status(body, queued, NOW)
+    assert st is not None
+    assert st["phase"] == Phase.PENDING
+    assert st["startTime"] == "2026-01-01T12:00:00Z"  # the active deadline counts from the resume
+    assert c.get(st["conditions"], c.SUSPENDED)["reason"] == reason  # type: ignore[index]
+
+
+def test_a_run_that_was_not_held_is_not_resumed() -> None:
+    body = h.run()
+    body["status"] = {"phase": "Running", "restarts": 0}
+    assert suspension.resumed_status(body, None, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "refused"),
+    [
+        (None, False),
+        ({"nodeSelector": {"kubernetes.io/arch": "amd64"}}, False),
+        ({"nodeSelector": {"not-allowed": "x"}}, True),
+    ],
+)
+def test_scheduling_changed_while_suspended_meets_the_policy_again(
+    scheduling: dict[str, Any] | None, refused: bool
+) -> None:
+    body = h.run()
+    if scheduling is not None:
+        body["spec"]["scheduling"] = scheduling
+    rejection = admission.scheduling_rejection(body)
+    assert (rejection is not None) is refused
+    if rejection is not None:
+        assert rejection.reason == Reason.POLICY_VIOLATION
+        assert "nodeSelector" in rejection.message  # names the field
