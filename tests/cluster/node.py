@@ -887,9 +887,11 @@ def ensure_cgroup_root(root: str) -> None:
 def cgroup_pids(root: str) -> set[int]:
     pids: set[int] = set()
     for d in cgroup_dirs(root):
-        for procs in d.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in procs.read_text().split())
+        # os.walk skips a cgroup removed while it walks (a container exiting); Path.rglob raised FileNotFoundError
+        for parent, _dirs, files in os.walk(d):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(x) for x in (Path(parent) / "cgroup.procs").read_text().split())
     return pids
 
 
