@@ -345,10 +345,12 @@ class LocalCluster:
         The API server still lists its pods as they were, until the node lifecycle controller notices."""
         node = self._real_node_spec(name)
         rn.node_link(node, up=False)
-        for agent in ("kube-router", "kubelet", "kube-proxy"):
-            self._stop_component(node.component(agent), grace=2.0)
-        rn.kill_node_processes(self.node_paths(node).containerd_socket, node.cgroup_root)
-        self._stop_component(node.component("containerd"), grace=5.0)
+        try:  # whatever fails on the way, containerd goes too: restore_node starts a fresh one
+            for agent in ("kube-router", "kubelet", "kube-proxy"):
+                self._stop_component(node.component(agent), grace=2.0)
+            rn.kill_node_processes(self.node_paths(node).containerd_socket, node.cgroup_root)
+        finally:
+            self._stop_component(node.component("containerd"), grace=5.0)
 
     def restore_node(self, name: str, timeout: float = 120.0) -> None:
         """Bring a lost node back as a rebooted machine: its link up, then containerd, kube-proxy, the kubelet and

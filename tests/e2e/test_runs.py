@@ -241,8 +241,8 @@ def test_a_lost_node_restarts_the_gang_on_the_nodes_left_and_its_return_leaves_n
     assert lost is not None, f"Spread put both workers on the launcher's node {launcher}"
     address = dict(zip(e2e.real_nodes, e2e.containerd_addresses, strict=True))[lost]
     started = time.monotonic()
-    local.lose_node(lost)
     try:
+        local.lose_node(lost)
         st = e2e.wait_finished(run, timeout=900)
         print(f"\n{run}: lost {lost} mid-run; final phase {st.get('phase')} after {time.monotonic() - started:.0f} s")
         _assert_succeeded(e2e, run, st, "gloo")
