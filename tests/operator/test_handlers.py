@@ -667,11 +667,11 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     for the window from the first failure, recorded in status.results.failingSince (so a restart keeps it)."""
     from datetime import UTC, datetime, timedelta
 
-    from mlbench_operator.run import executor
+    from mlbench_operator.run import daemon
 
     body, _ctx, pods = _finished("All")
     start = (datetime.now(UTC) + timedelta(minutes=10)).replace(microsecond=0)  # back 10 min after the end
-    monkeypatch.setattr(executor, "_now", lambda: start)
+    monkeypatch.setattr(daemon, "clock", lambda: start)
     kube = FakeKube()
     kube.log_error = TimeoutError("read timed out")
     rec = _reconciler(body, kube, monkeypatch)
@@ -685,7 +685,7 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     assert not [e for e in rec.events if e[1] == "ResultsNotKept"]
     assert "r1-launcher" not in [c for call in kube.calls if call[0] == "delete" for c in call[1]]
     # an operator restarted 30 s later reads the same window from the status
-    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=30))
+    monkeypatch.setattr(daemon, "clock", lambda: start + timedelta(seconds=30))
     kube2 = FakeKube()
     kube2.log_error = TimeoutError("read timed out")
     rec2 = _reconciler({**body, "status": rec.status}, kube2, monkeypatch)
@@ -697,14 +697,14 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
         {"failingSince": since, "attempts": None},
     ]
     # 61 s after the first failure: given up, once, and the launcher may go
-    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=61))
+    monkeypatch.setattr(daemon, "clock", lambda: start + timedelta(seconds=61))
     asyncio.run(rec2.step(pods))
     message = rec2.status["results"]["message"]
     assert message == "cannot read the launcher's log (retried for 61s): TimeoutError: read timed out"
     assert rec2.status["results"]["failingSince"] == since
     assert ("Warning", "ResultsNotKept", message) in rec2.events
     # and once the log reads again within the window, the results are kept
-    monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=20))
+    monkeypatch.setattr(daemon, "clock", lambda: start + timedelta(seconds=20))
     kube3 = FakeKube()
     kube3.log = results_line(h.summary())
     rec3 = _reconciler({**body, "status": rec.status}, kube3, monkeypatch)

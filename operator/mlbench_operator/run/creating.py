@@ -1,0 +1,215 @@
+"""What a pass creates: the run's pods, its objects (ConfigMap, Secret, NetworkPolicy, Service), its dataset's
+volume and fetch Job; names held by another owner and refused creates, reported."""
+
+from __future__ import annotations
+
+import functools
+import time
+from datetime import datetime
+from typing import Any
+
+import kopf
+
+from mlbench_operator import builders, datasets, netpol, sshkeys
+from mlbench_operator import conditions as c
+from mlbench_operator import naming as n
+from mlbench_operator.kube import ApiError, transient
+from mlbench_operator.podview import PodView
+from mlbench_operator.run import (
+    lifecycle,
+    ownership,
+)
+from mlbench_operator.run.daemon import RunDaemon, _Conflict, _Refused, _Stop
+from mlbench_operator.run.status import (
+    Plan,
+)
+
+#: While a dataset is fetched: look again this often even without a Job event.
+DATASET_POLL_SECONDS = 10.0
+
+
+class Creating(RunDaemon):
+    """The creates of a pass (its mixin of :class:`.executor.RunReconciler`)."""
+
+    async def create_pods(self, plan: Plan, ctx: builders.RunContext, now: datetime) -> list[tuple[str, int, str]]:
+        """The plan's workers and launcher, in parallel; returns the refused ones (403/422), raises on other errors."""
+        pacing = self.pacing
+        attempt = int(plan.status.get("restarts", 0))
+        # the kubelet enforces what is left of runPolicy.activeDeadlineSeconds, also while we are down
+        run_deadline = ctx.spec.run_policy.active_deadline_seconds if ctx.spec.run_policy else None
+        deadline = builders.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
+        todo = [
+            builders.worker_pod(ctx, rank, attempt, deadline)
+            for rank in plan.create_workers
+            if pacing.may_create(n.worker_name(self.name, rank), time.monotonic())
+        ]
+        if plan.create_launcher and pacing.may_create(n.launcher_name(self.name), time.monotonic()):
+            todo.append(builders.launcher_pod(ctx, attempt, deadline))
+        if not todo:
+            return []
+        outcomes = await self.kube.create_many(todo)
+        errors = [r for r in outcomes if isinstance(r, BaseException)]
+        refused: list[tuple[str, int, str]] = []
+        for obj, res in zip(todo, outcomes, strict=True):
+            if isinstance(res, BaseException):
+                pacing.create_failed(obj["metadata"]["name"])
+                if isinstance(res, ApiError) and res.status in (403, 422):
+                    refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
+        if refused:
+            return refused
+        await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid)
+        await self.record_launcher(todo, outcomes, attempt)
+        if errors:
+            delay = 5.0
+            if any(transient(e) for e in errors):
+                # an overloaded or failing API server: the 403 backoff, which a pod event does not cut short
+                delay = pacing.creates_refused(time.monotonic())
+            raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
+        pacing.creates_succeeded()
+        return []
+
+    async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
+        """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
+        accepted as the attempt's launcher: :func:`ownership.launcher_refused`)."""
+        launcher = n.launcher_name(self.name)
+        for obj, res in zip(todo, outcomes, strict=True):
+            if obj["metadata"]["name"] == launcher and isinstance(res, str):
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
+
+    async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
+        """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
+        create for this run (an unlabelled pod under a worker's name is invisible to the planner: without this
+        it would be created again every pass, in silence); one gone since is created again by the next pass."""
+        for obj in objs:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            read = self.kube.get_pod if kind == "Pod" else functools.partial(self.kube.get, kind)
+            existing = await self.kube.run(read, self.namespace, name)
+            why = None if existing is None else ownership.not_ours(existing, self.name, uid)
+            if why is not None:
+                raise _Conflict(kind, name, why)
+
+    async def name_conflict(self, held: _Conflict, now: datetime) -> float:
+        """Report a held name (:func:`lifecycle.object_conflict`) and look again later."""
+        launcher = held.kind == "Pod" and held.name == n.launcher_name(self.name)
+        condition = c.RUNNING if launcher else c.WORKERS_READY
+        plan = lifecycle.object_conflict(self.view(), held.kind, held.name, held.why, now, condition=condition)
+        await self.patch(plan.status)
+        self.emit(plan)
+        self.log.warning("name_conflict", kind=held.kind, object=held.name, why=held.why)
+        return min(30.0, self.config.resync_seconds)
+
+    async def creation_refused(
+        self, refused: list[tuple[str, int, str]], now: datetime, pods: list[PodView]
+    ) -> float | None:
+        """403/422 on pod creates: a visible condition and Event; a final refusal (422, Pod Security) fails the
+        run, another backs off (:func:`lifecycle.refusal_is_final`)."""
+        plan = lifecycle.creation_failed(self.view(), refused, now)
+        await self.patch(plan.status)
+        self.emit(plan)
+        if plan.terminal:
+            self.log.warning("run_failed_create_refused", message=plan.status.get("message"))
+            return await self.finished(now, pods)
+        delay = self.pacing.creates_refused(time.monotonic())
+        self.log.warning("pod_create_refused", message=plan.status.get("message"), retry_in=delay)
+        return delay
+
+    async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
+        """ConfigMap, the SSH Secret and the NetworkPolicy, before any pod (the Service comes with the
+        launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
+        keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
+        objs = [
+            builders.config_map(ctx),
+            builders.ssh_secret(ctx, keys),
+            netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
+        ]
+        self.ensured = await self.create_owned(objs, ctx, now)
+        return self.ensured
+
+    async def ensure_service(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+        """The headless Service that gives the workers their DNS names, right before the launcher (the
+        only one that resolves them): None when it exists, else where the pass stops (a NameConflict,
+        a refusal; as for the other objects).
+
+        Not with the others before the workers: a Service selecting N workers while they start has the
+        endpoints controllers rewrite its Endpoints and EndpointSlices (up to N addresses each) hundreds
+        of times, 400 Endpoints writes for 1000 workers, about a fifth more control-plane CPU than the
+        pods themselves (docs/operator.md, "Scale"). Created once they are all Ready, it is computed once.
+        """
+        try:
+            if not await self.create_owned([builders.service(ctx)], ctx, now):
+                return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
+        except _Refused as err:
+            return _Stop(await self.creation_refused(err.failures, now, pods))
+        self.service_ensured = True
+        return None
+
+    async def create_owned(self, objs: list[dict[str, Any]], ctx: builders.RunContext, now: datetime) -> bool:
+        """Create the run's objects in parallel. 409 is fine only when the existing object is this run's (a
+        retry); one of another owner (e.g. a deleted run of the same name whose garbage collection has
+        not finished) is reported as NameConflict and nothing proceeds (False), and one gone by the time
+        it is read is retried (it exists for nobody). Refusals (403/422) raise :class:`_Refused`, other
+        errors a retry."""
+        outcomes = await self.kube.create_many(objs)
+        refused = [
+            (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
+            for obj, res in zip(objs, outcomes, strict=True)
+            if isinstance(res, ApiError) and res.status in (403, 422)
+        ]
+        if refused:
+            raise _Refused(refused)
+        errors = [r for r in outcomes if isinstance(r, BaseException)]
+        if errors:
+            raise kopf.TemporaryError(f"creating the run's objects failed: {errors[0]}", delay=5)
+        for obj, created in zip(objs, outcomes, strict=True):
+            if created is False:  # 409: whose is it?
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                existing = await self.kube.run(self.kube.get, kind, self.namespace, name)
+                if existing is None:  # deleted in between (the garbage collector, a previous owner's): not ours
+                    raise kopf.TemporaryError(f"{kind} {name} vanished after a conflict; creating it again", delay=1)
+                why = ownership.not_ours(existing, self.name, ctx.uid)
+                if why is not None:
+                    await self.name_conflict(_Conflict(kind, name, why), now)
+                    return False
+        return True
+
+    async def ensure_dataset(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
+        """The dataset volume and the fetch Job, before any worker exists.
+
+        Returns None when the data is ready (the pass goes on to the workers), seconds until the next
+        look while it is fetched, or -1 when the fetch failed (the run's final status is written).
+        """
+        settings = self.datasets
+        name = builders.fetch_job_name(ctx.task.dataset)
+        admitted = c.parse_time(self.status.get("startTime"))
+        try:
+            if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
+                await self.kube.run(self.kube.create, builders.dataset_pvc(self.namespace, settings))
+                self.pvc_ensured = True
+            job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
+            job_pods: list[dict[str, Any]] = []
+            if job is not None:
+                job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
+            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
+            if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
+                policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
+                await self.kube.run(self.kube.create, policy)
+                await self.kube.run(self.kube.create, builders.fetch_job(ctx, settings))
+        except ApiError as err:
+            if err.status not in (403, 422):
+                raise
+            # 403 (quota, policy) may pass later: shown and retried; 422 (invalid) never will: the run fails
+            state = datasets.refused(err.status, err.detail, settings.volume_name, name)
+        if state.action is datasets.FetchAction.REPLACE:
+            self.log.info("dataset_job_replaced", job=name, message=state.message)
+            await self.kube.run(self.kube.delete_job, self.namespace, name)
+        plan = lifecycle.dataset_plan(self.view(), state, now)
+        await self.patch(plan.status)
+        self.emit(plan)
+        if plan.terminal:
+            self.log.warning("dataset_failed", job=name, reason=state.reason.value, message=state.message)
+            return -1
+        if state.action is datasets.FetchAction.READY:
+            self.log.info("dataset_ready", job=name)
+            return None
+        # Job events wake us; the timer covers pod-only changes (e.g. a pod stuck Pending) and deletions.
+        return min(plan.requeue_after or DATASET_POLL_SECONDS, DATASET_POLL_SECONDS)
