@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommuni
 from mlbench_runner.timing import PhaseTimer
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks, resnet_task, write_cifar_python
+from .threadcomm import on_ranks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -545,46 +545,6 @@ def test_logreg_is_compressed_exactly_and_learns(tmp_path: Path) -> None:
     assert summary.communication.bytes_per_step == 8 * (1 + 20)  # worse than sending w (ratio 20/21): as the paper
 
 
-class ThreadGroup:
-    """``size`` ranks as threads of this process: the slots they reduce through and a barrier."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.slots: list[torch.Tensor] = [torch.empty(0)] * size
-        self.barrier = threading.Barrier(size, timeout=60)
-
-
-class ThreadCommunicator(Communicator):
-    """A real k-rank all-reduce between threads: every rank sums the ranks' tensors in rank order."""
-
-    def __init__(self, group: ThreadGroup, rank: int) -> None:
-        self.group, self.rank, self.size, self.name = group, rank, group.size, "threads"
-
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
-        self.group.slots[self.rank] = tensor.clone()
-        self.group.barrier.wait()
-        total = torch.stack(self.group.slots).sum(0)
-        self.group.barrier.wait()
-        tensor.copy_(total)
-
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        if self.rank == src:
-            self.group.slots[src] = tensor.clone()
-        self.group.barrier.wait()
-        value = self.group.slots[src]
-        self.group.barrier.wait()
-        tensor.copy_(value)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("not needed")
-
-    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
-        raise AssertionError("not needed")
-
-    def barrier(self) -> None:
-        self.group.barrier.wait()
-
-
 def gaussian_classes(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """10 Gaussian classes in 40 dimensions (means fixed, samples from ``seed``)."""
     means = torch.randn(10, 40, generator=torch.Generator().manual_seed(0)) * 0.6
@@ -597,58 +557,44 @@ def train_softmax(algorithm: str, ranks: int = 2, steps: int = 50, batch: int = 
     """Softmax regression (a 10 x 40 weight: rank 1 sends 50 of 400 numbers) on ``ranks`` threads, each its own
     data; returns each rank's test accuracy and the largest relative distance of an applied gradient from the
     exact mean gradient."""
-    group = ThreadGroup(ranks)
     x_test, y_test = gaussian_classes(99, 1000)
-    accuracies = [0.0] * ranks
-    distance = [0.0] * ranks
-    errors: list[BaseException] = []
 
-    def rank_main(rank: int) -> None:
-        try:
-            model = nn.Linear(40, 10)
-            nn.init.zeros_(model.weight)
-            nn.init.zeros_(model.bias)
-            comm = ThreadCommunicator(group, rank)
-            name = "powersgd" if algorithm.startswith("powersgd") else algorithm
-            params = AlgorithmParameters(rank=1) if name == "powersgd" else None
-            algo = make_algorithm(name, comm, parameters=params, seed=3)
-            algo.prepare(model)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
-            x, y = gaussian_classes(rank + 1, steps * batch)
-            timer = PhaseTimer(torch.device("cpu"))
-            for s in range(steps):
-                nn.functional.cross_entropy(
-                    model(x[s * batch : (s + 1) * batch]), y[s * batch : (s + 1) * batch]
-                ).backward()
-                exact = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-                comm.all_reduce_sum_(exact)
-                exact /= ranks
-                timer.start_step(s)
-                algo.synchronize(model, timer)
-                timer.end_step()
-                applied = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-                if algorithm == "powersgd-zeros":  # the negative control: an algorithm that returns zeros
-                    applied.zero_()
-                    for p in model.parameters():
-                        assert p.grad is not None
-                        p.grad.zero_()
-                distance[rank] = max(distance[rank], float((applied - exact).norm() / exact.norm()))
-                optimizer.step()
-                algo.zero_grad(model)
-            with torch.no_grad():
-                accuracies[rank] = float((model(x_test).argmax(1) == y_test).float().mean())
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
-            group.barrier.abort()
+    def rank_main(rank: int, comm: Communicator) -> tuple[float, float]:
+        model = nn.Linear(40, 10)
+        nn.init.zeros_(model.weight)
+        nn.init.zeros_(model.bias)
+        name = "powersgd" if algorithm.startswith("powersgd") else algorithm
+        params = AlgorithmParameters(rank=1) if name == "powersgd" else None
+        algo = make_algorithm(name, comm, parameters=params, seed=3)
+        algo.prepare(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+        x, y = gaussian_classes(rank + 1, steps * batch)
+        timer = PhaseTimer(torch.device("cpu"))
+        distance = 0.0
+        for s in range(steps):
+            nn.functional.cross_entropy(
+                model(x[s * batch : (s + 1) * batch]), y[s * batch : (s + 1) * batch]
+            ).backward()
+            exact = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+            comm.all_reduce_sum_(exact)
+            exact /= ranks
+            timer.start_step(s)
+            algo.synchronize(model, timer)
+            timer.end_step()
+            applied = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+            if algorithm == "powersgd-zeros":  # the negative control: an algorithm that returns zeros
+                applied.zero_()
+                for p in model.parameters():
+                    assert p.grad is not None
+                    p.grad.zero_()
+            distance = max(distance, float((applied - exact).norm() / exact.norm()))
+            optimizer.step()
+            algo.zero_grad(model)
+        with torch.no_grad():
+            return float((model(x_test).argmax(1) == y_test).float().mean()), distance
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
-    return accuracies, max(distance)
+    per_rank = on_ranks(ranks, rank_main)
+    return [accuracy for accuracy, _ in per_rank], max(distance for _, distance in per_rank)
 
 
 def test_lossy_rank_1_still_learns() -> None:
