@@ -248,6 +248,7 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     from mlbench_operator import conditions as c
     from mlbench_operator.run import policies
     from mlbench_operator.run import status as run_status
+    from tests import factories
     from tests.operator import helpers as h
     from tests.operator.test_reconcile import admitted, pod, terminated, workers
 
@@ -269,6 +270,6 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     stalled = health(policies.plan(stuck, ctx, pods, t0).status)
     assert stalled.status == "Degraded"
     assert "NoProgress" in (stalled.message or "")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     succeeded = policies.plan({**body, "status": running}, ctx, [*workers(ctx), done], t0).status
     assert health(succeeded).status == "Healthy"

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from mlbench_api import bundle
 from mlbench_api.results import RunSummary
+from tests import factories
 from tests.operator import helpers as h
 
 
@@ -202,10 +203,10 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.fail_deletes = 1
-    kube.log = "some output\n" + results_line(h.summary()) + "\n"
+    kube.log = "some output\n" + results_line(factories.summary()) + "\n"
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(Exception, match="etcd timeout"):
         asyncio.run(rec.step([*workers(ctx), done]))
@@ -581,7 +582,7 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
 
     body, _ctx, pods = _finished("None")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     monkeypatch.setattr(executor.RunReconciler, "event", lambda self, *e: None)  # kopf's, outside an operator
     memo = types.SimpleNamespace(
         kube=kube,
@@ -627,7 +628,7 @@ def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
 
     body, ctx, _ = _running(policy)
     body["metadata"]["uid"] = ""  # the test pods carry no owner uid
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     return body, ctx, [*workers(ctx), done]
 
 
@@ -706,7 +707,7 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     # and once the log reads again within the window, the results are kept
     monkeypatch.setattr(executor, "_now", lambda: start + timedelta(seconds=20))
     kube3 = FakeKube()
-    kube3.log = results_line(h.summary())
+    kube3.log = results_line(factories.summary())
     rec3 = _reconciler({**body, "status": rec.status}, kube3, monkeypatch)
     asyncio.run(rec3.step(pods))
     assert rec3.status["results"]["configMap"] == "r1-results"
@@ -719,7 +720,7 @@ def test_a_refused_status_write_after_the_end_keeps_the_phase(monkeypatch: pytes
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.refuse_status = lambda st: "configMap" in (st.get("results") or {})
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(kopf.TemporaryError, match="the Succeeded run keeps its phase"):
@@ -773,7 +774,7 @@ def test_a_refused_results_config_map_is_recorded_not_retried(monkeypatch: pytes
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.create = refuse  # type: ignore[method-assign]
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
@@ -787,7 +788,7 @@ def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ConfigMap of the same name is never overwritten."""
     body, _ctx, pods = _finished("Running")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.existing[("ConfigMap", "r1-results")] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "x"}]}}
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
@@ -809,7 +810,7 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.refuse_status = lambda st: "result" in st
     rec = _reconciler(body, kube, monkeypatch)
@@ -961,7 +962,7 @@ def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     status = {**body["status"], "phase": "Succeeded", "results": {"attempts": MAX_COLLECT_ATTEMPTS - 1}}
     rec = _reconciler({**body, "status": status}, kube, monkeypatch)
 
@@ -1010,7 +1011,7 @@ def test_at_most_two_collections_run_at_once(monkeypatch: pytest.MonkeyPatch) ->
         for _ in range(6):
             body, _ctx, pods = _finished("None")
             kube = SlowLogs()
-            kube.log = results_line(h.summary())
+            kube.log = results_line(factories.summary())
             recs.append((_reconciler(body, kube, monkeypatch), pods))
         await asyncio.gather(*(rec.step(pods) for rec, pods in recs))
         return [rec.status["results"] for rec, _ in recs]

@@ -27,6 +27,7 @@ from mlbench_runner.pod.launch import launcher_command
 from mlbench_runner.rank import collectives as coll
 from mlbench_runner.tools import collective_table
 from mlbench_runner.world import World, free_port
+from tests.factories import collectives_summary
 
 from .helpers import env, logreg_task, make_config, run_doc
 
@@ -334,24 +335,16 @@ def test_the_termination_message_carries_the_peaks_not_the_table() -> None:
         for i, s in enumerate(coll.plan(CollectiveBenchmark(), 4))
     ]
     result = CollectiveResult(backend="gloo", world_size=4, device="cpu", warmup_iterations=5, rows=rows)
-    summary = RunSummary(
+    summary = collectives_summary(
+        result,
         run="r",
         task="backend-collectives",
-        status="success",
-        stop_reason="completed",
-        goal_reached=True,
-        epochs=0,
         steps=0,
-        samples=0,
         wall_clock_seconds=1.0,
         train_seconds=1.0,
-        compute_seconds=0.0,
         communication_seconds=1.0,
-        samples_per_second=0.0,
         phases=PhaseTotals(),
         environment=Environment(world_size=4, backend="gloo", devices=["cpu " + "x" * 200]),
-        peak_bus_bandwidth=result.peak_bus_bandwidth(),
-        collectives=result,
     )
     assert len(rows) == 27 * 3 - 2  # all-gather of 4 and 8 B cannot split over 4 ranks
     message = summary.termination_message()

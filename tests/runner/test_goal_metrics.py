@@ -15,6 +15,7 @@ from mlbench_runner.goals import epoch_score, perplexity
 from mlbench_runner.options import Options
 from mlbench_runner.rank.train import Trainer
 from mlbench_runner.world import World
+from tests.factories import read_summary
 
 from .helpers import logreg_task, make_config
 
@@ -31,7 +32,7 @@ def run_with_evaluations(
     results = iter(evaluations)
     monkeypatch.setattr(Trainer, "_evaluate", lambda self, s: next(results))
     Trainer(config, SINGLE, Options()).run()
-    return RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    return read_summary(tmp_path / "out")
 
 
 def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from mlbench_api.results import RunSummary
 from mlbench_runner.tools import inputs, local, processes, report, running
+from tests.factories import read_summary
 
 from .helpers import REPO, logreg_task, resnet_task, run_doc, write_cifar_python, write_yaml
 
@@ -48,7 +49,7 @@ def test_run_local_end_to_end(
     code = local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", launcher])
     text = capsys.readouterr().out
     assert code == 0, text
-    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    summary = read_summary(out)
     assert summary.run == "tiny-local"
     assert summary.environment.world_size == 2
     assert summary.epochs == 2
@@ -88,7 +89,7 @@ def test_run_local_ranks_override_and_results(tmp_path: Path, capsys: pytest.Cap
         ]
     )
     assert code == 0, capsys.readouterr()
-    assert RunSummary.model_validate_json((out / "summary.json").read_text()).environment.world_size == 2
+    assert read_summary(out).environment.world_size == 2
     capsys.readouterr()
     assert report.main([str(out), str(out / "summary.json"), "--plots", str(tmp_path / "plots")]) == 0
     table = capsys.readouterr().out

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlbench_api.results import RunSummary
 from mlbench_api.run import AlgorithmParameters
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator
 from mlbench_runner.timing import PhaseTimer
+from tests.factories import read_summary
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks, resnet_task, write_cifar_python
 from .threadcomm import on_ranks
@@ -480,7 +480,7 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
         assert len(rec["buffer_sha1"]) == epochs
         assert rec["buffer_sha1"] == recs[0]["buffer_sha1"], "ranks evaluated different BatchNorm statistics"
     assert len(set(recs[0]["param_sha1"])) == steps  # the parameters changed every step
-    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    summary = read_summary(tmp_path / "out")
     comm = summary.communication
     assert comm is not None
     assert comm.collectives == ["all-reduce"]
@@ -520,7 +520,7 @@ def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     gloo = launch_processes(gloo_config, 2, MLBENCH_TRACE_PARAMS="1")
     assert mpi[0]["steps"] == 2
     assert mpi[0]["param_sha1"] == mpi[1]["param_sha1"] == gloo[0]["param_sha1"]
-    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    summary = read_summary(out)
     assert summary.environment.backend == "mpi"
     assert summary.communication is not None
     assert summary.communication.bytes_per_step == resnet20_bytes(1)
@@ -540,7 +540,7 @@ def test_logreg_is_compressed_exactly_and_learns(tmp_path: Path) -> None:
     assert np.abs(a).max() > 0.1
     np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     assert psgd[0]["accuracies"][-1] > 0.8  # chance is 0.5
-    summary = RunSummary.model_validate_json((tmp_path / "p" / "summary.json").read_text())
+    summary = read_summary(tmp_path / "p")
     assert summary.communication is not None
     assert summary.communication.bytes_per_step == 8 * (1 + 20)  # worse than sending w (ratio 20/21): as the paper
 

@@ -20,6 +20,7 @@ from mlbench_api.common import API_VERSION as API
 from mlbench_api.results import RunSummary
 from mlbench_runner import stopping
 from mlbench_runner.pod.launch import strip_tag, summary_from_line
+from tests import factories
 
 from .helpers import env, logreg_task, make_config, run_doc, write_yaml
 
@@ -503,9 +504,8 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     import argparse
 
     from mlbench_runner.pod import launch
-    from tests.operator import helpers as h
 
-    summary = h.summary("t", world_size=2)
+    summary = factories.summary("t", world_size=2)
     line = json.dumps({"rank": 0, "summary": json.loads(summary.termination_message()), "event": "run_summary"})
     mangled = "[1,0]<stdout>:" + line.replace('"status"', '"sta[1,1]<stdout>:tus"', 1)
     mpirun = tmp_path / "fake-mpirun"
@@ -564,9 +564,10 @@ def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leav
     """The operator restarts an interrupted run (a lost pod) but not an aborted one: the launcher knows it was
     stopped, whatever rank 0 concluded from a broken collective."""
     from mlbench_runner.pod.launch import launcher_command
-    from tests.operator import helpers as h
 
-    said = h.summary("t").model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "error"})
+    said = factories.summary("t").model_copy(
+        update={"status": "aborted", "goal_reached": False, "stop_reason": "error"}
+    )
     mpirun = tmp_path / "fake-mpirun"
     script = _MPIRUN_WHOSE_RANK_0_SAW_A_PEER_LEAVE.replace("SUMMARY", repr(json.loads(said.termination_message())))
     mpirun.write_text(f"#!{sys.executable}\n{script}")
