@@ -14,6 +14,9 @@ import pytest
 from mlbench_api.badinput import EXIT_BAD_INPUT
 from tests.factories import summary
 
+pytestmark = pytest.mark.multiproc
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What ``pip install '.[cli]'`` does not install (the runner's and the operator's extras, and the plots extra).

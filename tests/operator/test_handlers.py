@@ -349,6 +349,7 @@ def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: 
         assert {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]["reason"] == "CreateFailed"
 
 
+@pytest.mark.multiproc
 def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """memo.config (here given directly) decides the runner UID, the scrapers and the resync; the
     environment, read once at start-up, is not read again."""
@@ -375,6 +376,7 @@ def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypa
     assert len([o for o in kube.created if o["kind"] == "Pod"]) == pods
 
 
+@pytest.mark.multiproc
 def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 8: a 409 on the run's ConfigMap that belongs to another owner is not adopted: no pod is created."""
     from tests.operator.test_reconcile import admitted
@@ -396,6 +398,7 @@ def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) 
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
 
 
+@pytest.mark.multiproc
 def test_an_object_gone_after_a_conflict_is_created_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run re-created under the same name: its ConfigMap's create meets the old run's (409), which the
     garbage collector deletes before it is read. It is nobody's: created on the next pass, not taken as
@@ -420,6 +423,7 @@ def test_an_object_gone_after_a_conflict_is_created_again(monkeypatch: pytest.Mo
     assert ("Pod", "r1-worker-0") in created
 
 
+@pytest.mark.multiproc
 def test_service_comes_with_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The headless Service is created once every worker is Ready, right before the launcher (not while
     the workers start: its endpoints would be rewritten at every worker's start), and only once."""
@@ -572,6 +576,7 @@ class _Stopped:
         await asyncio.wait_for(self.event.wait(), timeout)
 
 
+@pytest.mark.multiproc
 def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf never spawns again a daemon that returned on its own: a finished run's daemon with nothing left
     to do waits instead, so cleanPodPolicy None edited to All afterwards deletes the pods it kept."""
@@ -739,6 +744,7 @@ def test_a_refused_status_write_after_the_end_keeps_the_phase(monkeypatch: pytes
     assert rec.status["phase"] == "Succeeded"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
 def test_refused_run_objects_are_a_condition_not_a_silent_retry(
     monkeypatch: pytest.MonkeyPatch, code: int, terminal: bool
@@ -882,6 +888,7 @@ def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch:
     assert "progress" not in rec.status
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("held", "doing"),
     [
@@ -929,6 +936,7 @@ def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resy
     assert run_handlers.sweep_poll_seconds(polls, resync) == seconds
 
 
+@pytest.mark.multiproc
 def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A name conflict is looked at again after 30 s: sooner when the deadline passes first."""
     from tests.operator.test_reconcile import T0, admitted

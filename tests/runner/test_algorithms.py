@@ -24,6 +24,7 @@ def test_every_api_algorithm_is_registered() -> None:
     assert registered() == sorted(a.value for a in Algorithm)
 
 
+@pytest.mark.multiproc
 def test_centralized_adam_k_workers_match_one_big_batch(tmp_path: Path) -> None:
     """Averaged gradients then Adam: k ranks x batch b step exactly as one rank x batch k*b (fp64)."""
     k, b = 4, 5
@@ -55,6 +56,7 @@ def test_centralized_adam_k_workers_match_one_big_batch(tmp_path: Path) -> None:
     assert s.final_accuracy > 0.7
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("bucketing", ["by-model", "by-layer"])
 def test_allreduce_declares_what_it_sends(tmp_path: Path, bucketing: str) -> None:
     features = 12
@@ -68,6 +70,7 @@ def test_allreduce_declares_what_it_sends(tmp_path: Path, bucketing: str) -> Non
     assert c.compression_ratio == 1
 
 
+@pytest.mark.multiproc
 def test_one_rank_sends_nothing(tmp_path: Path) -> None:
     launch_processes(make_config(logreg_task(epochs=1, train=100), tmp_path, 1), 1)
     c = read_summary(tmp_path).communication

@@ -154,6 +154,7 @@ def _kill_after_first_checkpoint(config: Any, logs: Path) -> float:
     return time.time()
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("algorithm", ["allreduce-sgd", "sparsified-sgd"])
 def test_a_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path: Path, algorithm: str) -> None:
     """allreduce-sgd: the flat step; sparsified-sgd: torch.optim and the ranks' own error-feedback memory."""
@@ -176,6 +177,7 @@ def test_a_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path: Path,
     assert summary.wall_clock_seconds >= relaunched - header["clockOrigin"]  # the lost time and the restart count
 
 
+@pytest.mark.multiproc
 def test_a_checkpoint_of_another_run_fails_the_run_and_is_kept(tmp_path: Path) -> None:
     other = _config(tmp_path, "other", "allreduce-sgd").model_copy(update={"run_name": "someone-else"})
     _kill_after_first_checkpoint(other, tmp_path / "logs")
@@ -189,6 +191,7 @@ def test_a_checkpoint_of_another_run_fails_the_run_and_is_kept(tmp_path: Path) -
     assert json.loads((Path(mine.output_dir) / "ranks" / "rank-0.json").read_text())["stop_reason"] == "error"
 
 
+@pytest.mark.multiproc
 def test_a_checkpoint_that_cannot_be_written_is_a_warning_not_the_run_s_end(tmp_path: Path) -> None:
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the checkpoint folder should be")

@@ -27,6 +27,7 @@ def test_local_files_win(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.multiproc
 def test_worker_0_unreachable_falls_back_to_what_mpirun_printed(tmp_path: Path) -> None:
     seen = ['{"event": "run_start", "rank": 0}', '{"event": "epoch_start", "rank": 0}']
     files = collect.gather(

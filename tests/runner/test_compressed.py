@@ -303,6 +303,7 @@ def check_run(out: Path, recs: list[dict[str, Any]], steps: int, case: str) -> R
     return summary
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", list(CASES))
 def test_resnet_two_ranks_agree_every_step(tmp_path: Path, case: str) -> None:
     name, spec = CASES[case]
@@ -329,6 +330,7 @@ def zero_model_accuracy() -> float:
     return float((load_dataset(spec.dataset).y_test > 0).mean())
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", list(CASES))
 def test_logreg_four_ranks_agree_and_learn(tmp_path: Path, case: str) -> None:
     name, spec = CASES[case]
@@ -345,6 +347,7 @@ def test_logreg_four_ranks_agree_and_learn(tmp_path: Path, case: str) -> None:
     assert (np.abs(weights) > 1e-3).sum() >= 5, "the update should reach many coordinates over 50 steps"
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 @pytest.mark.parametrize("case", ["sign", "top-k"])
 def test_mpi_matches_gloo_bit_for_bit(tmp_path: Path, case: str) -> None:

@@ -35,6 +35,7 @@ def run_with_evaluations(
     return read_summary(tmp_path / "out")
 
 
+@pytest.mark.multiproc
 def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     summary = run_with_evaluations(
         tmp_path, monkeypatch, {"metric": "loss", "target": 0.3}, [(0.9, 0.9), (0.9, 0.5), (0.5, 0.2), (0.9, 0.1)]
@@ -47,6 +48,7 @@ def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, mon
     assert summary.time_to_goal_seconds == summary.history[-1].wall_seconds
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("last_loss", "reached"), [(0.25, True), (0.4, False)])
 def test_loss_after_time_judges_the_last_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last_loss: float, reached: bool
@@ -59,6 +61,7 @@ def test_loss_after_time_judges_the_last_evaluation(
     assert summary.final_score == last_loss
 
 
+@pytest.mark.multiproc
 def test_an_accuracy_goal_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     summary = run_with_evaluations(
         tmp_path, monkeypatch, {"metric": "test-accuracy", "target": 0.8}, [(0.5, 0.1), (0.85, 0.9)]

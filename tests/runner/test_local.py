@@ -28,6 +28,7 @@ def _task_file(tmp: Path, spec: dict[str, Any]) -> Path:
     return write_yaml(tmp / "task.yaml", doc)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("launcher", ["process", "mpirun"])
 def test_run_local_end_to_end(
     tmp_path: Path, launcher: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -69,6 +70,7 @@ def test_run_local_end_to_end(
         assert RunSummary.from_termination_message((out / "termination-log").read_text()).run == "tiny-local"
 
 
+@pytest.mark.multiproc
 def test_run_local_ranks_override_and_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     task = _task_file(tmp_path, logreg_task(batch=10, epochs=2, train=200))
     run = write_yaml(tmp_path / "run.yaml", run_doc("lr-local", "tiny", 1, slotsPerWorker=1))
@@ -303,6 +305,7 @@ def test_the_progress_line_names_the_model_in_words(model: Any, text: str) -> No
     assert inputs.model_text(model) == text
 
 
+@pytest.mark.multiproc
 def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     """KeyboardInterrupt while the ranks run: none of them outlives the command."""
     import sys
@@ -331,6 +334,7 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     assert all(p.poll() is not None for p in procs)
 
 
+@pytest.mark.multiproc
 def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_step() -> None:
     """Ranks blocked in a collective end neither on the Ctrl-C nor on SIGTERM; a second Ctrl-C skips the settle
     wait, a third the grace period, and the stop still ends with every rank killed (no KeyboardInterrupt
@@ -369,6 +373,7 @@ def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_st
             p.wait()
 
 
+@pytest.mark.multiproc
 def test_a_ctrl_c_between_two_steps_of_the_stop_skips_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C that lands in the /proc scan (not in a wait) must not end the stop before the kill."""
     import os

@@ -413,6 +413,7 @@ def labelled(where: str, key: str) -> Callable[[str], str]:
     return lambda message: f"{where} {key}: {message}"
 
 
+@pytest.mark.multiproc
 def test_agrees_with_torch_powersgd_hook(tmp_path: Path) -> None:
     from mlbench_runner.world import free_port
 
@@ -467,6 +468,7 @@ def test_resnet20_declared_bytes() -> None:
     assert 18.9 < plan.uncompressed_bytes_per_step / plan.bytes_per_step < 19.1
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("ranks", "epochs"), [(2, 2), (4, 1)])
 def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int, epochs: int) -> None:
     data = write_cifar_python(tmp_path, n_train=80, n_test=20)
@@ -493,6 +495,7 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
     assert summary.phases.communication > 0
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     """backend mpi (mpi4py all-reduce) under mpirun: the same trajectory as gloo, bit for bit (2 ranks)."""
@@ -527,6 +530,7 @@ def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     assert summary.communication.measured_bytes_per_step == resnet20_bytes(1)
 
 
+@pytest.mark.multiproc
 def test_logreg_is_compressed_exactly_and_learns(tmp_path: Path) -> None:
     """Logistic regression's weight is (1, d): at any rank PowerSGD sends P (1 x 1) and Q (d x 1) and the
     approximation is exact, so its trajectory is allreduce-sgd's (fp64, to rounding); and it learns."""

@@ -42,6 +42,7 @@ def _sweep_file(tmp: Path, matrix: dict[str, Any], **spec: Any) -> Path:
     return write_yaml(tmp / "study.yaml", doc)
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """2 worker counts x 2 seeds of a tiny logistic regression, each into <output>/<run>/."""
@@ -304,6 +305,7 @@ def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
     assert not out.exists()
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp_path: Path) -> None:
     """A terminal's Ctrl-C (SIGINT to the whole process group) during the first run: its ranks write their
