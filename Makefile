@@ -104,9 +104,22 @@ e2e-images: ## build the images the e2e tests load (cached by their inputs; need
 e2e: install k8s-bins e2e-images ## end to end on the test cluster's real nodes: images, operator Deployment, runs in real pods
 	$(PYTHON) -m pytest -m e2e tests/e2e tests/images $(PYTEST_ARGS)
 
+# The test layers (tests/layers.py; their times in the README): unit, multiproc, cluster, e2e. `make test` runs them all.
+.PHONY: test-unit
+test-unit: install ## the unit layer: no process started (guarded), no cluster
+	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
+
+.PHONY: test-multiproc
+test-multiproc: install ## the multi-process layer: torch ranks, mpirun, sshd, prometheus, CLIs in subprocesses; no cluster
+	$(PYTHON) -m pytest -m multiproc $(PYTEST_ARGS)
+
 .PHONY: test-fast
-test-fast: install ## tests that need no cluster
-	$(PYTHON) -m pytest -m "not cluster" $(PYTEST_ARGS)
+test-fast: install ## the unit and multi-process layers: everything that needs no cluster and no image
+	$(PYTHON) -m pytest -m "unit or multiproc" $(PYTEST_ARGS)
+
+.PHONY: test-cluster
+test-cluster: install k8s-bins ## the cluster layer: the real control plane with kwok nodes (e2e aside)
+	$(PYTHON) -m pytest -m "cluster and not e2e" $(PYTEST_ARGS)
 
 .PHONY: run-local
 run-local: install ## the main job: a local benchmark run of $(RUN)

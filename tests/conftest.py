@@ -1,3 +1,4 @@
-"""Registers the local-Kubernetes pytest plugin (fixtures + ``cluster`` marker)."""
+"""Registers the pytest plugins: the local Kubernetes (fixtures + ``cluster`` marker), the test layers, and
+pytester (tests/test_layers.py runs small test files through the layers' guard)."""
 
-pytest_plugins = ["tests.cluster.plugin"]
+pytest_plugins = ["tests.cluster.plugin", "tests.layers", "pytester"]

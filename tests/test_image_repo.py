@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE
@@ -28,6 +29,7 @@ def images_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.multiproc
 def test_image_repo_names_both_images() -> None:
     out = images_sh("tags", IMAGE_REPO="registry.example.com/team/")
     assert out.returncode == 0, out.stderr
@@ -37,6 +39,7 @@ def test_image_repo_names_both_images() -> None:
     ]
 
 
+@pytest.mark.multiproc
 def test_push_refuses_the_default_repository() -> None:
     out = images_sh("push")
     assert out.returncode != 0
@@ -50,6 +53,7 @@ def _operator_env() -> dict[str, Any]:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
+@pytest.mark.multiproc
 def test_the_default_runner_image_is_the_one_images_sh_builds() -> None:
     runner = images_sh("tags").stdout.split()[1]
     assert runner == DEFAULT_RUNNER_IMAGE == _operator_env()["MLBENCH_RUNNER_IMAGE"]

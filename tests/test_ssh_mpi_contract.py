@@ -63,6 +63,7 @@ IMAGE_PATH = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin"
 USER = pwd.getpwuid(os.geteuid()).pw_name
 
 pytestmark = [
+    pytest.mark.multiproc,
     pytest.mark.slow,
     pytest.mark.timeout(180),
     pytest.mark.skipif(not os.path.exists(SSHD), reason=f"OpenSSH server ({SSHD}) is not installed"),

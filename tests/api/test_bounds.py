@@ -20,30 +20,15 @@ from mlbench_api.common import MAX_INT32, MAX_SAFE_INT
 from mlbench_api.errors import format_errors
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
 from mlbench_api.run import Progress, RunPolicy, RunResult
+from tests.factories import summary
 
 BASES = Path(__file__).resolve().parents[2] / "crds" / "bases"
 
 
 def _summary() -> dict[str, Any]:
     """A valid termination message's data (history included, to reach EpochRecord too)."""
-    return RunSummary(
-        run="r",
-        task="t",
-        status="success",
-        goal_reached=True,
-        goal_target=0.8,
-        time_to_goal_seconds=12.5,
-        best_accuracy=0.81,
-        final_accuracy=0.8,
-        epochs=3.0,
-        steps=300,
-        samples=9600,
-        wall_clock_seconds=20.0,
-        train_seconds=15.0,
-        compute_seconds=12.0,
-        communication_seconds=3.0,
+    return summary(
         comm_compute_ratio=0.25,
-        samples_per_second=640.0,
         phases=PhaseTotals(data=1, forward=4, backward=6, communication=3, optimizer=2, evaluation=1),
         environment=Environment(world_size=4, backend="gloo", seed=42),
         history=[EpochRecord(epoch=1, accuracy=0.5, loss=1.0, wall_seconds=5.0, lr=0.1)],

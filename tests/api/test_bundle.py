@@ -17,7 +17,7 @@ import pytest
 from mlbench_api import bundle
 from mlbench_api.download import ResultsUnavailable, default_dir, from_config_map, parse_ref, results_ref, write
 from mlbench_api.results import EpochRecord
-from tests.operator import helpers as h
+from tests import factories
 
 
 def _summary_bytes(epochs: int = 3) -> bytes:
@@ -25,7 +25,7 @@ def _summary_bytes(epochs: int = 3) -> bytes:
         EpochRecord(epoch=e, accuracy=0.1 * e, loss=2.0 / e, wall_seconds=10.0 * e, lr=0.1)
         for e in range(1, epochs + 1)
     ]
-    return h.summary().model_copy(update={"history": history}).model_dump_json(by_alias=True).encode()
+    return factories.summary().model_copy(update={"history": history}).model_dump_json(by_alias=True).encode()
 
 
 def _events(n: int, chatty_every: int = 2) -> bytes:

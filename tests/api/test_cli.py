@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from mlbench_api.badinput import EXIT_BAD_INPUT
 from tests.api.examples import EXAMPLES
+
+pytestmark = pytest.mark.multiproc
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

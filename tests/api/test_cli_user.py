@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from mlbench_api.badinput import EXIT_BAD_INPUT
-from tests.operator.helpers import summary
+from tests.factories import summary
+
+pytestmark = pytest.mark.multiproc
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -144,6 +144,7 @@ def test_cel_rules_are_present() -> None:
     assert any("isSorted" in r["rule"] for r in lr["x-kubernetes-validations"])
 
 
+@pytest.mark.multiproc
 def test_generation_is_deterministic() -> None:
     """The same models give the same CRDs in any process: set and dict orders that follow string hashing
     change with PYTHONHASHSEED, which is fixed within one process (so two calls here would agree anyway)."""

@@ -8,8 +8,8 @@ from mlbench_api import hardware
 from mlbench_api.results import RankHardware
 from mlbench_runner.rank import hostinfo
 from mlbench_runner.tools import scoring
+from tests.factories import summary_for
 from tests.runner.helpers import logreg_task, make_config
-from tests.runner.test_report import summary_for
 
 H100 = {
     "node.kubernetes.io/instance-type": "p5.48xlarge",

@@ -13,6 +13,9 @@ import pytest
 
 from mlbench_api.cli import DISTRIBUTION
 
+pytestmark = pytest.mark.multiproc
+
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The runner's heavy packages: a user who only submits, watches and reads results must not need them.
 HEAVY = ("torch", "mpi4py", "numpy", "sacrebleu", "pillow")

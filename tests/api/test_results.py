@@ -14,15 +14,13 @@ from mlbench_api.results import (
     PhaseTotals,
     RunSummary,
 )
+from tests.factories import summary
 
 
 def _summary(epochs: int = 164) -> RunSummary:
-    return RunSummary(
-        run="r",
+    return summary(
+        run_name="r",
         task="cifar10-resnet20",
-        status="success",
-        goal_reached=True,
-        goal_target=0.8,
         time_to_goal_seconds=123.4,
         best_accuracy=0.812,
         final_accuracy=0.81,

@@ -59,6 +59,7 @@ def test_docker_archive_is_valid_and_reproducible() -> None:
     assert config["config"]["Cmd"] == ["/bin/x"]
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(not images.BUSYBOX.exists(), reason="busybox-static not installed")
 def test_busybox_image_has_the_tools_tests_use(tmp_path: Path) -> None:
     archive, key = images.build_archive(images.BUSYBOX_IMAGE, tmp_path)

@@ -78,6 +78,7 @@ def _case_id(case: dict[str, Any]) -> str:
     return Path(case["inputPath"]).stem
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_case(lua54: str, case: dict[str, Any]) -> None:
     assert run_health(SCRIPT, load(case["inputPath"]), lua54) == _expected(case)
@@ -147,6 +148,7 @@ MUTANTS = {
 }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
 def test_a_wrong_mapping_fails_a_case(lua54: str, tmp_path: Path, mutant: str) -> None:
     old, new = MUTANTS[mutant]
@@ -181,6 +183,7 @@ def test_lua51_as_in_argo_cd() -> None:
             assert run_health(SCRIPT, load(case["inputPath"]), found) == _expected(case), case["inputPath"]
 
 
+@pytest.mark.multiproc
 def test_the_operators_own_failed_status(lua54: str) -> None:
     """A status built by the operator's code (a rejected run), not by hand, is Degraded with its reason."""
     from mlbench_operator.run import admission
@@ -206,6 +209,7 @@ ODD = {
 }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("patch", ODD.values(), ids=list(ODD))
 def test_odd_objects_get_a_health_not_a_lua_error(lua54: str, patch: dict[str, Any]) -> None:
     """Argo CD turns a script error into Unknown health: no shape of status may raise one."""
@@ -215,6 +219,7 @@ def test_odd_objects_get_a_health_not_a_lua_error(lua54: str, patch: dict[str, A
     assert health.message
 
 
+@pytest.mark.multiproc
 def test_the_harness_carries_the_object_faithfully(lua54: str, tmp_path: Path) -> None:
     """Strings with quotes, backslashes, newlines and UTF-8; ints; booleans; nested lists survive the trip."""
     script = tmp_path / "echo.lua"
@@ -232,6 +237,7 @@ def test_the_harness_carries_the_object_faithfully(lua54: str, tmp_path: Path) -
     assert health == Health("Healthy", f"{text}|42|false|x|nil")
 
 
+@pytest.mark.multiproc
 def test_the_harness_refuses_undefined_globals(lua54: str, tmp_path: Path) -> None:
     script = tmp_path / "typo.lua"
     script.write_text('local hs = {}\nhs.status = "Healthy"\nif objj == nil then hs.message = "x" end\nreturn hs\n')
@@ -239,6 +245,7 @@ def test_the_harness_refuses_undefined_globals(lua54: str, tmp_path: Path) -> No
         run_health(script, {}, lua54)
 
 
+@pytest.mark.multiproc
 def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     """The operator's real statuses along a run (planned by reconcile, finalized as written): Progressing
     while it starts and runs, Degraded when the step counter stalls, Healthy once it Succeeded."""
@@ -248,6 +255,7 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     from mlbench_operator import conditions as c
     from mlbench_operator.run import policies
     from mlbench_operator.run import status as run_status
+    from tests import factories
     from tests.operator import helpers as h
     from tests.operator.test_reconcile import admitted, pod, terminated, workers
 
@@ -269,6 +277,6 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     stalled = health(policies.plan(stuck, ctx, pods, t0).status)
     assert stalled.status == "Degraded"
     assert "NoProgress" in (stalled.message or "")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     succeeded = policies.plan({**body, "status": running}, ctx, [*workers(ctx), done], t0).status
     assert health(succeeded).status == "Healthy"

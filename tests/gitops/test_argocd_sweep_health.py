@@ -56,6 +56,7 @@ CASES = [
 ]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("body", "health"), CASES)
 def test_sweep_health(lua54: str, body: dict[str, Any], health: Health | str) -> None:
     got = run_health(SWEEP_SCRIPT, body, lua54)

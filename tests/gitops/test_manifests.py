@@ -85,6 +85,7 @@ def docs(path: Path) -> list[Obj]:
 # ---------------------------------------------------------------- Argo CD
 
 
+@pytest.mark.multiproc
 def test_standalone_argocd_cm_embeds_the_script() -> None:
     (cm,) = kustomize(ARGOCD)
     assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("ConfigMap", "argocd-cm", "argocd")
@@ -93,6 +94,7 @@ def test_standalone_argocd_cm_embeds_the_script() -> None:
     assert cm["data"] == SCRIPTS
 
 
+@pytest.mark.multiproc
 def test_component_merges_into_an_existing_argocd_cm(tmp_path: Path) -> None:
     """As in a kustomization that installs Argo CD: the other keys stay, no name suffix is added."""
     (tmp_path / "install.yaml").write_text(
@@ -124,6 +126,7 @@ def test_component_merges_into_an_existing_argocd_cm(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.multiproc
 def test_platform_overlay_puts_the_crds_in_an_earlier_wave() -> None:
     def wave(obj: Obj) -> int:
         return int((obj["metadata"].get("annotations") or {}).get("argocd.argoproj.io/sync-wave", "0"))
@@ -297,6 +300,7 @@ def test_flux_health_check_exprs_read_only_real_fields_and_values(kind: str, crd
 POLICY = REPO / "manifests" / "policy"
 
 
+@pytest.mark.multiproc
 def test_policy_kustomization_builds() -> None:
     objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(POLICY)}
     assert set(objs) == {
@@ -317,6 +321,7 @@ def _documented_overlay() -> str:
     return str(overlay)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("order_changed", [False, True])
 def test_documented_policy_widening_builds(tmp_path: Path, order_changed: bool) -> None:
     overlay = _documented_overlay().replace("../mlbench/manifests/policy", os.path.relpath(POLICY, tmp_path))

@@ -88,6 +88,7 @@ def targets(cfg: Obj, pods: list[Obj]) -> list[Obj]:
 # --- the kustomize layer ---------------------------------------------------------------------------------
 
 
+@pytest.mark.multiproc
 def test_monitoring_layer_builds_with_release_label(monitoring: list[Obj]) -> None:
     kinds = sorted(o["kind"] for o in monitoring if o["kind"] != "ConfigMap")
     assert kinds == ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
@@ -107,6 +108,7 @@ def test_dashboards_are_listed() -> None:
     assert kustomization["labels"] == [{"pairs": RELEASE, "includeSelectors": False}]
 
 
+@pytest.mark.multiproc
 def test_with_monitoring_is_default_plus_monitoring(monitoring: list[Obj]) -> None:
     default = kustomize(REPO / "manifests" / "default")
     combined = kustomize(WITH_MONITORING)
@@ -122,6 +124,7 @@ def test_with_monitoring_is_default_plus_monitoring(monitoring: list[Obj]) -> No
         assert labelled == (ident in ids(monitoring)), ident
 
 
+@pytest.mark.multiproc
 def test_release_label_is_changed_by_an_overlay(tmp_path: Path) -> None:
     overlay = tmp_path / "overlay"
     overlay.mkdir()
@@ -160,6 +163,7 @@ def matches(selector: Obj, labels: dict[str, str]) -> bool:
     return ok
 
 
+@pytest.mark.multiproc
 def test_podmonitor_selects_workers_not_the_launcher(monitoring: list[Obj]) -> None:
     pm = one(monitoring, "PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"any": True}
@@ -171,6 +175,7 @@ def test_podmonitor_selects_workers_not_the_launcher(monitoring: list[Obj]) -> N
     assert ep["interval"] == "15s"
 
 
+@pytest.mark.multiproc
 def test_translated_podmonitor_scrapes_every_rank(monitoring: list[Obj], tmp_path: Path) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "PodMonitor"), kubeconfig=str(tmp_path / "kubeconfig"))
     assert cfg["job_name"] == "podMonitor/mlbench-system/mlbench-workers/0"
@@ -194,6 +199,7 @@ def test_translated_podmonitor_scrapes_every_rank(monitoring: list[Obj], tmp_pat
     ]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("phase", ["Pending", "Succeeded", "Failed", "Unknown"])
 def test_workers_that_are_not_running_are_not_scraped(monitoring: list[Obj], phase: str) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "PodMonitor"), kubeconfig="/k")
@@ -203,6 +209,7 @@ def test_workers_that_are_not_running_are_not_scraped(monitoring: list[Obj], pha
     assert targets(cfg, [pod]) == [], "... and dropped"
 
 
+@pytest.mark.multiproc
 def test_other_pods_with_rank_ports_are_not_scraped(monitoring: list[Obj]) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "PodMonitor"), kubeconfig="/k")
     ctx = ctx_for(name="bench", namespace="team-a", workers=1)
@@ -261,6 +268,7 @@ def operator_targets(service: Obj, pod: str, ip: str) -> list[dict[str, str]]:
     return endpoints_targets(endpoints, {key: service}, {(key[0], pod): pod_obj})
 
 
+@pytest.mark.multiproc
 def test_translated_servicemonitor_scrapes_the_operator(monitoring: list[Obj]) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "ServiceMonitor"), kubeconfig="/k")
     assert cfg["honor_labels"] is True
@@ -290,6 +298,7 @@ def test_translated_servicemonitor_scrapes_the_operator(monitoring: list[Obj]) -
 # --- promconfig itself ----------------------------------------------------------------------------------
 
 
+@pytest.mark.multiproc
 def test_scrape_config_needs_exactly_one_way_to_the_api(monitoring: list[Obj]) -> None:
     pm = one(monitoring, "PodMonitor")
     with pytest.raises(ValueError, match="exactly one of kubeconfig"):
@@ -305,6 +314,7 @@ def test_scrape_config_needs_exactly_one_way_to_the_api(monitoring: list[Obj]) -
     assert sm["http_sd_configs"][0]["url"] == "http://127.0.0.1:1/endpoints?namespace=mlbench-system"
 
 
+@pytest.mark.multiproc
 def test_untranslated_fields_are_refused(monitoring: list[Obj]) -> None:
     pm = one(monitoring, "PodMonitor")
     ep = {**pm["spec"]["podMetricsEndpoints"][0], "tlsConfig": {"insecureSkipVerify": True}}
@@ -409,6 +419,7 @@ def promtool() -> str:
     return found
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("sd", ["kubeconfig", "http_sd_url"])
 def test_translated_config_passes_promtool(monitoring: list[Obj], tmp_path: Path, sd: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
@@ -450,6 +461,7 @@ def prometheus_targets(config: Obj, tmp_path: Path, expected: int, timeout: floa
         raise AssertionError(f"Prometheus did not report {expected} targets in {timeout}s: {data}")
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_real_prometheus_relabels_like_the_python_model(monitoring: list[Obj], tmp_path: Path) -> None:
     """The same discovered labels, served by k8s_sd's HTTP SD to Debian's Prometheus: its own relabeling

@@ -89,6 +89,7 @@ def run_promtool_test(tmp_path: Path, groups: list[Obj]) -> subprocess.Completed
     )
 
 
+@pytest.mark.multiproc
 def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     path = tmp_path / "mlbench-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule_groups()}, sort_keys=False))
@@ -118,6 +119,7 @@ def test_every_alert_is_labelled_documented_and_tested() -> None:
         assert f"### {name}" in docs, f"docs/monitoring.md has no section for {name}"
 
 
+@pytest.mark.multiproc
 def test_alerts_fire_when_they_should(tmp_path: Path) -> None:
     res = run_promtool_test(tmp_path, rule_groups())
     assert res.returncode == 0, res.stdout + res.stderr
@@ -139,6 +141,7 @@ _MERGED_THEN_MIN = f"min_over_time(\n    (max by (namespace, run) (\n      {_PHA
 _MIN_THEN_MERGED = f"max by (namespace, run) (min_over_time({_PHASE}[10m]))"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("alert", "old", "new", "why"),
     [

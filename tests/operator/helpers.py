@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from mlbench_api.results import Environment, PhaseTotals, RunSummary
 from mlbench_operator.policy import DEFAULT_VOLUME_TYPES, AdmissionPolicy
+from tests.factories import TASK_NAME
 
-TASK_NAME = "optest-task"
 #: For tests of builders with other images or volumes than the default policy admits.
 PERMISSIVE = AdmissionPolicy(
     images=("*",),
@@ -69,29 +68,6 @@ def run(
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
         "spec": {"taskRef": {"name": task_name}, "workers": workers, **spec},
     }
-
-
-def summary(run_name: str = "r1", world_size: int = 2, goal: bool = True) -> RunSummary:
-    return RunSummary(
-        run=run_name,
-        task=TASK_NAME,
-        status="success" if goal else "goal-not-reached",
-        goal_reached=goal,
-        goal_target=0.8,
-        time_to_goal_seconds=1234.5 if goal else None,
-        best_accuracy=0.81 if goal else 0.5,
-        final_accuracy=0.81 if goal else 0.5,
-        epochs=90.0,
-        steps=1000,
-        samples=32000,
-        wall_clock_seconds=1300.0,
-        train_seconds=1200.0,
-        compute_seconds=900.0,
-        communication_seconds=250.0,
-        samples_per_second=26.7,
-        phases=PhaseTotals(forward=400, backward=500, communication=250),
-        environment=Environment(world_size=world_size, backend="gloo"),
-    )
 
 
 #: The smoke tarball's sha256 (shared/datasets/cifar10-jpeg.tar.gz).

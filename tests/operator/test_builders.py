@@ -253,6 +253,7 @@ def test_launcher_pod_shape() -> None:
     assert "/etc/mlbench/hostfile" in init["command"][-1]
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
 def test_ssh_keys_are_fresh_per_run() -> None:
     one, two = generate_keypair("mlbench-a"), generate_keypair("mlbench-b")

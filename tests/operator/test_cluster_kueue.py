@@ -18,6 +18,7 @@ from mlbench_api.run import SUSPEND_FINISHED
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import Reason
 from mlbench_operator.run import kueue as kq
+from tests import factories
 from tests.cluster.kueue import KueueManager, build
 from tests.cluster.plugin import KubeCluster
 from tests.operator import helpers as h
@@ -111,7 +112,7 @@ def test_two_runs_over_the_quota_run_one_after_the_other(runs: Runs, queue: str)
     assert admitted is not None
     assert (admitted["status"], admitted["reason"]) == ("False", Reason.ADMITTED)
 
-    runs.finish_launcher("first", 0, h.summary("first", world_size=2).termination_message())
+    runs.finish_launcher("first", 0, factories.summary("first", world_size=2).termination_message())
     runs.wait_phase("first", "Succeeded")
     runs.wait_phase("second", "Running", timeout=90)  # the first's Workload finished: its quota went to the second
 

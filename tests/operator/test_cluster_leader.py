@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests import factories
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import (
@@ -224,7 +225,7 @@ def test_one_of_two_leads_and_the_standby_takes_over_a_killed_leader(election: E
     second = {p: o["metadata"]["uid"] for p, o in runs.pods(name).items()}
     assert set(second) == world
     assert not set(second.values()) & set(first.values())
-    runs.finish_launcher(name, 0, h.summary(name, world_size=2).termination_message())
+    runs.finish_launcher(name, 0, factories.summary(name, world_size=2).termination_message())
     status = runs.wait_phase(name, "Succeeded")
     assert status["restarts"] == 1
 

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from mlbench_operator import conditions as c
+from tests import factories
 from tests.cluster.plugin import wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, SESSION_LABEL, OperatorProcess, Runs
@@ -82,7 +83,7 @@ def test_lifecycle(runs: Runs, workers: int) -> None:
     assert status["taskSnapshot"]["model"]["depth"] == 20
 
     # Finish: a valid RunSummary in the launcher's termination message.
-    runs.finish_launcher(name, 0, h.summary(name, world_size=workers).termination_message())
+    runs.finish_launcher(name, 0, factories.summary(name, world_size=workers).termination_message())
     status = runs.wait_phase(name, "Succeeded")
     assert status["result"]["goalReached"] is True
     assert status["result"]["timeToGoalSeconds"] == 1234.5
@@ -261,7 +262,7 @@ def test_delete_cascades(runs: Runs) -> None:
 def test_ttl_after_finished_deletes_run(runs: Runs) -> None:
     runs.apply(h.run("brief", workers=1, runPolicy={"ttlSecondsAfterFinished": 2}))
     runs.wait_phase("brief", "Running")
-    runs.finish_launcher("brief", 0, h.summary("brief", world_size=1).termination_message())
+    runs.finish_launcher("brief", 0, factories.summary("brief", world_size=1).termination_message())
     wait_for(lambda: runs.get("benchmarkrun", "brief") is None, timeout=30, what="run deleted by TTL")
 
 
@@ -269,7 +270,7 @@ def test_ttl_added_after_the_run_finished(runs: Runs) -> None:
     """kopf never re-spawns a daemon that returned: the TTL has a daemon of its own."""
     runs.apply(h.run("late-ttl", workers=1))
     runs.wait_phase("late-ttl", "Running")
-    runs.finish_launcher("late-ttl", 0, h.summary("late-ttl", world_size=1).termination_message())
+    runs.finish_launcher("late-ttl", 0, factories.summary("late-ttl", world_size=1).termination_message())
     runs.wait_phase("late-ttl", "Succeeded")
     wait_for(lambda: not runs.run("late-ttl")["metadata"].get("finalizers"), timeout=30, what="finalizer released")
     runs.kubectl(
@@ -306,7 +307,7 @@ def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) ->
         assert {o["spec"]["containers"][0]["image"] for o in pods.values()} == {"mlbench/mlbench-runner:test"}
 
         operator.stop(kill=True)
-        runs.finish_launcher(name, 0, h.summary(name, world_size=workers).termination_message())
+        runs.finish_launcher(name, 0, factories.summary(name, world_size=workers).termination_message())
         time.sleep(1)
         assert runs.status(name)["phase"] == "Running"  # nobody is watching
         operator.start()
@@ -327,7 +328,7 @@ def test_cleanup_interrupted_by_a_restart_is_finished(runs: Runs, operator: Oper
     runs.wait_phase(name, "Running")
     operator.stop(kill=True)
     try:
-        runs.finish_launcher(name, 0, h.summary(name, world_size=2).termination_message())
+        runs.finish_launcher(name, 0, factories.summary(name, world_size=2).termination_message())
         wait_for(
             lambda: runs.pods(name)[f"{name}-launcher"]["status"].get("phase") == "Succeeded",
             timeout=30,
@@ -351,7 +352,7 @@ def test_clean_pod_policy_edited_after_the_run_finished_applies(runs: Runs) -> N
     name = "keepall"
     runs.apply(h.run(name, workers=2, runPolicy={"cleanPodPolicy": "None"}))
     runs.wait_phase(name, "Running")
-    runs.finish_launcher(name, 0, h.summary(name, world_size=2).termination_message())
+    runs.finish_launcher(name, 0, factories.summary(name, world_size=2).termination_message())
     runs.wait_phase(name, "Succeeded")
     wait_for(lambda: not runs.run(name)["metadata"].get("finalizers"), timeout=30, what="finalizer released")
     assert set(runs.pods(name)) == {f"{name}-launcher", f"{name}-worker-0", f"{name}-worker-1"}
@@ -421,7 +422,7 @@ def test_many_runs_created_and_resumed_together(runs: Runs, operator: OperatorPr
     counts = {name: len(runs.pods(name)) for name in names}
     assert counts == dict.fromkeys(names, 4), counts  # 3 workers + launcher each, none duplicated
     for name in names:
-        runs.finish_launcher(name, 0, h.summary(name, world_size=3).termination_message())
+        runs.finish_launcher(name, 0, factories.summary(name, world_size=3).termination_message())
     for name in names:
         runs.wait_phase(name, "Succeeded", timeout=120)
 

@@ -10,6 +10,7 @@ import pytest
 
 from mlbench_api.sweep import LABEL_SEED, LABEL_SWEEP, LABEL_WORKERS
 from mlbench_operator import conditions as c
+from tests import factories
 from tests.cluster.plugin import wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, SESSION_LABEL, Runs
@@ -69,7 +70,7 @@ def counts(status: dict[str, Any]) -> tuple[int, ...]:
 def finish(runs: Runs, name: str, workers: int, ok: bool = True) -> None:
     runs.wait_phase(name, "Running")
     if ok:
-        runs.finish_launcher(name, 0, h.summary(name, world_size=workers).termination_message())
+        runs.finish_launcher(name, 0, factories.summary(name, world_size=workers).termination_message())
         runs.wait_phase(name, "Succeeded")
     else:
         runs.finish_launcher(name, 1, '{"error":"mpirun exited with 1","exitCode":1}')
@@ -183,7 +184,7 @@ def test_a_ttl_of_zero_waits_for_the_sweep_to_record_the_end(runs: Runs) -> None
     for seed in seeds:
         run = f"{name}-s{seed}"
         runs.wait_phase(run, "Running")
-        runs.finish_launcher(run, 0, h.summary(run, world_size=1).termination_message())
+        runs.finish_launcher(run, 0, factories.summary(run, world_size=1).termination_message())
     status = wait_sweep(runs, name, lambda s: s.get("completionTime"), "the sweep finished")
     assert counts(status) == (3, 0, 0, 3, 0), "a run was created again after its TTL deleted it"
     wait_for(lambda: sweep_runs(runs, name) == {}, timeout=30, what="the runs deleted by their TTL")

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from mlbench_api.watch import EXIT_FAILED, EXIT_SUCCEEDED
+from tests import factories
 from tests.operator import helpers as h
 from tests.operator.conftest import Runs
 
@@ -34,7 +35,9 @@ def test_watch_follows_a_run_to_its_end(runs: Runs, code: int, expected: int, la
         line = proc.stdout.readline()
         assert line, f"the watch ended before it printed Running: {seen}"
         seen.append(line)
-    runs.finish_launcher(name, code, h.summary(name, world_size=1).termination_message() if code == 0 else "boom")
+    runs.finish_launcher(
+        name, code, factories.summary(name, world_size=1).termination_message() if code == 0 else "boom"
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == expected, err
     lines = [*seen, *out.splitlines()]

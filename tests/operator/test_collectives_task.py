@@ -7,10 +7,11 @@ import copy
 from typing import Any
 
 from mlbench_api.catalog import load_catalog
-from mlbench_api.results import CollectiveResult, Environment, PhaseTotals, RunSummary
+from mlbench_api.results import CollectiveResult, RunSummary
 from mlbench_operator import builders
 from mlbench_operator import conditions as c
 from mlbench_operator.run import admission
+from tests.factories import collectives_summary
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import T0, cond, pod, step, terminated
 
@@ -66,24 +67,13 @@ def test_overrides_and_algorithms_are_refused_with_the_field() -> None:
 
 def sweep_summary() -> RunSummary:
     result = CollectiveResult(backend="gloo", world_size=2, device="cpu", warmup_iterations=5, rows=[])
-    return RunSummary(
-        run="r1",
-        task=h.TASK_NAME,
-        status="success",
-        stop_reason="completed",
-        goal_reached=True,
-        epochs=0,
+    return collectives_summary(
+        result,
         steps=480,
-        samples=0,
         wall_clock_seconds=30.0,
         train_seconds=12.0,
-        compute_seconds=0.0,
         communication_seconds=12.0,
-        samples_per_second=0.0,
-        phases=PhaseTotals(communication=12.0),
-        environment=Environment(world_size=2, backend="gloo", algorithm="collectives"),
         peak_bus_bandwidth={"all-reduce": 2.5e9, "all-gather": 1.25e9, "broadcast": 3e9},
-        collectives=result,
     )
 
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from mlbench_api import bundle
 from mlbench_api.results import RunSummary
+from tests import factories
 from tests.operator import helpers as h
 
 
@@ -202,10 +203,10 @@ def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypa
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.fail_deletes = 1
-    kube.log = "some output\n" + results_line(h.summary()) + "\n"
+    kube.log = "some output\n" + results_line(factories.summary()) + "\n"
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(Exception, match="etcd timeout"):
         asyncio.run(rec.step([*workers(ctx), done]))
@@ -348,6 +349,7 @@ def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: 
         assert {c["type"]: c for c in rec.status["conditions"]}["WorkersReady"]["reason"] == "CreateFailed"
 
 
+@pytest.mark.multiproc
 def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """memo.config (here given directly) decides the runner UID, the scrapers and the resync; the
     environment, read once at start-up, is not read again."""
@@ -374,6 +376,7 @@ def test_the_reconciler_is_configured_by_its_config_not_the_environment(monkeypa
     assert len([o for o in kube.created if o["kind"] == "Pod"]) == pods
 
 
+@pytest.mark.multiproc
 def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 8: a 409 on the run's ConfigMap that belongs to another owner is not adopted: no pod is created."""
     from tests.operator.test_reconcile import admitted
@@ -395,6 +398,7 @@ def test_foreign_config_map_is_a_name_conflict(monkeypatch: pytest.MonkeyPatch) 
     assert [call for call in kube.calls if call[:2] == ("create", "Pod")]
 
 
+@pytest.mark.multiproc
 def test_an_object_gone_after_a_conflict_is_created_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run re-created under the same name: its ConfigMap's create meets the old run's (409), which the
     garbage collector deletes before it is read. It is nobody's: created on the next pass, not taken as
@@ -419,6 +423,7 @@ def test_an_object_gone_after_a_conflict_is_created_again(monkeypatch: pytest.Mo
     assert ("Pod", "r1-worker-0") in created
 
 
+@pytest.mark.multiproc
 def test_service_comes_with_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The headless Service is created once every worker is Ready, right before the launcher (not while
     the workers start: its endpoints would be rewritten at every worker's start), and only once."""
@@ -571,6 +576,7 @@ class _Stopped:
         await asyncio.wait_for(self.event.wait(), timeout)
 
 
+@pytest.mark.multiproc
 def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf never spawns again a daemon that returned on its own: a finished run's daemon with nothing left
     to do waits instead, so cleanPodPolicy None edited to All afterwards deletes the pods it kept."""
@@ -581,7 +587,7 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
 
     body, _ctx, pods = _finished("None")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     monkeypatch.setattr(executor.RunReconciler, "event", lambda self, *e: None)  # kopf's, outside an operator
     memo = types.SimpleNamespace(
         kube=kube,
@@ -627,7 +633,7 @@ def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
 
     body, ctx, _ = _running(policy)
     body["metadata"]["uid"] = ""  # the test pods carry no owner uid
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     return body, ctx, [*workers(ctx), done]
 
 
@@ -706,7 +712,7 @@ def test_the_results_retry_window_counts_from_the_first_failed_read(monkeypatch:
     # and once the log reads again within the window, the results are kept
     monkeypatch.setattr(daemon, "clock", lambda: start + timedelta(seconds=20))
     kube3 = FakeKube()
-    kube3.log = results_line(h.summary())
+    kube3.log = results_line(factories.summary())
     rec3 = _reconciler({**body, "status": rec.status}, kube3, monkeypatch)
     asyncio.run(rec3.step(pods))
     assert rec3.status["results"]["configMap"] == "r1-results"
@@ -719,7 +725,7 @@ def test_a_refused_status_write_after_the_end_keeps_the_phase(monkeypatch: pytes
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.refuse_status = lambda st: "configMap" in (st.get("results") or {})
     rec = _reconciler(body, kube, monkeypatch)
     with pytest.raises(kopf.TemporaryError, match="the Succeeded run keeps its phase"):
@@ -738,6 +744,7 @@ def test_a_refused_status_write_after_the_end_keeps_the_phase(monkeypatch: pytes
     assert rec.status["phase"] == "Succeeded"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
 def test_refused_run_objects_are_a_condition_not_a_silent_retry(
     monkeypatch: pytest.MonkeyPatch, code: int, terminal: bool
@@ -773,7 +780,7 @@ def test_a_refused_results_config_map_is_recorded_not_retried(monkeypatch: pytes
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.create = refuse  # type: ignore[method-assign]
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
@@ -787,7 +794,7 @@ def test_results_are_collected_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ConfigMap of the same name is never overwritten."""
     body, _ctx, pods = _finished("Running")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     kube.existing[("ConfigMap", "r1-results")] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "x"}]}}
     rec = _reconciler(body, kube, monkeypatch)
     asyncio.run(rec.step(pods))
@@ -809,7 +816,7 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.refuse_status = lambda st: "result" in st
     rec = _reconciler(body, kube, monkeypatch)
@@ -881,6 +888,7 @@ def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch:
     assert "progress" not in rec.status
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("held", "doing"),
     [
@@ -928,6 +936,7 @@ def test_an_expired_run_asks_a_silent_sweep_less_and_less_often(polls: int, resy
     assert run_handlers.sweep_poll_seconds(polls, resync) == seconds
 
 
+@pytest.mark.multiproc
 def test_a_held_run_is_woken_when_its_deadline_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A name conflict is looked at again after 30 s: sooner when the deadline passes first."""
     from tests.operator.test_reconcile import T0, admitted
@@ -961,7 +970,7 @@ def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
-    kube.log = results_line(h.summary())
+    kube.log = results_line(factories.summary())
     status = {**body["status"], "phase": "Succeeded", "results": {"attempts": MAX_COLLECT_ATTEMPTS - 1}}
     rec = _reconciler({**body, "status": status}, kube, monkeypatch)
 
@@ -1010,7 +1019,7 @@ def test_at_most_two_collections_run_at_once(monkeypatch: pytest.MonkeyPatch) ->
         for _ in range(6):
             body, _ctx, pods = _finished("None")
             kube = SlowLogs()
-            kube.log = results_line(h.summary())
+            kube.log = results_line(factories.summary())
             recs.append((_reconciler(body, kube, monkeypatch), pods))
         await asyncio.gather(*(rec.step(pods) for rec, pods in recs))
         return [rec.status["results"] for rec, _ in recs]

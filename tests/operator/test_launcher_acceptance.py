@@ -16,6 +16,7 @@ from mlbench_operator import builders
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import results
 from mlbench_operator.run.ownership import launcher_refused
+from tests import factories
 from tests.operator import helpers as h
 from tests.operator.test_handlers import FakeKube, _reconciler
 from tests.operator.test_reconcile import T0, admitted, cond, pod, step, terminated, workers
@@ -71,7 +72,7 @@ def test_a_forged_launcher_with_a_recorded_one_is_not_the_run_s() -> None:
     body, ctx = admitted(h.run())
     body = _ready_status(ctx, body)
     body = {**body, "status": {**body["status"], "launcher": {"uid": "u-op", "attempt": 0}}}
-    forged = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    forged = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     forged = dataclasses.replace(forged, uid="u-forged")
     _, plan = step(body, ctx, [*workers(ctx), forged])
     assert plan.status["phase"] not in ("Succeeded", "Failed")  # its exit is not the run's result

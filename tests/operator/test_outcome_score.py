@@ -10,14 +10,14 @@ from mlbench_api.results import RunSummary
 from mlbench_api.run import Progress, RunResult
 from mlbench_api.task import GoalMetric
 from mlbench_operator.run import outcome
-from tests.operator import helpers as h
+from tests import factories
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"
 
 
 def _translated(metric: str | None = "bleu", final: float | None = 24.31) -> RunSummary:
-    return h.summary().model_copy(
+    return factories.summary().model_copy(
         update={
             "goal_metric": metric,
             "best_score": 24.9 if final is not None else None,

@@ -229,6 +229,7 @@ def ids(objs: list[Obj]) -> set[tuple[str, str, str]]:
     return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objs}
 
 
+@pytest.mark.multiproc
 def test_cluster_wide_install_builds() -> None:
     objs = kustomize(OPERATOR)
     assert {
@@ -249,6 +250,7 @@ def test_cluster_wide_install_builds() -> None:
     assert ids(objs) <= ids(kustomize(REPO / "manifests" / "default"))
 
 
+@pytest.mark.multiproc
 def test_namespaced_install_builds() -> None:
     cluster_wide = kustomize(OPERATOR)
     objs = kustomize(NAMESPACED)

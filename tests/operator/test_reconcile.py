@@ -17,6 +17,7 @@ from mlbench_operator.podview import PodView
 from mlbench_operator.run import admission, lifecycle, policies
 from mlbench_operator.run import status as run_status
 from mlbench_operator.run.nodes import NodeState
+from tests import factories
 from tests.operator import helpers as h
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -153,7 +154,7 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
     assert cond(plan.status, "WorkersReady")["lastTransitionTime"] == c.timestamp(T0)
     assert ("Normal", "Running", plan.status["message"]) in plan.events
 
-    summary = h.summary(world_size=3)
+    summary = factories.summary(world_size=3)
     done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
     body["status"]["progress"] = {"epoch": 0.5, "step": 7, "lastAccuracy": 0.1}  # the last scrape, long ago
     body, plan = step(body, ctx, [*ready, done], later)
@@ -178,7 +179,7 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
 
 def test_goal_not_reached_still_succeeds() -> None:
     body, ctx = admitted(h.run())
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary(goal=False).termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary(goal=False).termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Succeeded"
     assert cond(plan.status, "GoalReached")["status"] == "False"
@@ -204,7 +205,7 @@ def test_malformed_result_is_invalid_result(message: str, needle: str) -> None:
 )
 def test_clean_pod_policy(policy: str, expected: list[str]) -> None:
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.cleanup == expected
 
@@ -384,7 +385,9 @@ def test_launcher_dns_wait_failure_is_shown() -> None:
 
 def aborted(stop_reason: str) -> str:
     """The termination message of a launcher whose ranks all aborted, for ``stop_reason``."""
-    summary = h.summary().model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": stop_reason})
+    summary = factories.summary().model_copy(
+        update={"status": "aborted", "goal_reached": False, "stop_reason": stop_reason}
+    )
     return summary.termination_message()
 
 
@@ -466,7 +469,7 @@ def test_cleanup_is_derived_from_the_cluster_after_the_final_status() -> None:
     """A finished run whose pods were not (all) deleted yet still has its cleanup pending: re-driven
     after an operator restart, and the result is never re-planned (no LauncherLost restart)."""
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "All"}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     pods = [*workers(ctx), done]
     body, plan = step(body, ctx, pods)
     assert plan.terminal
@@ -485,7 +488,7 @@ def test_a_cleanup_after_the_policy_was_edited_names_the_policy_now() -> None:
     """Cleaned up under Running, then the policy edited to All (the finished launcher goes too): the message
     names All once, not Running still."""
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "Running"}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     body, _ = step(body, ctx, [*workers(ctx), done])
     first = {**body, "status": lifecycle.cleaned_up_status(body, [done], T0)}
     message = cond(first["status"], "WorkersReady")["message"]
@@ -523,7 +526,7 @@ def test_waiting_init_container_reason_is_shown() -> None:
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_non_finite_result_is_invalid_result(number: str) -> None:
     body, ctx = admitted(h.run())
-    text = h.summary().termination_message().replace('"best_accuracy":0.81', f'"best_accuracy":{number}')
+    text = factories.summary().termination_message().replace('"best_accuracy":0.81', f'"best_accuracy":{number}')
     text = text.replace('"bestAccuracy":0.81', f'"bestAccuracy":{number}')
     assert number in text
     done = terminated(builders.launcher_pod(ctx, 0), 0, text)
@@ -537,7 +540,7 @@ def test_non_finite_result_is_invalid_result(number: str) -> None:
 def test_failed_launcher_with_a_non_aborted_summary_is_not_aborted() -> None:
     """Only status=aborted means 'a restart would repeat it'; a crash after a summary restarts."""
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
-    launcher = terminated(builders.launcher_pod(ctx, 0), 1, h.summary().termination_message())
+    launcher = terminated(builders.launcher_pod(ctx, 0), 1, factories.summary().termination_message())
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Pending"
     assert plan.status["restarts"] == 1
@@ -949,7 +952,7 @@ def test_result_records_the_image_and_the_digests_that_ran() -> None:
     body, ctx, pods = _running_body()
     digest = "docker.io/mlbench/mlbench-runner@sha256:" + "b" * 64
     ran = [dataclasses.replace(p, image_id=digest) for p in pods if p.role == "worker"]
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     _, plan = step(body, ctx, [*ran, done])
     assert plan.status["result"]["image"] == "mlbench/mlbench-runner:test"
     assert plan.status["result"]["imageIds"] == [digest]
@@ -1034,8 +1037,8 @@ def of_attempt(world: World, attempt: int) -> World:
     return lambda ctx: [dataclasses.replace(p, attempt=attempt) for p in world(ctx)]
 
 
-SUMMARY = h.summary().termination_message()
-NO_GOAL = h.summary(goal=False).termination_message()
+SUMMARY = factories.summary().termination_message()
+NO_GOAL = factories.summary(goal=False).termination_message()
 ABORTED = aborted("diverged")
 INTERRUPTED = aborted("interrupted")
 CRASH = '{"error":"mpirun exited with 1","exitCode":1}'

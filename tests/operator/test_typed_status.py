@@ -25,6 +25,7 @@ from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import admission, lifecycle, policies
 from mlbench_operator.run import status as run_status
+from tests import factories
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import T0, admitted, cond, pod, step, terminated, workers
 
@@ -51,7 +52,7 @@ def _lifecycle() -> list[dict[str, Any]]:
     body, ctx = admitted(h.run())
     out = [run_status.finalize(body["status"], T0)]
     launcher = pod(builders.launcher_pod(ctx, 0))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, h.summary().termination_message())
+    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     for pods in ([], workers(ctx, ready=False), workers(ctx), [*workers(ctx), launcher], [*workers(ctx), done]):
         body, plan = step(body, ctx, pods)
         out.append(run_status.finalize(plan.status, T0))
@@ -247,7 +248,7 @@ def test_a_final_figure_the_status_cannot_hold_is_an_invalid_result() -> None:
     """An accuracy above 1 fits no status.progress: the run fails InvalidResult at once (before, the API
     server refused the write with a 422, which ended the run the same way)."""
     body, ctx = admitted(h.run())
-    summary = h.summary().model_copy(update={"final_accuracy": 1.5})
+    summary = factories.summary().model_copy(update={"final_accuracy": 1.5})
     done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Failed"

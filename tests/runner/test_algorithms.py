@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from mlbench_api.results import RunSummary
 from mlbench_api.task import Algorithm
 from mlbench_runner.algorithms import make_algorithm, registered
 from mlbench_runner.timing import PhaseTimer
+from tests.factories import read_summary
 
 from .helpers import launch_processes, logreg_task, make_config
 from .test_decentralized import StubComm, small_model
@@ -20,14 +20,11 @@ from .test_decentralized import StubComm, small_model
 pytestmark = pytest.mark.timeout(300)
 
 
-def summary(out: Path) -> RunSummary:
-    return RunSummary.model_validate_json((out / "summary.json").read_text())
-
-
 def test_every_api_algorithm_is_registered() -> None:
     assert registered() == sorted(a.value for a in Algorithm)
 
 
+@pytest.mark.multiproc
 def test_centralized_adam_k_workers_match_one_big_batch(tmp_path: Path) -> None:
     """Averaged gradients then Adam: k ranks x batch b step exactly as one rank x batch k*b (fp64)."""
     k, b = 4, 5
@@ -53,18 +50,19 @@ def test_centralized_adam_k_workers_match_one_big_batch(tmp_path: Path) -> None:
     # ... and it is Adam, not SGD: the same task with allreduce-sgd takes other steps.
     sgd = launch_processes(make_config(task, tmp_path / "sgd", k), k, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
     assert not np.allclose(np.asarray(sgd[0]["param_values"]), a)
-    s = summary(tmp_path / "k")
+    s = read_summary(tmp_path / "k")
     assert s.environment.algorithm == "centralized-adam/by-model"
     assert s.final_accuracy is not None
     assert s.final_accuracy > 0.7
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("bucketing", ["by-model", "by-layer"])
 def test_allreduce_declares_what_it_sends(tmp_path: Path, bucketing: str) -> None:
     features = 12
     task = logreg_task(batch=5, epochs=1, train=100, features=features)
     launch_processes(make_config(task, tmp_path, 2, bucketing=bucketing), 2)
-    c = summary(tmp_path).communication
+    c = read_summary(tmp_path).communication
     assert c is not None
     weights = features * 4  # logistic regression: one weight per feature (no bias), fp32
     assert (c.collectives, c.bytes_per_step, c.uncompressed_bytes_per_step) == (["all-reduce"], weights, weights)
@@ -72,9 +70,10 @@ def test_allreduce_declares_what_it_sends(tmp_path: Path, bucketing: str) -> Non
     assert c.compression_ratio == 1
 
 
+@pytest.mark.multiproc
 def test_one_rank_sends_nothing(tmp_path: Path) -> None:
     launch_processes(make_config(logreg_task(epochs=1, train=100), tmp_path, 1), 1)
-    c = summary(tmp_path).communication
+    c = read_summary(tmp_path).communication
     assert c is not None
     assert (c.collectives, c.bytes_per_step, c.measured_bytes_per_step) == ([], 0, 0)
 

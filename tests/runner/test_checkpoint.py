@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
-from mlbench_api.results import RunSummary
 from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.rank import checkpoint
 from mlbench_runner.rank.checkpoint import CheckpointRefused, Identity
 from mlbench_runner.timing import WallClock
+from tests.factories import read_summary
 from tests.runner.helpers import launch_processes, logreg_task, make_config, read_ranks, start_processes
 
 IDENTITY = Identity(run="r", namespace="ns", uid="u-1", task_sha256="ab" * 32, world_size=2, division="closed")
@@ -137,10 +137,6 @@ def _launch(config: Any) -> list[dict[str, Any]]:
     return launch_processes(config, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
 
 
-def _summary(out: Path) -> RunSummary:
-    return RunSummary.model_validate_json((out / "summary.json").read_text())
-
-
 def _kill_after_first_checkpoint(config: Any, logs: Path) -> float:
     """Start the run, SIGKILL both ranks once a checkpoint exists (they are still training); return when."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -158,6 +154,7 @@ def _kill_after_first_checkpoint(config: Any, logs: Path) -> float:
     return time.time()
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("algorithm", ["allreduce-sgd", "sparsified-sgd"])
 def test_a_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path: Path, algorithm: str) -> None:
     """allreduce-sgd: the flat step; sparsified-sgd: torch.optim and the ranks' own error-feedback memory."""
@@ -173,13 +170,14 @@ def test_a_killed_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path: Path,
     for r in range(2):
         assert resumed[r]["steps"] == whole[r]["steps"]
         assert resumed[r]["param_sha1"] == whole[r]["param_sha1"][done:], f"rank {r} differs after the resume"
-    summary, reference = _summary(Path(config.output_dir)), _summary(tmp_path / "whole")
+    summary, reference = read_summary(Path(config.output_dir)), read_summary(tmp_path / "whole")
     assert (summary.resumes, reference.resumes) == (1, 0)
     assert [h.accuracy for h in summary.history] == [h.accuracy for h in reference.history]
     assert summary.steps == reference.steps
     assert summary.wall_clock_seconds >= relaunched - header["clockOrigin"]  # the lost time and the restart count
 
 
+@pytest.mark.multiproc
 def test_a_checkpoint_of_another_run_fails_the_run_and_is_kept(tmp_path: Path) -> None:
     other = _config(tmp_path, "other", "allreduce-sgd").model_copy(update={"run_name": "someone-else"})
     _kill_after_first_checkpoint(other, tmp_path / "logs")
@@ -193,6 +191,7 @@ def test_a_checkpoint_of_another_run_fails_the_run_and_is_kept(tmp_path: Path) -
     assert json.loads((Path(mine.output_dir) / "ranks" / "rank-0.json").read_text())["stop_reason"] == "error"
 
 
+@pytest.mark.multiproc
 def test_a_checkpoint_that_cannot_be_written_is_a_warning_not_the_run_s_end(tmp_path: Path) -> None:
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the checkpoint folder should be")
@@ -204,4 +203,4 @@ def test_a_checkpoint_that_cannot_be_written_is_a_warning_not_the_run_s_end(tmp_
     events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
     failed = [e for e in events if e["event"] == "checkpoint_failed"]
     assert [e["epoch"] for e in failed] == [1]  # after epoch 1; epoch 2 ended the run
-    assert _summary(tmp_path / "out").resumes == 0
+    assert read_summary(tmp_path / "out").resumes == 0

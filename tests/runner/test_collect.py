@@ -9,11 +9,11 @@ import pytest
 
 from mlbench_api import bundle
 from mlbench_runner.pod import collect
-from tests.operator import helpers as h
+from tests import factories
 
 
 def test_local_files_win(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text(h.summary().model_dump_json(by_alias=True))
+    (tmp_path / "summary.json").write_text(factories.summary().model_dump_json(by_alias=True))
     (tmp_path / "events.jsonl").write_text('{"event": "run_start", "rank": 0}\n')
     config = tmp_path / "config.json"
     config.write_text("{}")
@@ -27,6 +27,7 @@ def test_local_files_win(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.multiproc
 def test_worker_0_unreachable_falls_back_to_what_mpirun_printed(tmp_path: Path) -> None:
     seen = ['{"event": "run_start", "rank": 0}', '{"event": "epoch_start", "rank": 0}']
     files = collect.gather(
@@ -36,7 +37,7 @@ def test_worker_0_unreachable_falls_back_to_what_mpirun_printed(tmp_path: Path) 
         ssh_port=1,
         ssh_key=None,
         seen_events=seen,
-        seen_summary=h.summary(),
+        seen_summary=factories.summary(),
     )
     assert files[bundle.EVENTS].decode().splitlines() == seen
     assert json.loads(files[bundle.SUMMARY])["run"] == "r1"

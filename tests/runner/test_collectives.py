@@ -27,6 +27,7 @@ from mlbench_runner.pod.launch import launcher_command
 from mlbench_runner.rank import collectives as coll
 from mlbench_runner.tools import collective_table
 from mlbench_runner.world import World, free_port
+from tests.factories import collectives_summary
 
 from .helpers import env, logreg_task, make_config, run_doc
 
@@ -177,6 +178,7 @@ def test_the_warm_up_estimate_sizes_the_loops(
     assert coll.timed_iterations(spec, coll.warmup_estimate(checked, warm_seconds, warm)) == k
 
 
+@pytest.mark.multiproc
 def test_one_warm_up_iteration_still_keeps_the_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With warmupIterations: 1 the checked iteration sizes the loops: a tiny maxSecondsPerSize means one iteration."""
     from mlbench_runner.metrics import CollectiveMetrics
@@ -334,24 +336,16 @@ def test_the_termination_message_carries_the_peaks_not_the_table() -> None:
         for i, s in enumerate(coll.plan(CollectiveBenchmark(), 4))
     ]
     result = CollectiveResult(backend="gloo", world_size=4, device="cpu", warmup_iterations=5, rows=rows)
-    summary = RunSummary(
+    summary = collectives_summary(
+        result,
         run="r",
         task="backend-collectives",
-        status="success",
-        stop_reason="completed",
-        goal_reached=True,
-        epochs=0,
         steps=0,
-        samples=0,
         wall_clock_seconds=1.0,
         train_seconds=1.0,
-        compute_seconds=0.0,
         communication_seconds=1.0,
-        samples_per_second=0.0,
         phases=PhaseTotals(),
         environment=Environment(world_size=4, backend="gloo", devices=["cpu " + "x" * 200]),
-        peak_bus_bandwidth=result.peak_bus_bandwidth(),
-        collectives=result,
     )
     assert len(rows) == 27 * 3 - 2  # all-gather of 4 and 8 B cannot split over 4 ranks
     message = summary.termination_message()
@@ -433,6 +427,7 @@ def check_sweep(out: Path, ranks: int, backend: str) -> CollectiveResult:
     return result
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_gloo_sweep_writes_a_complete_result(tmp_path: Path, ranks: int) -> None:
@@ -443,6 +438,7 @@ def test_gloo_sweep_writes_a_complete_result(tmp_path: Path, ranks: int) -> None
     assert '"run_summary"' not in outputs[1]
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpi_sweep_through_the_launcher(tmp_path: Path) -> None:
@@ -468,6 +464,7 @@ def test_mpi_sweep_through_the_launcher(tmp_path: Path) -> None:
     assert set(summary.peak_bus_bandwidth or {}) == {"all-reduce", "all-gather", "broadcast"}
 
 
+@pytest.mark.multiproc
 def test_one_rank_under_the_default_train_command(tmp_path: Path) -> None:
     """``mlbench-runner train`` (the default runner.command) on a collectives config times, it does not train."""
     config = write_config(tmp_path, 1)
@@ -476,6 +473,7 @@ def test_one_rank_under_the_default_train_command(tmp_path: Path) -> None:
     assert all(r.bus_bandwidth == 0 for r in result.rows)  # n = 1: nothing crosses a link
 
 
+@pytest.mark.multiproc
 def test_wrong_inputs_fail_with_one_line(tmp_path: Path) -> None:
     config = write_config(tmp_path / "two", 2)
     alone = subprocess.run(
@@ -502,6 +500,7 @@ def test_wrong_inputs_fail_with_one_line(tmp_path: Path) -> None:
     assert "collectives: task 'test-task' is a training task" in wrong.stderr
 
 
+@pytest.mark.multiproc
 def test_the_sweep_serves_its_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In process, one rank: the gauges of every (op, size) and the iteration counter are set."""
     from prometheus_client import generate_latest

@@ -22,6 +22,8 @@ from mlbench_runner.world import World
 
 from .helpers import join_all, spawn_ranks
 
+pytestmark = pytest.mark.multiproc
+
 
 class Scenario(NamedTuple):
     orderly: tuple[bool, bool]  #: each rank's ``close(orderly)``

@@ -52,6 +52,7 @@ def _rank(rank: int, port: int, out: str, case: str) -> None:
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", CASES)
 def test_gloo_collectives_and_exchange_on_each_device(tmp_path: Path, case: str) -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import shutil
-import threading
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,12 +28,13 @@ from mlbench_runner.algorithms.compressed import (
     sparsify,
     vote_dtype,
 )
-from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator, MpiCommunicator
+from mlbench_runner.comm import CountingCommunicator, LocalCommunicator, MpiCommunicator
 from mlbench_runner.data import load_dataset
 from mlbench_runner.rank.models import build_model
 from mlbench_runner.timing import PhaseTimer
 
 from .helpers import launch_processes, logreg_task, make_config, read_ranks, resnet_task, write_cifar_python
+from .threadcomm import on_ranks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,72 +153,7 @@ def test_vote_dtype_cannot_overflow() -> None:
     assert total.item() == 2048  # 2049 is not representable: more ranks would miscount
 
 
-# -- simulated ranks: one thread each, collectives through shared slots ------------------------------------------
-
-T = TypeVar("T")
-
-
-class ThreadGroup:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.barrier = threading.Barrier(size, timeout=30)
-        self.slots: list[torch.Tensor | None] = [None] * size
-
-    def share(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
-        self.slots[rank] = tensor.detach().clone()
-        self.barrier.wait()
-        everyone = [t for t in self.slots if t is not None]
-        self.barrier.wait()  # all have read before anyone writes the next collective's slot
-        return everyone
-
-
-class ThreadCommunicator(Communicator):
-    """Rank ``rank`` of a :class:`ThreadGroup`: sums in rank order, in the tensor's own dtype (int8 wraps)."""
-
-    def __init__(self, group: ThreadGroup, rank: int) -> None:
-        self.group, self.rank, self.size, self.name = group, rank, group.size, "threads"
-
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
-        parts = self.group.share(self.rank, tensor)
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-        tensor.copy_(total)
-
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        tensor.copy_(self.group.share(self.rank, tensor)[src])
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return torch.stack(self.group.share(self.rank, tensor))
-
-    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
-        raise NotImplementedError
-
-    def barrier(self) -> None:
-        self.group.barrier.wait()
-
-
-def on_ranks(size: int, body: Callable[[int, CountingCommunicator], T]) -> list[T]:
-    """Run ``body(rank, comm)`` in ``size`` threads; return the results in rank order (re-raising failures)."""
-    group = ThreadGroup(size)
-    results: list[Any] = [None] * size
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = body(rank, CountingCommunicator(ThreadCommunicator(group, rank)))
-        except BaseException as exc:  # handed to the main thread
-            errors.append(exc)
-            group.barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+# -- simulated ranks: one thread each (tests/runner/threadcomm.py) ----------------------------------------------
 
 
 def tiny_model() -> nn.Module:
@@ -369,6 +303,7 @@ def check_run(out: Path, recs: list[dict[str, Any]], steps: int, case: str) -> R
     return summary
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", list(CASES))
 def test_resnet_two_ranks_agree_every_step(tmp_path: Path, case: str) -> None:
     name, spec = CASES[case]
@@ -395,6 +330,7 @@ def zero_model_accuracy() -> float:
     return float((load_dataset(spec.dataset).y_test > 0).mean())
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", list(CASES))
 def test_logreg_four_ranks_agree_and_learn(tmp_path: Path, case: str) -> None:
     name, spec = CASES[case]
@@ -411,6 +347,7 @@ def test_logreg_four_ranks_agree_and_learn(tmp_path: Path, case: str) -> None:
     assert (np.abs(weights) > 1e-3).sum() >= 5, "the update should reach many coordinates over 50 steps"
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 @pytest.mark.parametrize("case", ["sign", "top-k"])
 def test_mpi_matches_gloo_bit_for_bit(tmp_path: Path, case: str) -> None:

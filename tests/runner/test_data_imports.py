@@ -51,6 +51,7 @@ def test_only_the_loader_imports_the_format_modules() -> None:
             assert not imported(DATA / f"{module}.py") & (formats - {f"{PACKAGE}.{module}"}), module
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("module", [PACKAGE, *(f"{PACKAGE}.{m}" for m in ("base", "cifar", "tabular", "loader"))])
 def test_each_data_module_imports_in_a_fresh_interpreter(module: str) -> None:
     code = f"import {module}"

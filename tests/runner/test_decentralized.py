@@ -288,6 +288,7 @@ def assert_identical_iff_exact_average(recs: list[dict[str, Any]], topology: str
         assert all(identical)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("topology", "k"), [("ring", 2), ("complete", 4)])
 def test_gloo_gossip_keeps_the_mean_and_mixes_with_w(tmp_path: Path, topology: str, k: int) -> None:
@@ -323,6 +324,7 @@ def ring4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str
     return out, recs, read_trace(trace, 4)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_gloo_ring_of_4_keeps_the_mean_and_mixes_with_w(
     ring4: tuple[Path, list[dict[str, Any]], list[list[dict[str, Any]]]],
@@ -334,6 +336,7 @@ def test_gloo_ring_of_4_keeps_the_mean_and_mixes_with_w(
     check_bytes(out, FEATURES * 8 * 2)  # two neighbours
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_gloo_ring_of_4_learns(ring4: tuple[Path, list[dict[str, Any]], list[list[dict[str, Any]]]]) -> None:
     """Well above chance (about 0.5: the zero model predicts one class) within 3 epochs, as allreduce-sgd does."""
@@ -348,6 +351,7 @@ def test_gloo_ring_of_4_learns(ring4: tuple[Path, list[dict[str, Any]], list[lis
     assert summary.status == "goal-not-reached"  # the target 0.999 is out of reach: it ran every epoch
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpi_ring_of_4_mixes_with_w(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from mlbench_runner.schedule import learning_rate
 
 from .helpers import launch_processes, logreg_task, make_config, resnet_task, write_cifar_python
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize(

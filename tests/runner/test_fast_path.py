@@ -210,6 +210,7 @@ def _rig(fast: bool, compile: bool = False) -> tuple[nn.Module, EagerStep | Fast
     return model, EagerStep(kernel, model, algorithm, optimizer=optimizer, timer=timer, autocast=False)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("compiled", "buffer_atol"),
@@ -257,6 +258,7 @@ def test_flat_step_times_the_same_phases() -> None:
 # -- real ranks (gloo): the runner's two paths, step for step --------------------------------------
 
 
+@pytest.mark.multiproc
 def test_two_ranks_fast_and_eager_agree_logreg(tmp_path: Path) -> None:
     task = logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0)
     paths = {}
@@ -272,6 +274,7 @@ def test_two_ranks_fast_and_eager_agree_logreg(tmp_path: Path) -> None:
     np.testing.assert_allclose(paths["on"], paths["off"], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_two_ranks_fast_and_eager_agree_resnet(tmp_path: Path) -> None:
     data = write_cifar_python(tmp_path, n_train=80, n_test=20)
@@ -294,6 +297,7 @@ def _single_rank_config(tmp_path: Path) -> RunConfig:
     return make_config(logreg_task(batch=10, epochs=1, train=100, features=8), tmp_path / "out", 1)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("capture", "verify", "why"),
     [
@@ -328,6 +332,7 @@ def test_graph_capture_failure_falls_back_to_eager(
         Trainer(_single_rank_config(tmp_path / "on"), SINGLE, Options(max_steps=3, fast_path="on", compile="0")).run()
 
 
+@pytest.mark.multiproc
 def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rank_setup, "choose_path", lambda *a: PathChoice(StepPath.CUDA_GRAPHS, "test: a GPU"))
 
@@ -355,6 +360,7 @@ def test_a_checked_capture_is_used_and_its_time_left_out(tmp_path: Path, monkeyp
     assert summary.wall_clock_seconds > 0
 
 
+@pytest.mark.multiproc
 def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -394,6 +400,7 @@ def test_one_rank_with_a_process_group_runs_its_collectives_through_the_backend(
     assert declared == {False: ([], 0), True: (["all-reduce"], parameters * 4)}
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_a_compiled_fast_step_is_compiled_outside_the_clock_and_computes_the_same(tmp_path: Path) -> None:
     """MLBENCH_COMPILE=1 (CPU: the flat step): torch.compile's model, compiled on a synthetic batch before
@@ -430,6 +437,7 @@ def test_a_compiled_fast_step_is_compiled_outside_the_clock_and_computes_the_sam
     assert comp.record.param_values[0] != comp.record.param_values[-1], "the parameters moved"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("path", [StepPath.FLAT, StepPath.CUDA_GRAPHS])
 def test_torch_compile_s_own_start_is_left_out_of_the_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: StepPath
@@ -460,6 +468,7 @@ def test_torch_compile_s_own_start_is_left_out_of_the_clock(
     assert trainer.clock.start == pytest.approx(start + seconds, abs=1e-3), "all of it outside the clock"
 
 
+@pytest.mark.multiproc
 def test_a_capture_that_fails_is_left_out_of_the_clock_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fallback to the eager step: the attempt (torch.compile's wrapper, the capture's warm-up, which holds
     the whole compile) ran on synthetic batches, and is not the eager step's time."""
@@ -514,6 +523,7 @@ def _compile_fails_on_capture(monkeypatch: pytest.MonkeyPatch, calls: list[bool]
     monkeypatch.setattr(FastStep, "verify", lambda self, x, y, lr: 1e-7)
 
 
+@pytest.mark.multiproc
 def test_auto_compile_that_fails_falls_back_to_the_captured_step_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -576,6 +586,7 @@ def test_a_model_torch_compile_cannot_wrap_fails_where_it_is_first_used(monkeypa
     assert fast.warm_up(x, y) > 0
 
 
+@pytest.mark.multiproc
 def test_auto_compile_that_cannot_wrap_falls_back_to_the_captured_step_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -597,6 +608,7 @@ def test_auto_compile_that_cannot_wrap_falls_back_to_the_captured_step_without_i
     assert summary.environment.training_step == "flat"  # the fake capture made no graphs
 
 
+@pytest.mark.multiproc
 def test_an_explicit_compile_that_fails_is_a_failed_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLBENCH_COMPILE=1 asked for torch.compile: its failure is the capture's (eager, or an error with
     MLBENCH_FAST_PATH=on), never a silent run without it."""
@@ -641,6 +653,7 @@ def _rank_whose_compile_may_fail(rank: int, port: int, out: str) -> None:
     Trainer(config, world, Options(max_steps=3)).run()
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_a_compile_failing_on_one_rank_drops_it_on_every_rank(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -687,6 +700,7 @@ def _two_ranks_whose_capture_may_fail(tmp_path: Path, fast_path: str) -> list[An
     return spawn_ranks(_rank_whose_capture_may_fail, str(tmp_path), fast_path)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -705,6 +719,7 @@ def test_a_capture_failing_on_one_rank_sends_every_rank_to_eager(
     assert summary.steps == 3
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_with_the_fast_path_required_a_capture_failing_on_one_rank_stops_every_rank(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]

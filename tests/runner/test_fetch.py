@@ -313,6 +313,7 @@ def test_a_volume_without_locks_still_fetches(
     assert '"event": "dataset_lock_unsupported"' in capsys.readouterr().out
 
 
+@pytest.mark.multiproc
 def test_a_fetch_stopped_by_sigterm_removes_its_partial_download(tmp_path: Path) -> None:
     """A deleted Job pod or its deadline: SIGTERM (the fetcher is the container's PID 1, which ignores a
     signal it has no handler for) ends the download and removes what it had written."""
@@ -522,6 +523,7 @@ def tiny_volume(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.multiproc
 def test_a_full_volume_is_volume_full_naming_the_pvc(server: Server, tiny_volume: Path) -> None:
     data = os.urandom(3 << 20)
     dest = tiny_volume / "cifar10" / "big.bin"
@@ -534,6 +536,7 @@ def test_a_full_volume_is_volume_full_naming_the_pvc(server: Server, tiny_volume
     assert leftovers(dest.parent) == []  # the partial download is gone: the space is free again
 
 
+@pytest.mark.multiproc
 def test_a_full_volume_while_unpacking(server: Server, tiny_volume: Path) -> None:
     data = tarball({"top/a": os.urandom(600 << 10), "top/b": os.urandom(600 << 10)})
     dest = tiny_volume / "tree"

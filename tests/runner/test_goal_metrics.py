@@ -15,6 +15,7 @@ from mlbench_runner.goals import epoch_score, perplexity
 from mlbench_runner.options import Options
 from mlbench_runner.rank.train import Trainer
 from mlbench_runner.world import World
+from tests.factories import read_summary
 
 from .helpers import logreg_task, make_config
 
@@ -31,9 +32,10 @@ def run_with_evaluations(
     results = iter(evaluations)
     monkeypatch.setattr(Trainer, "_evaluate", lambda self, s: next(results))
     Trainer(config, SINGLE, Options()).run()
-    return RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    return read_summary(tmp_path / "out")
 
 
+@pytest.mark.multiproc
 def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     summary = run_with_evaluations(
         tmp_path, monkeypatch, {"metric": "loss", "target": 0.3}, [(0.9, 0.9), (0.9, 0.5), (0.5, 0.2), (0.9, 0.1)]
@@ -46,6 +48,7 @@ def test_a_loss_goal_stops_when_the_loss_falls_to_the_target(tmp_path: Path, mon
     assert summary.time_to_goal_seconds == summary.history[-1].wall_seconds
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("last_loss", "reached"), [(0.25, True), (0.4, False)])
 def test_loss_after_time_judges_the_last_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last_loss: float, reached: bool
@@ -58,6 +61,7 @@ def test_loss_after_time_judges_the_last_evaluation(
     assert summary.final_score == last_loss
 
 
+@pytest.mark.multiproc
 def test_an_accuracy_goal_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     summary = run_with_evaluations(
         tmp_path, monkeypatch, {"metric": "test-accuracy", "target": 0.8}, [(0.5, 0.1), (0.85, 0.9)]

@@ -57,6 +57,7 @@ def _parity_rank(rank: int, port: int, out: str) -> None:
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(params))
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_two_ranks_of_b_streams_take_one_ranks_step_on_2b_streams(tmp_path: Path) -> None:
     """Mean loss, AR and TAR per rank, averaged gradient, clipping after the average: the same update."""
@@ -97,12 +98,14 @@ def check_smoke(out: Path) -> None:
     assert first["test_perplexity"] < 2 * SMOKE.goal.target
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 def test_the_smoke_recipe_reaches_its_perplexity_goal_with_two_gloo_ranks(tmp_path: Path) -> None:
     join_all(spawn_ranks(_smoke_rank, str(synthetic(tmp_path)), str(tmp_path)), timeout=540)
     check_smoke(tmp_path)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_the_smoke_recipe_reaches_its_perplexity_goal_with_two_mpi_ranks(tmp_path: Path) -> None:
@@ -116,6 +119,7 @@ def test_the_smoke_recipe_reaches_its_perplexity_goal_with_two_mpi_ranks(tmp_pat
     check_smoke(tmp_path)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_path: Path) -> None:
     """``mlbench-runner train`` on two gloo ranks runs an awd-lstm task through the language kind; rank 0's summary

@@ -11,9 +11,9 @@ import pytest
 
 from mlbench_api.results import RunStatus, RunSummary, StopReason
 from mlbench_runner.pod.launch import RankOutput, failure_reason, verdict
+from tests.factories import summary_for
 
 from .helpers import logreg_task, make_config
-from .test_report import summary_for
 
 
 def _summary(status: RunStatus, reason: StopReason) -> RunSummary:

@@ -16,6 +16,7 @@ import yaml
 
 from mlbench_api.results import RunSummary
 from mlbench_runner.tools import inputs, local, processes, report, running
+from tests.factories import read_summary
 
 from .helpers import REPO, logreg_task, resnet_task, run_doc, write_cifar_python, write_yaml
 
@@ -27,6 +28,7 @@ def _task_file(tmp: Path, spec: dict[str, Any]) -> Path:
     return write_yaml(tmp / "task.yaml", doc)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("launcher", ["process", "mpirun"])
 def test_run_local_end_to_end(
     tmp_path: Path, launcher: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -48,7 +50,7 @@ def test_run_local_end_to_end(
     code = local.main([str(run), "--local", "--task-file", str(task), "--output-dir", str(out), "--launcher", launcher])
     text = capsys.readouterr().out
     assert code == 0, text
-    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    summary = read_summary(out)
     assert summary.run == "tiny-local"
     assert summary.environment.world_size == 2
     assert summary.epochs == 2
@@ -68,6 +70,7 @@ def test_run_local_end_to_end(
         assert RunSummary.from_termination_message((out / "termination-log").read_text()).run == "tiny-local"
 
 
+@pytest.mark.multiproc
 def test_run_local_ranks_override_and_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     task = _task_file(tmp_path, logreg_task(batch=10, epochs=2, train=200))
     run = write_yaml(tmp_path / "run.yaml", run_doc("lr-local", "tiny", 1, slotsPerWorker=1))
@@ -88,7 +91,7 @@ def test_run_local_ranks_override_and_results(tmp_path: Path, capsys: pytest.Cap
         ]
     )
     assert code == 0, capsys.readouterr()
-    assert RunSummary.model_validate_json((out / "summary.json").read_text()).environment.world_size == 2
+    assert read_summary(out).environment.world_size == 2
     capsys.readouterr()
     assert report.main([str(out), str(out / "summary.json"), "--plots", str(tmp_path / "plots")]) == 0
     table = capsys.readouterr().out
@@ -302,6 +305,7 @@ def test_the_progress_line_names_the_model_in_words(model: Any, text: str) -> No
     assert inputs.model_text(model) == text
 
 
+@pytest.mark.multiproc
 def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     """KeyboardInterrupt while the ranks run: none of them outlives the command."""
     import sys
@@ -330,6 +334,7 @@ def test_ctrl_c_stops_the_ranks(tmp_path: Path) -> None:
     assert all(p.poll() is not None for p in procs)
 
 
+@pytest.mark.multiproc
 def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_step() -> None:
     """Ranks blocked in a collective end neither on the Ctrl-C nor on SIGTERM; a second Ctrl-C skips the settle
     wait, a third the grace period, and the stop still ends with every rank killed (no KeyboardInterrupt
@@ -368,6 +373,7 @@ def test_further_ctrl_cs_during_the_stop_cut_its_waits_short_but_never_skip_a_st
             p.wait()
 
 
+@pytest.mark.multiproc
 def test_a_ctrl_c_between_two_steps_of_the_stop_skips_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C that lands in the /proc scan (not in a wait) must not end the stop before the kill."""
     import os

@@ -26,6 +26,7 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is not installed on this machine")
 def test_prometheus_scrapes_runner_metrics(tmp_path: Path) -> None:

@@ -327,6 +327,7 @@ def test_runner_image_cache_writable_by_pod_user() -> None:
     assert "chown 1000:1000 /var/cache/mlbench" in text
 
 
+@pytest.mark.multiproc
 def test_one_time_ingest_left_out_of_wall_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decoding into the cache is one-time reformatting: not in wallClockSeconds (docs/runner.md)."""
     import time

@@ -49,6 +49,7 @@ def write_config(tmp: Path, name: str, ranks: int, **spec: str) -> tuple[Path, P
     return out / "config.json", out
 
 
+@pytest.mark.multiproc
 def test_launch_writes_termination_message(tmp_path: Path) -> None:
     path, out = write_config(tmp_path, "gloo", 2)
     proc = launch(path, out, 2)
@@ -69,6 +70,7 @@ def test_launch_writes_termination_message(tmp_path: Path) -> None:
     assert len(kept.summary.history) == summary.epochs
 
 
+@pytest.mark.multiproc
 def test_launch_failure_writes_error(tmp_path: Path) -> None:
     path, out = write_config(tmp_path, "bad", 2)
     (out / "config.json").write_text(path.read_text().replace('"batchSizePerWorker": 5', '"batchSizePerWorker": 500'))
@@ -79,6 +81,7 @@ def test_launch_failure_writes_error(tmp_path: Path) -> None:
     assert '"exitCode"' in text
 
 
+@pytest.mark.multiproc
 def test_mpi_backend_matches_gloo(tmp_path: Path) -> None:
     path, out = write_config(tmp_path, "mpi", 2, backend="mpi")
     proc = launch(path, out, 2, MLBENCH_TRACE_PARAMS="1", MLBENCH_DTYPE="float64")
@@ -120,6 +123,7 @@ def test_mpirun_command_shape() -> None:
     )
 
 
+@pytest.mark.multiproc
 def test_mpi_rank_failure_aborts_job(tmp_path: Path) -> None:
     """backend mpi: a rank that fails must not sit in MPI_Finalize while its peer waits in a collective."""
     path, out = write_config(tmp_path, "mpi-fail", 2, backend="mpi")
@@ -145,6 +149,7 @@ def test_mpi_rank_failure_aborts_job(tmp_path: Path) -> None:
     assert "batchSizePerWorker" in output or "global batch" in output, output[-3000:]
 
 
+@pytest.mark.multiproc
 def test_launch_keeps_aborted_summary(tmp_path: Path) -> None:
     """A diverged run: every rank exits 3, mpirun too; the termination log still holds the summary."""
     task = logreg_task(batch=5, epochs=2, train=200, features=12, alpha=1e38, l2=1e-3)
@@ -158,6 +163,7 @@ def test_launch_keeps_aborted_summary(tmp_path: Path) -> None:
     assert summary.status == "aborted"
 
 
+@pytest.mark.multiproc
 def test_launch_error_names_the_cause_and_fits(tmp_path: Path) -> None:
     """ssh's reason is kept from early output; the message fits 4 KiB after JSON escaping; signals -> 128+n."""
     script = tmp_path / "fake-mpirun"
@@ -216,6 +222,7 @@ def test_the_client_key_is_used_through_a_private_copy(tmp_path: Path) -> None:
     assert private_key(str(mounted), str(pod_tmp)) == str(copy)  # again (a restarted launcher): replaced
 
 
+@pytest.mark.multiproc
 def test_an_unreadable_client_key_is_the_launchers_input_error(tmp_path: Path) -> None:
     path, out = write_config(tmp_path, "nokey", 1)
     proc = launch(path, out, 1, MLBENCH_SSH_KEY=str(tmp_path / "missing"))
@@ -223,6 +230,7 @@ def test_an_unreadable_client_key_is_the_launchers_input_error(tmp_path: Path) -
     assert "missing" in (out / "termination-log").read_text()
 
 
+@pytest.mark.multiproc
 def test_a_key_copy_that_cannot_be_written_is_the_pods_failure_not_the_runs_input(tmp_path: Path) -> None:
     """A full or read-only /tmp in the launcher pod: exit 1 (LauncherFailed, the restart policy decides), not
     2 (InvalidInput: the run would fail at once, though a new pod may well succeed)."""

@@ -235,6 +235,7 @@ def test_cli_clear_is_idempotent(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     assert "nothing to clear" in capsys.readouterr().out
 
 
+@pytest.mark.multiproc
 def test_cli_reports_a_missing_tc(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["netem", "--latency-ms", "5"]) == 1
@@ -273,6 +274,7 @@ def _shown(side: netlab.Side) -> str:
     return "".join(netlab.sh(netlab.in_ns(side.ns, c)).stdout for c in netem.show_commands(side.interface))
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("network", "commands"), TABLE)
 def test_tc_accepts_every_command_line(
     pair: tuple[netlab.Side, netlab.Side], network: dict[str, float], commands: list[str]
@@ -292,6 +294,7 @@ def test_tc_accepts_every_command_line(
         assert re.search(r"class htb 1:1 root .*rate \S+ ceil \S+", _shown(side))
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("flags", [["--latency-ms", "5"], ["--bandwidth-mbit", "100"]])
 def test_cli_without_net_admin_names_the_capability(pair: tuple[netlab.Side, netlab.Side], flags: list[str]) -> None:
     side = pair[0]
@@ -306,6 +309,7 @@ def test_cli_without_net_admin_names_the_capability(pair: tuple[netlab.Side, net
     assert "CAP_NET_ADMIN" in done.stderr
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("flags", [["--latency-ms", "5"], ["--bandwidth-mbit", "100", "--loss-percent", "1"]])
 def test_cli_names_a_kernel_without_netem(pair: tuple[netlab.Side, netlab.Side], flags: list[str]) -> None:
     if netlab.qdisc_unavailable("netem") is None:
@@ -317,6 +321,7 @@ def test_cli_names_a_kernel_without_netem(pair: tuple[netlab.Side, netlab.Side],
     assert "htb" not in _shown(side)  # HTB went on before netem failed: removed again, nothing half shaped
 
 
+@pytest.mark.multiproc
 def test_cli_applies_bandwidth_with_htb(
     htb_or_skip: None, pair: tuple[netlab.Side, netlab.Side], tmp_path: Path
 ) -> None:
@@ -347,6 +352,7 @@ def test_cli_applies_bandwidth_with_htb(
     assert "nothing to clear" in twice.stdout
 
 
+@pytest.mark.multiproc
 def test_cli_applies_the_run_config_in_a_namespace(
     netem_or_skip: None, htb_or_skip: None, pair: tuple[netlab.Side, netlab.Side], tmp_path: Path
 ) -> None:
@@ -377,6 +383,7 @@ MESSAGE = 4 << 20
 RATE_CALLS = 4
 
 
+@pytest.mark.multiproc
 def test_allreduce_over_a_shaped_link_is_held_to_the_rate(
     htb_or_skip: None, pair: tuple[netlab.Side, netlab.Side]
 ) -> None:
@@ -402,6 +409,7 @@ LATENCY_MS = 25
 CALLS = 20
 
 
+@pytest.mark.multiproc
 def test_allreduce_over_a_delayed_link_pays_the_delay(
     netem_or_skip: None, pair: tuple[netlab.Side, netlab.Side]
 ) -> None:

@@ -136,6 +136,7 @@ def test_the_launcher_forwards_every_knob_and_its_own_variables() -> None:
     assert len(set(FORWARD_ENV)) == len(FORWARD_ENV)
 
 
+@pytest.mark.multiproc
 def test_the_launcher_and_the_declaration_do_not_import_torch() -> None:
     """The launcher pod (and ``mlbench-runner fetch-dataset``/``netem``, whose parsers it builds) stays light."""
     code = "import sys, mlbench_runner.pod.launch, mlbench_runner.options; assert 'torch' not in sys.modules"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,14 +16,15 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlbench_api.results import RunSummary
 from mlbench_api.run import AlgorithmParameters
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator
 from mlbench_runner.timing import PhaseTimer
+from tests.factories import read_summary
 
 from .helpers import env, launch_processes, logreg_task, make_config, read_ranks, resnet_task, write_cifar_python
+from .threadcomm import on_ranks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -413,6 +413,7 @@ def labelled(where: str, key: str) -> Callable[[str], str]:
     return lambda message: f"{where} {key}: {message}"
 
 
+@pytest.mark.multiproc
 def test_agrees_with_torch_powersgd_hook(tmp_path: Path) -> None:
     from mlbench_runner.world import free_port
 
@@ -467,6 +468,7 @@ def test_resnet20_declared_bytes() -> None:
     assert 18.9 < plan.uncompressed_bytes_per_step / plan.bytes_per_step < 19.1
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("ranks", "epochs"), [(2, 2), (4, 1)])
 def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int, epochs: int) -> None:
     data = write_cifar_python(tmp_path, n_train=80, n_test=20)
@@ -480,7 +482,7 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
         assert len(rec["buffer_sha1"]) == epochs
         assert rec["buffer_sha1"] == recs[0]["buffer_sha1"], "ranks evaluated different BatchNorm statistics"
     assert len(set(recs[0]["param_sha1"])) == steps  # the parameters changed every step
-    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    summary = read_summary(tmp_path / "out")
     comm = summary.communication
     assert comm is not None
     assert comm.collectives == ["all-reduce"]
@@ -493,6 +495,7 @@ def test_resnet_ranks_identical_and_bytes_as_declared(tmp_path: Path, ranks: int
     assert summary.phases.communication > 0
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     """backend mpi (mpi4py all-reduce) under mpirun: the same trajectory as gloo, bit for bit (2 ranks)."""
@@ -520,13 +523,14 @@ def test_mpirun_matches_gloo(tmp_path: Path) -> None:
     gloo = launch_processes(gloo_config, 2, MLBENCH_TRACE_PARAMS="1")
     assert mpi[0]["steps"] == 2
     assert mpi[0]["param_sha1"] == mpi[1]["param_sha1"] == gloo[0]["param_sha1"]
-    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    summary = read_summary(out)
     assert summary.environment.backend == "mpi"
     assert summary.communication is not None
     assert summary.communication.bytes_per_step == resnet20_bytes(1)
     assert summary.communication.measured_bytes_per_step == resnet20_bytes(1)
 
 
+@pytest.mark.multiproc
 def test_logreg_is_compressed_exactly_and_learns(tmp_path: Path) -> None:
     """Logistic regression's weight is (1, d): at any rank PowerSGD sends P (1 x 1) and Q (d x 1) and the
     approximation is exact, so its trajectory is allreduce-sgd's (fp64, to rounding); and it learns."""
@@ -540,49 +544,9 @@ def test_logreg_is_compressed_exactly_and_learns(tmp_path: Path) -> None:
     assert np.abs(a).max() > 0.1
     np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     assert psgd[0]["accuracies"][-1] > 0.8  # chance is 0.5
-    summary = RunSummary.model_validate_json((tmp_path / "p" / "summary.json").read_text())
+    summary = read_summary(tmp_path / "p")
     assert summary.communication is not None
     assert summary.communication.bytes_per_step == 8 * (1 + 20)  # worse than sending w (ratio 20/21): as the paper
-
-
-class ThreadGroup:
-    """``size`` ranks as threads of this process: the slots they reduce through and a barrier."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.slots: list[torch.Tensor] = [torch.empty(0)] * size
-        self.barrier = threading.Barrier(size, timeout=60)
-
-
-class ThreadCommunicator(Communicator):
-    """A real k-rank all-reduce between threads: every rank sums the ranks' tensors in rank order."""
-
-    def __init__(self, group: ThreadGroup, rank: int) -> None:
-        self.group, self.rank, self.size, self.name = group, rank, group.size, "threads"
-
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
-        self.group.slots[self.rank] = tensor.clone()
-        self.group.barrier.wait()
-        total = torch.stack(self.group.slots).sum(0)
-        self.group.barrier.wait()
-        tensor.copy_(total)
-
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        if self.rank == src:
-            self.group.slots[src] = tensor.clone()
-        self.group.barrier.wait()
-        value = self.group.slots[src]
-        self.group.barrier.wait()
-        tensor.copy_(value)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("not needed")
-
-    def exchange(self, tensor: torch.Tensor, peers: Sequence[int]) -> list[torch.Tensor]:
-        raise AssertionError("not needed")
-
-    def barrier(self) -> None:
-        self.group.barrier.wait()
 
 
 def gaussian_classes(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -597,58 +561,44 @@ def train_softmax(algorithm: str, ranks: int = 2, steps: int = 50, batch: int = 
     """Softmax regression (a 10 x 40 weight: rank 1 sends 50 of 400 numbers) on ``ranks`` threads, each its own
     data; returns each rank's test accuracy and the largest relative distance of an applied gradient from the
     exact mean gradient."""
-    group = ThreadGroup(ranks)
     x_test, y_test = gaussian_classes(99, 1000)
-    accuracies = [0.0] * ranks
-    distance = [0.0] * ranks
-    errors: list[BaseException] = []
 
-    def rank_main(rank: int) -> None:
-        try:
-            model = nn.Linear(40, 10)
-            nn.init.zeros_(model.weight)
-            nn.init.zeros_(model.bias)
-            comm = ThreadCommunicator(group, rank)
-            name = "powersgd" if algorithm.startswith("powersgd") else algorithm
-            params = AlgorithmParameters(rank=1) if name == "powersgd" else None
-            algo = make_algorithm(name, comm, parameters=params, seed=3)
-            algo.prepare(model)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
-            x, y = gaussian_classes(rank + 1, steps * batch)
-            timer = PhaseTimer(torch.device("cpu"))
-            for s in range(steps):
-                nn.functional.cross_entropy(
-                    model(x[s * batch : (s + 1) * batch]), y[s * batch : (s + 1) * batch]
-                ).backward()
-                exact = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-                comm.all_reduce_sum_(exact)
-                exact /= ranks
-                timer.start_step(s)
-                algo.synchronize(model, timer)
-                timer.end_step()
-                applied = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-                if algorithm == "powersgd-zeros":  # the negative control: an algorithm that returns zeros
-                    applied.zero_()
-                    for p in model.parameters():
-                        assert p.grad is not None
-                        p.grad.zero_()
-                distance[rank] = max(distance[rank], float((applied - exact).norm() / exact.norm()))
-                optimizer.step()
-                algo.zero_grad(model)
-            with torch.no_grad():
-                accuracies[rank] = float((model(x_test).argmax(1) == y_test).float().mean())
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
-            group.barrier.abort()
+    def rank_main(rank: int, comm: Communicator) -> tuple[float, float]:
+        model = nn.Linear(40, 10)
+        nn.init.zeros_(model.weight)
+        nn.init.zeros_(model.bias)
+        name = "powersgd" if algorithm.startswith("powersgd") else algorithm
+        params = AlgorithmParameters(rank=1) if name == "powersgd" else None
+        algo = make_algorithm(name, comm, parameters=params, seed=3)
+        algo.prepare(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+        x, y = gaussian_classes(rank + 1, steps * batch)
+        timer = PhaseTimer(torch.device("cpu"))
+        distance = 0.0
+        for s in range(steps):
+            nn.functional.cross_entropy(
+                model(x[s * batch : (s + 1) * batch]), y[s * batch : (s + 1) * batch]
+            ).backward()
+            exact = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+            comm.all_reduce_sum_(exact)
+            exact /= ranks
+            timer.start_step(s)
+            algo.synchronize(model, timer)
+            timer.end_step()
+            applied = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+            if algorithm == "powersgd-zeros":  # the negative control: an algorithm that returns zeros
+                applied.zero_()
+                for p in model.parameters():
+                    assert p.grad is not None
+                    p.grad.zero_()
+            distance = max(distance, float((applied - exact).norm() / exact.norm()))
+            optimizer.step()
+            algo.zero_grad(model)
+        with torch.no_grad():
+            return float((model(x_test).argmax(1) == y_test).float().mean()), distance
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
-    return accuracies, max(distance)
+    per_rank = on_ranks(ranks, rank_main)
+    return [accuracy for accuracy, _ in per_rank], max(distance for _, distance in per_rank)
 
 
 def test_lossy_rank_1_still_learns() -> None:

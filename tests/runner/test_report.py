@@ -18,73 +18,14 @@ from typing import Any
 import pytest
 
 from mlbench_api.config import RunConfig
-from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
+from mlbench_api.results import RunSummary
 from mlbench_runner.tools import report, running
 from mlbench_runner.tools.runs import find_results
+from tests.factories import summary_for
 
 from .helpers import logreg_task, make_config, resnet_task
 
 T0 = 1_790_000_000_000  # time_ms of the fake runs' start
-
-
-def summary_for(
-    config: RunConfig,
-    *,
-    ttg: float | None,
-    wall: float | None = None,
-    compute: tuple[float, float, float] = (2.0, 3.0, 1.0),
-    comm: float = 2.0,
-    epochs: int = 3,
-    device: str = "cpu Test CPU (1 threads/rank)",
-) -> RunSummary:
-    """A RunSummary as the runner would write for ``config``: reached the goal at ``ttg`` or never."""
-    wall = wall if wall is not None else (ttg if ttg is not None else 30.0)
-    fwd, bwd, opt = compute
-    history = [
-        EpochRecord(
-            epoch=e,
-            accuracy=config.goal_target * (0.6 + 0.4 * e / epochs) if ttg is not None else 0.4 + 0.05 * e,
-            loss=1.0 / e,
-            wall_seconds=wall * e / epochs,
-            lr=0.1,
-        )
-        for e in range(1, epochs + 1)
-    ]
-    accuracies = [h.accuracy for h in history if h.accuracy is not None]
-    batch = config.task.training.batch_size_per_worker
-    return RunSummary(
-        run=config.run_name,
-        task=config.task_name,
-        status="success" if ttg is not None else "goal-not-reached",
-        stop_reason="goal" if ttg is not None else "max-epochs",
-        goal_reached=ttg is not None,
-        goal_target=config.goal_target,
-        time_to_goal_seconds=ttg,
-        best_accuracy=max(accuracies),
-        final_accuracy=accuracies[-1],
-        epochs=float(epochs),
-        steps=10 * epochs,
-        samples=10 * epochs * batch * config.world_size,
-        wall_clock_seconds=wall,
-        train_seconds=fwd + bwd + opt + comm + 0.5,
-        compute_seconds=fwd + bwd + opt,
-        communication_seconds=comm,
-        comm_compute_ratio=comm / (fwd + bwd + opt),
-        samples_per_second=100.0 * config.world_size,
-        phases=PhaseTotals(data=0.5, forward=fwd, backward=bwd, communication=comm, optimizer=opt, evaluation=0.3),
-        environment=Environment(
-            torch="2.15.0",
-            devices=[device],
-            world_size=config.world_size,
-            backend=config.backend.value,
-            algorithm=f"{config.algorithm.value}/{config.bucketing.value}",
-            seed=config.seed,
-            hostname="test-host",
-            precision="fp32",
-            channels_last=False,
-        ),
-        history=history,
-    )
 
 
 def events_for(summary: RunSummary, config: RunConfig, ingest_ms: int = 0) -> list[dict[str, Any]]:

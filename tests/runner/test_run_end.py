@@ -27,6 +27,7 @@ def _raise(*_args: object, **_kwargs: object) -> None:
     raise Boom("injected")
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("broken", "ended", "summary_written"),
     [
@@ -74,6 +75,7 @@ def _kept_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return registries
 
 
+@pytest.mark.multiproc
 def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,6 +118,7 @@ def test_the_goal_gauge_follows_the_last_evaluation_and_accuracy_is_absent_until
     assert registries[0].registry.get_sample_value("mlbench_goal_reached") == 0.0
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("phase_timing", [True, False])
 def test_steps_are_counted_with_the_phase_timer_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase_timing: bool

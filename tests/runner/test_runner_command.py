@@ -86,6 +86,7 @@ def _custom_config(tmp_path: Path, ranks: int) -> Path:
     return path
 
 
+@pytest.mark.multiproc
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_launcher_runs_a_custom_command_on_every_rank(tmp_path: Path) -> None:
     path = _custom_config(tmp_path, 2)
@@ -98,6 +99,7 @@ def test_launcher_runs_a_custom_command_on_every_rank(tmp_path: Path) -> None:
     assert (summary.steps, summary.environment.algorithm) == (7, "custom")
 
 
+@pytest.mark.multiproc
 def test_local_processes_run_a_custom_command(tmp_path: Path) -> None:
     path = _custom_config(tmp_path, 2)
     config = json.loads(path.read_text())

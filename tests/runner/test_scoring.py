@@ -10,9 +10,9 @@ import pytest
 from mlbench_runner.tools import scoring
 from mlbench_runner.tools.scoring import Configuration, PhaseSplit, RunResult
 from mlbench_runner.tools.tables import format_scores
+from tests.factories import summary_for
 
 from .helpers import logreg_task, make_config
-from .test_report import summary_for
 
 BASE = Configuration("t", 1, 1, 1, "gloo", "allreduce-sgd", "by-model", "open", (("precision", "fp32"),))
 

@@ -20,6 +20,7 @@ from mlbench_api.common import API_VERSION as API
 from mlbench_api.results import RunSummary
 from mlbench_runner import stopping
 from mlbench_runner.pod.launch import strip_tag, summary_from_line
+from tests import factories
 
 from .helpers import env, logreg_task, make_config, run_doc, write_yaml
 
@@ -77,6 +78,7 @@ with stopping.noted_early() if sys.argv[1] == "noted" else contextlib.nullcontex
 """
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("mode", "code", "said"), [("noted", 3, "stopped by SIGUSR1\n"), ("bare", -10, "")])
 def test_a_stop_signal_before_the_ranks_handlers_is_raised_when_they_take_over(mode: str, code: int, said: str) -> None:
     """Without noted_early the signal's default action ends the rank with no word (the bare case, the control)."""
@@ -136,6 +138,7 @@ def _counter(counted: Path, seconds: float) -> subprocess.Popen[str]:
     return child
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path, sig: signal.Signals) -> None:
     """A deleted pod (SIGTERM) and a Ctrl-C (SIGINT) reach mpirun as one SIGUSR1, which it passes on to every
@@ -150,6 +153,7 @@ def test_the_pod_launcher_passes_on_one_sigusr1(tmp_path: Path, sig: signal.Sign
     assert counted.read_text() == "SIGUSR1"
 
 
+@pytest.mark.multiproc
 def test_a_stop_noted_while_mpirun_starts_is_mpiruns_own_stop(tmp_path: Path) -> None:
     """A stop that came in the moment between the launcher's last look (pending()) and mpirun's start: mpirun
     may not handle SIGUSR1 yet (its default action would kill it) and has no ranks to pass it to: SIGTERM."""
@@ -198,6 +202,7 @@ def test_a_launcher_stopped_before_mpirun_starts_does_not_start_it(
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT)])
 def test_a_second_stop_signal_sends_mpiruns_sigterm_at_once(
     tmp_path: Path, first: signal.Signals, second: signal.Signals
@@ -213,6 +218,7 @@ def test_a_second_stop_signal_sends_mpiruns_sigterm_at_once(
     assert counted.read_text() == "SIGUSR1 SIGTERM"
 
 
+@pytest.mark.multiproc
 def test_the_pod_launcher_escalates_to_sigterm_when_the_ranks_do_not_end(tmp_path: Path) -> None:
     counted = tmp_path / "signals"
     child = _counter(counted, 2.0)
@@ -288,6 +294,7 @@ def _stop_and_wait(proc: subprocess.Popen[str], sig: signal.Signals, group: bool
             proc.communicate()
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
@@ -325,6 +332,7 @@ def test_a_stopped_local_run_leaves_its_summary_and_no_process(
     assert '"run_stop"' in (out / "output.log").read_text()  # what the ranks said as they stopped is kept
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_deleted_launcher_pod_still_reports_the_aborted_summary(tmp_path: Path) -> None:
@@ -395,6 +403,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.multiproc
 def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
     """A rank under mpirun is in a group of its own: neither its parent's group nor SIGTERM reaches it."""
     from mlbench_runner.tools import processes
@@ -414,6 +423,7 @@ def test_the_stop_reaches_descendants_in_other_process_groups() -> None:
             os.kill(grandchild, signal.SIGKILL)
 
 
+@pytest.mark.multiproc
 def test_the_processes_are_stopped_even_when_their_output_cannot_be_written() -> None:
     """After a Ctrl-C the output is still written; a closed terminal (EIO) there must not skip the stop."""
     from mlbench_runner.tools import processes
@@ -453,6 +463,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mpirun_gives_a_stopped_rank_time_to_write_its_summary(tmp_path: Path) -> None:
@@ -496,6 +507,7 @@ def test_mpirun_gives_a_stopped_rank_time_to_write_its_summary(tmp_path: Path) -
     assert (out / "stopped-0").read_text() == "SIGUSR1"
 
 
+@pytest.mark.multiproc
 def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -503,9 +515,8 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     import argparse
 
     from mlbench_runner.pod import launch
-    from tests.operator import helpers as h
 
-    summary = h.summary("t", world_size=2)
+    summary = factories.summary("t", world_size=2)
     line = json.dumps({"rank": 0, "summary": json.loads(summary.termination_message()), "event": "run_summary"})
     mangled = "[1,0]<stdout>:" + line.replace('"status"', '"sta[1,1]<stdout>:tus"', 1)
     mpirun = tmp_path / "fake-mpirun"
@@ -527,6 +538,7 @@ def test_a_mangled_summary_line_falls_back_to_worker_0s_summary_file(
     ) == RunSummary.from_termination_message(summary.termination_message())
 
 
+@pytest.mark.multiproc
 def test_the_tree_is_taken_from_running_processes_only() -> None:
     """A reaped process's pid may be another's by now: its children are not ours to kill."""
     from mlbench_runner.tools import processes
@@ -560,13 +572,15 @@ time.sleep(60)
 """
 
 
+@pytest.mark.multiproc
 def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leave_first(tmp_path: Path) -> None:
     """The operator restarts an interrupted run (a lost pod) but not an aborted one: the launcher knows it was
     stopped, whatever rank 0 concluded from a broken collective."""
     from mlbench_runner.pod.launch import launcher_command
-    from tests.operator import helpers as h
 
-    said = h.summary("t").model_copy(update={"status": "aborted", "goal_reached": False, "stop_reason": "error"})
+    said = factories.summary("t").model_copy(
+        update={"status": "aborted", "goal_reached": False, "stop_reason": "error"}
+    )
     mpirun = tmp_path / "fake-mpirun"
     script = _MPIRUN_WHOSE_RANK_0_SAW_A_PEER_LEAVE.replace("SUMMARY", repr(json.loads(said.termination_message())))
     mpirun.write_text(f"#!{sys.executable}\n{script}")
@@ -594,6 +608,7 @@ def test_a_stopped_launcher_reports_interrupted_even_when_rank_0_saw_a_peer_leav
     assert (reported.status, reported.stop_reason) == ("aborted", "interrupted")
 
 
+@pytest.mark.multiproc
 def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path: Path) -> None:
     """A rank's exit breaks its peers' collectives within moments, and they stop with stop reason error; a
     SIGTERM at once would make them say interrupted instead (the process launcher of ``mlbench run --local``)."""
@@ -613,6 +628,7 @@ def test_after_one_rank_fails_the_others_get_time_to_fail_on_their_own(tmp_path:
     assert not (tmp_path / "terminated").exists()
 
 
+@pytest.mark.multiproc
 def test_output_that_is_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
     """mpirun tags each piece it reads, so a tag can split a multi-byte character (a progress bar's block)."""
     from mlbench_runner.pod import launch
@@ -627,6 +643,7 @@ def test_output_that_is_not_utf8_is_read_not_a_crash(tmp_path: Path) -> None:
     assert lines[1] == "[1,0]<stdout>:next"
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("broken", [b"{}", b"\xff{ not utf-8"])
 def test_a_broken_local_summary_file_is_an_error_message_not_a_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: bytes

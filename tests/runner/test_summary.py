@@ -15,6 +15,9 @@ from mlbench_runner.world import World
 
 from .helpers import logreg_task, make_config
 
+pytestmark = pytest.mark.multiproc
+
+
 ONE = World(0, 1, 0, 1, "127.0.0.1", 0, "single")
 
 

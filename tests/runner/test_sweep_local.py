@@ -18,6 +18,7 @@ from mlbench_api.catalog import parse_run
 from mlbench_api.results import RunSummary
 from mlbench_api.sweep import LABEL_SWEEP
 from mlbench_runner.tools import inputs, local, report, sweep
+from tests.factories import read_summary
 
 from .helpers import REPO, env, logreg_task, write_yaml
 from .test_report import fake_run
@@ -41,6 +42,7 @@ def _sweep_file(tmp: Path, matrix: dict[str, Any], **spec: Any) -> Path:
     return write_yaml(tmp / "study.yaml", doc)
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """2 worker counts x 2 seeds of a tiny logistic regression, each into <output>/<run>/."""
@@ -63,7 +65,7 @@ def test_a_study_runs_here_run_after_run(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 0, text
     assert sorted(p.name for p in out.iterdir()) == RUNS
     for name in RUNS:
-        summary = RunSummary.model_validate_json((out / name / "summary.json").read_text())
+        summary = read_summary(out / name)
         assert summary.run == name
         assert summary.environment.world_size == int(name.split("-w")[1][0])
         assert summary.environment.seed == int(name[-1])
@@ -303,6 +305,7 @@ def test_a_task_that_no_run_could_use_is_refused_before_the_first_run(
     assert not out.exists()
 
 
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp_path: Path) -> None:
     """A terminal's Ctrl-C (SIGINT to the whole process group) during the first run: its ranks write their
@@ -332,7 +335,7 @@ def test_ctrl_c_stops_the_study_and_leaves_an_aborted_summary_to_resume_from(tmp
     assert proc.returncode == 130, output[-3000:]
     assert "interrupted: the other runs are not started" in output
     assert not (out / "lr-study-w2-s2").exists()
-    summary = RunSummary.model_validate_json((first / "summary.json").read_text())
+    summary = read_summary(first)
     assert (summary.status, summary.stop_reason) == ("aborted", "interrupted")
     assert sweep.resumable(first, list(yaml.safe_load_all((first / "run.yaml").read_text())))[0] is None
     assert not (first / "running").exists()  # and `mlbench results` scores it as a failed seed, not as running

@@ -72,6 +72,7 @@ def _rank(rank: int, port: int, out: str, where: str) -> None:
     Trainer(config, world, Options(max_steps=4, compile="1" if where == "compile" else "0")).run()
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("where", ["ingest", "compile"])
 def test_a_slower_ranks_set_up_is_not_in_rank_0s_clock(tmp_path: Path, where: str) -> None:

@@ -52,6 +52,7 @@ def _accumulating_rank(rank: int, port: int, out: str) -> None:
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(params))
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_two_ranks_with_accumulation_take_one_ranks_step_on_the_same_global_batch(tmp_path: Path) -> None:
     join_all(spawn_ranks(_accumulating_rank, str(tmp_path)), timeout=150)
@@ -89,6 +90,7 @@ def check_smoke(out: Path) -> None:
     assert ranks[1]["hypotheses"] == first["hypotheses"]  # every rank judged the same gathered test set
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_gloo_ranks(tmp_path: Path) -> None:
     root = write_synthetic(tmp_path / "synthetic", {"train": 3000, "test": 200}, seed=0)
@@ -96,6 +98,7 @@ def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_gloo_ranks(tmp_path: Pa
     check_smoke(tmp_path)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed on this machine")
 def test_the_smoke_recipe_reaches_its_bleu_goal_with_two_mpi_ranks(tmp_path: Path) -> None:
@@ -119,6 +122,7 @@ def test_the_catalog_4b_task_is_the_pages_recipe() -> None:
     assert (recipe.goal.metric.value, recipe.goal.target) == ("bleu", 25.0)
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(600)
 def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_path: Path) -> None:
     """``mlbench-runner train`` on two gloo ranks runs a transformer task through the translation kind; rank 0's

@@ -73,12 +73,14 @@ def test_oom_message_names_the_worker_the_limit_and_the_field() -> None:
     assert "spec.resources.memory" in text
 
 
+@pytest.mark.multiproc
 def test_child_exit_code_passes_through(tmp_path: Path) -> None:
     code = supervise([sys.executable, "-c", "raise SystemExit(7)"], termination_log=str(tmp_path / "log"), counters=[])
     assert code == 7
     assert not (tmp_path / "log").exists()
 
 
+@pytest.mark.multiproc
 def test_an_oom_kill_in_the_cgroup_stops_the_worker_with_137(tmp_path: Path) -> None:
     """A real child (a stand-in for sshd) keeps running; the counter rises; the worker ends it."""
     counter = tmp_path / "memory.events"
@@ -108,6 +110,7 @@ def test_an_oom_kill_in_the_cgroup_stops_the_worker_with_137(tmp_path: Path) -> 
     assert "300 MiB" in message
 
 
+@pytest.mark.multiproc
 def test_cli_runs_the_command_after_the_double_dash() -> None:
     from mlbench_runner.cli import main
 
@@ -179,6 +182,7 @@ def test_a_stop_reaches_the_ranks_before_their_carriers(root: int, expected: lis
     assert ranks_below(TABLE, root) == expected
 
 
+@pytest.mark.multiproc
 def test_descendants_of_a_real_child_include_its_child() -> None:
     child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
@@ -223,6 +227,7 @@ sys.exit(supervise(sys.argv[2:], termination_log=sys.argv[1], counters=[], worke
 """
 
 
+@pytest.mark.multiproc
 @pytest.mark.timeout(60)
 def test_a_stopped_worker_stops_the_ranks_waits_for_them_and_exits_128_plus_the_signal(tmp_path: Path) -> None:
     """sshd stops at once on SIGTERM (exit 0) and leaves its sessions' ranks running; the worker passes the
@@ -247,6 +252,7 @@ def test_a_stopped_worker_stops_the_ranks_waits_for_them_and_exits_128_plus_the_
     assert log.read_text().startswith("worker r-worker-1 was stopped by SIGTERM")
 
 
+@pytest.mark.multiproc
 def test_supervise_puts_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     supervise([sys.executable, "-c", "pass"], termination_log=str(tmp_path / "log"), counters=[])
