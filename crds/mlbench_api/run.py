@@ -31,6 +31,7 @@ from mlbench_api.common import (
     cel,
     re2_search,
 )
+from mlbench_api.pod import PodSettings
 from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, GoalMetric, ModelSpec, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
@@ -445,6 +446,10 @@ class BenchmarkRunSpec(ApiModel):
     """Container image of the run's pods instead of the task's runner.image (e.g. your registry's copy)."""
     scheduling: Scheduling | None = None
     """nodeSelector, tolerations and priorityClassName for every pod of the run."""
+    pod: PodSettings | None = None
+    """What multi-node GPU training needs of the worker pods: env (also the launcher's, forwarded to every rank),
+    annotations, labels, extendedResources, affinity, topologySpreadConstraints, hostNetwork, hostIPC; each
+    allowed or refused by the operator's admission policy (docs/operator.md#gpu-clusters)."""
     checkpoint: CheckpointPolicy | None = None
     """Epoch-end checkpoints on a volume, resumed after a gang restart (docs/runner.md#checkpoints). Unset: none;
     a restarted run trains from epoch 0."""
