@@ -74,14 +74,14 @@ def _pod_rules(schema: dict[str, Any], cls: type[Any]) -> None:
         ),
         cel(
             f"!has(self.extendedResources) || !('{GPU_RESOURCE}' in self.extendedResources)",
-            "extendedResources: nvidia.com/gpu is resources.gpu's",
+            f"{GPU_RESOURCE} is resources.gpu's",
             ".extendedResources",
         ),
     ]
 
 
 RESERVED_ENV_MESSAGE = (
-    "env: MLBENCH_* and the variables of the ranks' world (" + ", ".join(contract.RESERVED_ENV) + ", "
+    "MLBENCH_* and the variables of the ranks' world (" + ", ".join(contract.RESERVED_ENV) + ", "
     "OMPI_COMM_WORLD_*, PMIX_*) are the operator's and the runner's"
 )
 RESERVED_KEY_MESSAGE = f"keys under {RESERVED_KEY_DOMAIN}/ are MLBench's own"

@@ -334,6 +334,13 @@ DEADLINE_ONLY_LOWERED_RULE = (
     "self.runPolicy.activeDeadlineSeconds <= oldSelf.runPolicy.activeDeadlineSeconds)"
 )
 
+#: spec.network's tc would shape the node's own interface in the node's network namespace.
+HOST_NETWORK_NOT_WITH_NETEM = "pod.hostNetwork: not with network (tc would shape the node's own interface)"
+#: Each worker's sshd (2222) and metrics ports (9400 on) are the node's with hostNetwork: two on a node collide.
+HOST_NETWORK_ONE_PER_NODE = (
+    "pod.hostNetwork: needs scheduling.placement OneWorkerPerNode (each worker's sshd and metrics ports are the node's)"
+)
+
 #: The reason of a refused transition (an immutable field, a raised deadline).
 FORBIDDEN = "FieldValueForbidden"
 
@@ -373,6 +380,17 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "!has(self.resources) || self.resources.gpu == 0 || self.slotsPerWorker <= self.resources.gpu",
             "slotsPerWorker must not exceed resources.gpu",
             ".slotsPerWorker",
+        ),
+        cel(
+            "!has(self.pod) || !has(self.pod.hostNetwork) || !self.pod.hostNetwork || !has(self.network)",
+            HOST_NETWORK_NOT_WITH_NETEM,
+            ".pod.hostNetwork",
+        ),
+        cel(
+            "!has(self.pod) || !has(self.pod.hostNetwork) || !self.pod.hostNetwork || (has(self.scheduling) && "
+            "has(self.scheduling.placement) && self.scheduling.placement == 'OneWorkerPerNode')",
+            HOST_NETWORK_ONE_PER_NODE,
+            ".pod.hostNetwork",
         ),
         cel(_immutability_rule(cls), "spec is immutable except runPolicy", reason=FORBIDDEN),
         *(
@@ -470,7 +488,16 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError(f"algorithmParameters.{misplaced[0]}: is for algorithm {owner} only")
         if gpus and self.slots_per_worker > gpus:
             raise ValueError("slotsPerWorker: more slots than GPUs per worker")
+        self._host_network_rules()
         return self
+
+    def _host_network_rules(self) -> None:
+        if self.pod is None or not self.pod.host_network:
+            return
+        if self.network is not None:
+            raise ValueError(HOST_NETWORK_NOT_WITH_NETEM)
+        if self.scheduling is None or self.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
+            raise ValueError(HOST_NETWORK_ONE_PER_NODE)
 
 
 class Phase(StrEnum):

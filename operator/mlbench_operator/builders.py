@@ -193,6 +193,8 @@ def worker_resources(ctx: RunContext) -> Obj:
             quantities["memory"] = str(res.memory)
         if res.gpu:
             quantities["nvidia.com/gpu"] = str(res.gpu)
+    extended = ctx.spec.pod.extended_resources if ctx.spec.pod is not None else None
+    quantities.update({name: str(count) for name, count in sorted((extended or {}).items())})
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else {}
 
 
@@ -269,6 +271,21 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
         {"name": contract.ENV_ROLE, "value": role},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        *pod_env(ctx),
+    ]
+
+
+def pod_env(ctx: RunContext) -> list[Obj]:
+    """``spec.pod.env`` (workers and launcher alike), and the list of its names for the launcher to forward to
+    every rank (``mpirun -x``; the ranks start under sshd, whose sessions do not inherit the container's
+    environment). Nothing without ``spec.pod.env``."""
+    given = ctx.spec.pod.env if ctx.spec.pod is not None else None
+    if not given:
+        return []
+    names = ",".join(var.name for var in given)
+    return [
+        *({"name": var.name, "value": var.value} for var in given),
+        {"name": contract.ENV_FORWARD_ENV, "value": names},
     ]
 
 
@@ -382,6 +399,54 @@ def worker_placement(ctx: RunContext, attempt: int) -> Obj:
     return {}
 
 
+def merged_affinity(placement: Obj, given: Obj | None) -> Obj:
+    """``spec.pod.affinity`` with the placement's own pod anti-affinity added: the required terms of both hold
+    (a term list is ANDed), neither is dropped."""
+    out = {**(given or {})}
+    own = placement.get("podAntiAffinity")
+    if own is None:
+        return out
+    anti = dict(out.get("podAntiAffinity") or {})
+    for key, terms in own.items():
+        anti[key] = [*(anti.get(key) or []), *terms]
+    out["podAntiAffinity"] = anti
+    return out
+
+
+def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
+    """The worker pod's placement (:func:`worker_placement`) merged with ``spec.pod``'s affinity and topology
+    spread, and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
+    workers still resolve each other's Service names."""
+    placement = worker_placement(ctx, attempt)
+    pod = ctx.spec.pod
+    if pod is None:
+        return placement
+    out: Obj = {}
+    affinity = merged_affinity(placement.get("affinity") or {}, pod.affinity)
+    if affinity:
+        out["affinity"] = affinity
+    spread = [*placement.get("topologySpreadConstraints", []), *(pod.topology_spread_constraints or [])]
+    if spread:
+        out["topologySpreadConstraints"] = spread
+    if pod.host_network:
+        out |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    if pod.host_ipc:
+        out["hostIPC"] = True
+    return out
+
+
+def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
+    """The worker's metadata: ``spec.pod``'s labels and annotations under MLBench's own (which win; the API
+    refuses keys under mlbench.io/)."""
+    meta = _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt)
+    pod = ctx.spec.pod
+    if pod is not None and pod.labels:
+        meta["labels"] = {**pod.labels, **meta["labels"]}
+    if pod is not None and pod.annotations:
+        meta["annotations"] = dict(pod.annotations)
+    return meta
+
+
 def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
     spec: Obj = {
         "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
@@ -455,10 +520,10 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt),
+        "metadata": worker_metadata(ctx, rank, attempt),
         "spec": {
             **_pod_spec_common(ctx, deadline_seconds),
-            **worker_placement(ctx, attempt),
+            **worker_pod_settings(ctx, attempt),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
             **({"initContainers": [netem]} if netem is not None else {}),
