@@ -28,7 +28,7 @@ EXTENDED_RESOURCE = (
 #: The GPUs are ``spec.resources.gpu``'s (the operator sets them, and backend nccl checks them).
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Label and annotation prefixes that are MLBench's own (its pods' selectors, its bookkeeping).
-RESERVED_KEY_DOMAIN = "mlbench.io"
+RESERVED_KEY_PREFIX = "mlbench.io/"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ENV = 64
 MAX_KEYS = 32
@@ -40,9 +40,9 @@ def reserved_env(name: str) -> bool:
 
 
 def reserved_key(key: str) -> bool:
-    """Whether a label or annotation key is under ``mlbench.io/`` or one of its subdomains."""
-    prefix = key.rpartition("/")[0]
-    return prefix == RESERVED_KEY_DOMAIN or prefix.endswith("." + RESERVED_KEY_DOMAIN)
+    """Whether a label or annotation key is under ``mlbench.io/`` (the CRD's rule says the same with
+    ``startsWith``, whose cost is the prefix's: the API server cannot bound a map key's length)."""
+    return key.startswith(RESERVED_KEY_PREFIX)
 
 
 class EnvVar(ApiModel):
@@ -59,16 +59,15 @@ def _pod_rules(schema: dict[str, Any], cls: type[Any]) -> None:
         [f"e.name == '{n}'" for n in contract.RESERVED_ENV]
         + [f"e.name.startsWith('{p}')" for p in contract.RESERVED_ENV_PREFIXES]
     )
-    mine = f"k.split('/')[0] == '{RESERVED_KEY_DOMAIN}' || k.split('/')[0].endsWith('.{RESERVED_KEY_DOMAIN}')"
     schema["x-kubernetes-validations"] = [
         cel(f"!has(self.env) || !self.env.exists(e, {reserved})", RESERVED_ENV_MESSAGE, ".env"),
         cel(
-            "!has(self.annotations) || !self.annotations.exists(k, k.contains('/') && (" + mine + "))",
+            f"!has(self.annotations) || self.annotations.all(k, !k.startsWith('{RESERVED_KEY_PREFIX}'))",
             RESERVED_KEY_MESSAGE,
             ".annotations",
         ),
         cel(
-            "!has(self.labels) || !self.labels.exists(k, k.contains('/') && (" + mine + "))",
+            f"!has(self.labels) || self.labels.all(k, !k.startsWith('{RESERVED_KEY_PREFIX}'))",
             RESERVED_KEY_MESSAGE,
             ".labels",
         ),
@@ -84,7 +83,7 @@ RESERVED_ENV_MESSAGE = (
     "MLBENCH_* and the variables of the ranks' world (" + ", ".join(contract.RESERVED_ENV) + ", "
     "OMPI_COMM_WORLD_*, PMIX_*) are the operator's and the runner's"
 )
-RESERVED_KEY_MESSAGE = f"keys under {RESERVED_KEY_DOMAIN}/ are MLBench's own"
+RESERVED_KEY_MESSAGE = f"keys under {RESERVED_KEY_PREFIX} are MLBench's own"
 
 Annotations = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=MAX_KEYS)]
 Labels = Annotated[
@@ -99,7 +98,16 @@ class PodSettings(ApiModel):
 
     model_config = ConfigDict(json_schema_extra=_pod_rules)
 
-    env: Annotated[list[EnvVar], Field(max_length=MAX_ENV)] | None = None
+    env: (
+        Annotated[
+            list[EnvVar],
+            Field(
+                max_length=MAX_ENV,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            ),
+        ]
+        | None
+    ) = None
     """Environment variables of the workers and the launcher, forwarded to every rank (mpirun -x): e.g. NCCL_DEBUG,
     NCCL_SOCKET_IFNAME, NCCL_IB_HCA. Names unique; not MLBENCH_* nor the ranks' world (RANK, MASTER_ADDR...)."""
     annotations: Annotations | None = None
