@@ -335,10 +335,10 @@ DEADLINE_ONLY_LOWERED_RULE = (
 )
 
 #: spec.network's tc would shape the node's own interface in the node's network namespace.
-HOST_NETWORK_NOT_WITH_NETEM = "pod.hostNetwork: not with network (tc would shape the node's own interface)"
+HOST_NETWORK_NOT_WITH_NETEM = "not with network (tc would shape the node's own interface)"
 #: Each worker's sshd (2222) and metrics ports (9400 on) are the node's with hostNetwork: two on a node collide.
 HOST_NETWORK_ONE_PER_NODE = (
-    "pod.hostNetwork: needs scheduling.placement OneWorkerPerNode (each worker's sshd and metrics ports are the node's)"
+    "needs scheduling.placement OneWorkerPerNode (each worker's sshd and metrics ports are the node's)"
 )
 
 #: The reason of a refused transition (an immutable field, a raised deadline).
@@ -495,9 +495,9 @@ class BenchmarkRunSpec(ApiModel):
         if self.pod is None or not self.pod.host_network:
             return
         if self.network is not None:
-            raise ValueError(HOST_NETWORK_NOT_WITH_NETEM)
+            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_NOT_WITH_NETEM}")
         if self.scheduling is None or self.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
-            raise ValueError(HOST_NETWORK_ONE_PER_NODE)
+            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_ONE_PER_NODE}")
 
 
 class Phase(StrEnum):

@@ -385,11 +385,17 @@ def _scheduling(ctx: RunContext) -> Obj:
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
+def world_selector(ctx: RunContext, attempt: int) -> Obj:
+    """The label selector of one world's workers (attempt ``attempt`` of the run): never the launcher, never
+    another attempt's pods."""
+    return {"matchLabels": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER, n.LABEL_ATTEMPT: str(attempt)}}
+
+
 def worker_placement(ctx: RunContext, attempt: int) -> Obj:
     """The worker pods' fields for ``spec.scheduling.placement``, over the workers of one world (attempt):
     a required anti-affinity for OneWorkerPerNode, a best-effort topology spread for Spread, nothing for Any."""
     placement = ctx.spec.scheduling.placement if ctx.spec.scheduling else None
-    world = {"matchLabels": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER, n.LABEL_ATTEMPT: str(attempt)}}
+    world = world_selector(ctx, attempt)
     if placement == Placement.ONE_WORKER_PER_NODE:
         term = {"labelSelector": world, "topologyKey": HOSTNAME_TOPOLOGY}
         return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
@@ -415,7 +421,8 @@ def merged_affinity(placement: Obj, given: Obj | None) -> Obj:
 
 def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
     """The worker pod's placement (:func:`worker_placement`) merged with ``spec.pod``'s affinity and topology
-    spread, and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
+    spread (a constraint without a labelSelector spreads this world's workers: without one it would count no pod),
+    and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
     workers still resolve each other's Service names."""
     placement = worker_placement(ctx, attempt)
     pod = ctx.spec.pod
@@ -425,7 +432,11 @@ def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
     affinity = merged_affinity(placement.get("affinity") or {}, pod.affinity)
     if affinity:
         out["affinity"] = affinity
-    spread = [*placement.get("topologySpreadConstraints", []), *(pod.topology_spread_constraints or [])]
+    world = world_selector(ctx, attempt)
+    given = [
+        c if "labelSelector" in c else {**c, "labelSelector": world} for c in pod.topology_spread_constraints or []
+    ]
+    spread = [*placement.get("topologySpreadConstraints", []), *given]
     if spread:
         out["topologySpreadConstraints"] = spread
     if pod.host_network:

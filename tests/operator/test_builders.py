@@ -441,6 +441,7 @@ GPU_POD = {
 ZONE_TERM = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
 USER_ANTI = {"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"}
 ZONE_SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+OWN_SPREAD = {**ZONE_SPREAD, "labelSelector": {"matchLabels": {"team": "vision"}}}
 
 
 def test_pod_settings_reach_the_workers() -> None:
@@ -515,9 +516,11 @@ def test_no_pod_settings_add_nothing() -> None:
         (
             "Spread",
             {"topologySpreadConstraints": [ZONE_SPREAD]},
-            {"topologySpreadConstraints": ["WORLD-SPREAD", ZONE_SPREAD]},
+            {"topologySpreadConstraints": ["WORLD-SPREAD", "ZONE-WORLD"]},
         ),
-        (None, {"topologySpreadConstraints": [ZONE_SPREAD]}, {"topologySpreadConstraints": [ZONE_SPREAD]}),
+        # a constraint without a labelSelector spreads this world's workers; one with its own keeps it
+        (None, {"topologySpreadConstraints": [ZONE_SPREAD]}, {"topologySpreadConstraints": ["ZONE-WORLD"]}),
+        (None, {"topologySpreadConstraints": [OWN_SPREAD]}, {"topologySpreadConstraints": [OWN_SPREAD]}),
         (
             "OneWorkerPerNode",
             {"hostNetwork": True, "hostIpc": True},
@@ -543,7 +546,12 @@ def test_pod_settings_merge_with_the_placement(
         "whenUnsatisfiable": "ScheduleAnyway",
         "labelSelector": world,
     }
-    text = json.dumps(expected).replace('"WORLD-ANTI"', json.dumps(anti)).replace('"WORLD-SPREAD"', json.dumps(spread))
+    text = (
+        json.dumps(expected)
+        .replace('"WORLD-ANTI"', json.dumps(anti))
+        .replace('"WORLD-SPREAD"', json.dumps(spread))
+        .replace('"ZONE-WORLD"', json.dumps({**ZONE_SPREAD, "labelSelector": world}))
+    )
     keys = ("affinity", "topologySpreadConstraints", "hostNetwork", "hostIPC", "dnsPolicy")
     spec = builders.worker_pod(ctx, 1, 2)["spec"]
     assert {k: spec[k] for k in keys if k in spec} == json.loads(text)
