@@ -62,6 +62,16 @@ ENV_TERMINATION_LOG = "MLBENCH_TERMINATION_LOG"  #: outside a pod: where the lau
 ENV_DATA_DIR = "MLBENCH_DATA_DIR"  #: a fallback directory for a dataset path that does not exist
 #: the Kubernetes node of a rank's pod (the downward API's spec.nodeName; sshd passes it on to the ranks' sessions)
 ENV_NODE_NAME = "MLBENCH_NODE_NAME"
+#: the names (comma-separated) of the run's own variables (``spec.pod.env``) that the launcher forwards to every
+#: rank (``mpirun -x``): the ranks start under sshd, whose sessions do not inherit the container's environment
+ENV_FORWARD_ENV = "MLBENCH_FORWARD_ENV"
+#: Every variable of this contract starts so; a run's ``spec.pod.env`` may set none of them.
+ENV_PREFIX = "MLBENCH_"
+#: Variables besides ``MLBENCH_*`` that the pods or the ranks' world rely on (the pod's own name, the rendezvous,
+#: the ranks' identities that torch.distributed and Open MPI set): a run's ``spec.pod.env`` may not set them.
+RESERVED_ENV = ("POD_NAME", "HOSTNAME", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+#: Prefixes of the variables Open MPI sets for every rank (its rank, size, local rank): not a run's to set.
+RESERVED_ENV_PREFIXES = (ENV_PREFIX, "OMPI_COMM_WORLD_", "PMIX_")
 
 # -- keys of the run's SSH Secret (type kubernetes.io/ssh-auth, which requires ``ssh-privatekey``) ------------
 #: The client's private key (launcher; workers too, for mpirun's tree spawn).

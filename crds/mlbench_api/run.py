@@ -32,6 +32,7 @@ from mlbench_api.common import (
     cel,
     re2_search,
 )
+from mlbench_api.pod import PodSettings
 from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, GoalMetric, ModelSpec, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
@@ -337,6 +338,12 @@ DEADLINE_ONLY_LOWERED_RULE = (
 #: ``spec.managedBy`` of the runs this operator reconciles (unset means the same); any other value: another
 #: controller's run, which the operator leaves alone (Kubernetes Job semantics).
 MANAGED_BY_OPERATOR = "mlbench.io/operator"
+#: spec.network's tc would shape the node's own interface in the node's network namespace.
+HOST_NETWORK_NOT_WITH_NETEM = "not with network (tc would shape the node's own interface)"
+#: Each worker's sshd (2222) and metrics ports (9400 on) are the node's with hostNetwork: two on a node collide.
+HOST_NETWORK_ONE_PER_NODE = (
+    "needs scheduling.placement OneWorkerPerNode (each worker's sshd and metrics ports are the node's)"
+)
 
 #: The reason of a refused transition (an immutable field, a raised deadline).
 FORBIDDEN = "FieldValueForbidden"
@@ -396,6 +403,17 @@ def _spec_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "!has(self.resources) || self.resources.gpu == 0 || self.slotsPerWorker <= self.resources.gpu",
             "slotsPerWorker must not exceed resources.gpu",
             ".slotsPerWorker",
+        ),
+        cel(
+            "!has(self.pod) || !has(self.pod.hostNetwork) || !self.pod.hostNetwork || !has(self.network)",
+            HOST_NETWORK_NOT_WITH_NETEM,
+            ".pod.hostNetwork",
+        ),
+        cel(
+            "!has(self.pod) || !has(self.pod.hostNetwork) || !self.pod.hostNetwork || (has(self.scheduling) && "
+            "has(self.scheduling.placement) && self.scheduling.placement == 'OneWorkerPerNode')",
+            HOST_NETWORK_ONE_PER_NODE,
+            ".pod.hostNetwork",
         ),
         cel(_immutability_rule(cls), IMMUTABLE_SPEC, reason=FORBIDDEN),
         cel(SCHEDULING_WHILE_SUSPENDED_RULE, SCHEDULING_WHILE_SUSPENDED, ".scheduling", FORBIDDEN),
@@ -471,6 +489,10 @@ class BenchmarkRunSpec(ApiModel):
     """Container image of the run's pods instead of the task's runner.image (e.g. your registry's copy)."""
     scheduling: Scheduling | None = None
     """nodeSelector, tolerations and priorityClassName for every pod of the run."""
+    pod: PodSettings | None = None
+    """What multi-node GPU training needs of the worker pods: env (also the launcher's, forwarded to every rank),
+    annotations, labels, extendedResources, affinity, topologySpreadConstraints, hostNetwork, hostIPC; each
+    allowed or refused by the operator's admission policy (docs/operator.md#gpu-clusters)."""
     checkpoint: CheckpointPolicy | None = None
     """Epoch-end checkpoints on a volume, resumed after a gang restart (docs/runner.md#checkpoints). Unset: none;
     a restarted run trains from epoch 0."""
@@ -499,7 +521,16 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError(f"algorithmParameters.{misplaced[0]}: is for algorithm {owner} only")
         if gpus and self.slots_per_worker > gpus:
             raise ValueError("slotsPerWorker: more slots than GPUs per worker")
+        self._host_network_rules()
         return self
+
+    def _host_network_rules(self) -> None:
+        if self.pod is None or not self.pod.host_network:
+            return
+        if self.network is not None:
+            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_NOT_WITH_NETEM}")
+        if self.scheduling is None or self.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
+            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_ONE_PER_NODE}")
 
 
 class Phase(StrEnum):

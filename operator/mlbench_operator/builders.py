@@ -193,6 +193,8 @@ def worker_resources(ctx: RunContext) -> Obj:
             quantities["memory"] = str(res.memory)
         if res.gpu:
             quantities["nvidia.com/gpu"] = str(res.gpu)
+    extended = ctx.spec.pod.extended_resources if ctx.spec.pod is not None else None
+    quantities.update({name: str(count) for name, count in sorted((extended or {}).items())})
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else {}
 
 
@@ -269,6 +271,21 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
         {"name": contract.ENV_ROLE, "value": role},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        *pod_env(ctx),
+    ]
+
+
+def pod_env(ctx: RunContext) -> list[Obj]:
+    """``spec.pod.env`` (workers and launcher alike), and the list of its names for the launcher to forward to
+    every rank (``mpirun -x``; the ranks start under sshd, whose sessions do not inherit the container's
+    environment). Nothing without ``spec.pod.env``."""
+    given = ctx.spec.pod.env if ctx.spec.pod is not None else None
+    if not given:
+        return []
+    names = ",".join(var.name for var in given)
+    return [
+        *({"name": var.name, "value": var.value} for var in given),
+        {"name": contract.ENV_FORWARD_ENV, "value": names},
     ]
 
 
@@ -368,11 +385,17 @@ def _scheduling(ctx: RunContext) -> Obj:
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
+def world_selector(ctx: RunContext, attempt: int) -> Obj:
+    """The label selector of one world's workers (attempt ``attempt`` of the run): never the launcher, never
+    another attempt's pods."""
+    return {"matchLabels": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER, n.LABEL_ATTEMPT: str(attempt)}}
+
+
 def worker_placement(ctx: RunContext, attempt: int) -> Obj:
     """The worker pods' fields for ``spec.scheduling.placement``, over the workers of one world (attempt):
     a required anti-affinity for OneWorkerPerNode, a best-effort topology spread for Spread, nothing for Any."""
     placement = ctx.spec.scheduling.placement if ctx.spec.scheduling else None
-    world = {"matchLabels": {n.LABEL_RUN: ctx.name, n.LABEL_ROLE: n.ROLE_WORKER, n.LABEL_ATTEMPT: str(attempt)}}
+    world = world_selector(ctx, attempt)
     if placement == Placement.ONE_WORKER_PER_NODE:
         term = {"labelSelector": world, "topologyKey": HOSTNAME_TOPOLOGY}
         return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
@@ -380,6 +403,59 @@ def worker_placement(ctx: RunContext, attempt: int) -> Obj:
         spread = {"maxSkew": 1, "topologyKey": HOSTNAME_TOPOLOGY, "whenUnsatisfiable": "ScheduleAnyway"}
         return {"topologySpreadConstraints": [{**spread, "labelSelector": world}]}
     return {}
+
+
+def merged_affinity(placement: Obj, given: Obj | None) -> Obj:
+    """``spec.pod.affinity`` with the placement's own pod anti-affinity added: the required terms of both hold
+    (a term list is ANDed), neither is dropped."""
+    out = {**(given or {})}
+    own = placement.get("podAntiAffinity")
+    if own is None:
+        return out
+    anti = dict(out.get("podAntiAffinity") or {})
+    for key, terms in own.items():
+        anti[key] = [*(anti.get(key) or []), *terms]
+    out["podAntiAffinity"] = anti
+    return out
+
+
+def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
+    """The worker pod's placement (:func:`worker_placement`) merged with ``spec.pod``'s affinity and topology
+    spread (a constraint without a labelSelector spreads this world's workers: without one it would count no pod),
+    and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
+    workers still resolve each other's Service names."""
+    placement = worker_placement(ctx, attempt)
+    pod = ctx.spec.pod
+    if pod is None:
+        return placement
+    out: Obj = {}
+    affinity = merged_affinity(placement.get("affinity") or {}, pod.affinity)
+    if affinity:
+        out["affinity"] = affinity
+    world = world_selector(ctx, attempt)
+    given = [
+        c if "labelSelector" in c else {**c, "labelSelector": world} for c in pod.topology_spread_constraints or []
+    ]
+    spread = [*placement.get("topologySpreadConstraints", []), *given]
+    if spread:
+        out["topologySpreadConstraints"] = spread
+    if pod.host_network:
+        out |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    if pod.host_ipc:
+        out["hostIPC"] = True
+    return out
+
+
+def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
+    """The worker's metadata: ``spec.pod``'s labels and annotations under MLBench's own (which win; the API
+    refuses keys under mlbench.io/)."""
+    meta = _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt)
+    pod = ctx.spec.pod
+    if pod is not None and pod.labels:
+        meta["labels"] = {**pod.labels, **meta["labels"]}
+    if pod is not None and pod.annotations:
+        meta["annotations"] = dict(pod.annotations)
+    return meta
 
 
 def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
@@ -455,10 +531,10 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt),
+        "metadata": worker_metadata(ctx, rank, attempt),
         "spec": {
             **_pod_spec_common(ctx, deadline_seconds),
-            **worker_placement(ctx, attempt),
+            **worker_pod_settings(ctx, attempt),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
             **({"initContainers": [netem]} if netem is not None else {}),

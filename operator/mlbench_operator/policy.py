@@ -55,6 +55,22 @@ DEFAULT_NODE_SELECTOR_KEYS = (
 #: Taint keys a run may tolerate by default: the GPU device plugin's. Never ``node.kubernetes.io/*`` (a
 #: cordoned, unreachable or pressured node) nor the control plane's: those nodes are not the tenants' to use.
 DEFAULT_TOLERATION_KEYS = ("nvidia.com/gpu",)
+#: ``spec.pod.env`` names a run may set by default: the collectives' and the RDMA transports' tuning (NCCL, UCX,
+#: libfabric's EFA provider, gloo's interface). Never ``OMPI_MCA_*`` by default: the launcher's mpirun reads them
+#: too, and ``plm_rsh_agent``/``plm_rsh_args`` would replace the ssh command and the strict host-key options the
+#: operator gives it (an admin may list single parameters, e.g. ``OMPI_MCA_btl_tcp_if_include``). Never
+#: ``LD_*``, ``PATH`` or ``PYTHON*`` by default: they choose what code the ranks load.
+DEFAULT_ENV_NAMES = ("NCCL_*", "TORCH_NCCL_*", "UCX_*", "FI_EFA_*", "FI_PROVIDER", "GLOO_SOCKET_IFNAME")
+#: ``spec.pod.annotations`` keys a run may set by default: Multus' network attachment (a secondary interface,
+#: e.g. SR-IOV or RDMA, which its NetworkAttachmentDefinition in the namespace defines).
+DEFAULT_POD_ANNOTATIONS = ("k8s.v1.cni.cncf.io/networks",)
+#: ``spec.pod.labels`` keys a run may set by default: none (a label can make a pod match another Service's or a
+#: NetworkPolicy's selector).
+DEFAULT_POD_LABELS: tuple[str, ...] = ()
+#: The one extended resource a run asks for without the admin's leave (spec.resources.gpu).
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Node affinity operators that only narrow where a pod may go (never reach a node a selector could not).
+NARROWING_OPERATORS = ("NotIn", "DoesNotExist")
 
 
 def normalize_image(ref: str) -> str:
@@ -89,14 +105,23 @@ class AdmissionPolicy:
     volume_types: tuple[str, ...] = DEFAULT_VOLUME_TYPES
     #: ``spec.network`` (tc netem): the workers' init container runs as root with NET_ADMIN.
     allow_network_emulation: bool = False
+    #: ``spec.pod``: environment names, annotation and label keys (shell patterns).
+    env_names: tuple[str, ...] = DEFAULT_ENV_NAMES
+    pod_annotations: tuple[str, ...] = DEFAULT_POD_ANNOTATIONS
+    pod_labels: tuple[str, ...] = DEFAULT_POD_LABELS
+    #: Extended resources besides nvidia.com/gpu (shell patterns, e.g. ``rdma/*``); empty: none.
+    extended_resources: tuple[str, ...] = ()
+    #: ``spec.pod.hostNetwork`` and ``hostIPC``: the node's network or IPC namespace.
+    allow_host_network: bool = False
+    allow_host_ipc: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AdmissionPolicy:
         """``MLBENCH_RUNNER_IMAGE``, ``MLBENCH_ALLOWED_IMAGES``, ``MLBENCH_ALLOWED_PRIORITY_CLASSES``,
         ``MLBENCH_ALLOWED_NODE_SELECTOR_KEYS``, ``MLBENCH_ALLOWED_TOLERATION_KEYS``, ``MLBENCH_ALLOWED_VOLUME_TYPES``
         (comma-separated; shell-style patterns but for volume types), ``MLBENCH_ALLOW_CONTROL_PLANE`` and
-        ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false). Unset or empty: the default. Raises :class:`SettingsError`
-        naming the variable."""
+        ``MLBENCH_ALLOW_NETWORK_EMULATION`` (true/false), and those of ``spec.pod`` (:func:`_pod_settings`). Unset or
+        empty: the default. Raises :class:`SettingsError` naming the variable."""
         runner_image = env.get("MLBENCH_RUNNER_IMAGE", "").strip() or DEFAULT_RUNNER_IMAGE
         if any(c in runner_image for c in "*?[ ,"):
             raise SettingsError(f"MLBENCH_RUNNER_IMAGE: expected an image reference, got {runner_image!r}")
@@ -115,7 +140,25 @@ class AdmissionPolicy:
             allow_control_plane=_bool(env, "MLBENCH_ALLOW_CONTROL_PLANE"),
             volume_types=tuple(volumes) if volumes else DEFAULT_VOLUME_TYPES,
             allow_network_emulation=_bool(env, "MLBENCH_ALLOW_NETWORK_EMULATION"),
+            **_pod_settings(env),
         )
+
+
+def _pod_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """``MLBENCH_ALLOWED_ENV``, ``MLBENCH_ALLOWED_POD_ANNOTATIONS``, ``MLBENCH_ALLOWED_POD_LABELS``,
+    ``MLBENCH_ALLOWED_EXTENDED_RESOURCES`` (shell patterns; each replaces its default) and
+    ``MLBENCH_ALLOW_HOST_NETWORK``, ``MLBENCH_ALLOW_HOST_IPC`` (true/false)."""
+    names = _patterns(env, "MLBENCH_ALLOWED_ENV")
+    annotations = _patterns(env, "MLBENCH_ALLOWED_POD_ANNOTATIONS")
+    labels = _patterns(env, "MLBENCH_ALLOWED_POD_LABELS")
+    return {
+        "env_names": tuple(names) if names else DEFAULT_ENV_NAMES,
+        "pod_annotations": tuple(annotations) if annotations else DEFAULT_POD_ANNOTATIONS,
+        "pod_labels": tuple(labels) if labels else DEFAULT_POD_LABELS,
+        "extended_resources": tuple(_patterns(env, "MLBENCH_ALLOWED_EXTENDED_RESOURCES")),
+        "allow_host_network": _bool(env, "MLBENCH_ALLOW_HOST_NETWORK"),
+        "allow_host_ipc": _bool(env, "MLBENCH_ALLOW_HOST_IPC"),
+    }
 
 
 def _bool(env: Mapping[str, str], key: str) -> bool:
@@ -239,6 +282,104 @@ def check_network(network: Mapping[str, Any] | None, policy: AdmissionPolicy) ->
     ]
 
 
+def _listed(patterns: tuple[str, ...]) -> str:
+    return ", ".join(patterns) or "none"
+
+
+def check_env(env: Iterable[Mapping[str, Any]] | None, policy: AdmissionPolicy) -> list[str]:
+    """Every ``spec.pod.env`` name matches the admin's patterns (NCCL_*, UCX_*... by default)."""
+    return [
+        f"spec.pod.env[{i}]: {var.get('name')!r} is not allowed (MLBENCH_ALLOWED_ENV: {_listed(policy.env_names)})"
+        for i, var in enumerate(env or [])
+        if not _matches(str(var.get("name", "")), policy.env_names)
+    ]
+
+
+def check_pod_keys(keys: Iterable[str] | None, field: str, patterns: tuple[str, ...], variable: str) -> list[str]:
+    """Every annotation (or label) key of the worker pods matches the admin's patterns."""
+    return [
+        f"spec.pod.{field}: key {key!r} is not allowed ({variable}: {_listed(patterns)})"
+        for key in keys or []
+        if not _matches(key, patterns)
+    ]
+
+
+def check_extended_resources(resources: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """Extended resources besides nvidia.com/gpu only where the admin lists them (RDMA devices, EFA adapters)."""
+    allowed = _listed(policy.extended_resources)
+    return [
+        f"spec.pod.extendedResources: {name!r} is not allowed (MLBENCH_ALLOWED_EXTENDED_RESOURCES: {allowed})"
+        for name in resources or {}
+        if name != GPU_RESOURCE and not _matches(name, policy.extended_resources)
+    ]
+
+
+def check_host_namespaces(pod: Mapping[str, Any], policy: AdmissionPolicy) -> list[str]:
+    """``hostNetwork`` and ``hostIPC`` share the node's namespaces (outside the baseline Pod Security level)."""
+    out = []
+    if pod.get("hostNetwork") and not policy.allow_host_network:
+        out.append(
+            "spec.pod.hostNetwork: the node's network namespace is not allowed (MLBENCH_ALLOW_HOST_NETWORK: false)"
+        )
+    if pod.get("hostIpc") and not policy.allow_host_ipc:
+        out.append("spec.pod.hostIpc: the node's IPC namespace is not allowed (MLBENCH_ALLOW_HOST_IPC: false)")
+    return out
+
+
+def node_affinity_keys(affinity: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(field, key) of every node affinity requirement that selects nodes (operators In, Exists, Gt, Lt), in the
+    required terms and the preferred ones; ``NotIn`` and ``DoesNotExist`` only narrow and are not listed."""
+    node = (affinity or {}).get("nodeAffinity") or {}
+    at = "spec.pod.affinity.nodeAffinity"
+    required = (node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    terms = [
+        (f"{at}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", t)
+        for i, t in enumerate(required)
+    ]
+    preferred = node.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    terms += [
+        (f"{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference", (p or {}).get("preference"))
+        for i, p in enumerate(preferred)
+    ]
+    return [
+        (f"{field}.{kind}[{j}]", str(req.get("key", "")))
+        for field, term in terms
+        for kind in ("matchExpressions", "matchFields")
+        for j, req in enumerate((term or {}).get(kind) or [])
+        if req.get("operator") not in NARROWING_OPERATORS
+    ]
+
+
+def check_affinity(affinity: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """Node affinity keys from the nodeSelector allowlist: an affinity selects nodes as a nodeSelector does."""
+    out = []
+    for field, key in node_affinity_keys(affinity):
+        if _key_allowed(key, policy.node_selector_keys, policy):
+            continue
+        rule = (
+            "selects control-plane nodes (MLBENCH_ALLOW_CONTROL_PLANE: false)"
+            if key in CONTROL_PLANE_KEYS
+            else f"key is not allowed (MLBENCH_ALLOWED_NODE_SELECTOR_KEYS: {', '.join(policy.node_selector_keys)})"
+        )
+        out.append(f"{field}: {key!r} {rule}")
+    return out
+
+
+def check_pod(pod: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """``spec.pod``: each setting only as far as the admin allows it."""
+    pod = pod or {}
+    return [
+        *check_env(pod.get("env"), policy),
+        *check_pod_keys(
+            pod.get("annotations"), "annotations", policy.pod_annotations, "MLBENCH_ALLOWED_POD_ANNOTATIONS"
+        ),
+        *check_pod_keys(pod.get("labels"), "labels", policy.pod_labels, "MLBENCH_ALLOWED_POD_LABELS"),
+        *check_extended_resources(pod.get("extendedResources"), policy),
+        *check_affinity(pod.get("affinity"), policy),
+        *check_host_namespaces(pod, policy),
+    ]
+
+
 def violations(
     image: str,
     image_field: str,
@@ -247,6 +388,7 @@ def violations(
     policy: AdmissionPolicy,
     *,
     network: Mapping[str, Any] | None = None,
+    pod: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Every way the run breaks the policy, each naming its field (empty: admitted)."""
     return [
@@ -255,4 +397,5 @@ def violations(
         *check_placement(scheduling, policy),
         *check_volume(dataset_volume, policy),
         *check_network(network, policy),
+        *check_pod(pod, policy),
     ]

@@ -26,6 +26,11 @@ EXEMPT = {
     # created; the object as a whole is bounded by the API server's request size
     "BenchmarkTask.spec.dataset.volume": "a core/v1 VolumeSource, validated with the pods it goes into",
     "BenchmarkRun.status.taskSnapshot.dataset.volume": "the operator's copy of the task's (status: no tenant writes)",
+    # a run's core/v1 Affinity and TopologySpreadConstraints (spec.pod): validated with the worker pods they go into
+    "BenchmarkRun.spec.pod.affinity": "a core/v1 Affinity, validated with the worker pods it goes into",
+    "BenchmarkRun.spec.pod.topologySpreadConstraints[]": "a core/v1 TopologySpreadConstraint, validated with the pods",
+    "BenchmarkSweep.spec.template.pod.affinity": "a run's spec.pod.affinity (the sweep's runs copy it)",
+    "BenchmarkSweep.spec.template.pod.topologySpreadConstraints[]": "a run's spec.pod.topologySpreadConstraints",
 }
 #: ``format: date-time`` strings are parsed by the API server (RFC 3339), which bounds them.
 DATE_TIME = "date-time"

@@ -5,7 +5,7 @@ PYTHON ?= .venv/bin/python
 MLBENCH_CACHE ?= $(HOME)/.cache/mlbench
 export MLBENCH_CACHE
 
-.PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status cluster-import-image test-cluster test-realnode
+.PHONY: k8s-bins cluster-up cluster-down cluster-env cluster-status cluster-import-image test-realnode
 
 ## k8s-bins: build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, coredns
 ## and the NetworkPolicy enforcer kube-router, and Kueue's manager (cached; the builds overlap: downloads of one while another compiles)
@@ -32,10 +32,6 @@ cluster-status: $(PYTHON)
 cluster-import-image: $(PYTHON)
 	@test -n "$(ARCHIVE)" || { echo "usage: make cluster-import-image ARCHIVE=path/to/image.tar" >&2; exit 2; }
 	$(PYTHON) -m tests.cluster import-image $(ARCHIVE)
-
-## test-cluster: tests that need the cluster (the fixture starts/stops it)
-test-cluster: k8s-bins $(PYTHON)
-	$(PYTHON) -m pytest tests/cluster tests/test_crds_server.py -m cluster
 
 ## test-realnode: the real nodes' tests only (pods in containerd, DNS and Services across nodes, OOM, volumes)
 test-realnode: k8s-bins $(PYTHON)

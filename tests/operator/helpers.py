@@ -15,6 +15,12 @@ PERMISSIVE = AdmissionPolicy(
     priority_classes=("*",),
     node_selector_keys=("*",),
     toleration_keys=("*",),
+    env_names=("*",),
+    pod_annotations=("*",),
+    pod_labels=("*",),
+    extended_resources=("*",),
+    allow_host_network=True,
+    allow_host_ipc=True,
 )
 
 TASK: dict[str, Any] = {

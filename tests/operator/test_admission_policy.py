@@ -26,8 +26,10 @@ import yaml
 
 from mlbench_operator.conditions import Reason
 from mlbench_operator.policy import (
+    DEFAULT_ENV_NAMES,
     DEFAULT_IMAGES,
     DEFAULT_NODE_SELECTOR_KEYS,
+    DEFAULT_POD_ANNOTATIONS,
     DEFAULT_TOLERATION_KEYS,
     DEFAULT_VOLUME_TYPES,
     AdmissionPolicy,
@@ -41,7 +43,7 @@ POLICY_DIR = REPO / "manifests" / "policy"
 #: the label that makes a test binding judge an object (value: this session's id and the settings set)
 TEST_LABEL = "mlbench.io/admission-policy-test"
 GROUP_VERSION = "mlbench.io/v1alpha1"
-#: The policy's first seven variables, in order, and the operator setting each one mirrors.
+#: The policy's first thirteen variables, in order, and the operator setting each one mirrors.
 SETTINGS = {
     "allowedImages": "MLBENCH_ALLOWED_IMAGES",
     "allowedPriorityClasses": "MLBENCH_ALLOWED_PRIORITY_CLASSES",
@@ -50,6 +52,12 @@ SETTINGS = {
     "allowNetworkEmulation": "MLBENCH_ALLOW_NETWORK_EMULATION",
     "allowedNodeSelectorKeys": "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS",
     "allowedTolerationKeys": "MLBENCH_ALLOWED_TOLERATION_KEYS",
+    "allowedEnv": "MLBENCH_ALLOWED_ENV",
+    "allowedPodAnnotations": "MLBENCH_ALLOWED_POD_ANNOTATIONS",
+    "allowedPodLabels": "MLBENCH_ALLOWED_POD_LABELS",
+    "allowedExtendedResources": "MLBENCH_ALLOWED_EXTENDED_RESOURCES",
+    "allowHostNetwork": "MLBENCH_ALLOW_HOST_NETWORK",
+    "allowHostIpc": "MLBENCH_ALLOW_HOST_IPC",
 }
 Obj = dict[str, Any]
 
@@ -99,6 +107,10 @@ def test_the_limits_are_the_operators_defaults() -> None:
         "MLBENCH_ALLOW_NETWORK_EMULATION": "false",
         "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": ",".join(DEFAULT_NODE_SELECTOR_KEYS),
         "MLBENCH_ALLOWED_TOLERATION_KEYS": ",".join(DEFAULT_TOLERATION_KEYS),
+        "MLBENCH_ALLOWED_ENV": ",".join(DEFAULT_ENV_NAMES),
+        "MLBENCH_ALLOWED_POD_ANNOTATIONS": ",".join(DEFAULT_POD_ANNOTATIONS),
+        "MLBENCH_ALLOW_HOST_NETWORK": "false",
+        "MLBENCH_ALLOW_HOST_IPC": "false",
     }
     assert AdmissionPolicy.from_env(defaults) == AdmissionPolicy()
     # the shipped expressions say exactly that (the priority classes: [], none, as the unset variable)
@@ -106,6 +118,7 @@ def test_the_limits_are_the_operators_defaults() -> None:
     for shipped_var, same in zip(variables[: len(SETTINGS)], rendered[: len(SETTINGS)], strict=True):
         assert yaml.safe_load(shipped_var["expression"].replace("'", '"')) == yaml.safe_load(same["expression"])
     assert variables[1]["expression"] == "[]"
+    assert variables[9]["expression"] == variables[10]["expression"] == "[]"  # no pod labels, no extended resources
 
 
 def test_the_binding_is_cluster_wide_and_denies() -> None:
@@ -138,6 +151,13 @@ SETTINGS_SETS: dict[str, dict[str, str]] = {
     },
     "any-toleration": {"MLBENCH_ALLOWED_TOLERATION_KEYS": "*"},
     "empty": {key: "" for key in ("MLBENCH_ALLOWED_IMAGES", "MLBENCH_ALLOWED_VOLUME_TYPES")},
+    "gpu-cluster": {
+        "MLBENCH_ALLOWED_ENV": "NCCL_*,OMPI_MCA_btl_*",
+        "MLBENCH_ALLOWED_POD_LABELS": "team",
+        "MLBENCH_ALLOWED_EXTENDED_RESOURCES": "rdma/*",
+        "MLBENCH_ALLOW_HOST_NETWORK": "true",
+        "MLBENCH_ALLOWED_NODE_SELECTOR_KEYS": "pool",
+    },
 }
 
 
@@ -170,6 +190,17 @@ def task_spec(image: str = RUNNER, volume: Obj | None = None) -> Obj:
 
 def sched(**kw: Any) -> Obj:
     return {"scheduling": kw}
+
+
+def pod(**kw: Any) -> Obj:
+    """``spec.pod`` (with the placement hostNetwork needs: the policy ignores it)."""
+    return {"pod": kw, "scheduling": {"placement": "OneWorkerPerNode"}}
+
+
+def node_affinity(key: str, operator: str = "In") -> Obj:
+    values = {"values": ["a"]} if operator in ("In", "NotIn") else {}
+    term = {"matchExpressions": [{"key": key, "operator": operator, **values}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
 def run(id: str, admitted: bool, *needles: str, settings: str = "defaults", **spec: Any) -> Case:
@@ -357,6 +388,49 @@ CASES = [
     ),
     run("network", True, settings="network", network={"latencyMs": 5}),
     sweep("network-sweep", True, settings="network", network={"latencyMs": 5}),
+    # spec.pod (GPU clusters): NCCL's variables and Multus by default; privilege-widening settings by the admin only
+    run(
+        "pod-compliant",
+        True,
+        **pod(
+            env=[{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "UCX_TLS", "value": "rc"}],
+            annotations={"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+            affinity=node_affinity("topology.kubernetes.io/zone"),
+            topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}],
+        ),
+    ),
+    run("pod-affinity-narrowing", True, **pod(affinity=node_affinity(CP, "DoesNotExist"))),
+    run("pod-env", False, "spec.pod.env", **pod(env=[{"name": "LD_PRELOAD", "value": "/data/x.so"}])),
+    run("pod-env-ompi", False, "spec.pod.env", **pod(env=[{"name": "OMPI_MCA_plm_rsh_agent", "value": "sh"}])),
+    run("pod-annotation", False, "spec.pod.annotations", **pod(annotations={"sidecar.istio.io/inject": "true"})),
+    run("pod-label", False, "spec.pod.labels", **pod(labels={"app": "web"})),
+    run("pod-rdma", False, "spec.pod.extendedResources", **pod(extendedResources={"rdma/hca_shared_devices_a": 1})),
+    run("pod-affinity", False, "spec.pod.affinity.nodeAffinity", **pod(affinity=node_affinity("pool"))),
+    run("pod-affinity-cp", False, "spec.pod.affinity.nodeAffinity", **pod(affinity=node_affinity(CP, "Exists"))),
+    run("pod-host-network", False, "spec.pod.hostNetwork", **pod(hostNetwork=True)),
+    run("pod-host-ipc", False, "spec.pod.hostIpc", **pod(hostIpc=True)),
+    sweep("pod-sweep-host-network", False, "spec.template.pod.hostNetwork", **pod(hostNetwork=True)),
+    run(
+        "gpu-cluster",
+        True,
+        settings="gpu-cluster",
+        **pod(
+            env=[{"name": "NCCL_IB_HCA", "value": "mlx5"}, {"name": "OMPI_MCA_btl_tcp_if_include", "value": "net1"}],
+            labels={"team": "vision"},
+            extendedResources={"rdma/hca_shared_devices_a": 1},
+            affinity=node_affinity("pool"),
+            hostNetwork=True,
+        ),
+    ),
+    run("gpu-cluster-env-replaced", False, "spec.pod.env", settings="gpu-cluster", **pod(env=[{"name": "UCX_TLS"}])),
+    run("gpu-cluster-ipc", False, "spec.pod.hostIpc", settings="gpu-cluster", **pod(hostIpc=True)),
+    run(
+        "gpu-cluster-efa",
+        False,
+        "spec.pod.extendedResources",
+        settings="gpu-cluster",
+        **pod(extendedResources={"vpc.amazonaws.com/efa": 4}),
+    ),
     # empty settings keep the defaults (the operator: as if unset; the policy: not patched)
     run("empty-image", False, "spec.image", image="busybox", settings="empty"),
     task("empty-volume", False, "spec.dataset.volume", settings="empty", volume={"hostPath": {"path": "/"}}),

@@ -430,3 +430,129 @@ def test_a_checkpointing_run_mounts_its_claim_on_the_workers_and_tells_the_runne
     plain = ctx_for(name="bench", namespace="team-a", workers=2)
     assert plain.config.checkpoint_dir is None
     assert "checkpoints" not in {v["name"] for v in builders.worker_pod(plain, 0, 0)["spec"]["volumes"]}
+
+
+# -- spec.pod (issue 29) ---------------------------------------------------------------------------------------------
+GPU_POD = {
+    "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_IB_HCA", "value": "mlx5"}],
+    "annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+    "labels": {"team": "vision"},
+    "extendedResources": {"rdma/hca_shared_devices_a": 1, "vpc.amazonaws.com/efa": 4},
+}
+ZONE_TERM = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+USER_ANTI = {"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"}
+ZONE_SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+OWN_SPREAD = {**ZONE_SPREAD, "labelSelector": {"matchLabels": {"team": "vision"}}}
+
+
+def test_pod_settings_reach_the_workers() -> None:
+    ctx = ctx_for(name="bench", resources={"cpu": 2, "gpu": 1}, backend="nccl", pod=GPU_POD)
+    pod = builders.worker_pod(ctx, 1, 0)
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_IB_HCA"] == "mlx5"
+    assert env[contract.ENV_FORWARD_ENV] == "NCCL_DEBUG,NCCL_IB_HCA"
+    want = {"cpu": "2", "nvidia.com/gpu": "1", "rdma/hca_shared_devices_a": "1", "vpc.amazonaws.com/efa": "4"}
+    assert container["resources"] == {"requests": want, "limits": want}
+    assert pod["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["labels"][n.LABEL_RUN] == "bench"  # MLBench's own labels stay
+    for absent in ("hostNetwork", "hostIPC", "dnsPolicy", "affinity"):
+        assert absent not in pod["spec"]
+
+
+def test_the_launcher_gets_the_env_not_the_rest() -> None:
+    ctx = ctx_for(name="bench", resources={"gpu": 1}, backend="nccl", pod={**GPU_POD, "hostIpc": True})
+    launcher = builders.launcher_pod(ctx, 0)
+    (container,) = launcher["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[contract.ENV_FORWARD_ENV] == "NCCL_DEBUG,NCCL_IB_HCA"  # mpirun -x needs them on the launcher
+    assert "annotations" not in launcher["metadata"]
+    assert "team" not in launcher["metadata"]["labels"]
+    assert "rdma/hca_shared_devices_a" not in json.dumps(container["resources"])
+    assert "hostIPC" not in launcher["spec"]
+
+
+def test_no_pod_settings_add_nothing() -> None:
+    pod = builders.worker_pod(ctx_for(name="bench"), 0, 0)
+    (container,) = pod["spec"]["containers"]
+    assert contract.ENV_FORWARD_ENV not in {e["name"] for e in container["env"]}
+    assert "annotations" not in pod["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("placement", "given", "expected"),
+    [
+        # the user's node affinity and the placement's anti-affinity both hold
+        (
+            "OneWorkerPerNode",
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [ZONE_TERM]}
+                    }
+                }
+            },
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [ZONE_TERM]}
+                    },
+                    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": ["WORLD-ANTI"]},
+                }
+            },
+        ),
+        # the user's own anti-affinity terms come first, the placement's is added
+        (
+            "OneWorkerPerNode",
+            {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [USER_ANTI]}}},
+            {
+                "affinity": {
+                    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [USER_ANTI, "WORLD-ANTI"]}
+                }
+            },
+        ),
+        # the placement's spread, then the user's
+        (
+            "Spread",
+            {"topologySpreadConstraints": [ZONE_SPREAD]},
+            {"topologySpreadConstraints": ["WORLD-SPREAD", "ZONE-WORLD"]},
+        ),
+        # a constraint without a labelSelector spreads this world's workers; one with its own keeps it
+        (None, {"topologySpreadConstraints": [ZONE_SPREAD]}, {"topologySpreadConstraints": ["ZONE-WORLD"]}),
+        (None, {"topologySpreadConstraints": [OWN_SPREAD]}, {"topologySpreadConstraints": [OWN_SPREAD]}),
+        (
+            "OneWorkerPerNode",
+            {"hostNetwork": True, "hostIpc": True},
+            {
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": ["WORLD-ANTI"]}},
+                "hostNetwork": True,
+                "dnsPolicy": "ClusterFirstWithHostNet",
+                "hostIPC": True,
+            },
+        ),
+        ("Any", {"hostIpc": True}, {"hostIPC": True}),
+    ],
+)
+def test_pod_settings_merge_with_the_placement(
+    placement: str | None, given: dict[str, object], expected: dict[str, object]
+) -> None:
+    ctx = ctx_for(name="bench", workers=3, scheduling={"placement": placement} if placement else None, pod=given)
+    world = {"matchLabels": {n.LABEL_RUN: "bench", n.LABEL_ROLE: "worker", n.LABEL_ATTEMPT: "2"}}
+    anti = {"labelSelector": world, "topologyKey": "kubernetes.io/hostname"}
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": world,
+    }
+    text = (
+        json.dumps(expected)
+        .replace('"WORLD-ANTI"', json.dumps(anti))
+        .replace('"WORLD-SPREAD"', json.dumps(spread))
+        .replace('"ZONE-WORLD"', json.dumps({**ZONE_SPREAD, "labelSelector": world}))
+    )
+    keys = ("affinity", "topologySpreadConstraints", "hostNetwork", "hostIPC", "dnsPolicy")
+    spec = builders.worker_pod(ctx, 1, 2)["spec"]
+    assert {k: spec[k] for k in keys if k in spec} == json.loads(text)

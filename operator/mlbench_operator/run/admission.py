@@ -106,7 +106,9 @@ def admit(
         image_field = "the operator's MLBENCH_RUNNER_IMAGE"
     dataset = ctx.task.dataset_spec  # None for a collectives task
     volume = dataset.volume if dataset else None
-    broken = violations(ctx.image, image_field, spec.get("scheduling"), volume, policy, network=spec.get("network"))
+    broken = violations(
+        ctx.image, image_field, spec.get("scheduling"), volume, policy, network=spec.get("network"), pod=spec.get("pod")
+    )
     if broken:
         return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken))
     return ctx, snapshot

@@ -36,6 +36,7 @@ from mlbench_api.config import RunConfig
 from mlbench_api.contract import (
     ENV_CONFIG,
     ENV_DATA_DIR,
+    ENV_FORWARD_ENV,
     ENV_HOSTFILE,
     ENV_SSH_HOST_KEY_ALIAS,
     ENV_SSH_KEY,
@@ -90,6 +91,17 @@ RUNTIME_ENV = (
 #: Environment forwarded to every rank with ``-x`` (when set on the launcher): the launcher's variables,
 #: every execution knob (declared once, in :mod:`mlbench_runner.options`) and the runtime's.
 FORWARD_ENV = (*LAUNCHER_ENV, *knob_names(), *RUNTIME_ENV)
+#: A variable's name as ``mpirun -x`` takes it (a C identifier).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def forwarded_env(env: dict[str, str]) -> list[str]:
+    """The names ``mpirun -x`` forwards: :data:`FORWARD_ENV` and the run's own (``spec.pod.env``, named by the
+    operator in ``MLBENCH_FORWARD_ENV``), those set in ``env`` only, each once. A name that is no identifier
+    (the variable edited by hand) is skipped: ``-x`` would read ``A=B`` as an assignment."""
+    given = [x.strip() for x in env.get(ENV_FORWARD_ENV, "").split(",")]
+    run = [x for x in given if ENV_NAME.fullmatch(x)]
+    return [name for name in dict.fromkeys((*FORWARD_ENV, *run)) if name in env]
 
 
 def launcher_command(config_path: Path, hostfile: Path, termination_log: Path, *, oversubscribe: bool) -> list[str]:
@@ -173,9 +185,8 @@ def mpirun_command(
         cmd.append("--allow-run-as-root")
     if oversubscribe:
         cmd.append("--oversubscribe")
-    for name in FORWARD_ENV:
-        if name in env:
-            cmd += ["-x", name]
+    for name in forwarded_env(env):
+        cmd += ["-x", name]
     cmd += list(extra_mpi_args)
     cmd += rank_command(command, config_path, python)
     return cmd
