@@ -64,8 +64,11 @@ def smoke(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (smoke(training__translation=None), "a transformer task needs training.translation"),
-        (smoke(training__optimizer="sgd"), "a transformer task needs training.translation, optimizer adam"),
+        (smoke(training__translation=None), "a translation task \\(transformer, gnmt\\) needs training.translation"),
+        (
+            smoke(training__optimizer="sgd"),
+            "a translation task \\(transformer, gnmt\\) needs training.translation, optimizer adam",
+        ),
         (smoke(goal__metric="test-top1-accuracy", goal__target=0.5, goal__lightTarget=0.4), "goal is bleu, perp"),
         (smoke(dataset__format="libsvm", dataset__path="/data/x"), "reads parallel-text or generates"),
     ],
@@ -78,13 +81,13 @@ def test_a_transformer_task_keeps_its_kinds_rules(spec: dict[str, Any], message:
 def test_other_models_refuse_the_translation_kinds_parts() -> None:
     base: dict[str, Any] = get_task("epsilon-logreg-synthetic").spec.to_api()
     bleu = {**base, "goal": {"metric": "bleu", "target": 20.0}}
-    with pytest.raises(ValidationError, match="bleu goals are a transformer task's"):
+    with pytest.raises(ValidationError, match="bleu goals are a translation task's"):
         BenchmarkTaskSpec.model_validate(bleu)
     sized = {**base, "model": {"name": "logistic-regression", "transformer": {"dModel": 64}}}
     with pytest.raises(ValidationError, match="transformer sizes are for a transformer model only"):
         BenchmarkTaskSpec.model_validate(sized)
     text = {**base, "dataset": {"name": "x", "format": "parallel-text", "path": "/data/x"}}
-    with pytest.raises(ValidationError, match="the parallel-text format is a transformer task's"):
+    with pytest.raises(ValidationError, match="the parallel-text format is a translation task's"):
         BenchmarkTaskSpec.model_validate(text)
     loss = {**base, "goal": {"metric": "loss", "target": 0.3}}
     assert BenchmarkTaskSpec.model_validate(loss).goal.metric is GoalMetric.LOSS

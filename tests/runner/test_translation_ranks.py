@@ -21,6 +21,7 @@ from mlbench_runner.translation.corpus import write_synthetic
 from mlbench_runner.translation.loop import RECIPE_4B, SMOKE, train_translation
 from mlbench_runner.translation.optim import LossScaler, accumulated_step
 from mlbench_runner.translation.task import recipe_for
+from mlbench_runner.translation.transformer import TransformerShape
 
 from .helpers import env, join_all, launch_processes, make_config, spawn_ranks
 from .test_translation import micro_batches, tiny_model
@@ -113,6 +114,7 @@ def test_the_catalog_4b_task_is_the_pages_recipe() -> None:
     """recipe_for reads task 4b's sections into the loop's recipe: the same numbers as RECIPE_4B."""
     config = make_config(get_task("wmt17-transformer").spec.to_api(), Path("/tmp/unused"), 4)
     recipe = recipe_for(config)
+    assert isinstance(RECIPE_4B.shape, TransformerShape)
     assert recipe == dataclasses.replace(
         RECIPE_4B, shape=dataclasses.replace(RECIPE_4B.shape, max_positions=81), goal=recipe.goal
     )
