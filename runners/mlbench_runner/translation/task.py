@@ -71,7 +71,7 @@ def recipe_for(config: RunConfig) -> TranslationRecipe:
     return TranslationRecipe(
         shape=model_shape(task.model, max(extra.max_length, extra.test_max_length or 0)),
         global_tokens=extra.tokens_per_step,
-        max_tokens=training.batch_size_per_worker,
+        max_tokens=TranslationRecipe.max_tokens if by_sentences else training.batch_size_per_worker,
         sentences_per_step=extra.sentences_per_step,
         max_sentences=training.batch_size_per_worker if by_sentences else TranslationRecipe.max_sentences,
         peak_lr=config.lr.peak_lr,
