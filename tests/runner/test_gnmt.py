@@ -9,12 +9,22 @@ import math
 import pytest
 import torch
 
+from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.translation.decoding import beam_search, coverage_penalty, greedy, normalized
 from mlbench_runner.translation.gnmt import Gnmt, GnmtShape
-from mlbench_runner.translation.optim import LossScaler, clipped, exponential_warmup_step_decay, sentence_batches
+from mlbench_runner.translation.optim import (
+    LossScaler,
+    MicroBatch,
+    accumulated_step,
+    clipped,
+    exponential_warmup_step_decay,
+    sentence_batches,
+)
+from mlbench_runner.translation.transformer import shift_right
 
 TINY = GnmtShape(hidden=16, layers=3, dropout=0.0)
 VOCAB, PAD = 13, 0
+ALONE = LocalCommunicator("gloo")
 
 
 def tiny_gnmt(seed: int = 0) -> Gnmt:
@@ -181,3 +191,29 @@ def test_the_loss_scaler_grows_no_higher_than_its_ceiling() -> None:
     assert scaler.scale == 2.0**11
     assert not scaler.update(overflow=True)
     assert (scaler.scale, scaler.skipped) == (2.0**10, 1)
+
+
+def sgd_delta(per_sentence: bool, clip_norm: float | None) -> tuple[torch.Tensor, int, int]:
+    """The flat update of one SGD(lr 1) step through accumulated_step over two micro-batches, and the batch's
+    target tokens and sentences."""
+    model = tiny_gnmt().train()
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    target = torch.tensor([[4, 5, 2], [6, 2, PAD]])
+    batches = [MicroBatch(sources(), shift_right(target, 1, PAD), target)] * 2
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    outcome = accumulated_step(
+        model, optimizer, batches, ALONE, LossScaler(), lr=1.0, pad=PAD, smoothing=0.1,
+        per_sentence=per_sentence, clip_norm=clip_norm,
+    )  # fmt: skip
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return before - after, outcome.tokens, outcome.sentences
+
+
+def test_4as_gradient_is_the_mean_per_sentence_and_clipped() -> None:
+    by_token, tokens, sentences = sgd_delta(per_sentence=False, clip_norm=None)
+    by_sentence, _, _ = sgd_delta(per_sentence=True, clip_norm=None)
+    assert (tokens, sentences) == (10, 4)
+    torch.testing.assert_close(by_sentence * sentences, by_token * tokens, rtol=1e-4, atol=1e-6)
+    capped, _, _ = sgd_delta(per_sentence=True, clip_norm=0.01)
+    assert float(torch.linalg.vector_norm(by_sentence)) > 0.01
+    assert float(torch.linalg.vector_norm(capped)) == pytest.approx(0.01, rel=1e-3)
