@@ -28,7 +28,7 @@ from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.translation.corpus import read_dictionary, read_split, token_batches, write_synthetic
 from mlbench_runner.translation.loop import SMOKE, micro_batch
 from mlbench_runner.translation.optim import LossScaler, MicroBatch, accumulated_step, label_smoothed_loss
-from mlbench_runner.translation.transformer import BASE, Transformer
+from mlbench_runner.translation.transformer import BASE, Transformer, TransformerShape
 
 SMOOTHING = 0.1
 
@@ -82,6 +82,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     autocast = torch.bfloat16 if args.precision == "bf16" else None
     shape = BASE if args.shape == "base" else SMOKE.shape
+    assert isinstance(shape, TransformerShape)
     with tempfile.TemporaryDirectory() as tmp:
         root = write_synthetic(Path(tmp), {"train": 4000}, seed=0)
         vocab = read_dictionary(root / "dict.txt")

@@ -53,7 +53,9 @@ class ResolvedSchedule(ApiModel):
     decay_factor: float = 0.1
     alpha: float | None = None
     decay_unit: str = "step"
-    warmup_steps: int = Field(default=0, description="warmup-inverse-sqrt: optimizer steps of warm-up from 0.")
+    warmup_steps: int = Field(
+        default=0, description="warmup-inverse-sqrt, exponential-warmup-step-decay: optimizer steps of warm-up."
+    )
 
 
 class RunConfig(ApiModel):
@@ -155,6 +157,16 @@ def resolve_schedule(lr: LearningRate, batch: int, world_size: int) -> ResolvedS
     if lr.schedule is Schedule.WARMUP_INVERSE_SQRT:
         assert lr.warmup_steps is not None
         return ResolvedSchedule(schedule=lr.schedule, initial_lr=0.0, peak_lr=lr.value, warmup_steps=lr.warmup_steps)
+    if lr.schedule is Schedule.EXPONENTIAL_WARMUP_STEP_DECAY:  # the decays depend on the run's length: the loop's
+        assert lr.warmup_steps is not None
+        assert lr.value is not None
+        return ResolvedSchedule(
+            schedule=lr.schedule,
+            initial_lr=lr.value * 0.01,
+            peak_lr=lr.value,
+            warmup_steps=lr.warmup_steps,
+            decay_factor=lr.decay_factor,
+        )
     return ResolvedSchedule(schedule=lr.schedule, initial_lr=lr.value, peak_lr=lr.value)
 
 

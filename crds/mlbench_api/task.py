@@ -38,6 +38,7 @@ class ModelName(StrEnum):
     RESNET = "resnet"
     LOGISTIC_REGRESSION = "logistic-regression"
     TRANSFORMER = "transformer"
+    GNMT = "gnmt"
     AWD_LSTM = "awd-lstm"
 
 
@@ -70,6 +71,20 @@ class TransformerSize(ApiModel):
         if self.d_model % self.heads:
             raise ValueError("heads: dModel must divide by heads")
         return self
+
+
+class GnmtSize(ApiModel):
+    """GNMT's sizes (the reference's task 4a model by default: 4 + 4 layers, 1024 wide, dropout 0.2, shared
+    embedding)."""
+
+    hidden: Annotated[int, Field(ge=1, le=16384)] = 1024
+    """Width of the embedding, every LSTM layer and the attention (default 1024)."""
+    layers: Annotated[int, Field(ge=2, le=64)] = 4
+    """LSTM layers in the encoder (the first bidirectional) and in the decoder (default 4)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Dropout before every LSTM layer (default 0.2)."""
+    share_embedding: bool = True
+    """One embedding for source and target over the joined vocabulary (default true, the reference's)."""
 
 
 class AwdLstmSize(ApiModel):
@@ -112,6 +127,11 @@ class ModelSpec(ApiModel):
                     ".transformer",
                 ),
                 cel(
+                    "self.name == 'gnmt' || !has(self.gnmt)",
+                    "gnmt sizes are for a gnmt model only",
+                    ".gnmt",
+                ),
+                cel(
                     "self.name == 'awd-lstm' || !has(self.awdLstm)",
                     "awdLstm sizes are for an awd-lstm model only",
                     ".awdLstm",
@@ -121,14 +141,16 @@ class ModelSpec(ApiModel):
     )
 
     name: ModelName
-    """The architecture: resnet (CIFAR-style ResNet, task 1a), logistic-regression (task 2a), transformer (task 4b) or
-    awd-lstm (task 3a)."""
+    """The architecture: resnet (CIFAR-style ResNet, task 1a), logistic-regression (task 2a), transformer (task 4b),
+    gnmt (task 4a) or awd-lstm (task 3a)."""
     version: Literal["m1", "m2"] | None = None
     """ResNet variant: m1 = original (He et al. 2015), m2 = pre-activation (He et al. 2016). Required for resnet."""
     depth: Literal[20, 32, 44, 56] | None = None
     """ResNet depth in layers (20, 32, 44 or 56). Required for resnet; ignored by logistic-regression."""
     transformer: TransformerSize | None = None
     """transformer only: the sizes; unset: the base model (6+6 layers, 512 wide, 8 heads, FFN 2048)."""
+    gnmt: GnmtSize | None = None
+    """gnmt only: the sizes; unset: the reference's model (4 + 4 layers, 1024 wide, dropout 0.2)."""
     awd_lstm: AwdLstmSize | None = None
     """awd-lstm only: the sizes and dropouts; unset: the reference's WikiText-2 model (400/1150, 3 layers)."""
 
@@ -138,6 +160,8 @@ class ModelSpec(ApiModel):
             raise ValueError("depth: a resnet model needs version and depth")
         if self.name is not ModelName.TRANSFORMER and self.transformer is not None:
             raise ValueError("transformer: transformer sizes are for a transformer model only")
+        if self.name is not ModelName.GNMT and self.gnmt is not None:
+            raise ValueError("gnmt: gnmt sizes are for a gnmt model only")
         if self.name is not ModelName.AWD_LSTM and self.awd_lstm is not None:
             raise ValueError("awdLstm: awdLstm sizes are for an awd-lstm model only")
         return self
@@ -306,6 +330,12 @@ class Schedule(StrEnum):
     INVERSE_SQRT = "inverse-sqrt"  #: alpha / sqrt(t), alpha chosen by worker count
     CONSTANT = "constant"
     WARMUP_INVERSE_SQRT = "warmup-inverse-sqrt"  #: linear from 0 to value over warmupSteps, then value*sqrt(w/t)
+    #: value * 0.01**((w - t) / w) up to warmupSteps, then halvings from decayStart of the total steps (task 4a)
+    EXPONENTIAL_WARMUP_STEP_DECAY = "exponential-warmup-step-decay"
+
+
+#: The schedules of the translation tasks (4b's, 4a's); the other models take neither.
+TRANSLATION_SCHEDULES = (Schedule.WARMUP_INVERSE_SQRT, Schedule.EXPONENTIAL_WARMUP_STEP_DECAY)
 
 
 class AlphaForWorkers(ApiModel):
@@ -344,6 +374,11 @@ class LearningRate(ApiModel):
                     ".warmupSteps",
                 ),
                 cel(
+                    "self.schedule != 'exponential-warmup-step-decay' || (has(self.value) && has(self.warmupSteps))",
+                    "the exponential-warmup-step-decay schedule needs value and warmupSteps",
+                    ".warmupSteps",
+                ),
+                cel(
                     "!has(self.milestones) || (self.milestones.isSorted() && "
                     "self.milestones.all(m, self.milestones.filter(n, n == m).size() == 1))",
                     "milestones must be strictly increasing",
@@ -354,8 +389,10 @@ class LearningRate(ApiModel):
     )
 
     schedule: Schedule
-    """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers), constant (needs value) or
-    warmup-inverse-sqrt (needs value and warmupSteps; the transformer's)."""
+    """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers), constant (needs value),
+    warmup-inverse-sqrt (needs value and warmupSteps; task 4b's) or exponential-warmup-step-decay (needs value and
+    warmupSteps; task 4a's: value * 0.01**((warmupSteps - t) / warmupSteps) up to warmupSteps, then value *
+    decayFactor**k, k = 1 + (t - decayStart * T) // (decayInterval * T) at most maxDecays, T the total steps)."""
     per_sample: Annotated[float, Field(gt=0, le=10)] | None = Field(
         default=None,
         description="multistep: eta, the learning rate per sample; a rank steps with eta * batchSizePerWorker "
@@ -363,14 +400,22 @@ class LearningRate(ApiModel):
     )
     value: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
-        description="constant: the learning rate of every step; warmup-inverse-sqrt: the peak rate, reached at "
-        "warmupSteps.",
+        description="constant: the learning rate of every step; warmup-inverse-sqrt and "
+        "exponential-warmup-step-decay: the peak rate, reached at warmupSteps.",
     )
     warmup_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
         default=None,
         description="warmup-inverse-sqrt: optimizer steps of linear warm-up from 0 to value, after which the rate is "
-        "value * sqrt(warmupSteps / step) (fairseq's inverse_sqrt).",
+        "value * sqrt(warmupSteps / step) (fairseq's inverse_sqrt); exponential-warmup-step-decay: steps of "
+        "exponential warm-up from value / 100 to value.",
     )
+    decay_start: Annotated[float, Field(ge=0, le=1)] = 0.4
+    """exponential-warmup-step-decay: the fraction of all training steps after which the first decay applies
+    (default 0.4)."""
+    decay_interval: Annotated[float, Field(gt=0, le=1)] = 0.05
+    """exponential-warmup-step-decay: the fraction of all training steps between decays (default 0.05)."""
+    max_decays: Annotated[int, Field(ge=0, le=1000)] = 4
+    """exponential-warmup-step-decay: the most decays (default 4)."""
     linear_scaling: bool = Field(
         default=True,
         description="multistep: scale eta*b up to eta*b*k (k = world size) over the warm-up epochs (default true).",
@@ -384,7 +429,8 @@ class LearningRate(ApiModel):
     """multistep: epochs after which the rate is multiplied by decayFactor; strictly increasing, each less than
     maxEpochs."""
     decay_factor: Annotated[float, Field(gt=0, le=1)] = 0.1
-    """multistep: factor applied at every milestone (default 0.1)."""
+    """multistep: factor applied at every milestone (default 0.1); exponential-warmup-step-decay: at every decay
+    (task 4a: 0.5)."""
     alpha_by_workers: Annotated[list[AlphaForWorkers], Field(max_length=32)] = Field(default_factory=list)
     """inverse-sqrt: alpha per world size; the row with the largest minWorkers not above the world size applies."""
     decay_unit: Literal["step", "epoch"] = Field(
@@ -401,8 +447,8 @@ class LearningRate(ApiModel):
             raise ValueError("alphaByWorkers: the inverse-sqrt schedule needs alphaByWorkers")
         if self.schedule is Schedule.CONSTANT and self.value is None:
             raise ValueError("value: the constant schedule needs value")
-        if self.schedule is Schedule.WARMUP_INVERSE_SQRT and (self.value is None or self.warmup_steps is None):
-            raise ValueError("warmupSteps: the warmup-inverse-sqrt schedule needs value and warmupSteps")
+        if self.schedule in TRANSLATION_SCHEDULES and (self.value is None or self.warmup_steps is None):
+            raise ValueError(f"warmupSteps: the {self.schedule.value} schedule needs value and warmupSteps")
         if self.milestones != sorted(set(self.milestones)):
             raise ValueError("milestones: milestones must be strictly increasing")
         return self
@@ -431,9 +477,9 @@ REFERENCE_ALGORITHMS = (Algorithm.ALLREDUCE_SGD, Algorithm.DDP)
 
 
 class LossScaling(ApiModel):
-    """The dynamic loss scale of mixed-precision training (task 4b's page): the loss is multiplied by the scale
-    before backward and the gradient divided by it; a non-finite gradient skips the step and divides the scale by
-    factor, ``window`` clean steps in a row multiply it by factor."""
+    """The dynamic loss scale of mixed-precision training (tasks 4a and 4b of the page): the loss is multiplied by the
+    scale before backward and the gradient divided by it; a non-finite gradient skips the step and divides the scale
+    by factor, ``window`` clean steps in a row multiply it by factor (up to maxScale)."""
 
     initial_scale: Annotated[float, Field(gt=0)] = 128.0
     """The first scale (default 2**7)."""
@@ -441,16 +487,21 @@ class LossScaling(ApiModel):
     """Down- and up-scaling factor (default 2)."""
     window: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
     """Clean steps before the scale grows (default 2000)."""
+    max_scale: Annotated[float, Field(gt=0)] | None = None
+    """The largest scale (task 4a: 2**13); unset: no bound (task 4b)."""
 
 
 class TranslationTraining(ApiModel):
-    """What a translation task (model transformer) adds to its training: batches by tokens, Adam's constants,
-    label smoothing, loss scaling, and the decoding its BLEU is measured with."""
+    """What a translation task (model transformer or gnmt) adds to its training: batches by tokens or sentences,
+    Adam's constants, label smoothing, loss scaling, gradient clipping, and the decoding its BLEU is measured with."""
 
     tokens_per_step: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 17
     """b: target tokens per optimizer step over all ranks (default 2**17). Each rank accumulates
     update_freq = max(1, b / (batchSizePerWorker * world size)) micro-batches of at most
     b / (world size * update_freq) tokens, and all-reduces once per optimizer step."""
+    sentences_per_step: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    """Set: b counts sentence pairs instead of tokens (task 4a: 2048), batchSizePerWorker is bs_max in sentences,
+    and the gradient is the mean per sentence; tokensPerStep is then unused."""
     adam_betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = Field(
         default_factory=lambda: [0.9, 0.98]
     )
@@ -464,11 +515,22 @@ class TranslationTraining(ApiModel):
     loss_scaling: LossScaling = Field(default_factory=LossScaling)
     """The dynamic loss scale (also applied in fp32 and bf16, where it rarely matters)."""
     max_length: Annotated[int, Field(ge=2, le=4096)] = 80
-    """Longest sentence in tokens (end of sentence included), in training and test; longer pairs are dropped."""
+    """Longest sentence in tokens (end of sentence included), in training and, unless testMaxLength, test; longer
+    pairs are dropped."""
+    test_max_length: Annotated[int, Field(ge=2, le=4096)] | None = None
+    """Longest test sentence and hypothesis in tokens (task 4a: 150); unset: maxLength."""
+    clip_norm: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    """The averaged gradient's global norm is clipped at this (task 4a: 5.0); unset: no clipping."""
     beam: Annotated[int, Field(ge=1, le=64)] = 4
     """Beam size of the decoding that BLEU is measured on (default 4)."""
     length_penalty: Annotated[float, Field(ge=0, le=10)] = 0.6
-    """Hypothesis score = log-probability / length**lengthPenalty (default 0.6)."""
+    """Hypothesis score = log-probability / length**lengthPenalty (default 0.6), or with lengthNormConst c GNMT's
+    log-probability / ((c + length) / (c + 1))**lengthPenalty."""
+    length_norm_const: Annotated[float, Field(ge=0, le=1000)] | None = None
+    """GNMT's length normalisation constant c (task 4a: 5); unset: length**lengthPenalty (fairseq's)."""
+    coverage_penalty: Annotated[float, Field(ge=0, le=10)] = 0.0
+    """GNMT's coverage penalty weight (task 4a: 0.1): adds weight * sum over source tokens of log(min(1, attention
+    received)); needs a model that reports its attention (gnmt). Default 0."""
 
 
 class LanguageModelTraining(ApiModel):
@@ -820,44 +882,55 @@ class Overridable(StrEnum):
     TIME_BUDGET_SECONDS = "timeBudgetSeconds"
 
 
-#: What a transformer (translation) task reads, and the goals it can measure; the other models take neither
-#: parallel text nor bleu / perplexity goals.
-TRANSFORMER_FORMATS = ("parallel-text", "synthetic")
-TRANSFORMER_METRICS = ("bleu", "perplexity", "loss")
+#: The translation models (tasks 4b and 4a), what they read, and the goals they can measure; the other models take
+#: neither parallel text nor bleu / perplexity goals.
+TRANSLATION_MODELS = ("transformer", "gnmt")
+TRANSLATION_FORMATS = ("parallel-text", "synthetic")
+TRANSLATION_METRICS = ("bleu", "perplexity", "loss")
 #: What an awd-lstm (language-modelling) task reads and measures; the other models take neither WikiText's token
 #: files nor a languageModel section.
 LANGUAGE_MODEL_FORMATS = ("wikitext-tokens", "synthetic")
 LANGUAGE_MODEL_METRICS = ("perplexity", "loss")
 
 
+def translation_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
+    """What a translation task (transformer, gnmt) breaks of its kind's rules (mirrors the CEL rules)."""
+    errors = []
+    if (
+        training.translation is None
+        or training.optimizer is not Optimizer.ADAM
+        or training.learning_rate.schedule not in TRANSLATION_SCHEDULES
+    ):
+        errors.append(
+            "training: a translation task (transformer, gnmt) needs training.translation, optimizer adam and the "
+            "warmup-inverse-sqrt or exponential-warmup-step-decay schedule"
+        )
+    if dataset.format.value not in TRANSLATION_FORMATS:
+        errors.append("dataset: a translation task reads parallel-text or generates the synthetic pair")
+    if goal.metric.value not in TRANSLATION_METRICS:
+        errors.append("goal: a translation task's goal is bleu, perplexity or loss")
+    x = training.translation
+    if x is not None and x.coverage_penalty > 0 and model.name is not ModelName.GNMT:
+        errors.append("training: translation.coveragePenalty needs a model that reports its attention (gnmt)")
+    return errors
+
+
 def task_kind_errors(model: ModelSpec, dataset: DatasetSpec, training: Training, goal: Goal) -> list[str]:
     """What a task's sections break of the translation and language-modelling kinds' rules (mirrors the CEL
     rules), as field: message."""
-    if model.name is ModelName.TRANSFORMER:
-        errors = []
-        if (
-            training.translation is None
-            or training.optimizer is not Optimizer.ADAM
-            or training.learning_rate.schedule is not Schedule.WARMUP_INVERSE_SQRT
-        ):
-            errors.append(
-                "training: a transformer task needs training.translation, optimizer adam and the "
-                "warmup-inverse-sqrt schedule"
-            )
-        if dataset.format.value not in TRANSFORMER_FORMATS:
-            errors.append("dataset: a transformer task reads parallel-text or generates the synthetic pair")
-        if goal.metric.value not in TRANSFORMER_METRICS:
-            errors.append("goal: a transformer task's goal is bleu, perplexity or loss")
-        return errors + language_model_errors(model, dataset, training, goal)
+    if model.name.value in TRANSLATION_MODELS:
+        return translation_errors(model, dataset, training, goal) + language_model_errors(
+            model, dataset, training, goal
+        )
     errors = []
-    if training.translation is not None or training.learning_rate.schedule is Schedule.WARMUP_INVERSE_SQRT:
-        errors.append("training: training.translation and the warmup-inverse-sqrt schedule are a transformer task's")
+    if training.translation is not None or training.learning_rate.schedule in TRANSLATION_SCHEDULES:
+        errors.append("training: training.translation and the translation schedules are a translation task's")
     if dataset.format is DatasetFormat.PARALLEL_TEXT:
-        errors.append("dataset: the parallel-text format is a transformer task's")
+        errors.append("dataset: the parallel-text format is a translation task's")
     if goal.metric is GoalMetric.BLEU or (
         goal.metric is GoalMetric.PERPLEXITY and model.name is not ModelName.AWD_LSTM
     ):
-        errors.append("goal: bleu goals are a transformer task's, perplexity goals a transformer's or an awd-lstm's")
+        errors.append("goal: bleu goals are a translation task's, perplexity goals a translation or awd-lstm task's")
     return errors + language_model_errors(model, dataset, training, goal)
 
 
@@ -912,6 +985,54 @@ def _language_model_rules(awd: str) -> list[Any]:
     ]
 
 
+def _translation_rules(translation: str, awd: str) -> list[Any]:
+    """The CEL mirror of :func:`translation_errors` and of the other kinds' half of :func:`task_kind_errors`."""
+    schedules = [s.value for s in TRANSLATION_SCHEDULES]
+    return [
+        cel(
+            f"!({translation}) || (has(self.training) && has(self.training.translation) && "
+            f"self.training.optimizer == 'adam' && self.training.learningRate.schedule in {schedules})",
+            "a translation task (transformer, gnmt) needs training.translation, optimizer adam and the "
+            "warmup-inverse-sqrt or exponential-warmup-step-decay schedule",
+            ".training",
+        ),
+        cel(
+            f"!({translation}) || (has(self.dataset) && self.dataset.format in {list(TRANSLATION_FORMATS)})",
+            "a translation task reads parallel-text or generates the synthetic pair (format synthetic)",
+            ".dataset",
+        ),
+        cel(
+            f"!({translation}) || (has(self.goal) && self.goal.metric in {list(TRANSLATION_METRICS)})",
+            "a translation task's goal is bleu, perplexity or loss",
+            ".goal",
+        ),
+        cel(
+            "!has(self.training) || !has(self.training.translation) || "
+            "!has(self.training.translation.coveragePenalty) || self.training.translation.coveragePenalty == 0.0 "
+            "|| (has(self.model) && self.model.name == 'gnmt')",
+            "translation.coveragePenalty needs a model that reports its attention (gnmt)",
+            ".training",
+        ),
+        cel(
+            f"{translation} || !has(self.training) || (!has(self.training.translation) && "
+            f"!(self.training.learningRate.schedule in {schedules}))",
+            "training.translation and the translation schedules are a translation task's",
+            ".training",
+        ),
+        cel(
+            f"{translation} || !has(self.dataset) || self.dataset.format != 'parallel-text'",
+            "the parallel-text format is a translation task's",
+            ".dataset",
+        ),
+        cel(
+            f"{translation} || !has(self.goal) || !(self.goal.metric == 'bleu' || "
+            f"(self.goal.metric == 'perplexity' && !({awd})))",
+            "bleu goals are a translation task's, perplexity goals a translation or awd-lstm task's",
+            ".goal",
+        ),
+    ]
+
+
 #: The four sections of a training task, by wire name; a collectives task has none of them.
 TRAINING_SECTIONS = ("model", "dataset", "training", "goal")
 
@@ -929,43 +1050,9 @@ def _training_task_rules() -> list[Any]:
             ".overridable",
         ),
     ]
-    transformer = "has(self.model) && self.model.name == 'transformer'"
+    translation = f"has(self.model) && self.model.name in {list(TRANSLATION_MODELS)}"
     awd = "has(self.model) && self.model.name == 'awd-lstm'"
-    rules += [
-        cel(
-            f"!({transformer}) || (has(self.training) && has(self.training.translation) && "
-            "self.training.optimizer == 'adam' && self.training.learningRate.schedule == 'warmup-inverse-sqrt')",
-            "a transformer task needs training.translation, optimizer adam and the warmup-inverse-sqrt schedule",
-            ".training",
-        ),
-        cel(
-            f"!({transformer}) || (has(self.dataset) && self.dataset.format in {list(TRANSFORMER_FORMATS)})",
-            "a transformer task reads parallel-text or generates the synthetic pair (format synthetic)",
-            ".dataset",
-        ),
-        cel(
-            f"!({transformer}) || (has(self.goal) && self.goal.metric in {list(TRANSFORMER_METRICS)})",
-            "a transformer task's goal is bleu, perplexity or loss",
-            ".goal",
-        ),
-        cel(
-            f"{transformer} || !has(self.training) || (!has(self.training.translation) && "
-            "self.training.learningRate.schedule != 'warmup-inverse-sqrt')",
-            "training.translation and the warmup-inverse-sqrt schedule are a transformer task's",
-            ".training",
-        ),
-        cel(
-            f"{transformer} || !has(self.dataset) || self.dataset.format != 'parallel-text'",
-            "the parallel-text format is a transformer task's",
-            ".dataset",
-        ),
-        cel(
-            f"{transformer} || !has(self.goal) || !(self.goal.metric == 'bleu' || "
-            f"(self.goal.metric == 'perplexity' && !({awd})))",
-            "bleu goals are a transformer task's, perplexity goals a transformer's or an awd-lstm's",
-            ".goal",
-        ),
-    ]
+    rules += _translation_rules(translation, awd)
     rules += _language_model_rules(awd)
     rules += [
         cel(

@@ -60,8 +60,8 @@ def smoke(**changes: Any) -> dict[str, Any]:
             "learningRate is constant",
         ),
         (smoke(dataset__format="libsvm", dataset__path="/data/x"), "reads wikitext-tokens or generates"),
-        (smoke(goal__metric="bleu", goal__lightTarget=None), "bleu goals are a transformer task's"),
-        (smoke(training__translation={}), "are a transformer task's"),
+        (smoke(goal__metric="bleu", goal__lightTarget=None), "bleu goals are a translation task's"),
+        (smoke(training__translation={}), "are a translation task's"),
     ],
 )
 def test_an_awd_lstm_task_keeps_its_kinds_rules(spec: dict[str, Any], message: str) -> None:
@@ -81,7 +81,7 @@ def test_other_models_refuse_the_language_kinds_parts() -> None:
     with pytest.raises(ValidationError, match="awdLstm sizes are for an awd-lstm model only"):
         BenchmarkTaskSpec.model_validate(sized)
     perplexity = {**base, "goal": {"metric": "perplexity", "target": 50.0}}
-    with pytest.raises(ValidationError, match="perplexity goals a transformer's or an awd-lstm's"):
+    with pytest.raises(ValidationError, match="perplexity goals a translation or awd-lstm task's"):
         BenchmarkTaskSpec.model_validate(perplexity)
     transformer: dict[str, Any] = get_task("synthetic-transformer-smoke").spec.to_api()
     both = {**transformer, "training": {**transformer["training"], "languageModel": {}}}

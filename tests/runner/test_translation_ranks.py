@@ -18,9 +18,10 @@ from mlbench_api.catalog import get_task
 from mlbench_api.results import RunSummary
 from mlbench_runner.comm import LocalCommunicator, TorchCommunicator, close_quietly
 from mlbench_runner.translation.corpus import write_synthetic
-from mlbench_runner.translation.loop import RECIPE_4B, SMOKE, train_translation
+from mlbench_runner.translation.loop import RECIPE_4A, RECIPE_4B, SMOKE, SMOKE_GNMT, train_translation
 from mlbench_runner.translation.optim import LossScaler, accumulated_step
 from mlbench_runner.translation.task import recipe_for
+from mlbench_runner.translation.transformer import TransformerShape
 
 from .helpers import env, join_all, launch_processes, make_config, spawn_ranks
 from .test_translation import micro_batches, tiny_model
@@ -116,10 +117,21 @@ def test_the_catalog_4b_task_is_the_pages_recipe() -> None:
     """recipe_for reads task 4b's sections into the loop's recipe: the same numbers as RECIPE_4B."""
     config = make_config(get_task("wmt17-transformer").spec.to_api(), Path("/tmp/unused"), 4)
     recipe = recipe_for(config)
+    assert isinstance(RECIPE_4B.shape, TransformerShape)
     assert recipe == dataclasses.replace(
         RECIPE_4B, shape=dataclasses.replace(RECIPE_4B.shape, max_positions=81), goal=recipe.goal
     )
     assert (recipe.goal.metric.value, recipe.goal.target) == ("bleu", 25.0)
+
+
+def test_the_catalog_4a_task_is_the_pages_recipe() -> None:
+    """recipe_for reads task 4a's sections into the loop's recipe: the same numbers as RECIPE_4A."""
+    config = make_config(get_task("wmt16-gnmt").spec.to_api(), Path("/tmp/unused"), 4)
+    recipe = recipe_for(config)
+    assert recipe == dataclasses.replace(RECIPE_4A, goal=recipe.goal)
+    assert (recipe.goal.metric.value, recipe.goal.target) == ("bleu", 24.0)
+    assert recipe.rate(0, 1000) == pytest.approx(2e-5)
+    assert recipe.rate(400, 1000) == pytest.approx(1e-3)
 
 
 @pytest.mark.multiproc
@@ -147,3 +159,32 @@ def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_
     assert [e["score"] for e in evaluations] == [h.score for h in summary.history]
     assert {e["metric"] for e in evaluations} == {"bleu"}
     assert events[-1]["event"] == "run_summary"
+
+
+def test_the_gnmt_smoke_task_is_the_smoke_recipe() -> None:
+    """The catalog's synthetic-gnmt-smoke reads into SMOKE_GNMT (the recipe the docs describe)."""
+    config = make_config(get_task("synthetic-gnmt-smoke").spec.to_api(), Path("/tmp/unused"), 2)
+    recipe = recipe_for(config)
+    assert recipe == dataclasses.replace(SMOKE_GNMT, goal=recipe.goal)
+    assert recipe.goal.target == SMOKE_GNMT.goal.target
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(600)
+def test_the_gnmt_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_path: Path) -> None:
+    """``mlbench-runner train`` on two gloo ranks runs a gnmt task through the translation kind (4a's rule: sentence
+    batches, exponential warm-up and step decay, clipping, GNMT's beam search) from near 0 BLEU to the smoke goal."""
+    config = make_config(get_task("synthetic-gnmt-smoke").spec.to_api(), tmp_path / "out", 2)
+    ranks = launch_processes(config, 2, timeout=540)
+    summary = RunSummary.model_validate_json((tmp_path / "out" / "summary.json").read_text())
+    print("scores", [h.score for h in summary.history], "wall", summary.wall_clock_seconds)
+    assert (summary.status, summary.stop_reason, summary.goal_reached) == ("success", "goal", True)
+    assert summary.goal_metric == "bleu"
+    assert summary.final_score is not None
+    assert summary.final_score >= SMOKE_GNMT.goal.target
+    assert summary.history[0].score is not None
+    assert summary.history[0].score < 5.0
+    assert summary.bleu_signature is not None
+    assert summary.bleu_signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert (summary.skipped_steps, summary.update_freq) == (0, 1)
+    assert [r["steps"] for r in ranks] == [summary.steps, summary.steps]

@@ -430,6 +430,7 @@ KINDS: dict[ModelName, Callable[[RunConfig, World | None, Options | None], RunSu
     ModelName.RESNET: _trained,
     ModelName.LOGISTIC_REGRESSION: _trained,
     ModelName.TRANSFORMER: _translated,
+    ModelName.GNMT: _translated,
     ModelName.AWD_LSTM: _language_modelled,
 }
 

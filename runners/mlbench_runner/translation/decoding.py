@@ -1,29 +1,56 @@
-"""Greedy and beam search over :class:`~.transformer.Transformer`, as fairseq's SequenceGenerator scores them.
+"""Greedy and beam search over a :class:`Seq2Seq` model (the Transformer, GNMT), as fairseq's SequenceGenerator
+searches.
 
-A hypothesis's score is the sum of its tokens' log-probabilities (eos included) divided by its length to the
-power ``length_penalty`` (fairseq's ``--lenpen``; 1.0 is the mean per token, 0.0 the raw sum). Each step runs
-the decoder over the whole prefix (no incremental state): simple, and exact.
+A hypothesis's score is the sum of its tokens' log-probabilities (eos included) divided by a length penalty:
+``length ** length_penalty`` (fairseq's ``--lenpen``; 1.0 is the mean per token, 0.0 the raw sum), or with a
+``length_const`` c GNMT's ``((c + length) / (c + 1)) ** length_penalty``; GNMT's coverage penalty adds
+``coverage * sum_j log(min(1, attention on source token j summed over the steps))`` (a log of 0 counts 0, as the
+reference). Each step runs the decoder over the whole prefix (no incremental state): simple, and exact.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
-from mlbench_runner.translation.transformer import Transformer
+
+class Seq2Seq(Protocol):
+    """What the search needs of a model: its pad index, the encoder and the decoder over a whole prefix."""
+
+    pad: int
+
+    def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def decode(self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor) -> torch.Tensor: ...
 
 
-def next_token_logits(
-    model: Transformer, tokens: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor
-) -> torch.Tensor:
-    """fp32 logits of the token after ``tokens``; pad and bos are never generated (fairseq masks them too)."""
-    logits = model.decode(tokens, memory, padding)[:, -1].float()
-    logits[:, model.pad] = float("-inf")
-    logits[:, tokens[0, 0]] = float("-inf")  # every prefix starts with bos
+@runtime_checkable
+class Attending(Seq2Seq, Protocol):
+    """A model whose decoder also returns its attention weights (batch, length, source length): GNMT."""
+
+    def decode_attention(
+        self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def masked_last(logits: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
+    """fp32 logits of the last position; pad and bos are never generated (fairseq masks them too)."""
+    logits = logits[:, -1].float()
+    logits[:, pad] = float("-inf")
+    logits[:, bos] = float("-inf")
     return logits
 
 
+def next_token_logits(
+    model: Seq2Seq, tokens: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor
+) -> torch.Tensor:
+    """fp32 logits of the token after ``tokens`` (every prefix starts with bos)."""
+    return masked_last(model.decode(tokens, memory, padding), model.pad, int(tokens[0, 0]))
+
+
 @torch.no_grad()
-def greedy(model: Transformer, source: torch.Tensor, *, bos: int, eos: int, max_length: int) -> list[list[int]]:
+def greedy(model: Seq2Seq, source: torch.Tensor, *, bos: int, eos: int, max_length: int) -> list[list[int]]:
     """The most probable next token at each step, until eos or ``max_length`` tokens; eos is not returned."""
     memory, padding = model.encode(source)
     batch = source.shape[0]
@@ -42,14 +69,37 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 
 
-def normalized(score: float, length: int, length_penalty: float) -> float:
-    """A finished hypothesis's score: its log-probability over length**length_penalty (length counts eos)."""
-    return score / (length**length_penalty)
+def normalized(score: float, length: int, length_penalty: float, length_const: float | None = None) -> float:
+    """A finished hypothesis's score: its log-probability over length**length_penalty, or over GNMT's
+    ((c + length) / (c + 1))**length_penalty with ``length_const`` c (length counts eos)."""
+    if length_const is None:
+        return score / (length**length_penalty)
+    return score / (((length_const + length) / (length_const + 1.0)) ** length_penalty)
+
+
+def coverage_penalty(attention: torch.Tensor, weight: float) -> float:
+    """GNMT's ``weight * sum_j log(min(1, sum_i attention[i, j]))`` over source tokens j (log 0 counts 0)."""
+    if weight == 0.0:
+        return 0.0
+    logs = attention.float().sum(dim=0).clamp(max=1.0).log()
+    return weight * float(logs.masked_fill(torch.isinf(logs), 0.0).sum())
+
+
+def scored_step(
+    model: Seq2Seq, tokens: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor, coverage: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the next token, and the attention over every step so far when ``coverage`` needs it."""
+    if coverage == 0.0:
+        return torch.log_softmax(next_token_logits(model, tokens, memory, padding), dim=-1), None
+    if not isinstance(model, Attending):
+        raise ValueError("coverage penalty: the model does not report its attention (GNMT does)")
+    logits, attention = model.decode_attention(tokens, memory, padding)
+    return torch.log_softmax(masked_last(logits, model.pad, int(tokens[0, 0])), dim=-1), attention
 
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Seq2Seq,
     source: torch.Tensor,
     *,
     bos: int,
@@ -57,6 +107,8 @@ def beam_search(
     max_length: int,
     beam: int,
     length_penalty: float = 1.0,
+    length_const: float | None = None,
+    coverage: float = 0.0,
 ) -> list[list[int]]:
     """The best hypothesis per sentence among ``beam`` kept at each step; eos is not returned.
 
@@ -64,6 +116,7 @@ def beam_search(
     as fairseq, so that ``beam`` survive when some end); a candidate among the best ``beam`` that ends in eos is
     finished with its normalised score, the best ``beam`` others go on. A sentence is done once it has ``beam``
     finished hypotheses (fairseq's default early stop); at ``max_length`` the best live ones finish as they are.
+    ``length_const`` and ``coverage`` are GNMT's length normalisation and coverage penalty (module docstring).
     The caller puts the model in eval mode.
     """
     batch = source.shape[0]
@@ -75,7 +128,7 @@ def beam_search(
     scores[:, 1:] = float("-inf")  # all beams start equal: keep one, or the first step picks one token beam times
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     for length in range(1, max_length + 1):
-        logp = torch.log_softmax(next_token_logits(model, tokens, memory, padding), dim=-1)
+        logp, attention = scored_step(model, tokens, memory, padding, coverage)
         vocab = logp.shape[-1]
         total = (scores.view(-1, 1) + logp).view(batch, beam * vocab)
         top, flat = total.topk(2 * beam, dim=1)
@@ -91,7 +144,10 @@ def beam_search(
                 if w == eos or length == max_length:
                     if rank < beam and len(finished[b]) < beam:  # as fairseq: only the top beam candidates end
                         ids = row[1:].tolist() + ([] if w == eos else [w])
-                        finished[b].append((normalized(score, length, length_penalty), ids))
+                        final = normalized(score, length, length_penalty, length_const)
+                        if attention is not None:
+                            final += coverage_penalty(attention[b * beam + o], coverage)
+                        finished[b].append((final, ids))
                     continue
                 if kept < beam:
                     next_tokens.append(torch.cat([row, row.new_tensor([w])]))

@@ -1,7 +1,8 @@
 """One rank's translation training to a BLEU goal: the recipe's loop, flat.
 
-Per epoch: the training sentences grouped into token-bounded micro-batches (fairseq's ``--max-tokens``), shuffled
-alike on every rank, dealt out ``update_freq`` per rank per optimizer step; each step is
+Per epoch: the training sentences grouped into token-bounded micro-batches (4b, fairseq's ``--max-tokens``) or
+micro-batches of a number of sentences (4a), shuffled alike on every rank, dealt out ``update_freq`` per rank per
+optimizer step; each step is
 :func:`~.optim.accumulated_step` (one all-reduce). After each epoch every rank decodes its share of the test
 set with beam search, the hypotheses are gathered, and BLEU (sacrebleu, detokenized) decides the stop on every
 rank alike.
@@ -9,12 +10,14 @@ rank alike.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from mlbench_api.task import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
@@ -32,12 +35,15 @@ from mlbench_runner.translation.corpus import (
     read_split,
     token_batches,
 )
-from mlbench_runner.translation.decoding import beam_search
+from mlbench_runner.translation.decoding import Seq2Seq, beam_search
+from mlbench_runner.translation.gnmt import Gnmt, GnmtShape
 from mlbench_runner.translation.optim import (
     LossScaler,
     MicroBatch,
     accumulated_step,
+    exponential_warmup_step_decay,
     label_smoothed_loss,
+    sentence_batches,
     update_freq,
 )
 from mlbench_runner.translation.transformer import BASE, Transformer, TransformerShape, shift_right
@@ -53,12 +59,26 @@ def bleu_goal(target: float, light: float | None = None) -> Goal:
 
 
 @dataclass(frozen=True)
-class TranslationRecipe:
-    """Task 4b's hyperparameters (the public page's, and mlbench-benchmarks' reference where the page is silent)."""
+class StepDecay:
+    """Task 4a's decay after the exponential warm-up: ``factor`` at ``start`` of the total steps, then every
+    ``interval`` of them, at most ``max_decays`` times (:func:`~.optim.exponential_warmup_step_decay`)."""
 
-    shape: TransformerShape = BASE
+    start: float = 0.4
+    interval: float = 0.05
+    max_decays: int = 4
+    factor: float = 0.5
+
+
+@dataclass(frozen=True)
+class TranslationRecipe:
+    """A translation task's hyperparameters; the defaults are task 4b's (the public page's, and mlbench-benchmarks'
+    reference where the page is silent), :data:`RECIPE_4A` is task 4a's."""
+
+    shape: TransformerShape | GnmtShape = BASE
     global_tokens: int = 2**17  #: b, target tokens per optimizer step over all ranks
     max_tokens: int = 2**13  #: bs_max, tokens per micro-batch one device fits
+    sentences_per_step: int | None = None  #: set: b counts sentences (4a), not tokens
+    max_sentences: int = 128  #: bs_max in sentences, with sentences_per_step
     peak_lr: float = 1.976e-3
     warmup: int = 1000  #: optimizer steps of linear warm-up from 0
     betas: tuple[float, float] = (0.9, 0.98)
@@ -67,14 +87,57 @@ class TranslationRecipe:
     initial_scale: float = 2.0**7
     scale_factor: float = 2.0
     scale_window: int = 2000
-    max_length: int = 80  #: tokens per sentence (eos included), in training and test
+    max_scale: float = float("inf")
+    max_length: int = 80  #: tokens per sentence (eos included), in training (and test unless test_max_length)
+    test_max_length: int | None = None
     max_epochs: int = 10
     beam: int = 4
     length_penalty: float = 0.6
+    length_const: float | None = None  #: GNMT's length normalisation constant (decoding.normalized)
+    coverage: float = 0.0  #: GNMT's coverage penalty weight
+    decay: StepDecay | None = None  #: set: 4a's exponential warm-up and step decay, else 4b's inverse-sqrt
+    clip_norm: float | None = None  #: the deflated gradient's global norm cap
     goal: Goal = field(default_factory=lambda: bleu_goal(25.0, 20.0))  #: light 20 BLEU: the reference's
+
+    def rate(self, step: int, total: int) -> float:
+        """The rate of 0-based optimizer ``step`` out of ``total`` steps in ``max_epochs``."""
+        if self.decay is None:
+            return warmup_inverse_sqrt(step + 1, self.peak_lr, self.warmup)
+        d = self.decay
+        return exponential_warmup_step_decay(
+            step, total, peak=self.peak_lr, warmup=self.warmup, decay_start=d.start, decay_interval=d.interval,
+            max_decays=d.max_decays, factor=d.factor,
+        )  # fmt: skip
+
+    @property
+    def longest_test(self) -> int:
+        return self.test_max_length or self.max_length
 
 
 RECIPE_4B = TranslationRecipe()
+#: Task 4a (GNMT, WMT16 EN-DE): the page's recipe and the reference's decoding (docs/tasks-translation.md).
+RECIPE_4A = TranslationRecipe(
+    shape=GnmtShape(),
+    sentences_per_step=2048,
+    max_sentences=128,
+    peak_lr=2e-3,
+    warmup=200,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    initial_scale=2.0**10,
+    scale_window=128,
+    max_scale=2.0**13,
+    max_length=75,
+    test_max_length=150,
+    max_epochs=8,
+    beam=5,
+    length_penalty=0.6,
+    length_const=5.0,
+    coverage=0.1,
+    decay=StepDecay(),
+    clip_norm=5.0,
+    goal=bleu_goal(24.0, 20.0),
+)
 #: The smoke size (NOT task 4b): a 2+2-layer, 64-wide model on the synthetic pair, learnt to BLEU 60 in a few
 #: epochs of a 3000-pair corpus on a CPU. The rule (Adam, warm-up then inverse-sqrt, label smoothing, loss
 #: scaling, accumulation, beam 4 with length penalty 0.6) is 4b's; sizes, rate and warm-up are scaled down.
@@ -87,6 +150,23 @@ SMOKE = TranslationRecipe(
     max_length=24,
     max_epochs=10,
     goal=bleu_goal(60.0),
+)
+
+#: The GNMT smoke size (NOT task 4a): 4a's rule on a 2 + 2-layer, 256-wide GNMT without dropout on the synthetic pair,
+#: 64 sentences per step, peak 3e-3 after 20 steps, the first halving after 80 % of 12 epochs, goal 8 BLEU (GNMT
+#: learns the pair's alignment far more slowly than the Transformer: about 11 BLEU after 10 epochs on 2 ranks).
+SMOKE_GNMT = dataclasses.replace(
+    RECIPE_4A,
+    shape=GnmtShape(hidden=256, layers=2, dropout=0.0),
+    sentences_per_step=64,
+    max_sentences=32,
+    peak_lr=3e-3,
+    warmup=20,
+    max_length=24,
+    test_max_length=32,
+    max_epochs=12,
+    decay=StepDecay(start=0.8),
+    goal=bleu_goal(8.0),
 )
 
 
@@ -115,6 +195,29 @@ class TranslationResult:
     hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
 
 
+def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Module:
+    """The recipe's network over ``vocab``: a Transformer (4b) or GNMT (4a) by the shape's type."""
+    if isinstance(shape, GnmtShape):
+        return Gnmt(len(vocab), vocab.pad, shape)
+    return Transformer(len(vocab), vocab.pad, shape)
+
+
+def seq2seq(model: nn.Module) -> Seq2Seq:
+    """``model`` as the search sees it (both kinds of :func:`build_model` are)."""
+    assert isinstance(model, Transformer | Gnmt)
+    return model
+
+
+def rank_batches(lengths: list[int], recipe: TranslationRecipe, world: int) -> tuple[list[list[int]], int]:
+    """The epoch's micro-batches (sentence indices) and update_freq for ``world`` ranks: by tokens (4b), or by
+    sentences when the recipe counts them (4a), each micro-batch at most b / (world * update_freq)."""
+    if recipe.sentences_per_step is not None:
+        freq = update_freq(recipe.sentences_per_step, recipe.max_sentences, world)
+        return sentence_batches(lengths, max(1, recipe.sentences_per_step // (world * freq))), freq
+    freq = update_freq(recipe.global_tokens, recipe.max_tokens, world)
+    return token_batches(lengths, recipe.global_tokens // (world * freq)), freq
+
+
 def step_plan(
     batches: list[list[int]], *, world: int, rank: int, freq: int, seed: int, epoch: int
 ) -> list[list[list[int]]]:
@@ -138,7 +241,7 @@ def micro_batch(
 
 
 def translate(
-    model: Transformer, data: ParallelText, rows: list[int], vocab: Vocabulary, recipe: TranslationRecipe
+    model: nn.Module, data: ParallelText, rows: list[int], vocab: Vocabulary, recipe: TranslationRecipe
 ) -> list[list[int]]:
     """Beam-search hypotheses (token ids, no eos) for sentences ``rows`` of ``data``."""
     model.eval()
@@ -148,13 +251,15 @@ def translate(
         chunk = rows[start : start + DECODE_BATCH]
         source = pad_batch([data.source[i] for i in chunk], vocab.pad).to(device)
         out += beam_search(
-            model,
+            seq2seq(model),
             source,
             bos=vocab.bos,
             eos=vocab.eos,
-            max_length=recipe.max_length,
+            max_length=recipe.longest_test,
             beam=recipe.beam,
             length_penalty=recipe.length_penalty,
+            length_const=recipe.length_const,
+            coverage=recipe.coverage,
         )
     model.train()
     return out
@@ -162,7 +267,7 @@ def translate(
 
 @torch.no_grad()
 def mean_test_nll(
-    model: Transformer, data: ParallelText, rows: list[int], vocab: Vocabulary, comm: Communicator
+    model: nn.Module, data: ParallelText, rows: list[int], vocab: Vocabulary, comm: Communicator
 ) -> float:
     """Mean NLL per target token (no smoothing) over every rank's ``rows`` of ``data``, teacher-forced."""
     model.eval()
@@ -225,22 +330,21 @@ def train_translation(
     budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
     vocab = read_dictionary(root / "dict.txt")
     train = read_split(root, "train", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
-    test = read_split(root, "test", vocab, src=src, tgt=tgt, max_tokens=recipe.max_length)
+    test = read_split(root, "test", vocab, src=src, tgt=tgt, max_tokens=recipe.longest_test)
     torch.manual_seed(seed)  # the same initial model on every rank
     device = device or torch.device("cpu")
-    model = Transformer(len(vocab), vocab.pad, recipe.shape).to(device)
+    model = build_model(recipe.shape, vocab).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=recipe.betas, eps=recipe.eps)
-    scaler = LossScaler(recipe.initial_scale, recipe.scale_factor, recipe.scale_window)
-    freq = update_freq(recipe.global_tokens, recipe.max_tokens, comm.size)
-    max_tokens = recipe.global_tokens // (comm.size * freq)
+    scaler = LossScaler(recipe.initial_scale, recipe.scale_factor, recipe.scale_window, recipe.max_scale)
     lengths = [max(len(s), len(t)) for s, t in zip(train.source, train.target, strict=True)]
-    batches = token_batches(lengths, max_tokens)
+    batches, freq = rank_batches(lengths, recipe, comm.size)
+    total_steps = len(batches) // (comm.size * freq) * recipe.max_epochs
     result = TranslationResult(update_freq=freq)
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
         for rows in step_plan(batches, world=comm.size, rank=comm.rank, freq=freq, seed=seed, epoch=epoch):
-            lr = warmup_inverse_sqrt(result.steps + 1, recipe.peak_lr, recipe.warmup)
+            lr = recipe.rate(result.steps, total_steps)
             outcome = accumulated_step(
                 model,
                 optimizer,
@@ -251,6 +355,8 @@ def train_translation(
                 pad=vocab.pad,
                 smoothing=recipe.smoothing,
                 autocast=autocast,
+                per_sentence=recipe.sentences_per_step is not None,
+                clip_norm=recipe.clip_norm,
             )
             result.steps += 1
             result.tokens += outcome.tokens
@@ -273,7 +379,7 @@ def train_translation(
         bleu = None
         if goal.metric is GoalMetric.BLEU:
             mine = translate(model, test, mine_rows, vocab, recipe)
-            ids = gather_hypotheses(comm, mine, len(test.source), recipe.max_length + 1, device)
+            ids = gather_hypotheses(comm, mine, len(test.source), recipe.longest_test + 1, device)
             result.hypotheses = [merge_bpe(vocab.decode(h)) for h in ids]
             scored = corpus_bleu(result.hypotheses, test.references)
             bleu, result.signature = scored.score, scored.signature

@@ -1,5 +1,5 @@
-"""The translation task kind under ``mlbench-runner train``: a RunConfig of a transformer task in, rank 0's
-RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.train` does for the other models.
+"""The translation task kind under ``mlbench-runner train``: a RunConfig of a transformer (4b) or gnmt (4a) task
+in, rank 0's RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.train` does for the other models.
 
 The task's sections become a :class:`~.loop.TranslationRecipe` (:func:`recipe_for`); the data is the task's
 ``parallel-text`` folder, or the synthetic pair (NOT WMT) generated into this rank's output folder for format
@@ -16,43 +16,64 @@ import torch
 
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat, DatasetSpec
+from mlbench_api.task import DatasetFormat, DatasetSpec, ModelSpec, Schedule, Training
 from mlbench_runner.comm import close_quietly, make_communicator
 from mlbench_runner.token_summary import finish, record_rank, start_rank, summary_of
 from mlbench_runner.translation.corpus import write_synthetic
-from mlbench_runner.translation.loop import TranslationRecipe, train_translation
+from mlbench_runner.translation.gnmt import GnmtShape
+from mlbench_runner.translation.loop import StepDecay, TranslationRecipe, train_translation
 from mlbench_runner.translation.transformer import TransformerShape
 from mlbench_runner.world import World, detect_world
 
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 
 
+def model_shape(model: ModelSpec, max_length: int) -> TransformerShape | GnmtShape:
+    """The network's sizes: the task's, or the recipe's model (Transformer base, GNMT 4 x 1024) when unset."""
+    if model.gnmt is not None:
+        g = model.gnmt
+        return GnmtShape(hidden=g.hidden, layers=g.layers, dropout=g.dropout, share_embedding=g.share_embedding)
+    if model.name.value == "gnmt":
+        return GnmtShape()
+    positions = max(max_length + 1, 64)
+    size = model.transformer
+    if size is None:
+        return TransformerShape(max_positions=positions)  # the base model
+    return TransformerShape(
+        d_model=size.d_model,
+        heads=size.heads,
+        ffn=size.ffn,
+        encoder_layers=size.encoder_layers,
+        decoder_layers=size.decoder_layers,
+        dropout=size.dropout,
+        norm_first=size.norm_first,
+        max_positions=positions,
+    )
+
+
+def step_decay(training: Training) -> StepDecay | None:
+    """4a's decays when the task's schedule is exponential-warmup-step-decay, else None (4b's inverse-sqrt)."""
+    lr = training.learning_rate
+    if lr.schedule is not Schedule.EXPONENTIAL_WARMUP_STEP_DECAY:
+        return None
+    return StepDecay(lr.decay_start, lr.decay_interval, lr.max_decays, lr.decay_factor)
+
+
 def recipe_for(config: RunConfig) -> TranslationRecipe:
-    """The loop's recipe from a transformer task's sections (the run's goal target: full or light)."""
+    """The loop's recipe from a translation task's sections (the run's goal target: full or light)."""
     task = config.task
-    training, model = task.training, task.model
+    training = task.training
     extra = training.translation
     if extra is None:
-        raise ValueError("training.translation: a transformer task needs it")
-    size = model.transformer
-    positions = max(extra.max_length + 1, 64)
-    shape = TransformerShape(max_positions=positions)  # the base model
-    if size is not None:
-        shape = TransformerShape(
-            d_model=size.d_model,
-            heads=size.heads,
-            ffn=size.ffn,
-            encoder_layers=size.encoder_layers,
-            decoder_layers=size.decoder_layers,
-            dropout=size.dropout,
-            norm_first=size.norm_first,
-            max_positions=positions,
-        )
+        raise ValueError("training.translation: a translation task needs it")
     goal = task.goal.model_copy(update={"target": config.goal_target, "light_target": None})
+    by_sentences = extra.sentences_per_step is not None
     return TranslationRecipe(
-        shape=shape,
+        shape=model_shape(task.model, max(extra.max_length, extra.test_max_length or 0)),
         global_tokens=extra.tokens_per_step,
-        max_tokens=training.batch_size_per_worker,
+        max_tokens=TranslationRecipe.max_tokens if by_sentences else training.batch_size_per_worker,
+        sentences_per_step=extra.sentences_per_step,
+        max_sentences=training.batch_size_per_worker if by_sentences else TranslationRecipe.max_sentences,
         peak_lr=config.lr.peak_lr,
         warmup=config.lr.warmup_steps,
         betas=(extra.adam_betas[0], extra.adam_betas[1]),
@@ -61,10 +82,16 @@ def recipe_for(config: RunConfig) -> TranslationRecipe:
         initial_scale=extra.loss_scaling.initial_scale,
         scale_factor=extra.loss_scaling.factor,
         scale_window=extra.loss_scaling.window,
+        max_scale=extra.loss_scaling.max_scale or float("inf"),
         max_length=extra.max_length,
+        test_max_length=extra.test_max_length,
         max_epochs=training.max_epochs,
         beam=extra.beam,
         length_penalty=extra.length_penalty,
+        length_const=extra.length_norm_const,
+        coverage=extra.coverage_penalty,
+        decay=step_decay(training),
+        clip_norm=extra.clip_norm,
         goal=goal,
     )
 
@@ -80,11 +107,11 @@ def data_folder(dataset: DatasetSpec, out: Path, rank: int) -> Path:
 
 
 def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
-    """Train this rank of a transformer task; rank 0 writes and returns the RunSummary."""
+    """Train this rank of a translation task; rank 0 writes and returns the RunSummary."""
     started = time.perf_counter()
     world = world or detect_world()
     recipe = recipe_for(config)
-    rank = start_rank(config, world, "a transformer")
+    rank = start_rank(config, world, f"a {config.task.model.name.value}")
     extra = config.task.training.translation
     autocast = PRECISIONS[extra.precision] if extra is not None and rank.device.type == "cuda" else None
     root = data_folder(config.task.dataset, rank.out, world.rank)
