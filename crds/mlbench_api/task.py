@@ -391,8 +391,7 @@ class LearningRate(ApiModel):
     schedule: Schedule
     """multistep (needs perSample), inverse-sqrt (needs alphaByWorkers), constant (needs value),
     warmup-inverse-sqrt (needs value and warmupSteps; task 4b's) or exponential-warmup-step-decay (needs value and
-    warmupSteps; task 4a's: value * 0.01**((warmupSteps - t) / warmupSteps) up to warmupSteps, then value *
-    decayFactor**k, k = 1 + (t - decayStart * T) // (decayInterval * T) at most maxDecays, T the total steps)."""
+    warmupSteps; task 4a's, docs/tasks-translation.md)."""
     per_sample: Annotated[float, Field(gt=0, le=10)] | None = Field(
         default=None,
         description="multistep: eta, the learning rate per sample; a rank steps with eta * batchSizePerWorker "
