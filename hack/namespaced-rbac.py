@@ -55,6 +55,7 @@ BUILTIN_SCOPE: dict[tuple[str, str], bool] = {
     ("kueue.x-k8s.io", "workloads"): True,
     ("kueue.x-k8s.io", "workloads/status"): True,
     ("kueue.x-k8s.io", "resourceflavors"): False,
+    ("scheduling.x-k8s.io", "podgroups"): True,
     ("coordination.k8s.io", "leases"): True,
     ("policy", "poddisruptionbudgets"): True,
     ("", "nodes"): False,

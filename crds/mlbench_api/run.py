@@ -248,6 +248,19 @@ class Placement(StrEnum):
     """Spread over nodes as evenly as they allow (topology spread, maxSkew 1, best effort)."""
 
 
+class Gang(ApiModel):
+    """All-or-nothing scheduling of the workers by the scheduler-plugins coscheduling plugin: a PodGroup
+    (scheduling.x-k8s.io/v1alpha1) with minMember = spec.workers, and every worker naming it and its scheduler.
+    The launcher is no member: it is created only once every worker is Ready."""
+
+    schedule_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    """The PodGroup's scheduleTimeoutSeconds: how long the scheduler holds a partial gang before releasing it
+    (unset: the plugin's own default)."""
+    scheduler_name: Name | None = None
+    """The scheduler the workers use (its profile runs coscheduling); unset: the operator's
+    MLBENCH_GANG_SCHEDULER_NAME (default scheduler-plugins-scheduler)."""
+
+
 class Scheduling(ApiModel):
     """Where the run's pods may go: applied to the workers, the launcher and the dataset fetch Job's pods."""
 
@@ -262,6 +275,9 @@ class Scheduling(ApiModel):
     """Taints the pods tolerate."""
     priority_class_name: Annotated[str, Field(max_length=253)] | None = None
     """PriorityClass of the pods (it must exist)."""
+    gang: Gang | None = None
+    """Gang-schedule the workers with the coscheduling plugin (its PodGroup CRD must be installed); unset: the
+    default scheduler, one pod at a time."""
 
 
 class CheckpointPolicy(ApiModel):

@@ -17,10 +17,11 @@ from mlbench_api import bundle, contract
 from mlbench_api.common import API_VERSION, MAX_INT32
 from mlbench_api.config import RunConfig
 from mlbench_api.datasets import PERMANENT_EXITS
-from mlbench_api.run import BenchmarkRunSpec, Placement
+from mlbench_api.run import BenchmarkRunSpec, Gang, Placement
 from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
-from mlbench_operator.settings import NODE_LOSS_SECONDS, DatasetSettings
+from mlbench_operator import podgroup as pg
+from mlbench_operator.settings import GANG_SCHEDULER_NAME, NODE_LOSS_SECONDS, DatasetSettings
 from mlbench_operator.sshkeys import RunKeys
 
 Obj = dict[str, Any]
@@ -44,6 +45,8 @@ class RunContext:
     metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
     #: How long the run's pods stay bound to a node that stopped answering (None: Kubernetes' 300 s default).
     node_loss_seconds: int | None = NODE_LOSS_SECONDS
+    #: The operator's scheduler for gang-scheduled workers whose run names none (``MLBENCH_GANG_SCHEDULER_NAME``).
+    gang_scheduler_name: str = GANG_SCHEDULER_NAME
 
     @property
     def task(self) -> BenchmarkTaskSpec:
@@ -446,6 +449,20 @@ def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
     return out
 
 
+def gang(ctx: RunContext) -> Gang | None:
+    """``spec.scheduling.gang``, when set."""
+    return ctx.spec.scheduling.gang if ctx.spec.scheduling is not None else None
+
+
+def pod_group(ctx: RunContext) -> Obj | None:
+    """The run's PodGroup (:mod:`.podgroup`), named and owned like the run; None without ``gang``."""
+    g = gang(ctx)
+    if g is None:
+        return None
+    requests = worker_resources(ctx).get("requests", {})
+    return pg.pod_group(ctx.name, _metadata(ctx, ctx.name), g, ctx.spec.workers, requests)
+
+
 def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
     """The worker's metadata: ``spec.pod``'s labels and annotations under MLBench's own (which win; the API
     refuses keys under mlbench.io/)."""
@@ -455,6 +472,8 @@ def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
         meta["labels"] = {**pod.labels, **meta["labels"]}
     if pod is not None and pod.annotations:
         meta["annotations"] = dict(pod.annotations)
+    if gang(ctx) is not None:
+        meta["labels"][pg.POD_GROUP_LABEL] = ctx.name
     return meta
 
 
@@ -504,6 +523,12 @@ def metrics_ports(ctx: RunContext, worker: int) -> list[Obj]:
     ]
 
 
+def gang_scheduler(ctx: RunContext) -> Obj:
+    """A gang-scheduled worker's ``schedulerName`` (the run's, else the operator's); nothing without ``gang``."""
+    g = gang(ctx)
+    return {} if g is None else {"schedulerName": pg.scheduler_name(g, ctx.gang_scheduler_name)}
+
+
 def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int | None = None) -> Obj:
     """Worker ``rank``: sshd on 2222 for mpirun, the runner's ranks live here; metrics from 9400
     (``deadline_seconds``: :func:`pod_deadline`)."""
@@ -535,6 +560,7 @@ def worker_pod(ctx: RunContext, rank: int, attempt: int, deadline_seconds: int |
         "spec": {
             **_pod_spec_common(ctx, deadline_seconds),
             **worker_pod_settings(ctx, attempt),
+            **gang_scheduler(ctx),
             "hostname": n.worker_name(ctx.name, rank),
             "subdomain": n.service_name(ctx.name),
             **({"initContainers": [netem]} if netem is not None else {}),

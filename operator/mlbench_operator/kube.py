@@ -37,6 +37,7 @@ _PLURALS = {
     "Job": "jobs",
     "NetworkPolicy": "networkpolicies",
     "BenchmarkSweep": "benchmarksweeps",
+    "PodGroup": "podgroups",
 }
 #: Kinds the operator may ``get`` (its RBAC): a 403 on creating one is read back (see :meth:`Kube.create`). Not
 #: pods: the operator has no ``get`` on them (it watches them), and creates only those it does not see.
@@ -46,6 +47,7 @@ _GROUPS = {
     "Job": "/apis/batch/v1",
     "NetworkPolicy": "/apis/networking.k8s.io/v1",
     "BenchmarkSweep": f"/apis/{GROUP}/{VERSION}",
+    "PodGroup": "/apis/scheduling.x-k8s.io/v1alpha1",
 }
 
 

@@ -140,6 +140,18 @@ METRICS_PORT = 8080
 PROGRESS_SECONDS = 30.0
 
 
+#: ``MLBENCH_GANG_SCHEDULER_NAME``: scheduler-plugins' usual second scheduler (its coscheduling profile).
+GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
+
+
+def gang_scheduler_name(env: Mapping[str, str]) -> str:
+    """``MLBENCH_GANG_SCHEDULER_NAME`` (default scheduler-plugins-scheduler); raises :class:`SettingsError`."""
+    name = env.get("MLBENCH_GANG_SCHEDULER_NAME", GANG_SCHEDULER_NAME).strip()
+    if not _DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
+        raise SettingsError(f"MLBENCH_GANG_SCHEDULER_NAME={name!r} is not a scheduler name (a DNS subdomain)")
+    return name
+
+
 def _default_scrapers() -> tuple[str, ...]:
     return scraper_namespaces({})
 
@@ -172,6 +184,8 @@ class OperatorConfig:
     #: ``MLBENCH_RUNNER_UID``: the UID runner containers run as; None ("image") keeps the image's user, root
     #: or not (the ssh Secret is then root-owned 0444, no fsGroup; sshd and ssh copy their keys: docs/operator.md).
     runner_uid: int | None = contract.RUNNER_UID
+    #: ``MLBENCH_GANG_SCHEDULER_NAME``: the scheduler of gang-scheduled workers (spec.scheduling.gang) that name none.
+    gang_scheduler_name: str = GANG_SCHEDULER_NAME
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -195,6 +209,7 @@ class OperatorConfig:
             scraper_cidrs=scraper_cidrs(env),
             node_loss_seconds=node_loss_seconds(env),
             runner_uid=runner_uid(env),
+            gang_scheduler_name=gang_scheduler_name(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),

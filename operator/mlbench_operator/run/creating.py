@@ -13,6 +13,7 @@ import kopf
 from mlbench_operator import builders, datasets, netpol, sshkeys
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator import podgroup as pg
 from mlbench_operator.kube import ApiError, transient
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import (
@@ -114,14 +115,17 @@ class Creating(RunDaemon):
         return delay
 
     async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
-        """ConfigMap, the SSH Secret and the NetworkPolicy, before any pod (the Service comes with the
-        launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
+        """ConfigMap, the SSH Secret, the NetworkPolicy and a gang run's PodGroup, before any pod (the Service
+        comes with the launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
         keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [
             builders.config_map(ctx),
             builders.ssh_secret(ctx, keys),
             netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
         ]
+        group = builders.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
+        if group is not None:
+            objs.append(group)
         self.ensured = await self.create_owned(objs, ctx, now)
         return self.ensured
 
@@ -154,6 +158,10 @@ class Creating(RunDaemon):
             (f"{obj['kind']} {obj['metadata']['name']}", res.status, res.detail)
             for obj, res in zip(objs, outcomes, strict=True)
             if isinstance(res, ApiError) and res.status in (403, 422)
+        ] + [  # no PodGroup CRD: shown on the run (CreateFailed naming it) and retried with backoff, no crash loop
+            (f"{obj['kind']} {obj['metadata']['name']}", res.status, pg.MISSING_CRD)
+            for obj, res in zip(objs, outcomes, strict=True)
+            if isinstance(res, ApiError) and pg.is_missing_crd(obj["kind"], res.status)
         ]
         if refused:
             raise _Refused(refused)

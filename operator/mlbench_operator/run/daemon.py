@@ -156,7 +156,10 @@ class RunDaemon(ABC):
     def _configured(self, ctx: builders.RunContext) -> builders.RunContext:
         """The operator's settings that shape the pods but are no part of the run's snapshot."""
         return dataclasses.replace(
-            ctx, metrics_linger_seconds=self.linger, node_loss_seconds=self.config.node_loss_seconds
+            ctx,
+            metrics_linger_seconds=self.linger,
+            node_loss_seconds=self.config.node_loss_seconds,
+            gang_scheduler_name=self.config.gang_scheduler_name,
         )
 
     def until_deadline(self, delay: float | None, now: datetime) -> _Stop:
