@@ -154,3 +154,14 @@ def test_a_missing_pod_group_crd_is_shown_and_retried(monkeypatch: pytest.Monkey
     assert delay is not None
     assert delay > 0
     assert ("Warning", "CreateFailed", text) in rec.events
+
+
+@pytest.mark.multiproc
+def test_gang_set_after_the_run_objects_exist_still_gets_its_pod_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.scheduling.gang set while suspended, after the ConfigMap, Secret and NetworkPolicy were ensured."""
+    body, _ = admitted(h.run(scheduling=GANG))
+    kube = FakeKube()
+    asyncio.run(_reconciler(body, kube, monkeypatch, ensured=True).step([]))
+    creates = [(c[1], c[2]) for c in kube.calls if c[0] == "create"]
+    assert ("PodGroup", "r1") in creates
+    assert creates.index(("PodGroup", "r1")) < next(i for i, (kind, _) in enumerate(creates) if kind == "Pod")

@@ -127,6 +127,7 @@ class Creating(RunDaemon):
         if group is not None:
             objs.append(group)
         self.ensured = await self.create_owned(objs, ctx, now)
+        self.pod_group_ensured = self.ensured and group is not None
         return self.ensured
 
     async def ensure_service(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:

@@ -86,6 +86,8 @@ class RunDaemon(ABC):
         self.log = log.bind(run=self.name, namespace=self.namespace)
         self.kopf_logger = logger
         self.ensured = False  #: the ConfigMap, Secret and NetworkPolicy exist
+        #: a gang run's PodGroup exists (spec.scheduling.gang may be set while suspended, after the others exist)
+        self.pod_group_ensured = False
         self.service_ensured = False  #: the headless Service exists (created with the launcher: see ensure_service)
         self.pacing = pc.Pacing(resync_seconds=self.config.resync_seconds)  # fed time.monotonic()
         self.datasets = self.config.datasets

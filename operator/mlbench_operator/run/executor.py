@@ -134,7 +134,7 @@ class RunReconciler(Observing, Creating, Keeping):
 
     async def prepare(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
-        if not self.ensured:
+        if not self.ensured or (builders.gang(ctx) is not None and not self.pod_group_ensured):
             try:
                 if not await self.ensure_objects(ctx, now):  # a name conflict is shown; look again later
                     held = await self.held_past_deadline(now, pods, "its objects' names were held by another owner")
