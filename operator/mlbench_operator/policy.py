@@ -114,6 +114,9 @@ class AdmissionPolicy:
     #: ``spec.pod.hostNetwork`` and ``hostIPC``: the node's network or IPC namespace.
     allow_host_network: bool = False
     allow_host_ipc: bool = False
+    #: ``spec.scheduling.gang.schedulerName`` a run may name (shell patterns); empty: only the operator's own
+    #: ``MLBENCH_GANG_SCHEDULER_NAME``, chosen by leaving it unset (another scheduler would skip the cluster's rules).
+    scheduler_names: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AdmissionPolicy:
@@ -140,6 +143,7 @@ class AdmissionPolicy:
             allow_control_plane=_bool(env, "MLBENCH_ALLOW_CONTROL_PLANE"),
             volume_types=tuple(volumes) if volumes else DEFAULT_VOLUME_TYPES,
             allow_network_emulation=_bool(env, "MLBENCH_ALLOW_NETWORK_EMULATION"),
+            scheduler_names=tuple(_patterns(env, "MLBENCH_ALLOWED_SCHEDULER_NAMES")),
             **_pod_settings(env),
         )
 
@@ -248,12 +252,26 @@ def check_tolerations(tolerations: Iterable[Mapping[str, Any]] | None, policy: A
     return out
 
 
+def check_scheduler(gang: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+    """A gang's own scheduler only if the admin lists it: a scheduler of the run's choosing could place its pods
+    past the cluster's rules (unset: the operator's MLBENCH_GANG_SCHEDULER_NAME)."""
+    name = (gang or {}).get("schedulerName")
+    if not name or _matches(name, policy.scheduler_names):
+        return []
+    listed = ", ".join(policy.scheduler_names) or "none"
+    return [
+        f"spec.scheduling.gang.schedulerName: {name!r} is not allowed: leave it unset for the operator's gang "
+        f"scheduler, or the admin lists it (MLBENCH_ALLOWED_SCHEDULER_NAMES: {listed})"
+    ]
+
+
 def check_placement(scheduling: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
-    """``nodeSelector`` keys and tolerations only from the admin's allowlists."""
+    """``nodeSelector`` keys, tolerations and a gang's scheduler only from the admin's allowlists."""
     scheduling = scheduling or {}
     return [
         *check_node_selector(scheduling.get("nodeSelector"), policy),
         *check_tolerations(scheduling.get("tolerations"), policy),
+        *check_scheduler(scheduling.get("gang"), policy),
     ]
 
 

@@ -21,6 +21,7 @@ PERMISSIVE = AdmissionPolicy(
     extended_resources=("*",),
     allow_host_network=True,
     allow_host_ipc=True,
+    scheduler_names=("*",),
 )
 
 TASK: dict[str, Any] = {

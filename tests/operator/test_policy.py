@@ -90,6 +90,17 @@ GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_ke
             p.AdmissionPolicy(allow_control_plane=True),
             None,
         ),
+        # a gang's scheduler: the operator's (unset) by default, another only if the admin lists it
+        ({"gang": {}}, DEFAULT, None),
+        ({"gang": {"scheduleTimeoutSeconds": 60}}, DEFAULT, None),
+        (
+            {"gang": {"schedulerName": "my-scheduler"}},
+            DEFAULT,
+            "gang.schedulerName: 'my-scheduler' is not allowed: leave it unset for the operator's gang scheduler, "
+            "or the admin lists it (MLBENCH_ALLOWED_SCHEDULER_NAMES: none)",
+        ),
+        ({"gang": {"schedulerName": "volcano"}}, p.AdmissionPolicy(scheduler_names=("volcano",)), None),
+        ({"gang": {"schedulerName": "team-b"}}, p.AdmissionPolicy(scheduler_names=("team-a*",)), "team-a*"),
     ],
 )
 def test_scheduling_policy(scheduling: dict[str, Any], policy: p.AdmissionPolicy, needle: str | None) -> None:
