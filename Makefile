@@ -89,6 +89,7 @@ fmt: $(PYTHON) ## format and autofix
 	$(VENV)/bin/ruff check --fix .
 
 .PHONY: test
+test: KUEUE_BUILD = background
 test: install k8s-bins e2e-images ## the whole suite: lint, CRD freshness, unit, multi-process and cluster tests
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/mlbench crds --check
