@@ -53,7 +53,6 @@ BUILTIN_SCOPE: dict[tuple[str, str], bool] = {
     ("events.k8s.io", "events"): True,
     ("networking.k8s.io", "networkpolicies"): True,
     ("kueue.x-k8s.io", "workloads"): True,
-    ("kueue.x-k8s.io", "workloads/status"): True,
     ("kueue.x-k8s.io", "resourceflavors"): False,
     ("scheduling.x-k8s.io", "podgroups"): True,
     ("coordination.k8s.io", "leases"): True,

@@ -99,11 +99,17 @@ def _suspended(status: dict[str, Any]) -> dict[str, Any] | None:
     return cond if cond is not None and cond["status"] == "True" else None
 
 
+def _kueues_word(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The Suspended condition once it carries Kueue's message (first it says the Workload is being created)."""
+    cond = _suspended(status)
+    return cond if cond is not None and not cond["message"].startswith("creating Kueue Workload") else None
+
+
 def test_two_runs_over_the_quota_run_one_after_the_other(runs: Runs, queue: str) -> None:
     runs.apply(_queued("first", 2))
     runs.wait_phase("first", "Running", timeout=90)
     runs.apply(_queued("second", 2))
-    cond = runs.wait_status("second", _suspended, timeout=60, what="second run Queued")
+    cond = runs.wait_status("second", _kueues_word, timeout=60, what="second run Queued, in Kueue's words")
     assert cond["reason"] == Reason.QUEUED
     assert "cpu" in cond["message"]  # Kueue's own words: the quota it lacks
     assert runs.status("second")["phase"] == "Suspended"
