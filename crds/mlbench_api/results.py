@@ -284,6 +284,11 @@ class RunSummary(ApiModel):
         default=None, description="The emulated network conditions the run declared (spec.network), as applied."
     )
     history: list[EpochRecord] = Field(default_factory=list)
+    parameter_digests: Annotated[list[str], Field(max_length=4096)] | None = Field(
+        default=None,
+        description="A run that ended with every rank in step: each rank's SHA-1 of its model parameters, in rank "
+        "order (one value under a synchronous algorithm; decentralized ones differ by design).",
+    )
     resumes: SafeInt | None = Field(
         default=None,
         description="Times the run continued from an epoch-end checkpoint after a restart (0: never); unset: no "
@@ -307,6 +312,7 @@ class RunSummary(ApiModel):
         data.pop("history", None)
         data.pop("collectives", None)  # the full table stays in summary.json; peakBusBandwidth sums it up
         data["environment"].pop("hardware", None)  # per rank: summary.json keeps it (status.result has no room)
+        data.pop("parameterDigests", None)  # per rank, as hardware
         text = json.dumps(data, separators=(",", ":"))
         for shrink in _SHRINKS:
             if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:

@@ -33,6 +33,8 @@ from tests.cluster.plugin import KubeCluster, create_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = Path(__file__).resolve().parent / "deploy"
+#: test images of the e2e task (its accuracy is measured on these)
+TEST_SUBSET = 512
 DATASET = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
 BUSYBOX = "docker.io/mlbench/busybox:test"
 E2E_LABEL = {"mlbench.io/e2e": "true"}
@@ -75,7 +77,7 @@ class E2E:
         spec["description"] = "e2e test task (NOT a result): the smoke recipe on 1024 JPEG CIFAR-10 images"
         spec["dataset"].update(
             trainSubset=1024,
-            testSubset=512,
+            testSubset=TEST_SUBSET,
             source={"url": self.dataset_url, "sha256": self.dataset_sha256},
         )
         spec["training"]["maxEpochs"] = 3

@@ -10,6 +10,7 @@ test the plumbing, they are not results.
 from __future__ import annotations
 
 import json
+import math
 import select
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from mlbench_api import display
 from mlbench_operator.run.results import recorded
 from mlbench_operator.settings import RESULTS_WAIT_SECONDS
-from tests.e2e.conftest import E2E, wait_training
+from tests.e2e.conftest import E2E, TEST_SUBSET, wait_training
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,6 +31,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest
 #: still finishing gets RESULTS_WAIT_SECONDS, and a failed read of its log is retried for RESULTS_WAIT_SECONDS more
 #: (``status.results`` then holds only ``failingSince``, which :func:`recorded` does not count).
 RESULTS_TIMEOUT = 2 * RESULTS_WAIT_SECONDS + 30
+#: CIFAR-10's classes
+CLASSES = 10
+
+
+def above_chance(accuracy: float, images: int = TEST_SUBSET, classes: int = CLASSES) -> float:
+    """Standard deviations of ``accuracy`` above guessing (binomial, p = 1/classes) on ``images`` test images;
+    the e2e goal (0.15) is 3.8 of them on 512 images: a run that reaches it learned."""
+    p = 1 / classes
+    return (accuracy - p) / math.sqrt(p * (1 - p) / images)
 
 
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -58,6 +68,7 @@ def _assert_succeeded(e2e: E2E, run: str, st: dict[str, Any], backend: str, work
     assert 0.0 < result["finalAccuracy"] <= 1.0
     assert result["timeToGoalSeconds"] is not None
     assert result["timeToGoalSeconds"] > 0
+    assert above_chance(result["bestAccuracy"]) >= 3, f"{run} did not learn: {result}"  # learning, not plumbing
     row = e2e.get_br(run)
     assert row["PHASE"] == "Succeeded"
     assert row["BACKEND"] == backend
@@ -99,6 +110,9 @@ def _assert_results_kept(e2e: E2E, run: str, workdir: Path) -> dict[str, Any]:
     fetched = workdir / "mlbench-results" / f"{e2e.namespace}.{run}"
     summary = json.loads((fetched / "summary.json").read_text())
     assert len(summary["history"]) == st["result"]["epochs"]  # the per-epoch history, not the compact result
+    digests = summary["parameterDigests"]  # each rank's final parameters: one model under allreduce-sgd
+    assert len(digests) == st["result"]["worldSize"], digests
+    assert len(set(digests)) == 1, f"{run}: the ranks ended with different parameters: {digests}"
     events = [json.loads(line)["event"] for line in (fetched / "events.jsonl").read_text().splitlines()]
     assert events[0] == "run_start"
     assert "run_summary" in events

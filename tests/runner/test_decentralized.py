@@ -334,6 +334,9 @@ def test_gloo_ring_of_4_keeps_the_mean_and_mixes_with_w(
     check_gossip(recs, trace, "ring", steps)
     assert_identical_iff_exact_average(recs, "ring", steps)
     check_bytes(out, FEATURES * 8 * 2)  # two neighbours
+    summary = RunSummary.model_validate_json((out / "summary.json").read_text())
+    assert summary.parameter_digests == [rec["param_sha1"][-1] for rec in recs]  # each rank's own, in rank order
+    assert len(set(summary.parameter_digests)) > 1  # a ring does not reach exact consensus in 3 epochs
 
 
 @pytest.mark.multiproc

@@ -90,6 +90,7 @@ class SummaryBuilder:
         self.time_to_goal: float | None = None
         self.stopped_at: tuple[int, float, float] | None = None
         self.resumes: int | None = None  #: set when the run checkpoints: how often it resumed
+        self.parameter_digests: list[str] | None = None  #: each rank's parameter hash at the end (a run that succeeded)
         self.result: RunSummary | None = None
 
     def add_steps(self, steps: list[StepTiming]) -> None:
@@ -188,5 +189,6 @@ class SummaryBuilder:
             network=self.config.network.model_dump(by_alias=True, exclude_none=True) if self.config.network else None,
             history=self.history,
             resumes=self.resumes,
+            parameter_digests=self.parameter_digests,
         )
         return self.result

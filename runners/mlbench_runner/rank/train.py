@@ -30,7 +30,7 @@ from mlbench_api.config import RunConfig
 from mlbench_api.results import CommunicationRecord, EpochRecord, RunStatus, RunSummary, StopReason
 from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import stopping
-from mlbench_runner.comm import close_quietly
+from mlbench_runner.comm import close_quietly, gather_texts
 from mlbench_runner.goals import epoch_score
 from mlbench_runner.language import task as language_task
 from mlbench_runner.options import Options
@@ -386,6 +386,8 @@ class Trainer(TrainerSetup):
             if summary.stopped_at is None:
                 steps = self.record.steps
                 summary.stop(steps, steps / max(1, s.steps_per_epoch), self.clock.elapsed())
+            if status != "aborted" and self.comm is not None:  # every rank stopped at the same step: compare them
+                summary.parameter_digests = gather_texts(self.comm, params_sha1(s.model), s.device)
             result = summary.build(status, self.record.stop_reason, self._communication(s))
             if self.rank == 0:
                 atomic.write_text(self.out / "summary.json", result.model_dump_json(by_alias=True, indent=2))
