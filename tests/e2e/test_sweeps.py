@@ -34,6 +34,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest
 SYSTEM = "mlbench-system"
 LEASE = "mlbench-operator"
 WORKERS = 2
+#: a variable of spec.pod.env that nothing reads: it must reach the ranks' own processes, through mpirun -x
+MARK = "NCCL_MLBENCH_E2E_MARK"
+#: prints the environment of every process in the pod that is an MPI rank (the ranks mpirun's daemon started)
+RANK_ENVIRON = (
+    'for p in /proc/[0-9]*; do if tr "\\0" "\\n" 2>/dev/null < $p/environ | grep -q "^OMPI_COMM_WORLD_RANK="; '
+    'then tr "\\0" "\\n" 2>/dev/null < $p/environ; echo; fi; done'
+)
 
 
 def _holder(e2e: E2E) -> str:
@@ -91,6 +98,7 @@ def _sweep(e2e: E2E, name: str, task: str) -> None:
         "resources": {"cpu": "850m", "memory": "2Gi"},
         "scheduling": e2e.scheduling,
         "runPolicy": {"maxRestarts": 0},
+        "pod": {"env": [{"name": MARK, "value": SESSION}]},  # spec.pod.env, allowed by the default NCCL_* pattern
     }
     spec = {"template": template, "matrix": {"seeds": [1, 2]}, "maxConcurrent": 1, "failurePolicy": "Continue"}
     meta = {"name": name, "namespace": e2e.namespace, "labels": E2E_LABEL}
@@ -118,6 +126,12 @@ def test_a_sweep_on_the_closed_data_path_runs_in_real_pods_and_survives_an_opera
     first = f"{name}-s1"
     e2e.wait_status(first, lambda s: s.get("phase") == "Running", 600, "the first run to start", every=ledger.look)
     wait_training(e2e, first)
+    for worker in range(WORKERS):  # spec.pod.env reached each rank's process, not only its pod
+        pod = f"{first}-worker-{worker}"
+        environ = e2e.kubectl(
+            "exec", pod, "-n", e2e.namespace, "-c", naming.WORKER_CONTAINER, "--", "sh", "-c", RANK_ENVIRON
+        )
+        assert f"{MARK}={SESSION}" in environ.stdout.splitlines(), f"{pod}: {environ.stdout[-2000:]}"
     leader = _holder(e2e)
     assert leader, "no operator replica holds the Lease"
     e2e.kubectl("delete", "pod", leader, "-n", SYSTEM, "--wait=false")
