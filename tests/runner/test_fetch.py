@@ -22,6 +22,7 @@ import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
+from mlbench_runner.pod import fetch as fetch_module
 from mlbench_runner.pod.fetch import (
     FetchError,
     FetchRequest,
@@ -457,6 +458,28 @@ def test_symlink_chains_are_refused(
         fetch(FetchRequest(url=serve(server, "chain.tar.gz", data), sha256=sha(data), dest=dest, unpack=True))
     assert needle in info.value.message
     assert written(tmp_path / "vol") == []
+
+
+@pytest.mark.parametrize("entries", [[("d/x", tarfile.REGTYPE, "x"), ("a", tarfile.SYMTYPE, "../../etc")]])
+def test_a_python_without_the_data_filter_unpacks_and_still_refuses(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries: list[tuple[str, bytes, str]]
+) -> None:
+    """The runner image's Python (Debian bookworm's 3.11.2) has no PEP 706 filter: it unpacked nothing in pods
+    (AttributeError on tarfile.FilterError) until the filter became optional; our own checks still refuse."""
+    monkeypatch.setattr(fetch_module, "HAS_FILTER", False)
+    monkeypatch.setattr(fetch_module, "FILTER_ERRORS", ())
+    good = tarball({"top/d/a": b"x"})
+    dest = tmp_path / "vol" / "tree"
+    req = FetchRequest(
+        url=serve(server, "good.tgz", good), sha256=sha(good), dest=dest, unpack=True, strip_components=1
+    )
+    assert fetch(req) is True
+    assert (dest / "d" / "a").read_bytes() == b"x"
+    bad = ordered_tarball(entries)
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "bad.tgz", bad), sha256=sha(bad), dest=tmp_path / "v2" / "t", unpack=True))
+    assert "outside the destination" in info.value.message
+    assert written(tmp_path / "v2") == []
 
 
 def test_a_link_inside_the_tree_is_fine(server: Server, tmp_path: Path) -> None:

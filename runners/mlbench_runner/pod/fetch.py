@@ -273,11 +273,17 @@ def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
     return out
 
 
+#: Python's ``data`` extraction filter (PEP 706: 3.12, and the 3.8 to 3.11 point releases of June 2023 on);
+#: the runner image's Python (Debian bookworm's 3.11.2) has none, and :func:`safe_members` is then the only check.
+HAS_FILTER = hasattr(tarfile, "data_filter")
+FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()
+
+
 def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
     """Extract ``archive`` (tar, tar.gz, tar.bz2, tar.xz) into the empty folder ``into``.
 
     Our own checks (:func:`safe_members`) give clear messages; Python's ``data`` filter (PEP 706)
-    stays on underneath as a second line of defence.
+    stays on underneath as a second line of defence where this Python has it (:data:`HAS_FILTER`).
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -287,8 +293,11 @@ def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
                     FetchReason.FETCH_FAILED,
                     f"{req.url} holds no files below {req.strip_components} stripped path components",
                 )
-            tar.extractall(into, members=members, filter="data")
-    except tarfile.FilterError as exc:
+            if HAS_FILTER:
+                tar.extractall(into, members=members, filter="data")
+            else:
+                tar.extractall(into, members=members)
+    except FILTER_ERRORS as exc:
         raise FetchError(FetchReason.FETCH_FAILED, f"{req.url}: unsafe archive member refused: {exc}") from exc
     except tarfile.TarError as exc:
         raise FetchError(FetchReason.FETCH_FAILED, f"{req.url} is not a readable tar archive: {exc}") from exc
