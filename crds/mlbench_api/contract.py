@@ -2,7 +2,7 @@
 containers, ports, the SSH Secret's keys, and the condition types and reasons of a BenchmarkRun's status.
 
 Here, in the API package, because every side ships it: the operator image, the runner image (Dockerfile.runner
-copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.builders), the
+copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.runpods), the
 runner reads them (mlbench_runner.pod.launch, .world, .worker, .fetch), ``mlbench validate`` names the reasons the
 operator would give; nobody restates them (tests/test_architecture.py looks for the literals).
 """

@@ -21,10 +21,10 @@ from mlbench_api.run import (
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.policy import AdmissionPolicy, check_placement, check_priority, violations
 from mlbench_operator.run.status import _short, _spec_workers, _Status
+from mlbench_operator.runcontext import RunContext
 
 DEFAULT_POLICY = AdmissionPolicy()
 

@@ -9,7 +9,7 @@ run's), never adopted, never retried in silence.
 
 What marks the operator's object for *this* run: its controller ownerReference is the BenchmarkRun of the
 run's UID, and it carries the operator's ``managed-by`` label and the run's ``mlbench.io/run`` label (every
-object the operator creates for a run has all three: :mod:`mlbench_operator.builders`).
+object the operator creates for a run has all three: :mod:`mlbench_operator.runcontext`).
 """
 
 from __future__ import annotations
