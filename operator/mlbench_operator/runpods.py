@@ -34,13 +34,8 @@ def worker_resources(ctx: RunContext) -> Obj:
 #: sshd's timeouts on workers: an unauthenticated connection is dropped after LOGIN_GRACE; a session
 #: whose client (the launcher) stops answering after CLIENT_ALIVE_INTERVAL * CLIENT_ALIVE_COUNT_MAX.
 SSHD_LOGIN_GRACE_SECONDS = 30
-
-
 SSHD_CLIENT_ALIVE_INTERVAL = 15
-
-
 SSHD_CLIENT_ALIVE_COUNT_MAX = 4
-
 
 #: The worker's entrypoint: a non-root sshd on :2222 that presents the run's host key (from the
 #: Secret) and accepts exactly the run's client key (``restrict``-ed in authorized_keys). The runner
@@ -91,8 +86,6 @@ for host in $(cut -d' ' -f1 {contract.CONFIG_DIR}/{contract.HOSTFILE}); do
   done
 done
 """
-
-
 DNS_WAIT_SECONDS = 300
 
 
@@ -297,8 +290,6 @@ def probe_timeout(ctx: RunContext) -> Obj:
 
 #: The worker's init container that applies ``spec.network``, and the pod interface it shapes.
 NETEM_CONTAINER = "network-emulation"
-
-
 NETEM_INTERFACE = "eth0"
 
 
