@@ -18,16 +18,19 @@ from pydantic import Field, ValidationError
 from mlbench_api.common import ApiModel
 from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
 from mlbench_api.errors import format_errors
-from mlbench_api.run import (
+from mlbench_api.network import NetworkConditions
+from mlbench_api.parameters import AlgorithmParameters
+from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides
+from mlbench_api.task import (
     Algorithm,
-    AlgorithmParameters,
-    Backend,
-    BenchmarkRun,
-    Bucketing,
-    NetworkConditions,
-    RunOverrides,
+    AlphaForWorkers,
+    BenchmarkTaskSpec,
+    Division,
+    Goal,
+    GoalMode,
+    LearningRate,
+    Schedule,
 )
-from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
 
 
 class OverrideNotAllowed(ValueError):

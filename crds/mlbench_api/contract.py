@@ -120,7 +120,7 @@ class Reason(StrEnum):
 
     Members compare equal to their strings, so the status JSON is what it was with string literals.
     The kstatus conditions and ``Failed=False`` of a succeeded run use the phase as their reason
-    (``mlbench_api.run.Phase``); those are not repeated here. docs/operator.md lists every member
+    (``mlbench_api.runstatus.Phase``); those are not repeated here. docs/operator.md lists every member
     (tests/operator/test_conditions.py keeps the two in step).
     """
 

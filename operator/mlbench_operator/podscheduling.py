@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mlbench_api.run import Gang, Placement
+from mlbench_api.scheduling import Gang, Placement
 from mlbench_operator import naming as n
 from mlbench_operator import podgroup as pg
 from mlbench_operator.runcontext import Obj, RunContext

@@ -966,7 +966,7 @@ def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest
     """Issue 33: an operator killed while reading a launcher's log (a results bomb) must not read it again after
     every restart: each attempt is recorded before the read, and after MAX_COLLECT_ATTEMPTS unfinished ones the
     results are given up with the reason, the log left alone."""
-    from mlbench_api.run import MAX_COLLECT_ATTEMPTS
+    from mlbench_api.runstatus import MAX_COLLECT_ATTEMPTS
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()

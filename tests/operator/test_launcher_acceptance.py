@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import BenchmarkRunStatus
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import results

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import Gang
+from mlbench_api.scheduling import Gang
 from mlbench_operator import podgroup as pg
 from mlbench_operator import runcontext, runobjects, runpods
 from mlbench_operator.kube import ApiError

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.run import Progress
+from mlbench_api.runstatus import Progress
 from mlbench_api.task import GoalMetric
 from mlbench_operator import progress
 

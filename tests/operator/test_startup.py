@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mlbench_api.contract import Reason
-from mlbench_api.run import CleanPodPolicy, RunPolicy
+from mlbench_api.runpolicy import CleanPodPolicy, RunPolicy
 from mlbench_operator import conditions as c
 from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView

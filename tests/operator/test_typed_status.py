@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from mlbench_api.run import BenchmarkRunStatus, Phase
+from mlbench_api.runstatus import BenchmarkRunStatus, Phase
 from mlbench_operator import conditions as c
 from mlbench_operator import runcontext, runpods, runtime
 from mlbench_operator.conditions import DatasetReason, Reason

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlbench_api.run import AlgorithmParameters
+from mlbench_api.parameters import AlgorithmParameters
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator

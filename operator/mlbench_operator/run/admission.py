@@ -12,12 +12,8 @@ from pydantic import ValidationError
 from mlbench_api import contract
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
-from mlbench_api.run import (
-    BenchmarkRun,
-    BenchmarkRunSpec,
-    Phase,
-    WorkerCounts,
-)
+from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
+from mlbench_api.runstatus import Phase, WorkerCounts
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n

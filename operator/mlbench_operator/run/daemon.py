@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from mlbench_api.run import TERMINAL
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import conditions as c
 from mlbench_operator import logs, runcontext
 from mlbench_operator import pacing as pc

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from datetime import datetime
 
-from mlbench_api.run import TERMINAL, Phase
+from mlbench_api.runstatus import TERMINAL, Phase
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n

@@ -32,7 +32,7 @@ import kopf
 
 from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.run import TERMINAL
+from mlbench_api.runstatus import TERMINAL
 from mlbench_api.task import GoalMetric
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mlbench_api.run import TERMINAL
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator import runcontext, runpods

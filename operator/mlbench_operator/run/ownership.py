@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlbench_api.run import TERMINAL, BenchmarkRunStatus
+from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.podview import PodView

@@ -38,13 +38,8 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from mlbench_api.run import (
-    BenchmarkRunStatus,
-    Phase,
-    Progress,
-    RunPolicy,
-    WorkerCounts,
-)
+from mlbench_api.runpolicy import RunPolicy
+from mlbench_api.runstatus import BenchmarkRunStatus, Phase, Progress, WorkerCounts
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
