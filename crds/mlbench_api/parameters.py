@@ -12,7 +12,7 @@ from pydantic import Field
 from mlbench_api.common import (
     ApiModel,
 )
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 
 
 class Topology(StrEnum):

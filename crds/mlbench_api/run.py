@@ -23,13 +23,15 @@ from mlbench_api.common import (
     cel,
     re2_search,
 )
+from mlbench_api.dataspec import DatasetSource
+from mlbench_api.model import ModelSpec
 from mlbench_api.network import NetworkConditions
 from mlbench_api.parameters import PARAMETER_DEFAULTS, AlgorithmParameters
 from mlbench_api.pod import PodSettings
 from mlbench_api.runpolicy import CheckpointPolicy, RunPolicy
 from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.scheduling import Placement, Scheduling
-from mlbench_api.task import Algorithm, DatasetSource, ModelSpec, Optimizer
+from mlbench_api.training import Algorithm, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4

@@ -18,7 +18,8 @@ from mlbench_api.common import (
     Finite,
     SafeInt,
 )
-from mlbench_api.task import BenchmarkTaskSpec, GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.task import BenchmarkTaskSpec
 
 #: Most files a run's kept results may name (status.results.files and .truncated); the results bundle
 #: (mlbench_api.bundle) refuses more, so a launcher's line can never produce a status the API server refuses.

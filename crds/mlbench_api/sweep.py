@@ -28,7 +28,7 @@ from mlbench_api.errors import format_errors
 from mlbench_api.parameters import PARAMETER_DEFAULTS, AlgorithmParameters
 from mlbench_api.run import DDP_NEEDS_TORCH_BACKEND, MAX_RUN_NAME, MAX_WORKERS, Backend, BenchmarkRunSpec
 from mlbench_api.runstatus import Phase
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 
 #: Most runs one sweep may expand to (the product of the matrix's list lengths).
 MAX_SWEEP_RUNS = 256

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlbench_api import contract
 from mlbench_api.datasets import PERMANENT_EXITS
-from mlbench_api.task import DatasetSource, DatasetSpec
+from mlbench_api.dataspec import DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
 from mlbench_operator.podscheduling import pod_scheduling
 from mlbench_operator.runcontext import Obj, RunContext

@@ -18,7 +18,7 @@ from typing import Any
 
 from mlbench_api.common import MAX_SAFE_INT
 from mlbench_api.display import percent, score
-from mlbench_api.task import GoalMetric, known_metric
+from mlbench_api.goal import GoalMetric, known_metric
 from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
 

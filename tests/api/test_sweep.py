@@ -29,7 +29,7 @@ from mlbench_api.sweep import (
     parse_sweep,
     run_name,
 )
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 
 REPO = Path(__file__).resolve().parents[2]
 BASES = REPO / "crds" / "bases"

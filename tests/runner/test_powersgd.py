@@ -457,7 +457,7 @@ def resnet20_bytes(rank: int) -> int:
 
 
 def test_resnet20_declared_bytes() -> None:
-    from mlbench_api.task import ModelSpec
+    from mlbench_api.model import ModelSpec
     from mlbench_runner.rank.models import build_model
 
     model = build_model(ModelSpec.model_validate({"name": "resnet", "version": "m1", "depth": 20}))

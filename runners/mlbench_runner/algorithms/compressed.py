@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mlbench_api.parameters import Selection
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms.base import (
     CommunicationPlan,
     DistributedAlgorithm,
