@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mlbench_api.results import RunSummary
-from mlbench_api.run import MAX_RESULT_FILES
+from mlbench_api.runstatus import MAX_RESULT_FILES
 
 EVENT = "run_results"
 SCHEMA = "mlbench.io/results/v1"
@@ -53,7 +53,7 @@ MAX_LINE_CHARS = BUDGET_BYTES * 4 // 3 + 64 * 1024
 GZ = ".gz"
 #: A file's key: a ConfigMap key (no path), gzip suffix.
 _FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.gz$")
-#: Files a bundle may carry: what ``status.results`` may list (:data:`mlbench_api.run.MAX_RESULT_FILES`).
+#: Files a bundle may carry: what ``status.results`` may list (:data:`mlbench_api.runstatus.MAX_RESULT_FILES`).
 MAX_FILES = MAX_RESULT_FILES
 #: Events that say the least per byte; dropped first when the event log is over budget.
 CHATTY_EVENTS = ("train_progress",)

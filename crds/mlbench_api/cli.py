@@ -42,7 +42,8 @@ from mlbench_api.crdgen import stale, write_all
 from mlbench_api.display import score
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.errors import InvalidObject, format_errors
-from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
+from mlbench_api.run import BenchmarkRun
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 from mlbench_api.watch import EXIT_FAILED, follow

@@ -2,7 +2,7 @@
 containers, ports, the SSH Secret's keys, and the condition types and reasons of a BenchmarkRun's status.
 
 Here, in the API package, because every side ships it: the operator image, the runner image (Dockerfile.runner
-copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.builders), the
+copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.runpods), the
 runner reads them (mlbench_runner.pod.launch, .world, .worker, .fetch), ``mlbench validate`` names the reasons the
 operator would give; nobody restates them (tests/test_architecture.py looks for the literals).
 """
@@ -120,7 +120,7 @@ class Reason(StrEnum):
 
     Members compare equal to their strings, so the status JSON is what it was with string literals.
     The kstatus conditions and ``Failed=False`` of a succeeded run use the phase as their reason
-    (``mlbench_api.run.Phase``); those are not repeated here. docs/operator.md lists every member
+    (``mlbench_api.runstatus.Phase``); those are not repeated here. docs/operator.md lists every member
     (tests/operator/test_conditions.py keeps the two in step).
     """
 

@@ -18,14 +18,8 @@ import yaml
 from pydantic import BaseModel
 
 from mlbench_api.common import GROUP, MAX_LABEL_VALUE, VERSION, cel
-from mlbench_api.run import (
-    FORBIDDEN,
-    MAX_RUN_NAME,
-    SUSPEND_FINISHED,
-    SUSPEND_FINISHED_RULE,
-    BenchmarkRunSpec,
-    BenchmarkRunStatus,
-)
+from mlbench_api.run import FORBIDDEN, MAX_RUN_NAME, SUSPEND_FINISHED, SUSPEND_FINISHED_RULE, BenchmarkRunSpec
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.sweep import BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTaskSpec
 

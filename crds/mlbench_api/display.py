@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from mlbench_api.task import ACCURACY_METRICS, GoalMetric
+from mlbench_api.goal import ACCURACY_METRICS, GoalMetric
 
 #: Above this a perplexity or BLEU figure is written in exponent form, so a column's string stays short.
 _LARGE = 1e6

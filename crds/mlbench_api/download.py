@@ -17,7 +17,7 @@ import yaml
 
 from mlbench_api import atomic, bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.run import TERMINAL
+from mlbench_api.runstatus import TERMINAL
 
 #: ``<namespace>/<run>``: a namespace is a DNS-1123 label, a run name a DNS-1035 label.
 REF = re.compile(r"^(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<run>[a-z]([-a-z0-9]*[a-z0-9])?)$")

@@ -14,7 +14,7 @@ from mlbench_api.common import GROUP, VERSION
 from mlbench_api.contract import FAILED
 from mlbench_api.display import duration, percent
 from mlbench_api.download import ResultsUnavailable, _clients, _why
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 
 #: The run ended Succeeded.
 EXIT_SUCCEEDED = 0

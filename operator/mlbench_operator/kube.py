@@ -1,7 +1,7 @@
 """The few Kubernetes API calls the reconciler makes, as raw JSON over the client's transport.
 
-Raw dicts rather than the typed client models: the objects come from :mod:`.builders` as
-dicts, and skipping model (de)serialisation matters when a run creates 1000 pods. Every call
+Raw dicts rather than the typed client models: the objects come from the builders (:mod:`.runobjects`,
+:mod:`.runpods`, ...) as dicts, and skipping model (de)serialisation matters when a run creates 1000 pods. Every call
 is counted in ``mlbench_operator_api_requests_total``. Calls are blocking; the async glue
 runs them on a bounded thread pool (:meth:`Kube.run`).
 """

@@ -6,7 +6,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 
 PHASES = tuple(p.value for p in Phase)  #: the run phases, in lifecycle order
 

@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlbench_api import contract
-from mlbench_operator import builders
+from mlbench_operator import fetchjob, runcontext
 from mlbench_operator import naming as n
 
 #: The label every namespace carries with its own name (Kubernetes 1.22+).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
-def metrics_ports(ctx: builders.RunContext) -> list[dict[str, Any]]:
+def metrics_ports(ctx: runcontext.RunContext) -> list[dict[str, Any]]:
     """Every rank's metrics port: ``9400 .. 9400 + slotsPerWorker - 1`` (a range needs Kubernetes 1.25+)."""
     slots = min(ctx.spec.slots_per_worker, ctx.config.world_size)
     port: dict[str, Any] = {"protocol": "TCP", "port": contract.METRICS_PORT}
@@ -51,7 +51,7 @@ def scraper_peers(namespaces: Sequence[str], cidrs: Sequence[str]) -> list[dict[
 
 
 def network_policy(
-    ctx: builders.RunContext, scrapers: Sequence[str], scraper_cidrs: Sequence[str] = ()
+    ctx: runcontext.RunContext, scrapers: Sequence[str], scraper_cidrs: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The run's NetworkPolicy (owned by the run, named like it)."""
     own = {n.LABEL_RUN: ctx.name, n.LABEL_MANAGED_BY: n.MANAGER}
@@ -65,8 +65,8 @@ def network_policy(
         "metadata": {
             "name": ctx.name,
             "namespace": ctx.namespace,
-            "labels": builders.labels(ctx),
-            "ownerReferences": [builders.owner_reference(ctx)],
+            "labels": runcontext.labels(ctx),
+            "ownerReferences": [runcontext.owner_reference(ctx)],
         },
         "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
@@ -91,6 +91,6 @@ def fetch_network_policy(job_name: str, namespace: str, dataset: str, egress: Se
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": job_name, "namespace": namespace, "labels": builders.dataset_labels(dataset)},
+        "metadata": {"name": job_name, "namespace": namespace, "labels": fetchjob.dataset_labels(dataset)},
         "spec": {**spec, "policyTypes": types},
     }

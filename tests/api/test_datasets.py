@@ -11,9 +11,10 @@ from mlbench_api.catalog import load_catalog
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import OverrideNotAllowed, apply_overrides
 from mlbench_api.datasets import EXIT_FOR_REASON, FetchFailure, FetchReason
+from mlbench_api.dataspec import DatasetSpec, path_under_data_root
 from mlbench_api.errors import format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
-from mlbench_api.task import BenchmarkTaskSpec, DatasetSpec, path_under_data_root
+from mlbench_api.task import BenchmarkTaskSpec
 
 SHA = "0493b9c94c62a5e8a6b98a28016b4eebed4fa9aac8154143eead5d26fc94fabb"
 CIFAR_SHA = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"

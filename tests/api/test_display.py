@@ -8,8 +8,8 @@ import pytest
 
 from mlbench_api.crdgen import KINDS
 from mlbench_api.display import duration, percent, score
-from mlbench_api.run import Progress
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import Progress
 
 
 @pytest.mark.parametrize(

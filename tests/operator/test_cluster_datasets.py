@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import fetchjob
 from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
@@ -61,7 +61,7 @@ def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
 def job_name() -> str:
     ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
     assert not isinstance(ctx, admission.Rejection)
-    return builders.fetch_job_name(ctx[0].task.dataset)
+    return fetchjob.fetch_job_name(ctx[0].task.dataset)
 
 
 def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import fetchjob, runpods
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
 from mlbench_operator.datasets import FetchAction, FetchState, fetch_state
 from mlbench_operator.env import SettingsError
 from mlbench_operator.run import admission, lifecycle
+from mlbench_operator.runcontext import RunContext
 from mlbench_operator.settings import DatasetSettings
 from tests.operator import helpers as h
 
@@ -243,8 +243,8 @@ def test_the_run_deadline_counts_while_fetching() -> None:
 def test_fetch_job() -> None:
     ctx = ctx_for(namespace="team-a")
     settings = DatasetSettings(volume_name="team-data", backoff_limit=2, job_ttl_seconds=600)
-    job_ = builders.fetch_job(ctx, settings)
-    assert job_["metadata"]["name"] == builders.fetch_job_name(ctx.task.dataset)
+    job_ = fetchjob.fetch_job(ctx, settings)
+    assert job_["metadata"]["name"] == fetchjob.fetch_job_name(ctx.task.dataset)
     assert job_["metadata"]["name"].startswith("mlbench-dataset-cifar10-jpeg-")
     assert job_["metadata"]["namespace"] == "team-a"
     assert "ownerReferences" not in job_["metadata"]  # shared by every run that needs the data
@@ -275,18 +275,18 @@ def test_fetch_job() -> None:
 
 def test_unpack_adds_its_flags_and_changes_the_job() -> None:
     task = h.sourced_task()
-    plain = builders.fetch_job_name(ctx_for(task).task.dataset)
+    plain = fetchjob.fetch_job_name(ctx_for(task).task.dataset)
     task["spec"]["dataset"]["source"].update(unpack=True, stripComponents=1)
     ctx = ctx_for(task)
-    cmd = builders.fetch_command(ctx.task.dataset, "v")
+    cmd = fetchjob.fetch_command(ctx.task.dataset, "v")
     assert cmd[-5:] == ["--unpack", "--strip-components", "1", "--volume", "v"]
-    assert builders.fetch_job_name(ctx.task.dataset) != plain  # other bytes on the volume: another Job
+    assert fetchjob.fetch_job_name(ctx.task.dataset) != plain  # other bytes on the volume: another Job
 
 
 def test_a_mirror_shares_the_job() -> None:
     one = ctx_for(h.sourced_task(url="http://a.example/x.tgz"))
     two = ctx_for(h.sourced_task(url="https://mirror.example/y.tgz"))
-    assert builders.fetch_job_name(one.task.dataset) == builders.fetch_job_name(two.task.dataset)
+    assert fetchjob.fetch_job_name(one.task.dataset) == fetchjob.fetch_job_name(two.task.dataset)
 
 
 def test_job_names_fit_a_label_value() -> None:
@@ -296,7 +296,7 @@ def test_job_names_fit_a_label_value() -> None:
 
 def test_workers_mount_the_dataset_volume_read_only() -> None:
     ctx = ctx_for()
-    pod_ = builders.worker_pod(ctx, 0, 0)
+    pod_ = runpods.worker_pod(ctx, 0, 0)
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "team-data", "readOnly": True}} in pod_["spec"][
         "volumes"
     ]
@@ -305,12 +305,12 @@ def test_workers_mount_the_dataset_volume_read_only() -> None:
 
 
 def test_dataset_pvc() -> None:
-    pvc = builders.dataset_pvc("team-a", DatasetSettings())
+    pvc = fetchjob.dataset_pvc("team-a", DatasetSettings())
     assert pvc["metadata"]["name"] == "mlbench-datasets"
     assert "ownerReferences" not in pvc["metadata"]
     assert pvc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mlbench-operator"
     assert pvc["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}}
-    rwx = builders.dataset_pvc("team-a", DatasetSettings(storage_class="nfs", access_mode="ReadWriteMany"))
+    rwx = fetchjob.dataset_pvc("team-a", DatasetSettings(storage_class="nfs", access_mode="ReadWriteMany"))
     assert rwx["spec"]["storageClassName"] == "nfs"
     assert rwx["spec"]["accessModes"] == ["ReadWriteMany"]
 

@@ -186,11 +186,11 @@ def _reconciler(
 
 
 def _running(policy: str = "All", **spec: Any) -> tuple[dict[str, Any], Any, list[Any]]:
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import admitted, pod, step, workers
 
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}, **spec))
-    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    pods = [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))]
     body, plan = step(body, ctx, pods)
     assert plan.status["phase"] == "Running"
     return body, ctx, pods
@@ -199,11 +199,11 @@ def _running(policy: str = "All", **spec: Any) -> tuple[dict[str, Any], Any, lis
 def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 1: the result is recorded first; a failed cleanup is finished by the next pass or
     by a restarted operator, and the run is never re-planned (no LauncherLost restart)."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.fail_deletes = 1
     kube.log = "some output\n" + results_line(factories.summary()) + "\n"
@@ -244,13 +244,13 @@ def test_a_restart_is_announced_and_counted_once_even_when_its_deletes_fail(monk
     """The restart is recorded by the status write; the Event and the counter go with it. A failed delete
     after it must not lose them (the retry plans from the new status: "waiting for the old pods", not a
     restart), and the retry's deletes of the same stale pods are not another restart."""
-    from mlbench_operator import builders
     from mlbench_operator import metrics as m
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import admitted, pod, terminated, workers
 
     body, ctx = admitted(h.run())
-    oom = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
-    pods = [workers(ctx)[0], oom, pod(builders.launcher_pod(ctx, 0))]
+    oom = terminated(runpods.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    pods = [workers(ctx)[0], oom, pod(runpods.launcher_pod(ctx, 0))]
     kube = FakeKube()
     kube.fail_deletes = 1
     rec = _reconciler(body, kube, monkeypatch)
@@ -540,7 +540,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
 ) -> None:
     """It deleted the pods and stopped before the status write: workers.ready kept its count from before. Under
     Running (the default) the finished launcher stays, so "every pod gone" would not see it."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from mlbench_operator.run import handlers as run_handlers
     from mlbench_operator.run import lifecycle
     from tests.operator.test_reconcile import terminated, workers
@@ -551,7 +551,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
     if left == "terminating workers":
         pods = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
     else:
-        pods = [terminated(builders.launcher_pod(ctx, 0), 1, "")]
+        pods = [terminated(runpods.launcher_pod(ctx, 0), 1, "")]
     needs: Any = run_handlers._needs_daemon
     assert needs(body=finished, namespace="ns", name="r1", memo=_memo({("ns", "r1"): pods}))
     kube = FakeKube()
@@ -628,12 +628,12 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
 
 def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
     """A run whose launcher succeeded: the next pass writes Succeeded, then keeps results and cleans up."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running(policy)
     body["metadata"]["uid"] = ""  # the test pods carry no owner uid
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     return body, ctx, [*workers(ctx), done]
 
 
@@ -812,11 +812,11 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
     Failed/InvalidResult status is written instead, and the next pass cleans up as for any failure."""
     import kopf
 
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.refuse_status = lambda st: "result" in st
     rec = _reconciler(body, kube, monkeypatch)
@@ -838,11 +838,11 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
 
 
 def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("Running")
-    failed = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"mpirun exited with 1","exitCode":1}')
+    failed = terminated(runpods.launcher_pod(ctx, 0), 1, '{"error":"mpirun exited with 1","exitCode":1}')
     kube = FakeKube()
     kube.log = "rank 1: loss nan\nORTE has lost communication with a remote daemon\n"
     rec = _reconciler(body, kube, monkeypatch)
@@ -866,7 +866,7 @@ def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypa
 def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gang restart clears status.progress; a copy of the old attempt's, taken from the live body before the
     watch echoed the clear, must go once it has (or the new attempt is judged Stalled by it)."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, pods = _running("Running")
@@ -874,7 +874,7 @@ def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch:
     body["status"] = {**body["status"], "progress": old}
     kube = FakeKube()
     rec = _reconciler(body, kube, monkeypatch)
-    failed = [terminated(builders.worker_pod(ctx, 0, 0), 1), *workers(ctx)[1:], pods[-1]]
+    failed = [terminated(runpods.worker_pod(ctx, 0, 0), 1), *workers(ctx)[1:], pods[-1]]
     asyncio.run(rec.step(failed))
     assert rec.status["restarts"] == 1
     assert rec.status["progress"] is None  # cleared
@@ -966,7 +966,7 @@ def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest
     """Issue 33: an operator killed while reading a launcher's log (a results bomb) must not read it again after
     every restart: each attempt is recorded before the read, and after MAX_COLLECT_ATTEMPTS unfinished ones the
     results are given up with the reason, the log left alone."""
-    from mlbench_api.run import MAX_COLLECT_ATTEMPTS
+    from mlbench_api.runstatus import MAX_COLLECT_ATTEMPTS
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()

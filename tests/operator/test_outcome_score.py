@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from mlbench_api.goal import GoalMetric
 from mlbench_api.results import RunSummary
-from mlbench_api.run import Progress, RunResult
-from mlbench_api.task import GoalMetric
+from mlbench_api.runstatus import Progress, RunResult
 from mlbench_operator.run import outcome
 from tests import factories
 

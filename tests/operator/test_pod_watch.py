@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders, podwatch
+from mlbench_operator import podwatch, runpods
 from mlbench_operator.podview import PodChange, PodIndex
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import admitted
@@ -19,7 +19,7 @@ from tests.operator.test_reconcile import admitted
 def _pod(rank: int, uid: str, phase: str = "Pending", version: str = "1", run: str = "r1") -> dict[str, Any]:
     """A worker pod of run ``run`` in namespace ns, as the watch sends it."""
     _, ctx = admitted(h.run(run))
-    obj = builders.worker_pod(ctx, rank, 0)
+    obj = runpods.worker_pod(ctx, rank, 0)
     obj["metadata"].update(uid=uid, resourceVersion=version)
     obj["status"] = {"phase": phase}
     return obj

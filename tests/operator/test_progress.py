@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.run import Progress
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import Progress
 from mlbench_operator import progress
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
-from mlbench_operator import builders, datasets, netpol, sshkeys
 from mlbench_operator import conditions as c
+from mlbench_operator import datasets, fetchjob, netpol, runcontext, runobjects, runpods, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator import podgroup as pg
 from mlbench_operator.kube import ApiError, transient
@@ -32,20 +32,20 @@ DATASET_POLL_SECONDS = 10.0
 class Creating(RunDaemon):
     """The creates of a pass (its mixin of :class:`.executor.RunReconciler`)."""
 
-    async def create_pods(self, plan: Plan, ctx: builders.RunContext, now: datetime) -> list[tuple[str, int, str]]:
+    async def create_pods(self, plan: Plan, ctx: runcontext.RunContext, now: datetime) -> list[tuple[str, int, str]]:
         """The plan's workers and launcher, in parallel; returns the refused ones (403/422), raises on other errors."""
         pacing = self.pacing
         attempt = int(plan.status.get("restarts", 0))
         # the kubelet enforces what is left of runPolicy.activeDeadlineSeconds, also while we are down
         run_deadline = ctx.spec.run_policy.active_deadline_seconds if ctx.spec.run_policy else None
-        deadline = builders.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
+        deadline = runpods.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
         todo = [
-            builders.worker_pod(ctx, rank, attempt, deadline)
+            runpods.worker_pod(ctx, rank, attempt, deadline)
             for rank in plan.create_workers
             if pacing.may_create(n.worker_name(self.name, rank), time.monotonic())
         ]
         if plan.create_launcher and pacing.may_create(n.launcher_name(self.name), time.monotonic()):
-            todo.append(builders.launcher_pod(ctx, attempt, deadline))
+            todo.append(runpods.launcher_pod(ctx, attempt, deadline))
         if not todo:
             return []
         outcomes = await self.kube.create_many(todo)
@@ -114,23 +114,23 @@ class Creating(RunDaemon):
         self.log.warning("pod_create_refused", message=plan.status.get("message"), retry_in=delay)
         return delay
 
-    async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
+    async def ensure_objects(self, ctx: runcontext.RunContext, now: datetime) -> bool:
         """ConfigMap, the SSH Secret, the NetworkPolicy and a gang run's PodGroup, before any pod (the Service
         comes with the launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
         keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [
-            builders.config_map(ctx),
-            builders.ssh_secret(ctx, keys),
+            runobjects.config_map(ctx),
+            runobjects.ssh_secret(ctx, keys),
             netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
         ]
-        group = builders.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
+        group = runobjects.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
         if group is not None:
             objs.append(group)
         self.ensured = await self.create_owned(objs, ctx, now)
         self.pod_group_ensured = self.ensured and group is not None
         return self.ensured
 
-    async def ensure_service(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+    async def ensure_service(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The headless Service that gives the workers their DNS names, right before the launcher (the
         only one that resolves them): None when it exists, else where the pass stops (a NameConflict,
         a refusal; as for the other objects).
@@ -141,14 +141,14 @@ class Creating(RunDaemon):
         pods themselves (docs/operator.md, "Scale"). Created once they are all Ready, it is computed once.
         """
         try:
-            if not await self.create_owned([builders.service(ctx)], ctx, now):
+            if not await self.create_owned([runobjects.service(ctx)], ctx, now):
                 return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
         except _Refused as err:
             return _Stop(await self.creation_refused(err.failures, now, pods))
         self.service_ensured = True
         return None
 
-    async def create_owned(self, objs: list[dict[str, Any]], ctx: builders.RunContext, now: datetime) -> bool:
+    async def create_owned(self, objs: list[dict[str, Any]], ctx: runcontext.RunContext, now: datetime) -> bool:
         """Create the run's objects in parallel. 409 is fine only when the existing object is this run's (a
         retry); one of another owner (e.g. a deleted run of the same name whose garbage collection has
         not finished) is reported as NameConflict and nothing proceeds (False), and one gone by the time
@@ -181,18 +181,18 @@ class Creating(RunDaemon):
                     return False
         return True
 
-    async def ensure_dataset(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
+    async def ensure_dataset(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> float | None:
         """The dataset volume and the fetch Job, before any worker exists.
 
         Returns None when the data is ready (the pass goes on to the workers), seconds until the next
         look while it is fetched, or -1 when the fetch failed (the run's final status is written).
         """
         settings = self.datasets
-        name = builders.fetch_job_name(ctx.task.dataset)
+        name = fetchjob.fetch_job_name(ctx.task.dataset)
         admitted = c.parse_time(self.status.get("startTime"))
         try:
             if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
-                await self.kube.run(self.kube.create, builders.dataset_pvc(self.namespace, settings))
+                await self.kube.run(self.kube.create, fetchjob.dataset_pvc(self.namespace, settings))
                 self.pvc_ensured = True
             job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
             job_pods: list[dict[str, Any]] = []
@@ -202,7 +202,7 @@ class Creating(RunDaemon):
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
                 policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
                 await self.kube.run(self.kube.create, policy)
-                await self.kube.run(self.kube.create, builders.fetch_job(ctx, settings))
+                await self.kube.run(self.kube.create, fetchjob.fetch_job(ctx, settings))
         except ApiError as err:
             if err.status not in (403, 422):
                 raise

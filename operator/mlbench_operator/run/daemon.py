@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
-from mlbench_api.run import TERMINAL
-from mlbench_operator import builders, logs
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import conditions as c
+from mlbench_operator import logs, runcontext
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodIndex, PodView
@@ -151,11 +151,11 @@ class RunDaemon(ABC):
             raise StatusRefused("the status was refused (422); the run failed with InvalidResult") from err
         self.status = {**self.status, **changes}
 
-    def _current(self, ctx: builders.RunContext, pods: list[PodView]) -> list[PodView]:
+    def _current(self, ctx: runcontext.RunContext, pods: list[PodView]) -> list[PodView]:
         attempt = int(self.status.get("restarts") or 0)
         return [p for p in pods if p.attempt == attempt and p.owner_uid == ctx.uid]
 
-    def _configured(self, ctx: builders.RunContext) -> builders.RunContext:
+    def _configured(self, ctx: runcontext.RunContext) -> runcontext.RunContext:
         """The operator's settings that shape the pods but are no part of the run's snapshot."""
         return dataclasses.replace(
             ctx,

@@ -32,8 +32,8 @@ import kopf
 
 from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.run import TERMINAL
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n

@@ -11,9 +11,9 @@ from typing import Any
 import kopf
 
 from mlbench_api import bundle, hardware
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator import runobjects
 from mlbench_operator.kube import ApiError, transient
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import (
@@ -156,7 +156,7 @@ class Keeping(RunDaemon):
 
     async def store_results(self, found: bundle.Bundle, uid: str, now: datetime) -> results.Decision:
         task = (self.body["spec"].get("taskRef") or {}).get("name", "")
-        obj = builders.results_config_map(self.name, self.namespace, uid, task, found)
+        obj = runobjects.results_config_map(self.name, self.namespace, uid, task, found)
         name = obj["metadata"]["name"]
         if found.compressed_size() > bundle.BUDGET_BYTES:  # a launcher of another version: never sent as is
             size = found.compressed_size()

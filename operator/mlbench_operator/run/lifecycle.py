@@ -9,13 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mlbench_api.common import MAX_INT32
-from mlbench_api.run import (
-    TERMINAL,
-    CleanPodPolicy,
-    Phase,
-    RunPolicy,
-    WorkerCounts,
-)
+from mlbench_api.runpolicy import CleanPodPolicy, RunPolicy
+from mlbench_api.runstatus import TERMINAL, Phase, WorkerCounts
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason

@@ -11,12 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from mlbench_api.display import duration, percent, score
+from mlbench_api.goal import GoalMetric, known_metric
 from mlbench_api.results import RunSummary
-from mlbench_api.run import (
-    Progress,
-    RunResult,
-)
-from mlbench_api.task import GoalMetric, known_metric
+from mlbench_api.runstatus import Progress, RunResult
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason

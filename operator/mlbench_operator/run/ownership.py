@@ -9,7 +9,7 @@ run's), never adopted, never retried in silence.
 
 What marks the operator's object for *this* run: its controller ownerReference is the BenchmarkRun of the
 run's UID, and it carries the operator's ``managed-by`` label and the run's ``mlbench.io/run`` label (every
-object the operator creates for a run has all three: :mod:`mlbench_operator.builders`).
+object the operator creates for a run has all three: :mod:`mlbench_operator.runcontext`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlbench_api.run import TERMINAL, BenchmarkRunStatus
+from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.podview import PodView

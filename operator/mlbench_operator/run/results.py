@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api import bundle, hardware
-from mlbench_api.run import MAX_COLLECT_ATTEMPTS, TERMINAL, NetworkConditions
+from mlbench_api.network import NetworkConditions
+from mlbench_api.runstatus import MAX_COLLECT_ATTEMPTS, TERMINAL
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp

@@ -14,7 +14,7 @@ import numpy as np
 
 from mlbench_api.contract import ENV_DATA_DIR
 from mlbench_api.datasets import MARKER_SUFFIX
-from mlbench_api.task import DatasetFormat, DatasetSpec
+from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_runner.data import cifar, tabular
 from mlbench_runner.data.base import TensorDataset
 

@@ -312,7 +312,7 @@ def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget
 
 
 #: Where the pods keep their private copies of the run's private keys: the worker script (the operator's
-#: ``builders.WORKER_SCRIPT``) copies the host key and the client key here, the launcher the client key.
+#: ``runpods.WORKER_SCRIPT``) copies the host key and the client key here, the launcher the client key.
 #: One path in every pod, because mpirun's tree spawn hands the launcher's ssh options (``-i <copy>``) to
 #: the daemons on the workers, which start the next workers with them. ``MLBENCH_SSH_PRIVATE_DIR``
 #: moves it for tests that run several "pods" on one machine.
