@@ -75,7 +75,8 @@ class Creating(RunDaemon):
         launcher = n.launcher_name(self.name)
         for obj, res in zip(todo, outcomes, strict=True):
             if obj["metadata"]["name"] == launcher and isinstance(res, str):
-                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
+                # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt, "imageId": None}})
 
     async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
