@@ -43,6 +43,22 @@ def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
     return None
 
 
+def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """Why ``obj`` is not the shared object the operator creates as ``wanted`` (the namespace's dataset volume, a
+    fetch Job: owned by no run); None when it is. Such an object has no controller and carries every label and
+    annotation the operator gives it (for a fetch Job: the dataset, the source's SHA-256 and the path)."""
+    ref = _controller(obj)
+    if ref is not None:
+        return f"its controller is {ref.get('kind', '?')} {ref.get('name', '?')}"
+    meta, want = obj.get("metadata") or {}, wanted.get("metadata") or {}
+    for part in ("labels", "annotations"):
+        have = meta.get(part) or {}
+        for key, value in sorted((want.get(part) or {}).items()):
+            if have.get(key) != value:
+                return f"its {part[:-1]} {key} is {have[key]!r}, not {value!r}" if key in have else f"it has no {key}"
+    return None
+
+
 def conflict_text(kind: str, name: str, why: str) -> str:
     """The ``NameConflict`` message: the object, why it is not the run's, and what the operator does."""
     return f"{kind} {name} already exists and was not created by the operator for this run ({why}); " + (
