@@ -146,6 +146,7 @@ class Reason(StrEnum):
     #: Failed: a 422
     CREATE_FAILED = "CreateFailed"
     #: WorkersReady/Running False: a pod, Service, ConfigMap or Secret with the run's name has another owner
+    #: (DatasetReady False: the dataset volume or the fetch Job, :attr:`DatasetReason.NAME_CONFLICT`)
     NAME_CONFLICT = "NameConflict"
     RESTARTING = "Restarting"  #: WorkersReady/Running False during a gang restart (also its Event)
     #: WorkersReady/Running False after the startup deadline released the attempt's pods, until the next attempt
@@ -206,3 +207,5 @@ class DatasetReason(StrEnum):
     CHECKSUM_MISMATCH = FetchReason.CHECKSUM_MISMATCH.value
     VOLUME_FULL = FetchReason.VOLUME_FULL.value
     FETCH_FAILED = FetchReason.FETCH_FAILED.value
+    #: False: the dataset volume (PVC) or the fetch Job's name is held by an object the operator did not create
+    NAME_CONFLICT = Reason.NAME_CONFLICT.value

@@ -122,6 +122,10 @@ class RunResult(ApiModel):
     what a tag pointed to at run time. More than one means the tag moved during the run."""
 
 
+#: A SHA-256 digest in hex (``status.results.sha256``'s values).
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
 #: Interrupted results collections (``status.results.attempts``) after which the operator gives up.
 MAX_COLLECT_ATTEMPTS = 3
 
@@ -150,6 +154,14 @@ class ResultsRef(ApiModel):
     failing_since: datetime | None = None
     """When reading the launcher's log (or keeping its files) first failed (RFC 3339); the operator retries
     for MLBENCH_RESULTS_WAIT_SECONDS (60 s) from then before it records why nothing was kept."""
+    sha256: (
+        Annotated[
+            dict[str, Annotated[str, Field(pattern=_SHA256_HEX, max_length=64)]], Field(max_length=MAX_RESULT_FILES)
+        ]
+        | None
+    ) = None
+    """The SHA-256 of each kept file as the launcher printed it (uncompressed), by file name: what ``mlbench
+    results`` checks the ConfigMap's files against (an object a namespace editor can edit; this status is not)."""
     attempts: Annotated[int, Field(ge=0, le=MAX_COLLECT_ATTEMPTS)] | None = None
     """Collections started and not yet ended, recorded before the launcher's log is read: one that an operator
     restart interrupted counts, and after MAX_COLLECT_ATTEMPTS of them the operator gives up instead of
@@ -165,6 +177,8 @@ class LauncherRecord(ApiModel):
     """The UID the API server answered the operator's launcher create with."""
     attempt: Annotated[int, Field(ge=0)]
     """The attempt (status.restarts when it was created) the launcher belongs to."""
+    image_id: Annotated[str, Field(max_length=512)] | None = None
+    """The digest the launcher's container ran (the kubelet's imageID), once it started: what printed the result."""
 
 
 class BenchmarkRunStatus(ApiModel):

@@ -145,6 +145,12 @@ def _failed_job(
     return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
 
 
+def name_conflict(text: str) -> FetchState:
+    """The dataset volume's or the fetch Job's name is held by an object the operator did not create: the run waits
+    (``NameConflict``, ``text`` naming the object and why), never using it nor replacing it."""
+    return FetchState(FetchAction.WAIT, DatasetReason.NAME_CONFLICT, text)
+
+
 def refused(code: int, detail: str, volume: str, job_name: str) -> FetchState:
     """The API server refused the PVC or the Job: 422 (invalid) fails the run, 403 (quota, policy) waits."""
     text = f"creating the dataset volume {volume} or the fetch Job {job_name} was refused (HTTP {code}): {detail}"

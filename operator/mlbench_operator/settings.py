@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mlbench_api import contract
+from mlbench_api import bundle, contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
@@ -82,6 +82,17 @@ def results_wait_seconds(env: Mapping[str, str]) -> float:
     """``MLBENCH_RESULTS_WAIT_SECONDS``: how long a finished run's launcher log is waited for and retried
     (:data:`RESULTS_WAIT_SECONDS` by default; the kwok tests, whose nodes serve no logs, use 1)."""
     return float(integer(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(RESULTS_WAIT_SECONDS), minimum=0))
+
+
+def results_max_bytes(env: Mapping[str, str]) -> int:
+    """``MLBENCH_RESULTS_MAX_BYTES``: the most a launcher's results files may hold together once decompressed
+    (:data:`mlbench_api.bundle.MAX_TOTAL_BYTES` by default, what the launcher fits its bundle within); a larger
+    bundle is counted without being kept and refused. At least 64 KiB, at most the default: the operator's
+    memory limit is sized for it."""
+    value = integer(env, "MLBENCH_RESULTS_MAX_BYTES", bundle.MAX_TOTAL_BYTES, minimum=64 * 1024)
+    if value > bundle.MAX_TOTAL_BYTES:
+        raise SettingsError(f"MLBENCH_RESULTS_MAX_BYTES={value} is over {bundle.MAX_TOTAL_BYTES}")
+    return value
 
 
 #: How long after the run ended a launcher that is still running may take to print its results (a
@@ -173,6 +184,8 @@ class OperatorConfig:
     metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
     #: ``MLBENCH_RESULTS_WAIT_SECONDS``
     results_wait_seconds: float = field(default_factory=_default_results_wait)
+    #: ``MLBENCH_RESULTS_MAX_BYTES``
+    results_max_bytes: int = bundle.MAX_TOTAL_BYTES
     #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``, ``MLBENCH_ALLOW_NETWORK_EMULATION``
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
@@ -204,6 +217,7 @@ class OperatorConfig:
             datasets=DatasetSettings.from_env(env),
             metrics_linger_seconds=metrics_linger_seconds(env),
             results_wait_seconds=results_wait_seconds(env),
+            results_max_bytes=results_max_bytes(env),
             policy=AdmissionPolicy.from_env(env),
             scraper_namespaces=scraper_namespaces(env),
             scraper_cidrs=scraper_cidrs(env),

@@ -217,3 +217,58 @@ def test_restricted_namespace_admits_every_pod(
     status = runs.wait_phase(name, "Running", timeout=90)  # workers, then the launcher, admitted
     assert set(runs.pods(name)) == {f"{name}-worker-0", f"{name}-worker-1", f"{name}-launcher"}
     assert "CreateFailed" not in json.dumps(status["conditions"])
+
+
+def test_a_job_squatting_the_fetch_job_s_name_is_a_name_conflict(runs: Runs, sourced_task: str, volume: str) -> None:
+    """Issue 33: a Job a namespace user put under the fetch Job's name (without the operator's labels and checksum
+    annotations) is reported as NameConflict on DatasetReady, neither used, replaced nor adopted; once it is gone
+    the fetch starts. kwok only (about 10 s)."""
+    job = job_name()
+    squatter = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job},
+        "spec": {  # suspended: no pod, whatever the namespace's Pod Security level
+            "suspend": True,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}},
+        },
+    }
+    runs.kubectl("apply", "-f", "-", input=json.dumps(squatter))
+    held = runs.get("job", job)
+    assert held is not None
+    name = "squatted-job"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/NameConflict" and s, what="NameConflict")
+    assert f"Job {job} already exists and was not created by the operator" in cond(status, "DatasetReady")["message"]
+    assert status["phase"] == "Pending"
+    after = runs.get("job", job)
+    assert after is not None
+    assert after["metadata"]["uid"] == held["metadata"]["uid"]  # not replaced
+    assert after["spec"].get("suspend") is True  # nor touched
+    assert runs.pods(name) == {}
+    runs.kubectl("delete", "job", job, "--wait=true")
+    runs.wait_status(name, lambda s: dataset_reason(s) == "False/Fetching" and s, timeout=90, what="Fetching")
+
+
+def test_a_pvc_squatting_the_dataset_volume_s_name_is_a_name_conflict(runs: Runs, sourced_task: str) -> None:
+    """Issue 33: a PVC under the dataset volume's name without the operator's labels is reported as NameConflict;
+    no fetch Job starts into it. kwok only (a few seconds)."""
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": PVC},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": TEST_STORAGE_CLASS,
+        },
+    }
+    runs.kubectl("apply", "-f", "-", input=json.dumps(pvc))
+    name = "squatted-volume"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/NameConflict" and s, what="NameConflict")
+    message = cond(status, "DatasetReady")["message"]
+    assert f"PersistentVolumeClaim {PVC} already exists and was not created by the operator" in message
+    assert "app.kubernetes.io/managed-by" in message
+    assert runs.get("job", job_name()) is None
+    assert runs.pods(name) == {}

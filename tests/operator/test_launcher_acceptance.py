@@ -77,8 +77,8 @@ def test_a_forged_launcher_with_a_recorded_one_is_not_the_run_s() -> None:
     _, plan = step(body, ctx, [*workers(ctx), forged])
     assert plan.status["phase"] not in ("Succeeded", "Failed")  # its exit is not the run's result
     assert "result" not in plan.status
-    assert results.launcher([forged], "", {"uid": "u-op", "attempt": 0}) is None  # nor its results
-    assert results.launcher([forged], "", {"uid": "u-forged", "attempt": 0}) is forged
+    assert results.launcher([forged], "", {"launcher": {"uid": "u-op", "attempt": 0}}) is None  # nor its results
+    assert results.launcher([forged], "", {"launcher": {"uid": "u-forged", "attempt": 0}}) is forged
 
 
 def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,5 +95,5 @@ def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monk
     rec.service_ensured = True
     asyncio.run(rec.step(workers(ctx)))
     assert ("create", "Pod", "r1-launcher") in kube.calls
-    assert rec.status["launcher"] == {"uid": "uid-r1-launcher", "attempt": 0}
-    assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0}} in kube.patches()
+    assert rec.status["launcher"] == {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}
+    assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}} in kube.patches()

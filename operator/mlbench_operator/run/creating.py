@@ -75,7 +75,8 @@ class Creating(RunDaemon):
         launcher = n.launcher_name(self.name)
         for obj, res in zip(todo, outcomes, strict=True):
             if obj["metadata"]["name"] == launcher and isinstance(res, str):
-                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
+                # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt, "imageId": None}})
 
     async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
@@ -181,6 +182,23 @@ class Creating(RunDaemon):
                     return False
         return True
 
+    async def ensure_dataset_volume(self, pvc: dict[str, Any]) -> str | None:
+        """Create the namespace's dataset volume when missing; the ``NameConflict`` text when a PVC the operator did
+        not create holds its name (it would mount another's data, or none, into the run), None when it is there."""
+        if await self.kube.run(self.kube.create, pvc):
+            return None
+        existing = await self.kube.run(self.kube.get, pvc["kind"], self.namespace, pvc["metadata"]["name"])
+        return self.held_name(existing, pvc)
+
+    def held_name(self, existing: dict[str, Any] | None, wanted: dict[str, Any]) -> str | None:
+        """The ``NameConflict`` text for a shared object (:func:`ownership.shared_not_ours`), logged; None if ours."""
+        why = None if existing is None else ownership.shared_not_ours(existing, wanted)
+        if why is None:
+            return None
+        kind, name = wanted["kind"], wanted["metadata"]["name"]
+        self.log.warning("name_conflict", kind=kind, object=name, why=why)
+        return ownership.conflict_text(kind, name, why)
+
     async def ensure_dataset(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> float | None:
         """The dataset volume and the fetch Job, before any worker exists.
 
@@ -191,14 +209,17 @@ class Creating(RunDaemon):
         name = fetchjob.fetch_job_name(ctx.task.dataset)
         admitted = c.parse_time(self.status.get("startTime"))
         try:
+            held = None
             if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
-                await self.kube.run(self.kube.create, fetchjob.dataset_pvc(self.namespace, settings))
-                self.pvc_ensured = True
+                held = await self.ensure_dataset_volume(fetchjob.dataset_pvc(self.namespace, settings))
+                self.pvc_ensured = held is None
             job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
+            held = held or self.held_name(job, fetchjob.fetch_job(ctx, settings))
             job_pods: list[dict[str, Any]] = []
-            if job is not None:
+            if job is not None and held is None:
                 job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
             state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
+            state = datasets.name_conflict(held) if held is not None else state
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
                 policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
                 await self.kube.run(self.kube.create, policy)

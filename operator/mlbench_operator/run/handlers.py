@@ -111,7 +111,7 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
     if not pods:
         return False
     uid = body.get("metadata", {}).get("uid", "")
-    launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
+    launcher = results.launcher(pods, uid, status)  # results are only worth a daemon while the launcher is there
     wait = results.wait_for(config_of(kwargs.get("memo")).results_wait_seconds, (body.get("spec") or {}).get("network"))
     pending = launcher is not None and results.decide(status, launcher, _now(), wait).action is not results.Action.NONE
     return pending or bool(lifecycle.cleanup_pending(body, pods))

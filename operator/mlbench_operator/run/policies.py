@@ -64,7 +64,7 @@ from mlbench_operator.run.outcome import (
     summary_result,
     world_disruption,
 )
-from mlbench_operator.run.ownership import launcher_refused
+from mlbench_operator.run.ownership import launcher_record, launcher_refused
 from mlbench_operator.run.status import Plan, StoredStatus, _Cond, _short, _Status, _uid
 from mlbench_operator.runcontext import RunContext
 
@@ -191,6 +191,7 @@ class PlanInput:
         st = _Status.following(self.stored, self.now, (self.body.get("metadata") or {}).get("generation"))
         st.new.restarts = self.restarts
         st.new.workers = WorkerCounts(ready=self.ready, total=self.total)
+        st.new.launcher = launcher_record(self.old.launcher, self.launcher)  # with its image's digest once known
         return st
 
 
