@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from mlbench_api import contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
+from mlbench_operator import egress
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import AdmissionPolicy
@@ -42,7 +43,7 @@ class DatasetSettings:
     #: Retries of a retryable failure (SourceUnreachable); permanent ones fail at once.
     backoff_limit: int = 2
     #: ``MLBENCH_FETCH_EGRESS_CIDRS``: where a fetch Job may connect besides DNS (its NetworkPolicy's egress);
-    #: None (unset) leaves its egress open. Nothing may connect to a fetch Job either way.
+    #: None (unset): every address but the link-local metadata blocks. Nothing may connect to a fetch Job either way.
     egress_cidrs: tuple[str, ...] | None = None
 
     @classmethod
@@ -69,8 +70,22 @@ class DatasetSettings:
             fetch_deadline_seconds=integer(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
             job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
             backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
-            egress_cidrs=cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS"),
+            egress_cidrs=fetch_egress_cidrs(env),
         )
+
+
+def fetch_egress_cidrs(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """``MLBENCH_FETCH_EGRESS_CIDRS`` (comma-separated blocks; unset: None); a block within the link-local metadata
+    addresses is refused (no egress rule may reach them). Raises :class:`SettingsError` naming the variable."""
+    blocks = cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS")
+    for block in blocks or ():
+        meta = egress.metadata_overlap(block)
+        if meta is not None:
+            raise SettingsError(
+                f"MLBENCH_FETCH_EGRESS_CIDRS: {block} lies within {meta}, the cloud metadata addresses, "
+                "which a fetch Job may never reach"
+            )
+    return blocks
 
 
 def metrics_linger_seconds(env: Mapping[str, str]) -> int:
