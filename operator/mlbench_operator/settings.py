@@ -167,6 +167,36 @@ def gang_scheduler_name(env: Mapping[str, str]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class ScratchLimits:
+    """Size limits of the run's pods' scratch emptyDirs (a pod past one is evicted, naming it): a run cannot fill
+    its node's disk or memory through them."""
+
+    #: ``MLBENCH_SHM_SIZE_LIMIT``: the workers' memory-backed ``/dev/shm`` (DataLoader workers, NCCL's shm transport).
+    shm: str = "1Gi"
+    #: ``MLBENCH_OUTPUT_SIZE_LIMIT``: the ranks' output (summary, events, the launcher's collected results).
+    output: str = "1Gi"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ScratchLimits:
+        """Storage quantities (e.g. ``512Mi``); unset or empty: the default. Raises :class:`SettingsError`."""
+        d = cls()
+        out = {}
+        for key, field_name, default in (
+            ("MLBENCH_SHM_SIZE_LIMIT", "shm", d.shm),
+            ("MLBENCH_OUTPUT_SIZE_LIMIT", "output", d.output),
+        ):
+            raw = env.get(key, "").strip() or default
+            if not _QUANTITY.match(raw):
+                raise SettingsError(f"{key}={raw!r} is not a storage quantity (e.g. 512Mi)")
+            out[field_name] = raw
+        return cls(**out)
+
+
+#: The defaults (1Gi each).
+SCRATCH_LIMITS = ScratchLimits()
+
+
 def _default_scrapers() -> tuple[str, ...]:
     return scraper_namespaces({})
 
@@ -201,6 +231,8 @@ class OperatorConfig:
     runner_uid: int | None = contract.RUNNER_UID
     #: ``MLBENCH_GANG_SCHEDULER_NAME``: the scheduler of gang-scheduled workers (spec.scheduling.gang) that name none.
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
+    #: ``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``: the pods' scratch emptyDirs.
+    scratch: ScratchLimits = SCRATCH_LIMITS
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -225,6 +257,7 @@ class OperatorConfig:
             node_loss_seconds=node_loss_seconds(env),
             runner_uid=runner_uid(env),
             gang_scheduler_name=gang_scheduler_name(env),
+            scratch=ScratchLimits.from_env(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
