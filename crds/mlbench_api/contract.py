@@ -32,6 +32,9 @@ HOSTFILE_PATH = f"{CONFIG_DIR}/{HOSTFILE}"
 SSH_DIR = "/etc/mlbench-ssh"
 #: The ranks' output (summary, events); an emptyDir.
 OUTPUT_DIR = "/tmp/mlbench"
+#: Where sshd (workers) and ssh (launcher, mpirun's tree spawn) keep their private copies of the run's keys: one
+#: path in every pod, a memory-backed emptyDir (the private keys never touch the node's disk).
+SSH_SCRATCH_DIR = "/tmp/mlbench-sshd"
 #: The namespace's dataset volume (sourced datasets live under it; a task's dataset.path must too).
 DATA_DIR = "/data"
 #: Where a run with ``spec.checkpoint`` mounts its checkpoint volume (the claim it names), on every worker.

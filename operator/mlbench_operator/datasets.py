@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from mlbench_api.datasets import FetchFailure
+from mlbench_api.datasets import FetchFailure, redact_urls
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import DatasetReason
 
@@ -67,7 +67,7 @@ def _unclassified(pods: Sequence[Mapping[str, Any]]) -> str:
         status = pod.get("status") or {}
         term = _terminated(pod) or {}
         if status.get("phase") == "Failed":
-            text = (term.get("message") or status.get("message") or "").strip()
+            text = redact_urls(term.get("message") or status.get("message") or "").strip()
             code = term.get("exitCode")
             detail = f"pod {(pod.get('metadata') or {}).get('name')} exited with code {code}"
             return f"{detail}: {text[-1024:]}" if text else detail

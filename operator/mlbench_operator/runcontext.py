@@ -17,7 +17,7 @@ from mlbench_api.config import RunConfig
 from mlbench_api.run import BenchmarkRunSpec
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import naming as n
-from mlbench_operator.settings import GANG_SCHEDULER_NAME, NODE_LOSS_SECONDS
+from mlbench_operator.settings import GANG_SCHEDULER_NAME, NODE_LOSS_SECONDS, SCRATCH_LIMITS, ScratchLimits
 
 Obj = dict[str, Any]
 
@@ -42,6 +42,8 @@ class RunContext:
     node_loss_seconds: int | None = NODE_LOSS_SECONDS
     #: The operator's scheduler for gang-scheduled workers whose run names none (``MLBENCH_GANG_SCHEDULER_NAME``).
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
+    #: Size limits of ``/dev/shm`` and the output emptyDir (``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``).
+    scratch: ScratchLimits = SCRATCH_LIMITS
 
     @property
     def task(self) -> BenchmarkTaskSpec:

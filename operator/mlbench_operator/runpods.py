@@ -49,7 +49,7 @@ SSHD_CLIENT_ALIVE_COUNT_MAX = 4
 #: (see mlbench_runner.pod.worker). The ranks' sessions get the pod's node name (``SetEnv``: an ssh session starts with
 #: sshd's environment, not the container's), so that each rank's result names its node.
 WORKER_SCRIPT = f"""set -eu
-d=/tmp/mlbench-sshd
+d={contract.SSH_SCRATCH_DIR}
 mkdir -p "$d"
 (umask 077 && cat {contract.SSH_DIR}/{contract.SSH_HOST_KEY} > "$d/host_key" \\
   && cat {contract.SSH_DIR}/{contract.SSH_PRIVATE_KEY} > "$d/{contract.SSH_PRIVATE_KEY}")
@@ -122,6 +122,10 @@ def pod_env(ctx: RunContext) -> list[Obj]:
     ]
 
 
+#: The ssh key copies' memory-backed emptyDir: two keys and sshd's pid file need a few KiB.
+SSH_SCRATCH_SIZE = "1Mi"
+
+
 def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
     volumes: list[Obj] = [
         {"name": "config", "configMap": {"name": n.config_map_name(ctx.name)}},
@@ -135,18 +139,21 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
                 "defaultMode": 0o444 if ctx.run_as_user is None else 0o440,
             },
         },
-        {"name": "output", "emptyDir": {}},
+        {"name": "output", "emptyDir": {"sizeLimit": ctx.scratch.output}},
+        # the private copies of the keys (WORKER_SCRIPT, launch.private_key) in memory, never on the node's disk
+        {"name": "ssh-scratch", "emptyDir": {"medium": "Memory", "sizeLimit": SSH_SCRATCH_SIZE}},
     ]
     mounts: list[Obj] = [
         {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
         {"name": "ssh", "mountPath": contract.SSH_DIR, "readOnly": True},
         {"name": "output", "mountPath": contract.OUTPUT_DIR},
+        {"name": "ssh-scratch", "mountPath": contract.SSH_SCRATCH_DIR},
     ]
     if with_data and ctx.spec.checkpoint is not None:  # the workers: rank 0 writes, every rank may read
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ctx.spec.checkpoint.claim_name}})
         mounts.append({"name": "checkpoints", "mountPath": contract.CHECKPOINT_DIR})
     if with_data:
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": ctx.scratch.shm}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         dataset = ctx.task.dataset_spec  # None for a collectives task: no data volume
         if dataset is not None and dataset.source is not None:  # fetched into the namespace's dataset volume

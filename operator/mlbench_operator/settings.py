@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from mlbench_api import bundle, contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
+from mlbench_operator import egress
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import AdmissionPolicy
@@ -42,7 +43,7 @@ class DatasetSettings:
     #: Retries of a retryable failure (SourceUnreachable); permanent ones fail at once.
     backoff_limit: int = 2
     #: ``MLBENCH_FETCH_EGRESS_CIDRS``: where a fetch Job may connect besides DNS (its NetworkPolicy's egress);
-    #: None (unset) leaves its egress open. Nothing may connect to a fetch Job either way.
+    #: None (unset): every address but the link-local metadata blocks. Nothing may connect to a fetch Job either way.
     egress_cidrs: tuple[str, ...] | None = None
 
     @classmethod
@@ -69,8 +70,22 @@ class DatasetSettings:
             fetch_deadline_seconds=integer(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
             job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
             backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
-            egress_cidrs=cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS"),
+            egress_cidrs=fetch_egress_cidrs(env),
         )
+
+
+def fetch_egress_cidrs(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """``MLBENCH_FETCH_EGRESS_CIDRS`` (comma-separated blocks; unset: None); a block within the link-local metadata
+    addresses is refused (no egress rule may reach them). Raises :class:`SettingsError` naming the variable."""
+    blocks = cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS")
+    for block in blocks or ():
+        meta = egress.metadata_overlap(block)
+        if meta is not None:
+            raise SettingsError(
+                f"MLBENCH_FETCH_EGRESS_CIDRS: {block} lies within {meta}, the cloud metadata addresses, "
+                "which a fetch Job may never reach"
+            )
+    return blocks
 
 
 def metrics_linger_seconds(env: Mapping[str, str]) -> int:
@@ -163,6 +178,36 @@ def gang_scheduler_name(env: Mapping[str, str]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class ScratchLimits:
+    """Size limits of the run's pods' scratch emptyDirs (a pod past one is evicted, naming it): a run cannot fill
+    its node's disk or memory through them."""
+
+    #: ``MLBENCH_SHM_SIZE_LIMIT``: the workers' memory-backed ``/dev/shm`` (DataLoader workers, NCCL's shm transport).
+    shm: str = "1Gi"
+    #: ``MLBENCH_OUTPUT_SIZE_LIMIT``: the ranks' output (summary, events, the launcher's collected results).
+    output: str = "1Gi"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ScratchLimits:
+        """Storage quantities (e.g. ``512Mi``); unset or empty: the default. Raises :class:`SettingsError`."""
+        d = cls()
+        out = {}
+        for key, field_name, default in (
+            ("MLBENCH_SHM_SIZE_LIMIT", "shm", d.shm),
+            ("MLBENCH_OUTPUT_SIZE_LIMIT", "output", d.output),
+        ):
+            raw = env.get(key, "").strip() or default
+            if not _QUANTITY.match(raw):
+                raise SettingsError(f"{key}={raw!r} is not a storage quantity (e.g. 512Mi)")
+            out[field_name] = raw
+        return cls(**out)
+
+
+#: The defaults (1Gi each).
+SCRATCH_LIMITS = ScratchLimits()
+
+
 def _default_scrapers() -> tuple[str, ...]:
     return scraper_namespaces({})
 
@@ -199,6 +244,8 @@ class OperatorConfig:
     runner_uid: int | None = contract.RUNNER_UID
     #: ``MLBENCH_GANG_SCHEDULER_NAME``: the scheduler of gang-scheduled workers (spec.scheduling.gang) that name none.
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
+    #: ``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``: the pods' scratch emptyDirs.
+    scratch: ScratchLimits = SCRATCH_LIMITS
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -224,6 +271,7 @@ class OperatorConfig:
             node_loss_seconds=node_loss_seconds(env),
             runner_uid=runner_uid(env),
             gang_scheduler_name=gang_scheduler_name(env),
+            scratch=ScratchLimits.from_env(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),

@@ -70,6 +70,20 @@ MISMATCH = failure(FetchReason.CHECKSUM_MISMATCH, "sha256 of http://x/y (5 bytes
 REFUSED = failure(FetchReason.SOURCE_UNREACHABLE, "GET http://x/y: connection refused")
 
 
+def test_the_operator_never_copies_a_urls_secrets_into_the_status() -> None:
+    """An older fetcher's unredacted termination message, and a foreign (non-JSON) one."""
+    said = "GET https://user:hunter2@h/c.tgz?sig=s3cr3t: HTTP 404 Not Found"
+    raw = '{"reason": "SourceUnreachable", "message": "' + said + '"}'
+    for message in (raw, said):
+        state = fetch_state(
+            JOB, job(("Failed", T0 + timedelta(seconds=30))), [pod("p1", T0, message=message)], T0, "pvc"
+        )
+        assert state.action is FetchAction.FAIL
+        assert "https://h/c.tgz?…" in state.message
+        assert "hunter2" not in state.message
+        assert "s3cr3t" not in state.message
+
+
 # -- the decision --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("job_", "pods", "action", "reason", "needle"),

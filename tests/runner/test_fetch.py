@@ -169,6 +169,42 @@ def test_http_404_is_source_unreachable_naming_the_url(server: Server, tmp_path:
     assert leftovers(tmp_path) == []
 
 
+def test_a_failure_never_echoes_the_urls_userinfo_or_query(server: Server, tmp_path: Path) -> None:
+    """A presigned URL's signature and a URL's password stay out of the message, the log and the termination log,
+    also when a redirect's Location carries them."""
+    server.redirects["/moved.bin?token=s3cr3t"] = "ftp://user:hunter2@127.0.0.1/x?sig=s3cr3t"
+    port = server.httpd.server_address[1]
+    log = tmp_path / "termination-log"
+    cases = [
+        (f"http://127.0.0.1:{port}/missing.tgz?X-Amz-Signature=s3cr3t", "/missing.tgz?…: HTTP 404"),
+        # urllib takes userinfo for part of the host: the lookup fails, and says so without the password
+        (f"http://user:hunter2@127.0.0.1:{port}/missing.tgz", "/missing.tgz: cannot resolve host"),
+        (f"http://127.0.0.1:{port}/moved.bin?token=s3cr3t", "redirected to ftp://127.0.0.1/x?…"),
+    ]
+    for url, needle in cases:
+        with pytest.raises(FetchError) as info:
+            fetch(FetchRequest(url=url, sha256="0" * 64, dest=tmp_path / "d"))
+        assert needle in info.value.message
+        assert f"http://127.0.0.1:{port}/" in info.value.message  # the host and path are still named
+        code = main(
+            [
+                "fetch-dataset",
+                "--url",
+                url,
+                "--sha256",
+                "0" * 64,
+                "--dest",
+                str(tmp_path / "d"),
+                "--termination-log",
+                str(log),
+            ]
+        )
+        assert code == FetchExit.SOURCE_UNREACHABLE
+        for said in (info.value.message, log.read_text()):
+            assert "hunter2" not in said
+            assert "s3cr3t" not in said
+
+
 def test_connection_refused_is_source_unreachable(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -162,6 +162,7 @@ class RunDaemon(ABC):
             metrics_linger_seconds=self.linger,
             node_loss_seconds=self.config.node_loss_seconds,
             gang_scheduler_name=self.config.gang_scheduler_name,
+            scratch=self.config.scratch,
         )
 
     def until_deadline(self, delay: float | None, now: datetime) -> _Stop:

@@ -41,7 +41,7 @@ from typing import Any
 
 from mlbench_api import atomic
 from mlbench_api.contract import TERMINATION_LOG
-from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason
+from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason, redact_urls
 from mlbench_runner import stopping
 
 CHUNK = 1 << 20
@@ -49,9 +49,11 @@ TIMEOUT_SECONDS = 60.0
 
 
 class FetchError(Exception):
-    """A classified failure: the reason becomes the run's condition reason."""
+    """A classified failure: the reason becomes the run's condition reason; the message names URLs without
+    userinfo, query string or fragment (:func:`mlbench_api.datasets.redact_urls`)."""
 
     def __init__(self, reason: FetchReason, message: str) -> None:
+        message = redact_urls(message)
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -451,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, after fetch's clean-up
         failure = FetchFailure(FetchReason.FETCH_FAILED, "stopped by a signal; the partial download was removed")
     except Exception as exc:  # a bug or an unforeseen OS error: still one classified line
-        failure = FetchFailure(FetchReason.FETCH_FAILED, f"{type(exc).__name__}: {exc}")
+        failure = FetchFailure(FetchReason.FETCH_FAILED, redact_urls(f"{type(exc).__name__}: {exc}"))
     else:
         what = "fetched" if fetched else "already present"
         print(
