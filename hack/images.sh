@@ -32,20 +32,25 @@
 #   MLBENCH_WHEELHOUSE  auto (default with podman) | off | a directory of wheels
 #   MLBENCH_CACHE     where the wheelhouse lives (default ~/.cache/mlbench)
 #   MLBENCH_PIP_CA    CA bundle handed to pip as a build secret (default: the host's, if any)
-#   MLBENCH_IMAGE_TAG tag of both images (default 0.1.0, as manifests/ reference them)
+#   MLBENCH_IMAGE_TAG tag of both images (default: the project's version, pyproject.toml, as manifests/ reference them)
 #   IMAGE_REPO        registry and repository of both images: <IMAGE_REPO>/mlbench-operator and
-#                     <IMAGE_REPO>/mlbench-runner (default docker.io/mlbench: what manifests/ and the test cluster use,
-#                     for images side-loaded, never pulled nor pushed). Point the operator at the runner with
+#                     <IMAGE_REPO>/mlbench-runner (default localhost/mlbench: what manifests/ and the test cluster use,
+#                     for images side-loaded into the nodes; no registry the project does not control serves that
+#                     name, and push refuses it). Point the operator at the runner with
 #                     MLBENCH_RUNNER_IMAGE=<IMAGE_REPO>/mlbench-runner:<tag> (manifests/operator/deployment.yaml).
+#   MLBENCH_SOURCE_URL  the images' org.opencontainers.image.source label (default: git's remote origin, if any)
 #
 # Each step prints "[images] <step>: <seconds>s" so cold and warm timings can be reported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TAG="${MLBENCH_IMAGE_TAG:-0.1.0}"
-# Fully qualified: podman would prefix a short name with localhost/, and the kubelet
-# normalizes the manifests' mlbench/x to docker.io/mlbench/x.
-DEFAULT_IMAGE_REPO="docker.io/mlbench"
+# The project's version: one place, pyproject.toml's [project] version (the images' tag and version label).
+project_version() { sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1; }
+VERSION="$(project_version)"
+TAG="${MLBENCH_IMAGE_TAG:-$VERSION}"
+# Fully qualified: podman would prefix a short name with localhost/ and the kubelet with docker.io/. localhost/ is a
+# name for side-loaded images that only the node itself could serve (mlbench_operator.policy.DEFAULT_IMAGE_REPO).
+DEFAULT_IMAGE_REPO="localhost/mlbench"
 IMAGE_REPO="${IMAGE_REPO:-$DEFAULT_IMAGE_REPO}"
 IMAGE_REPO="${IMAGE_REPO%/}"
 RUNNER_IMAGE="${IMAGE_REPO}/mlbench-runner:${TAG}"
