@@ -150,6 +150,10 @@ release: $(PYTHON) ## dist/install.yaml of VERSION=x.y.z (pyproject's version, w
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z IMAGE_REPO=registry.example.com/team" >&2; exit 2; }
 	$(PYTHON) hack/release.py --version "$(VERSION)" --image-repo "$(IMAGE_REPO)" --kubectl "$(KUBECTL)" --out dist/install.yaml
 
+.PHONY: uninstall
+uninstall: $(PYTHON) ## remove MLBench: sweeps and runs first (waited for), then catalog, policy, operator, CRDs; DELETE_DATASETS=1 also the dataset PVCs
+	$(PYTHON) hack/uninstall.py --kubectl "$(KUBECTL)" $(if $(DELETE_DATASETS),--delete-datasets) $(if $(UNINSTALL_TIMEOUT),--timeout $(UNINSTALL_TIMEOUT))
+
 .PHONY: images-load
 images-load: ## import both images into every test node's containerd (MLBENCH_CONTAINERD_ADDRESSES, from python -m tests.cluster env)
 	hack/images.sh load
