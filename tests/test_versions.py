@@ -104,3 +104,27 @@ def test_the_revision_is_the_last_commit_of_the_images_inputs() -> None:
     assert revision in (last, f"{last}-dirty")
     assert f"VERSION={project_version()}" in out
     assert "SOURCE=https://example.com/mlbench.git" in out
+
+
+@pytest.mark.multiproc
+def test_make_images_passes_the_labels_and_names_image_repo_for_both() -> None:
+    """``make images`` with a builder that only prints its commands (``echo``): what docker or podman would run."""
+    env = {**os.environ, "MLBENCH_BUILDER": "echo", "MLBENCH_BASE": "default", "MLBENCH_WHEELHOUSE": "off"}
+    env.pop("MLBENCH_IMAGE_TAG", None)
+    res = subprocess.run(
+        ["make", "--no-print-directory", "images", "IMAGE_REPO=x/y"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    builds = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("build -f ")]
+    version = project_version()
+    assert [b.split()[2:5] for b in builds] == [
+        ["Dockerfile.operator", "-t", f"x/y/mlbench-operator:{version}"],
+        ["Dockerfile.runner", "-t", f"x/y/mlbench-runner:{version}"],
+    ]
+    for build in builds:
+        assert f"--build-arg VERSION={version} --build-arg REVISION=" in build
