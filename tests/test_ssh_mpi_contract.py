@@ -332,7 +332,7 @@ def run_context(run_as_user: int | None = None) -> RunContext:
         "spec": logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0),
     }
     # The project's runner image, which the operator's default admission policy allows (never pulled here).
-    task["spec"]["runner"]["image"] = "docker.io/mlbench/mlbench-runner:test"
+    task["spec"]["runner"]["image"] = "localhost/mlbench/mlbench-runner:test"
     body = {
         "apiVersion": "mlbench.io/v1alpha1",
         "kind": "BenchmarkRun",

@@ -19,11 +19,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlbench_operator import __version__
 from mlbench_operator.env import SettingsError
 
+#: Where ``make images`` puts both images without ``IMAGE_REPO`` (hack/images.sh): a name for images side-loaded into
+#: the nodes, which no registry the project does not control can serve (``localhost`` is the node itself).
+DEFAULT_IMAGE_REPO = "localhost/mlbench"
 #: The runner image of a task that names none (``MLBENCH_RUNNER_IMAGE`` overrides it): what ``make images`` tags
-#: with its default ``IMAGE_REPO`` (hack/images.sh).
-DEFAULT_RUNNER_IMAGE = "docker.io/mlbench/mlbench-runner:0.1.0"
+#: with its default ``IMAGE_REPO``, at the project's version (pyproject.toml).
+DEFAULT_RUNNER_IMAGE = f"{DEFAULT_IMAGE_REPO}/mlbench-runner:{__version__}"
 
 
 def repository_patterns(image: str) -> tuple[str, str]:

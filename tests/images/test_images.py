@@ -28,6 +28,7 @@ import pytest
 from mlbench_api import contract
 from mlbench_operator import naming as n
 from mlbench_operator import runobjects, sshkeys
+from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE
 from mlbench_operator.run import admission
 from mlbench_operator.runpods import WORKER_SCRIPT
 from mlbench_runner.pod.collect import ssh_options
@@ -35,8 +36,8 @@ from tests.operator import helpers as h
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
-RUNNER = "docker.io/mlbench/mlbench-runner:0.1.0"
-OPERATOR = "docker.io/mlbench/mlbench-operator:0.1.0"
+RUNNER = DEFAULT_RUNNER_IMAGE
+OPERATOR = DEFAULT_RUNNER_IMAGE.replace("/mlbench-runner:", "/mlbench-operator:")
 #: what build-essential brings (openmpi-bin's mpicc wrapper stays: without a compiler it compiles nothing)
 COMPILERS = ("gcc", "cc", "c++", "g++", "cpp", "clang", "make")
 

@@ -175,7 +175,7 @@ class Case:
     settings: str = "defaults"
 
 
-RUNNER = "mlbench/mlbench-runner:0.1.0"
+RUNNER = "localhost/mlbench/mlbench-runner:0.1.0"
 CP = "node-role.kubernetes.io/control-plane"
 
 
@@ -230,12 +230,12 @@ CASES = [
         ),
     ),
     run("run-task-image", True),  # no spec.image: the task's runner.image counts (checked on the task)
-    run("run-digest", True, image="docker.io/mlbench/mlbench-runner@sha256:" + "a" * 64),
-    run("run-index-docker-io", True, image="index.docker.io/mlbench/mlbench-runner:1"),
-    run("run-image-prefix", False, "spec.image", image="mlbench/mlbench-runner-evil:1"),
+    run("run-digest", True, image="localhost/mlbench/mlbench-runner@sha256:" + "a" * 64),
+    run("run-index-docker-io", False, "spec.image", image="index.docker.io/mlbench/mlbench-runner:1"),
+    run("run-image-prefix", False, "spec.image", image="localhost/mlbench/mlbench-runner-evil:1"),
     run("run-image-registry", False, "spec.image", image="evil.example.com/mlbench/mlbench-runner:0.1.0"),
     run("run-image-library", False, "spec.image", image="busybox"),
-    run("run-image-localhost", False, "spec.image", image="localhost/mlbench/mlbench-runner:1"),
+    run("run-image-docker-hub", False, "spec.image", image="mlbench/mlbench-runner:1"),  # not the default repository
     run(
         "run-priority-system",
         False,

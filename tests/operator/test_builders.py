@@ -236,7 +236,7 @@ def test_ranks_linger_for_the_last_scrape() -> None:
 def test_worker_without_resources_has_none() -> None:
     pod = runpods.worker_pod(ctx_for(), 0, 0)
     assert pod["spec"]["containers"][0]["resources"] == {}
-    assert pod["spec"]["containers"][0]["image"] == "mlbench/mlbench-runner:test"
+    assert pod["spec"]["containers"][0]["image"] == "localhost/mlbench/mlbench-runner:test"
 
 
 def test_launcher_pod_shape() -> None:

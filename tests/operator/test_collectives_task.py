@@ -22,7 +22,7 @@ TASK: dict[str, Any] = {
     "spec": {
         "division": "closed",
         "collectives": {"maxBytes": 1048576},
-        "runner": {"image": "mlbench/mlbench-runner:test", "command": ["mlbench-runner", "collectives"]},
+        "runner": {"image": "localhost/mlbench/mlbench-runner:test", "command": ["mlbench-runner", "collectives"]},
     },
 }
 

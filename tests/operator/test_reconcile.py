@@ -950,11 +950,11 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
 
 def test_result_records_the_image_and_the_digests_that_ran() -> None:
     body, ctx, pods = _running_body()
-    digest = "docker.io/mlbench/mlbench-runner@sha256:" + "b" * 64
+    digest = "localhost/mlbench/mlbench-runner@sha256:" + "b" * 64
     ran = [dataclasses.replace(p, image_id=digest) for p in pods if p.role == "worker"]
     done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     _, plan = step(body, ctx, [*ran, done])
-    assert plan.status["result"]["image"] == "mlbench/mlbench-runner:test"
+    assert plan.status["result"]["image"] == "localhost/mlbench/mlbench-runner:test"
     assert plan.status["result"]["imageIds"] == [digest]
 
 
