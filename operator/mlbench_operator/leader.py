@@ -53,6 +53,8 @@ Spec = dict[str, Any]
 JITTER_FACTOR = 1.2
 DEFAULT_NAME = "mlbench-operator"
 DEFAULT_NAMESPACE = "mlbench-system"
+#: A standby repeats whom it waits for at most this often (and at once when the holder changes).
+STANDBY_REPORT_SECONDS = 60.0
 _DNS1123_LABEL = re.compile(DNS1123_LABEL)
 _DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
 _TRUE = ("1", "true", "yes", "on")
@@ -372,7 +374,12 @@ class Elector:
     _pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="lease")
     )
-    _seen_holder: str | None = None
+    #: The holder last reported (logged) while standing by, and when.
+    _reported: tuple[str, datetime] | None = None
+
+    @property
+    def seen_holder(self) -> str | None:
+        return self._reported[0] if self._reported is not None else None
 
     @property
     def identity(self) -> str:
@@ -407,16 +414,23 @@ class Elector:
         return decision
 
     def _note_holder(self, holder: str) -> None:
-        if holder != self._seen_holder:
-            self._seen_holder = holder
-            until = expiry(self.observed, self.settings) if self.observed is not None else None
-            log.info(
-                "leader_standby",
-                holder=holder,
-                identity=self.identity,
-                lease=self._lease_name(),
-                expires=micro_time(until) if until is not None else None,
-            )
+        """Say whom this standby waits for: a log line when the holder changes, then at most every
+        :data:`STANDBY_REPORT_SECONDS`; the :data:`~.metrics.LEADER_WAITING_FOR` gauge at every attempt."""
+        now = self.clock()
+        rec = self.observed.record if self.observed is not None else LeaseRecord()
+        _waiting_for(holder, rec.renew_time)
+        if not standby_report_due(self._reported, holder, now):
+            return
+        self._reported = (holder, now)
+        until = expiry(self.observed, self.settings) if self.observed is not None else None
+        log.info(
+            "leader_standby",
+            holder=holder,
+            renew_time=rec.renew_time,
+            identity=self.identity,
+            lease=self._lease_name(),
+            expires=micro_time(until) if until is not None else None,
+        )
 
     def _lease_name(self) -> str:
         return f"{self.settings.namespace}/{self.settings.name}"
@@ -445,6 +459,7 @@ class Elector:
                 if decision.action is not Action.STANDBY:
                     self.leading = True
                     m.LEADER.set(1)
+                    m.LEADER_WAITING_FOR.clear()
                     log.info(
                         "leader_acquired",
                         identity=self.identity,
@@ -525,6 +540,33 @@ class Elector:
         self.client.close()
 
 
+def standby_report_due(
+    reported: tuple[str, datetime] | None, holder: str, now: datetime, every: float = STANDBY_REPORT_SECONDS
+) -> bool:
+    """Whether a standby logs whom it waits for now: at the first attempt, when the holder changed, and
+    otherwise once every ``every`` seconds (an attempt every ~2 s would flood the log)."""
+    if reported is None or reported[0] != holder:
+        return True
+    return (now - reported[1]).total_seconds() >= every
+
+
+def _waiting_for(holder: str, renew_time: str | None) -> None:
+    """The standby's gauge: one series, the holder's, valued with the Lease's renewTime."""
+    m.LEADER_WAITING_FOR.clear()
+    if holder:
+        m.LEADER_WAITING_FOR.labels(holder).set(_epoch(renew_time))
+
+
+def _epoch(stamp: str | None) -> float:
+    """A MicroTime as Unix seconds; 0 when absent or unreadable (a holder's record is not ours to trust)."""
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
@@ -538,7 +580,7 @@ async def serve_liveness(endpoint: str, elector: Elector) -> Callable[[], Awaita
         raise SettingsError(f"--liveness={endpoint!r}: only http:// is supported")
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"leader": False, "holder": elector._seen_holder, "lease": elector._lease_name()})
+        return web.json_response({"leader": False, "holder": elector.seen_holder, "lease": elector._lease_name()})
 
     app = web.Application()
     app.add_routes([web.get(parts.path or "/", health)])
