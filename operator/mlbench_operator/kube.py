@@ -384,14 +384,22 @@ class Kube:
             if err.status != 404:
                 raise
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.request(
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
+        """Merge-patch a run's status; returns the run's new resourceVersion. Given ``resource_version`` (the
+        version the status was computed from), the patch carries it and the API server refuses it with 409
+        Conflict when the run changed since: a deposed leader's late write cannot land (see
+        :func:`.runtime.fence_version`)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        answer = self.request(
             "PATCH",
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{name}/status",
-            {"status": status},
+            body,
             content_type="application/merge-patch+json",
             resource="benchmarkruns/status",
         )
+        return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
 
     def patch_running_progress(
         self, namespace: str, name: str, progress: dict[str, Any], restarts: int | None = None
