@@ -23,6 +23,7 @@ from kubernetes import config as k8s_config
 from mlbench_api.common import GROUP, VERSION
 from mlbench_operator import __version__
 from mlbench_operator import metrics as m
+from mlbench_operator.liveness import Progress
 
 T = TypeVar("T")
 USER_AGENT = f"mlbench-operator/{__version__}"
@@ -113,14 +114,20 @@ class Kube:
         self.api = k8s.ApiClient(configuration or load_configuration())
         self.api.user_agent = USER_AGENT
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        #: Calls in and out of the pool: what the liveness probe judges (:func:`.liveness.verdict`).
+        self.progress = Progress()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call on the pool without blocking kopf's event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run a blocking call on the pool without blocking kopf's event loop (counted in :attr:`progress`)."""
+        self.progress.started()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.progress.finished()
 
     # -- transport -------------------------------------------------------------------------------
     def request(

@@ -594,3 +594,48 @@ def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: py
     clock.t = 200  # the holder stopped renewing: b takes over, and waits for no one
     assert asyncio.run(b.acquire(asyncio.Event())) is True
     assert _waiting_for("other") is None
+
+
+@pytest.mark.parametrize(
+    ("since", "now", "alive"),
+    [(None, 1e6, True), (100.0, 399.0, True), (100.0, 400.0, True), (100.0, 401.0, False)],
+    ids=["standing by", "syncing", "at the limit", "sync too long"],
+)
+def test_syncing_verdict(since: float | None, now: float, alive: bool) -> None:
+    assert (le.syncing_verdict(since, now, limit=300.0) is None) is alive
+
+
+def test_the_probe_is_answered_through_the_first_sync_until_handed_over() -> None:
+    """Issue 33: kopf serves /healthz only after its startup handlers (the first pod listing). The standby's
+    endpoint used to stop as soon as the Lease was taken: a slow first sync failed the probe. Now it answers
+    (leader: true) until the startup handler stops it, and the stopper is safe to call twice."""
+    import json as js
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/healthz"
+    leases = FakeLeases()
+    settings = replace(S, identity="me", lease_duration=3, renew_deadline=0.3, retry_period=0.05)
+    handed: list[Any] = []
+    answers: list[Any] = []
+
+    def probe() -> Any:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return js.loads(resp.read())
+        except OSError as err:
+            return type(err).__name__
+
+    async def operator(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        answers.append(await loop.run_in_executor(None, probe))  # kopf's first sync: still answered
+        await handed[0]()  # the startup handler's handover
+        answers.append(await loop.run_in_executor(None, probe))  # the port is free for kopf
+
+    code = asyncio.run(le.run_elected(operator, settings, url, client=leases, handover=handed.append))
+    assert code == 0
+    assert answers[0] == {"leader": True, "holder": None, "lease": "mlbench-system/mlbench-operator"}
+    assert answers[1] == "URLError"
