@@ -13,7 +13,7 @@ from mlbench_api.common import GROUP
 from mlbench_operator import __version__, liveness, logs
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError
-from mlbench_operator.kube import Kube
+from mlbench_operator.kube import PAGE_SIZE, Kube
 from mlbench_operator.podview import PodIndex
 from mlbench_operator.podwatch import PodWatch
 from mlbench_operator.run import handlers as run_handlers
@@ -52,6 +52,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         settings.watching.label_selectors[GROUP, run_handlers.PLURAL] = run_selector
     settings.posting.level = 100  # only the explicit kopf.event/info/warning calls become Events
     settings.watching.server_timeout = 300
+    settings.watching.chunk_size = PAGE_SIZE  # kopf's initial listings (runs, sweeps, Jobs) in pages too
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
     memo.kube = memo.get("kube") or Kube()
     memo.wakeups = Wakeups()

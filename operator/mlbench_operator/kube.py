@@ -107,6 +107,16 @@ def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
     return cfg
 
 
+#: Objects per page of every listing the operator makes (and kopf's ``watching.chunk_size``): a listing of
+#: every pod in a big cluster is fetched and decoded 500 objects at a time, not as one response.
+PAGE_SIZE = 500
+
+
+def page_query(query: list[tuple[str, str]], limit: int, token: str) -> list[tuple[str, str]]:
+    """The query of one page of a listing: ``query`` plus ``limit``, and ``continue`` after the first page."""
+    return [*query, ("limit", str(limit)), *([("continue", token)] if token else [])]
+
+
 class Kube:
     """Thread-safe, counted API access for the reconciler."""
 
@@ -281,11 +291,33 @@ class Kube:
         if errors:
             raise errors[0]
 
+    def pages(
+        self, path: str, query: list[tuple[str, str]], resource: str
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A listing page by page (:data:`PAGE_SIZE` objects each, decoded one at a time): each page's objects
+        and the listing's resourceVersion (the same on every page: one consistent snapshot). A continue token
+        that expired (410) raises :class:`ApiError`: the caller lists again."""
+        token = ""
+        while True:
+            answer = self.request("GET", path, query=page_query(query, PAGE_SIZE, token), resource=resource) or {}
+            meta = answer.get("metadata") or {}
+            yield list(answer.get("items") or []), str(meta.get("resourceVersion") or "")
+            token = str(meta.get("continue") or "")
+            if not token:
+                return
+
+    def _list(self, path: str, query: list[tuple[str, str]], resource: str) -> list[dict[str, Any]]:
+        return [obj for items, _ in self.pages(path, query, resource) for obj in items]
+
     def list_objects(self, path: str, selector: str, resource: str) -> tuple[list[dict[str, Any]], str]:
         """The objects of a collection (e.g. ``/api/v1/pods``) matching a label selector, and the listing's
-        resourceVersion (where a :meth:`watch` of it starts)."""
-        answer = self.request("GET", path, query=[("labelSelector", selector)], resource=resource) or {}
-        return list(answer.get("items") or []), str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        resourceVersion (where a :meth:`watch` of it starts); paginated (:meth:`pages`)."""
+        objs: list[dict[str, Any]] = []
+        version = ""
+        for items, page_version in self.pages(path, [("labelSelector", selector)], resource):
+            objs.extend(items)
+            version = page_version
+        return objs, version
 
     def watch(
         self,
@@ -338,10 +370,7 @@ class Kube:
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""
-        answer = self.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", selector)], resource="pods"
-        )
-        return list((answer or {}).get("items") or [])
+        return self._list(f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", selector)], "pods")
 
     def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events of ``namespace`` matching ``field_selector`` (e.g. one pod's warnings)."""
@@ -452,13 +481,8 @@ class Kube:
     # -- BenchmarkSweeps and their runs ----------------------------------------------------------
     def list_runs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """BenchmarkRuns of a namespace matching a label selector (a sweep's runs)."""
-        answer = self.request(
-            "GET",
-            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns",
-            query=[("labelSelector", selector)],
-            resource="benchmarkruns",
-        )
-        return list((answer or {}).get("items") or [])
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns"
+        return self._list(path, [("labelSelector", selector)], "benchmarkruns")
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One BenchmarkRun, or None when it does not exist."""

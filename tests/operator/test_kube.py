@@ -406,3 +406,41 @@ def test_a_pod_is_read_by_listing_its_name(items: list[dict[str, Any]]) -> None:
     finally:
         kube.close()
     assert calls == [("GET", "/api/v1/namespaces/ns/pods", [("fieldSelector", "metadata.name=r1-worker-0")])]
+
+
+class _Paged:
+    """A collection of 1200 objects served as the API server does: ``limit`` per page, ``continue`` tokens."""
+
+    def __init__(self) -> None:
+        self.queries: list[dict[str, str]] = []
+
+    def __call__(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        query = dict(kw.get("query") or [])
+        self.queries.append(query)
+        start = int(query.get("continue") or 0)
+        end = min(start + int(query["limit"]), 1200)
+        meta = {"resourceVersion": "77", **({"continue": str(end)} if end < 1200 else {})}
+        return {"metadata": meta, "items": [{"metadata": {"name": f"o{i}"}} for i in range(start, end)]}
+
+
+@pytest.mark.parametrize("call", ["list_objects", "list_pods", "list_runs"])
+def test_every_listing_is_paginated(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """Issue 33: a listing is fetched and decoded PAGE_SIZE objects at a time (limit/continue), not as one
+    answer holding every pod of the cluster, and none of the pages is lost."""
+    from mlbench_operator.kube import PAGE_SIZE
+
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    paged = _Paged()
+    monkeypatch.setattr(kube, "request", paged)
+    try:
+        if call == "list_objects":
+            items, version = kube.list_objects("/api/v1/pods", "app=x", "pods")
+            assert version == "77"
+        else:
+            items = getattr(kube, call)("ns", "app=x")
+    finally:
+        kube.close()
+    assert [o["metadata"]["name"] for o in items] == [f"o{i}" for i in range(1200)]
+    assert [q.get("continue") for q in paged.queries] == [None, "500", "1000"]
+    assert {q["limit"] for q in paged.queries} == {str(PAGE_SIZE)}
+    assert {q["labelSelector"] for q in paged.queries} == {"app=x"}
