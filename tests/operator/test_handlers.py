@@ -1141,3 +1141,45 @@ def test_a_run_status_patch_carries_its_resource_version(monkeypatch: pytest.Mon
         {"metadata": {"resourceVersion": "11"}, "status": {"phase": "Running"}},
         {"status": {"phase": "Running"}},
     ]
+
+
+class _Quota(FakeKube):
+    """An API server that throttles: pod creates get 429 while ``throttled``, each create_many call recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttled = True
+        self.rounds: list[int] = []
+
+    def create_many_now(self, objs: list[dict[str, Any]]) -> list[Any]:
+        from mlbench_operator.kube import ApiError
+
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        if pods:
+            self.rounds.append(len(pods))
+        if self.throttled and pods:
+            self.create_error = ApiError(429, "POST", "/pods", '{"message": "too many requests"}')
+        else:
+            self.create_error = None
+        return super().create_many_now(objs)
+
+
+def test_pod_creates_slow_start_after_a_429_and_grow_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: after the first 429 the next creates go in batches of 1, 2, 4, ... (as Job and JobSet do), each
+    only after the one before went through, not all 16 workers at an API server that just throttled us."""
+    import kopf
+
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run(workers=16))
+    kube = _Quota()
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(rec.step([]))
+    assert kube.rounds == [16]  # all at once: nothing was refused before
+    assert rec.pacing.batch == 1
+    kube.throttled = False
+    rec.pacing.create_backoff_until = 0.0  # the backoff has ended
+    asyncio.run(rec.step([]))
+    assert kube.rounds[1:] == [1, 2, 4, 8, 1]  # 16 workers, then the launcher, in growing batches
+    assert rec.pacing.batch == 32
