@@ -511,11 +511,16 @@ class Kube:
             raise
         return True
 
-    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.request(
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
+        """Merge-patch a sweep's status, fenced like :meth:`patch_run_status`; returns the new resourceVersion."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        answer = self.request(
             "PATCH",
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarksweeps/{quote(name)}/status",
-            {"status": status},
+            body,
             content_type="application/merge-patch+json",
             resource="benchmarksweeps/status",
         )
+        return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")

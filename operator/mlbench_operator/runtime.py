@@ -123,6 +123,14 @@ async def daemon(
         wakeups.unregister(key, wake)
 
 
+class StatusConflict(kopf.TemporaryError):
+    """A status write was refused with 409: the object changed since the version the pass planned from (another
+    replica wrote it: this one may have been deposed). It was read again; the next pass plans from that."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, delay=0.1)
+
+
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """Top-level status keys that changed (a JSON merge patch for the status subresource)."""
     return {k: v for k, v in new.items() if old.get(k) != v}

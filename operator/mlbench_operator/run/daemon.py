@@ -30,7 +30,7 @@ from mlbench_operator.run.status import (
     kept_after_failure,
     unstorable_status,
 )
-from mlbench_operator.runtime import DEFAULT_CONFIG, fence_version, status_patch, write_status
+from mlbench_operator.runtime import DEFAULT_CONFIG, StatusConflict, fence_version, status_patch, write_status
 from mlbench_operator.settings import OperatorConfig
 
 log = logs.get_logger()
@@ -66,14 +66,6 @@ class _Conflict(Exception):
 
 class StatusRefused(kopf.TemporaryError):
     """The API server refused a status write (422); what was written instead is in the message."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, delay=0.1)
-
-
-class StatusConflict(kopf.TemporaryError):
-    """A status write was refused with 409: the run changed since the version the pass planned from (another
-    replica wrote it: this one may have been deposed). The run was read again; the next pass plans from it."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, delay=0.1)
