@@ -127,7 +127,7 @@ class RunDaemon(ABC):
             live = await self.kube.run(self.kube.get_run, self.namespace, self.name) or {}
             self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
             self.reread = dict(live.get("status") or {})
-            self.log.warning("status_conflict", version=version, current=self.version, keys=sorted(changes))
+            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
             raise StatusConflict(
                 f"the status write at resourceVersion {version} was refused (409): read again"
             ) from err

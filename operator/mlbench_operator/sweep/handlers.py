@@ -188,7 +188,7 @@ class SweepReconciler:
             live = await self.kube.run(self.kube.get, "BenchmarkSweep", self.namespace, self.name) or {}
             self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
             self.reread = dict(live.get("status") or {})
-            self.log.warning("status_conflict", version=version, current=self.version, keys=sorted(changes))
+            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
             raise runtime.StatusConflict(f"the status write at resourceVersion {version} was refused (409)") from err
         if written:
             self.version = str(written)
