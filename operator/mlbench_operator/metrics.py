@@ -52,6 +52,12 @@ LEADER = Gauge(
     "mlbench_operator_leader",
     "1 while this replica holds the leader-election Lease and reconciles, 0 while it stands by.",
 )
+LEADER_WAITING_FOR = Gauge(
+    "mlbench_operator_leader_waiting_for",
+    "While this replica stands by: the Lease's renewTime (Unix seconds, the holder's clock; 0 when it has none), "
+    "labelled with the holder it waits for. No series while it leads or no one holds the Lease.",
+    ["holder"],
+)
 
 _phases: dict[tuple[str, str], str] = {}
 _tasks: dict[tuple[str, str], str] = {}

@@ -330,3 +330,21 @@ def test_the_dataset_volume_size_is_a_kubernetes_quantity(size: str, valid: bool
     else:
         with pytest.raises(SettingsError, match="MLBENCH_DATASET_VOLUME_SIZE"):
             DatasetSettings.from_env(env)
+
+
+def test_startup_lists_in_pages_and_hands_the_probe_to_kopf(clean_env: pytest.MonkeyPatch) -> None:
+    """Issue 33: kopf's own listings are paginated like the operator's (kube.PAGE_SIZE), and the startup handler
+    stops leader election's probe endpoint only once the pods are listed (kopf serves the probe next)."""
+    from mlbench_operator import handlers
+    from mlbench_operator.kube import PAGE_SIZE
+
+    stopped: list[bool] = []
+
+    async def stop_standby_probe() -> None:
+        stopped.append(True)
+
+    memo = kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0))
+    setattr(memo, handlers.STANDBY_PROBE, stop_standby_probe)  # as main's handover does
+    settings = _configure(memo, clean_env)
+    assert settings.watching.chunk_size == PAGE_SIZE
+    assert stopped == [True]

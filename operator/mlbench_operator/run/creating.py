@@ -48,7 +48,7 @@ class Creating(RunDaemon):
             todo.append(runpods.launcher_pod(ctx, attempt, deadline))
         if not todo:
             return []
-        outcomes = await self.kube.create_many(todo)
+        todo, outcomes = await self.create_in_batches(todo)
         errors = [r for r in outcomes if isinstance(r, BaseException)]
         refused: list[tuple[str, int, str]] = []
         for obj, res in zip(todo, outcomes, strict=True):
@@ -68,6 +68,21 @@ class Creating(RunDaemon):
             raise kopf.TemporaryError(f"{len(errors)} of {len(todo)} pod creations failed: {errors[0]}", delay=delay)
         pacing.creates_succeeded()
         return []
+
+    async def create_in_batches(self, todo: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """Create pods all at once, or in the slow start's batches (:func:`.pacing.next_batch`), stopping at the
+        first batch with a failure; returns the pods asked for and their outcomes (the rest wait for a later
+        pass: their create grace is lifted)."""
+        done: list[Any] = []
+        while len(done) < len(todo):
+            size = self.pacing.batch or len(todo)
+            outcomes = await self.kube.create_many(todo[len(done) : len(done) + size])
+            done.extend(outcomes)
+            if not self.pacing.batch_done([_code(r) for r in outcomes]):
+                break
+        for obj in todo[len(done) :]:
+            self.pacing.create_failed(obj["metadata"]["name"])
+        return todo[: len(done)], done
 
     async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
         """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
@@ -243,3 +258,10 @@ class Creating(RunDaemon):
             return None
         # Job events wake us; the timer covers pod-only changes (e.g. a pod stuck Pending) and deletions.
         return min(plan.requeue_after or DATASET_POLL_SECONDS, DATASET_POLL_SECONDS)
+
+
+def _code(outcome: Any) -> int:
+    """A create's outcome as the slow start counts it: its HTTP status, 0 for no answer, 201 for a pod (or 409)."""
+    if isinstance(outcome, ApiError):
+        return outcome.status
+    return 0 if isinstance(outcome, BaseException) else 201
