@@ -45,7 +45,7 @@ from mlbench_api.errors import InvalidObject, format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
-from mlbench_api.watch import EXIT_FAILED, follow
+from mlbench_api.watch import EXIT_UNAVAILABLE, follow
 
 #: The distribution ``pip install`` knows this package by (``mlbench`` on PyPI is another project).
 DISTRIBUTION = "mlbench-k8s"
@@ -412,7 +412,7 @@ def _watch(args: argparse.Namespace) -> int:
         return follow(*ref, lambda line: print(line, flush=True), kubeconfig=args.kubeconfig, context=args.context)
     except ResultsUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_UNAVAILABLE
 
 
 def _runner(entry: str, argv: list[str]) -> int:
@@ -482,9 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "watch",
-        help="follow a cluster run until it ends; exit 0 when it succeeded, 1 otherwise",
+        help="follow a cluster run until it ends; exit with its outcome (0 Succeeded, 1 Failed)",
         description="Print a cluster run's phase and progress as they change (the Kubernetes watch API), until "
-        "it ends; exit 0 when it Succeeded, 1 when it Failed, was deleted or cannot be read, 2 for bad input.",
+        "it ends. Exit 0 when it Succeeded, 1 when it Failed, 2 for bad input, 3 when it was deleted while "
+        "watched, 4 when it cannot be read (not found, forbidden, no cluster).",
     )
     p.add_argument("run", help="<namespace>/<run>")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")

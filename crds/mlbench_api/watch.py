@@ -18,8 +18,13 @@ from mlbench_api.run import Phase
 
 #: The run ended Succeeded.
 EXIT_SUCCEEDED = 0
-#: The run ended Failed, was deleted while watched, or cannot be watched (the cluster, the run not found).
+#: The run ended Failed.
 EXIT_FAILED = 1
+# 2 is EXIT_BAD_INPUT (mlbench_api.badinput): no <namespace>/<run>, an unknown flag.
+#: The run was deleted while watched: it has no outcome.
+EXIT_DELETED = 3
+#: The run cannot be watched: not found, forbidden, or the cluster cannot be reached.
+EXIT_UNAVAILABLE = 4
 #: Seconds of one watch request before it is renewed (the API server ends a watch after at most its own limit).
 WATCH_SECONDS = 300
 
@@ -68,7 +73,7 @@ def status_line(obj: Mapping[str, Any]) -> str:
 def outcome(event_type: str, obj: Mapping[str, Any]) -> int | None:
     """The exit code this watch event ends the watch with; None while the run goes on."""
     if event_type == "DELETED":
-        return EXIT_FAILED
+        return EXIT_DELETED
     phase = _status(obj).get("phase")
     if phase == Phase.SUCCEEDED:
         return EXIT_SUCCEEDED
