@@ -12,7 +12,7 @@ from typing import Any
 
 from mlbench_api.common import GROUP, VERSION
 from mlbench_api.contract import FAILED
-from mlbench_api.display import duration, percent
+from mlbench_api.display import duration, epoch, percent
 from mlbench_api.download import ResultsUnavailable, _clients, _why
 from mlbench_api.run import Phase
 
@@ -51,7 +51,7 @@ def status_line(obj: Mapping[str, Any]) -> str:
     progress = status.get("progress") or {}
     result = status.get("result") or {}
     if isinstance(progress.get("epoch"), int | float):
-        parts.append(f"epoch {progress['epoch']:g}")
+        parts.append(f"epoch {epoch(progress['epoch'])}")
     if isinstance(progress.get("score"), str):
         parts.append(f"score {progress['score']}")
     elif isinstance(progress.get("lastAccuracy"), int | float):  # an operator older than status.progress.score

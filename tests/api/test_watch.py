@@ -51,6 +51,8 @@ def test_status_line_reads_at_a_glance() -> None:
     translated = run({"phase": "Running", "progress": {"epoch": 3, "lastScore": 24.31, "score": "24.3 BLEU"}})
     assert status_line(translated) == "Running  epoch 3  score 24.3 BLEU"
     assert status_line(FAILED) == "Failed  reason OOMKilled  worker 1 was OOMKilled"
+    midway = run({"phase": "Running", "progress": {"epoch": 2.96875}})
+    assert status_line(midway) == "Running  epoch 2.9"  # as the EPOCH column: cut to tenths
 
 
 @pytest.mark.parametrize(
