@@ -82,15 +82,17 @@ def outcome(event_type: str, obj: Mapping[str, Any]) -> int | None:
     return None
 
 
-def follow_events(
-    events: Iterable[tuple[str, Mapping[str, Any]]], say: Callable[[str], None], last: str = ""
-) -> tuple[int | None, str]:
-    """Print each new status line of ``events`` (type, object); the outcome that ended them (None: they ran out,
-    the watch must be renewed) and the last line printed."""
+#: How a change is said: its status line and the run it was made from (``-o json`` prints the run).
+Say = Callable[[str, Mapping[str, Any]], None]
+
+
+def follow_events(events: Iterable[tuple[str, Mapping[str, Any]]], say: Say, last: str = "") -> tuple[int | None, str]:
+    """Say each event (type, object) whose status line is new; the outcome that ended them (None: they ran out,
+    the watch must be renewed) and the last line said."""
     for event_type, obj in events:
         line = "deleted while watched" if event_type == "DELETED" else status_line(obj)
         if line != last:
-            say(line)
+            say(line, obj)
             last = line
         code = outcome(event_type, obj)
         if code is not None:
@@ -98,9 +100,7 @@ def follow_events(
     return None, last
 
 
-def follow(
-    namespace: str, run: str, say: Callable[[str], None], *, kubeconfig: str | None = None, context: str | None = None
-) -> int:
+def follow(namespace: str, run: str, say: Say, *, kubeconfig: str | None = None, context: str | None = None) -> int:
     """Watch ``namespace/run`` until it ends (ResultsUnavailable: the cluster or the run cannot be read)."""
     # Lazy: kubernetes is the `cli` extra's; the runner image imports this module without it.
     import urllib3  # noqa: PLC0415

@@ -81,7 +81,7 @@ def test_follow_prints_each_change_once_and_stops_at_the_end() -> None:
         ("MODIFIED", FAILED),
         ("MODIFIED", RUNNING),
     ]
-    code, last = follow_events(events, said.append)
+    code, last = follow_events(events, lambda line, _obj: said.append(line))
     assert code == EXIT_FAILED
     assert said == [status_line(run()), status_line(RUNNING), status_line(FAILED)]
     assert last == status_line(FAILED)
@@ -89,7 +89,7 @@ def test_follow_prints_each_change_once_and_stops_at_the_end() -> None:
 
 def test_follow_without_an_end_asks_for_a_new_watch_and_remembers_the_last_line() -> None:
     said: list[str] = []
-    code, last = follow_events([("MODIFIED", RUNNING)], said.append, last=status_line(RUNNING))
+    code, last = follow_events([("MODIFIED", RUNNING)], lambda line, _obj: said.append(line), last=status_line(RUNNING))
     assert (code, said, last) == (None, [], status_line(RUNNING))
 
 
@@ -102,5 +102,5 @@ def test_each_outcome_has_its_own_exit_code() -> None:
 
 def test_a_deletion_ends_the_watch_with_its_own_line_and_code() -> None:
     said: list[str] = []
-    code, _ = follow_events([("MODIFIED", RUNNING), ("DELETED", RUNNING)], said.append)
+    code, _ = follow_events([("MODIFIED", RUNNING), ("DELETED", RUNNING)], lambda line, _obj: said.append(line))
     assert (code, said[-1]) == (EXIT_DELETED, "deleted while watched")
