@@ -73,7 +73,10 @@ def _crds(args: argparse.Namespace) -> int:
 
 
 def _catalog(args: argparse.Namespace) -> int:
-    tasks = {args.name: get_task(args.name)} if args.name else load_catalog()
+    tasks = load_catalog()
+    if args.name and args.name not in tasks:
+        raise BadInput(f"name: no task {args.name!r} in the catalog (known: {', '.join(sorted(tasks)) or 'none'})")
+    tasks = {args.name: tasks[args.name]} if args.name else tasks
     fmt = args.output or (YAML if args.name else TABLE)  # one task: its YAML, as before -o
     if fmt == TABLE:
         _catalog_table(tasks)
