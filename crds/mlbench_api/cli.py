@@ -457,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("crds", help="generate the CRD YAML from the API models")
-    p.add_argument("--output-dir", default=str(DEFAULT_CRD_DIR), help="where the CRD YAML goes (default crds/bases)")
+    p.add_argument(
+        "--output-dir", metavar="DIR", default=str(DEFAULT_CRD_DIR), help="where the CRD YAML goes (default crds/bases)"
+    )
     p.add_argument("--check", action="store_true", help="fail if the files differ from the models")
     p.set_defaults(func=_crds)
 
@@ -496,7 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument("--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)")
+    p.add_argument(
+        "--output-dir",
+        dest="output",
+        metavar="DIR",
+        help="directory to write (default mlbench-results/<namespace>.<run>)",
+    )
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)

@@ -152,7 +152,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("run", help="BenchmarkRun YAML (as for kubectl apply)")
     p.add_argument("--local", action="store_true", help="run here (the only mode this command implements)")
     p.add_argument("--ranks", type=int, help="local ranks (default spec.workers x spec.slotsPerWorker)")
-    p.add_argument("--output-dir", dest="output", help="result directory (default ./mlbench-results/<run>)")
+    p.add_argument(
+        "--output-dir", dest="output", metavar="DIR", help="result directory (default ./mlbench-results/<run>)"
+    )
     # -o/--output is the output format in every command; this one prints only its table, and its directory is
     # --output-dir (--output DIR was its name before: said as such, not taken for an abbreviation of --output-dir).
     p.add_argument("-o", "--output", dest="format", type=no_format, help=argparse.SUPPRESS)

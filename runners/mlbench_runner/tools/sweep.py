@@ -154,6 +154,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--output-dir",
         dest="output",
+        metavar="DIR",
         help="study directory, one sub-directory per run (default ./mlbench-results/<sweep>)",
     )
     p.add_argument(
