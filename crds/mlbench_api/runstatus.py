@@ -53,6 +53,8 @@ class Progress(ApiModel):
 
     epoch: Annotated[Finite, Field(ge=0)] | None = None
     """Epochs done so far, fractional (2.5 = half way through the third)."""
+    epoch_rounded: Annotated[str, Field(max_length=16)] | None = None
+    """epoch cut to tenths (``2.3``, ``8``), the column ``kubectl get br`` shows."""
     step: Annotated[int, Field(ge=0, le=MAX_SAFE_INT)] | None = None
     """Optimizer steps done so far."""
     last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
@@ -112,6 +114,8 @@ class RunResult(ApiModel):
     """Payload bytes each rank sent per step (the algorithm's declaration; status.results has the full record)."""
     compression_ratio: Finite | None = None
     """Uncompressed (allreduce-sgd) bytes per step / bytesPerStep: above 1, the algorithm sends less."""
+    compression: Annotated[str, Field(max_length=16)] | None = None
+    """compressionRatio with one decimal (``71.9x``), the column ``kubectl get br -o wide`` shows."""
     peak_bus_bandwidth: Annotated[dict[str, Finite], Field(max_length=8)] | None = None
     """Collectives tasks: the highest bus bandwidth in bytes per second of each operation (all-reduce, all-gather,
     broadcast) over the sizes swept, as nccl-tests defines busbw; status.results has every size."""

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.display import percent, score
+from mlbench_api.display import epoch, percent, score
 from mlbench_api.goal import GoalMetric, known_metric
 from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
@@ -97,6 +97,8 @@ def parse(text: str, now: datetime, metric: GoalMetric | None = None) -> dict[st
             out[key] = value
     if not out:
         return None
+    if "epoch" in out:
+        out["epochRounded"] = epoch(out["epoch"])
     if "lastAccuracy" in out:
         out["accuracy"] = percent(out["lastAccuracy"])
     if "lastScore" in out and metric is not None:
