@@ -49,7 +49,9 @@ KIND_RANK = {
     "ConfigMap": 3,
     "Secret": 3,
     "Service": 3,
+    "NetworkPolicy": 3,
     "Deployment": 3,
+    "PodDisruptionBudget": 3,
     "ValidatingAdmissionPolicy": 4,
     "ValidatingAdmissionPolicyBinding": 5,
 }

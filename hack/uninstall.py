@@ -39,7 +39,7 @@ FINALIZER = f"{GROUP}/operator"
 #: Deleted and waited for while the operator runs, in this order (a sweep creates runs: it goes first).
 WORKLOADS = ("benchmarksweeps", "benchmarkruns")
 CRDS = tuple(f"{plural}.{GROUP}" for plural in ("benchmarksweeps", "benchmarkruns", "benchmarktasks"))
-#: The dataset volumes the operator creates (mlbench_operator.builders.dataset_pvc's labels).
+#: The dataset volumes the operator creates (mlbench_operator.fetchjob.dataset_pvc's labels).
 DATASET_SELECTOR = "app.kubernetes.io/managed-by=mlbench-operator,app.kubernetes.io/part-of=mlbench"
 Obj = dict[str, Any]
 #: Runs kubectl with these arguments; returns (exit status, stdout, stderr).

@@ -59,7 +59,7 @@ EXPECTED_KINDS = [
     "CustomResourceDefinition",
     "Namespace",
     "ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding",
-    "Service|Deployment",
+    "NetworkPolicy|Service|Deployment|PodDisruptionBudget",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "BenchmarkTask",

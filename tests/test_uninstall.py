@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders
+from mlbench_operator import fetchjob
 from mlbench_operator.settings import DatasetSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,5 +191,5 @@ def test_finalizer_patches_remove_only_the_operators(finalizers: list[str], patc
 
 
 def test_the_dataset_selector_is_the_operators_pvc_labels() -> None:
-    labels = builders.dataset_pvc("team", DatasetSettings())["metadata"]["labels"]
+    labels = fetchjob.dataset_pvc("team", DatasetSettings())["metadata"]["labels"]
     assert dict(kv.split("=") for kv in u.DATASET_SELECTOR.split(",")).items() <= labels.items()

@@ -1075,13 +1075,13 @@ def test_a_deposed_leaders_late_status_write_is_refused_and_the_run_read_again(m
     """Issue 33 (fencing): a status write carries the resourceVersion it was computed from. The run changed
     since (the new leader wrote version 7; this replica planned from 5): the API server refuses it with 409,
     nothing of the stale pass lands, the run is read again and the next pass plans from that and writes at 7."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from mlbench_operator.run.daemon import StatusConflict
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
     body["metadata"]["resourceVersion"] = "5"
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     newer = {**body["status"], "message": "written by the new leader"}
     kube.live = {"metadata": {**body["metadata"], "resourceVersion": "7"}, "status": newer}
