@@ -50,6 +50,23 @@ GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_ke
 
 
 @pytest.mark.parametrize(
+    ("name", "patterns", "expected"),
+    [
+        (None, (), []),  # unset: nothing to check
+        ("", ("a",), []),
+        ("team-a1", ("team-a*",), []),
+        ("team-b", ("team-a*", "x"), ["f.x: 'team-b' is not allowed: the rule (V: team-a*, x)"]),
+        ("team-b", (), ["f.x: 'team-b' is not allowed: the rule (V: none)"]),
+    ],
+)
+def test_a_listed_name_is_checked_once_for_every_allowlist(
+    name: str | None, patterns: tuple[str, ...], expected: list[str]
+) -> None:
+    """The one check behind the priority class's and the gang scheduler's allowlists."""
+    assert p.check_listed(name, patterns, "f.x", "the rule", "V") == expected
+
+
+@pytest.mark.parametrize(
     ("scheduling", "policy", "needle"),
     [
         # priority classes: none unless the admin lists them (a tenant's class could preempt every other tenant)
