@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any
+
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "test_layers.py"
 
@@ -18,17 +18,8 @@ XML = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
-def _layers() -> Any:
-    spec = importlib.util.spec_from_file_location("test_layers_script", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_node_id_is_keyed_as_junit_names_it() -> None:
-    key = _layers().junit_key
+    key = load_script("benchmarks/test_layers.py").junit_key
     assert key("tests/api/test_a.py::test_one") == ("tests.api.test_a", "test_one")
     assert key("tests/runner/test_b.py::TestRanks::test_two[2-gloo]") == (
         "tests.runner.test_b.TestRanks",
@@ -37,7 +28,7 @@ def test_a_node_id_is_keyed_as_junit_names_it() -> None:
 
 
 def test_each_layer_sums_its_own_tests_and_the_rest_is_counted_apart(tmp_path: Path) -> None:
-    script = _layers()
+    script = load_script("benchmarks/test_layers.py")
     xml = tmp_path / "junit.xml"
     xml.write_text(XML)
     layers = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import os
 import random
 import shutil
@@ -13,26 +12,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hack_release", REPO / "hack" / "release.py")
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-release = _load()
+release = load_script("hack/release.py")
 Obj = dict[str, Any]
 
 

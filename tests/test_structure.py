@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "structure.py"
-
-
-def _structure() -> Any:
-    spec = importlib.util.spec_from_file_location("structure", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _checkout(root: Path, files: Mapping[str, str]) -> Path:
@@ -30,7 +21,7 @@ def _checkout(root: Path, files: Mapping[str, str]) -> Path:
 
 
 def test_a_circle_across_packages_is_counted_and_a_line_without_it_is_not(tmp_path: Path) -> None:
-    structure = _structure()
+    structure = load_script("benchmarks/structure.py")
     circle = {
         "crds/mlbench_api/a.py": "from mlbench_operator import b\n",
         "operator/mlbench_operator/b.py": "from mlbench_api.c import X\n",
@@ -45,7 +36,7 @@ def test_a_circle_across_packages_is_counted_and_a_line_without_it_is_not(tmp_pa
 
 
 def test_the_largest_module_and_function_and_the_modules_over_the_limit(tmp_path: Path) -> None:
-    structure = _structure()
+    structure = load_script("benchmarks/structure.py")
     method = "class K:\n    def long(self) -> None:\n" + "        x = 1\n" * 9 + "\n"  # 10 lines
     nested = "def outer() -> None:\n    def inner() -> None:\n        pass\n    inner()\n"  # 4 lines, inner 2
     big = "X = 0\n" * (structure.LIMIT + 1)

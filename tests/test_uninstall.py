@@ -4,34 +4,22 @@ operator's finalizer is removed only from what no operator released, the dataset
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from mlbench_operator import fetchjob
 from mlbench_operator.settings import DatasetSettings
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hack_uninstall", REPO / "hack" / "uninstall.py")
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-u = _load()
+u = load_script("hack/uninstall.py")
 Obj = dict[str, Any]
 KINDS = {"benchmarkruns": "BenchmarkRun", "benchmarksweeps": "BenchmarkSweep"}
 

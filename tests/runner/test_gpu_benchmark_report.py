@@ -7,29 +7,20 @@ goal, 4.67x per epoch, 15 against 13 epochs).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mlbench_runner.options import Options
+from tests.scripts import REPO, load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_gpu_time_to_accuracy.py"
-
-
-def _benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("runner_gpu_time_to_accuracy", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: loaded when the tests are collected: its imports start processes (torch's first import), which a unit test may not
+benchmark = load_script("benchmarks/runner_gpu_time_to_accuracy.py")
 
 
 def _speedups(results: dict[str, dict[str, Any]]) -> list[str]:
-    lines: list[str] = _benchmark().speedups(results)
+    lines: list[str] = benchmark.speedups(results)
     return lines
 
 
@@ -74,7 +65,7 @@ def test_the_lease_puts_plain_over_the_closed_paths_of_every_stage() -> None:
         ("compiled", record({"compiled": compiled})),
         ("open", record({"fast": _path(28.1, 11, 2.48)}, bf16=True)),
     ]
-    assert _benchmark().lease_paths(records) == {"core:fast": fast, "plain": plain, "compiled:compiled": compiled}
+    assert benchmark.lease_paths(records) == {"core:fast": fast, "plain": plain, "compiled:compiled": compiled}
 
 
 def _record(results: dict[str, dict[str, Any]], seed: int | None = None, **args: Any) -> dict[str, Any]:
@@ -125,7 +116,7 @@ def _record(results: dict[str, dict[str, Any]], seed: int | None = None, **args:
 def test_paths_run_more_than_once_get_their_mean(
     records: list[tuple[str, dict[str, Any]]], expected: list[str]
 ) -> None:
-    assert _benchmark().over_runs(records) == expected
+    assert benchmark.over_runs(records) == expected
 
 
 @pytest.mark.parametrize(
@@ -139,24 +130,24 @@ def test_paths_run_more_than_once_get_their_mean(
 )
 def test_each_runner_path_sets_its_own_knobs(path: str, fast_path: str, compiled: str) -> None:
     """Each row says what it ran whatever the runner's defaults are (MLBENCH_COMPILE became auto)."""
-    opts = _benchmark().runner_options(Options(), path)
+    opts = benchmark.runner_options(Options(), path)
     assert (opts.fast_path, opts.compile) == (fast_path, compiled)
 
 
 def test_the_saved_h100_confirmation_gives_docs_figures() -> None:
     """docs/runner.md's three-seed means come from the JSON files the H100 lease wrote (kept under
     benchmarks/results/), through the same report code that a later lease will run."""
-    folder = SCRIPT.parent / "results" / "h100-2026-11-27-confirm"
+    folder = REPO / "benchmarks" / "results" / "h100-2026-11-27-confirm"
     records = [
         (name, json.loads((folder / f"{name}.json").read_text())) for name in ("core", "compiled", "seed2", "seed3")
     ]
-    assert _benchmark().over_runs(records) == [
+    assert benchmark.over_runs(records) == [
         "fast: 3 runs (seeds 42, 2, 3): time to goal 38.1 s, 38.5 s, 46.6 s; mean 41.1 s; s/epoch (+eval) mean 3.10",
         "plain / fast, means: time to goal 6.51x, per epoch 5.60x",
         "compiled: 3 runs (seeds 42, 2, 3): time to goal 34.3 s, 39.3 s, 38.5 s; mean 37.4 s; "
         "s/epoch (+eval) mean 2.78",
         "plain / compiled, means: time to goal 7.15x, per epoch 6.26x",
     ]
-    docs = (SCRIPT.parents[1] / "docs" / "runner.md").read_text()
+    docs = (REPO / "docs" / "runner.md").read_text()
     for figure in ("**41.1 s**", "**37.4 s**", "**7.15\N{MULTIPLICATION SIGN}**", "**6.26\N{MULTIPLICATION SIGN}**"):
         assert figure in docs, figure
