@@ -206,3 +206,6 @@ class DatasetReason(StrEnum):
     CHECKSUM_MISMATCH = FetchReason.CHECKSUM_MISMATCH.value
     VOLUME_FULL = FetchReason.VOLUME_FULL.value
     FETCH_FAILED = FetchReason.FETCH_FAILED.value
+    #: False: a Job holds the fetch Job's name but is not the one the operator would make (labels, checksum
+    #: annotations, image, command): never trusted, never deleted; the run waits and says whose it is not
+    NAME_CONFLICT = Reason.NAME_CONFLICT.value

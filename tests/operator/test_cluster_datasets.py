@@ -19,6 +19,7 @@ from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_operator import builders
 from mlbench_operator import conditions as c
 from mlbench_operator.run import admission
+from mlbench_operator.settings import DatasetSettings
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
@@ -61,7 +62,7 @@ def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
 def job_name() -> str:
     ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
     assert not isinstance(ctx, admission.Rejection)
-    return builders.fetch_job_name(ctx[0].task.dataset)
+    return builders.fetch_job_name(ctx[0].task.dataset, DatasetSettings().fetch_image)
 
 
 def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:

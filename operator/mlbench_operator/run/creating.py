@@ -188,7 +188,8 @@ class Creating(RunDaemon):
         look while it is fetched, or -1 when the fetch failed (the run's final status is written).
         """
         settings = self.datasets
-        name = builders.fetch_job_name(ctx.task.dataset)
+        built = builders.fetch_job(ctx, settings)
+        name = built["metadata"]["name"]
         admitted = c.parse_time(self.status.get("startTime"))
         try:
             if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
@@ -198,11 +199,11 @@ class Creating(RunDaemon):
             job_pods: list[dict[str, Any]] = []
             if job is not None:
                 job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
-            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
+            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name, built=built)
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
                 policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
                 await self.kube.run(self.kube.create, policy)
-                await self.kube.run(self.kube.create, builders.fetch_job(ctx, settings))
+                await self.kube.run(self.kube.create, built)
         except ApiError as err:
             if err.status not in (403, 422):
                 raise
