@@ -17,8 +17,8 @@ import pytest
 
 from mlbench_api.datasets import store_name
 from mlbench_api.task import DatasetSpec
+from mlbench_runner import manifest
 from mlbench_runner.data.loader import load_dataset
-from mlbench_runner.pod import manifest
 from mlbench_runner.pod.fetch import FetchRequest, fetch, marker_path
 
 from .helpers import write_cifar_python

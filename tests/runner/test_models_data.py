@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from mlbench_api.task import DatasetSpec, ModelSpec, SyntheticData
+from mlbench_runner import manifest
 from mlbench_runner.data import load_dataset
 from mlbench_runner.data.tabular import parse_libsvm, synthetic_epsilon
-from mlbench_runner.pod import manifest
 from mlbench_runner.rank.augment import crop_flip
 from mlbench_runner.rank.models import CifarResNet, build_model
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from mlbench_api.contract import ENV_DATA_DIR
 from mlbench_api.task import DatasetFormat, DatasetSpec
+from mlbench_runner import manifest
 from mlbench_runner.data import cifar, tabular
 from mlbench_runner.data.base import TensorDataset
 from mlbench_runner.options import DATASET_VERIFY
-from mlbench_runner.pod import manifest
 
 
 def resolve_path(path: str | None) -> Path:
@@ -38,7 +38,7 @@ def check_fetched(spec: DatasetSpec, path: Path, required: bool = True) -> None:
 
     The operator fetches a source into a folder named by its checksum and mounts it, with its marker, read-only
     at ``dataset.path``; the marker records the sha256 (and unpacking) it was verified against and a per-file
-    manifest (:mod:`mlbench_runner.pod.manifest`). A missing or unreadable marker, another source's, a marker
+    manifest (:mod:`mlbench_runner.manifest`). A missing or unreadable marker, another source's, a marker
     without a manifest, or files that differ from it (sizes; sha256 with ``MLBENCH_DATASET_VERIFY=sha256``)
     fail the run naming the field. ``required=False`` (a local copy found through ``$MLBENCH_DATA_DIR``):
     without a marker there is nothing to compare; one that is there is checked all the same."""

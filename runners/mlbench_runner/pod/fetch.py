@@ -6,7 +6,7 @@ Runs in the operator's fetch Job with the namespace's dataset PVC mounted read-w
   (``/data/sha256-<digest>[-x<strip>]``, :func:`mlbench_api.datasets.store_name`), so no path a task or
   run chooses names another dataset's files;
 * idempotent: a marker file next to the data (``<dest>.mlbench-dataset.json``) records the sha256
-  it was verified against and a per-file manifest (:mod:`.manifest`: path, size, sha256, written after
+  it was verified against and a per-file manifest (:mod:`mlbench_runner.manifest`: path, size, sha256, written after
   unpacking); when both match what is on the volume, the fetch is a no-op (N runs, one download);
 * streaming: the body is hashed while it is written to a temporary file in the destination's
   folder (same filesystem), then renamed into place, so readers never see half a file and a
@@ -46,8 +46,7 @@ from typing import Any
 from mlbench_api import atomic
 from mlbench_api.contract import TERMINATION_LOG
 from mlbench_api.datasets import EXIT_FOR_REASON, MANIFEST_KEY, FetchFailure, FetchReason
-from mlbench_runner import stopping
-from mlbench_runner.pod import manifest
+from mlbench_runner import manifest, stopping
 
 CHUNK = 1 << 20
 TIMEOUT_SECONDS = 60.0
