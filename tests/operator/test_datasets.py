@@ -525,3 +525,14 @@ def test_a_task_naming_the_store_is_invalid() -> None:
     assert isinstance(result, admission.Rejection)
     assert result.reason == c.Reason.INVALID_TASK
     assert "path: /data/sha256-" in result.message
+
+
+def test_a_name_conflict_is_shown_with_a_warning_event_and_the_run_waits() -> None:
+    ctx = ctx_for()
+    squatter = _built()
+    squatter["spec"]["template"]["spec"]["containers"][0]["command"] = ["true"]
+    state = fetch_state(JOB, squatter, [], T0, "v", built=_built())
+    plan = lifecycle.dataset_plan(admitted(ctx), state, T0)
+    assert not plan.terminal
+    assert plan.status["phase"] == "Pending"
+    assert [(kind, reason) for kind, reason, _ in plan.events] == [("Warning", "NameConflict")]

@@ -224,7 +224,8 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
         st.say(state.message)
     out = Plan(status=st.dump(), requeue_after=left)
     if st.changed(c.DATASET_READY):
-        kind = "Warning" if state.action is FetchAction.FAIL else "Normal"
+        warn = state.action is FetchAction.FAIL or state.reason is c.DatasetReason.NAME_CONFLICT
+        kind = "Warning" if warn else "Normal"
         out.events.append((kind, state.reason.value, state.message))
     return out
 
