@@ -19,7 +19,7 @@ from mlbench_api.datasets import store_name
 from mlbench_api.task import DatasetSpec
 from mlbench_runner import manifest
 from mlbench_runner.data.loader import load_dataset
-from mlbench_runner.pod.fetch import FetchRequest, fetch, marker_path
+from mlbench_runner.pod.fetch import FetchError, FetchRequest, fetch, marker_path
 
 from .helpers import write_cifar_python
 from .test_fetch import Server, serve, sha
@@ -196,3 +196,16 @@ def test_the_fetcher_does_not_trust_a_marker_whose_files_changed(http: Server, t
     assert http.gets == gets + 1
     manifest.check(dest, marker(dest))
     assert load_dataset(spec).x_train.shape == (20, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", [f"sha256-{'0' * 64}", f"sha256-{'0' * 64}-x1"])
+def test_the_fetcher_fills_a_store_entry_only_with_the_data_its_name_says(
+    http: Server, tmp_path: Path, name: str
+) -> None:
+    data = npz_file(tmp_path)
+    url = serve(http, "eps.npz", data)
+    dest = tmp_path / "volume" / name
+    with pytest.raises(FetchError, match=r"is a store entry of other data \(this is sha256-"):
+        fetch(FetchRequest(url=url, sha256=sha(data), dest=dest))
+    assert http.gets == 0
+    assert not dest.exists()

@@ -45,7 +45,7 @@ from typing import Any
 
 from mlbench_api import atomic
 from mlbench_api.contract import TERMINATION_LOG
-from mlbench_api.datasets import EXIT_FOR_REASON, MANIFEST_KEY, FetchFailure, FetchReason
+from mlbench_api.datasets import EXIT_FOR_REASON, MANIFEST_KEY, STORE_PREFIX, FetchFailure, FetchReason, store_name
 from mlbench_runner import manifest, stopping
 
 CHUNK = 1 << 20
@@ -374,7 +374,12 @@ def only_fetch_of(dest: Path) -> Iterator[None]:
 def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
     """Make ``req.dest`` hold the verified data. Returns False when it was already there.
 
-    Under :func:`only_fetch_of`, so what earlier fetches of the path left beside it is removed first."""
+    Under :func:`only_fetch_of`, so what earlier fetches of the path left beside it is removed first. A store
+    entry (``sha256-*``) is only ever filled with the data its name says (:func:`mlbench_api.datasets.store_name`).
+    """
+    wanted = store_name(req.sha256, req.unpack, req.strip_components)
+    if req.dest.name.startswith(STORE_PREFIX) and req.dest.name != wanted:
+        raise FetchError(FetchReason.FETCH_FAILED, f"{req.dest} is a store entry of other data (this is {wanted})")
     if already_there(req):
         return False
     parent = req.dest.parent
