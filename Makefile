@@ -142,6 +142,18 @@ images: ## build the operator and runner images (docker or podman; cached by a h
 push: ## push what `make images` built to IMAGE_REPO (required: registry.example.com/team)
 	IMAGE_REPO=$(IMAGE_REPO) hack/images.sh push
 
+# kubectl for kustomize and the cluster targets: $MLBENCH_KUBECTL, else the test cluster's (make k8s-bins), else PATH's.
+KUBECTL ?= $(or $(MLBENCH_KUBECTL),$(firstword $(wildcard $(MLBENCH_CACHE)/k8s-*/bin/kubectl)),kubectl)
+
+.PHONY: release
+release: $(PYTHON) ## dist/install.yaml of VERSION=x.y.z (pyproject's version, with a CHANGELOG.md entry), images at IMAGE_REPO
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z IMAGE_REPO=registry.example.com/team" >&2; exit 2; }
+	$(PYTHON) hack/release.py --version "$(VERSION)" --image-repo "$(IMAGE_REPO)" --kubectl "$(KUBECTL)" --out dist/install.yaml
+
+.PHONY: uninstall
+uninstall: $(PYTHON) ## remove MLBench: sweeps and runs first (waited for), then catalog, policy, operator, CRDs; DELETE_DATASETS=1 also the dataset PVCs
+	$(PYTHON) hack/uninstall.py --kubectl "$(KUBECTL)" $(if $(DELETE_DATASETS),--delete-datasets) $(if $(UNINSTALL_TIMEOUT),--timeout $(UNINSTALL_TIMEOUT))
+
 .PHONY: images-load
 images-load: ## import both images into every test node's containerd (MLBENCH_CONTAINERD_ADDRESSES, from python -m tests.cluster env)
 	hack/images.sh load

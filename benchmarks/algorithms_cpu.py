@@ -22,7 +22,7 @@ from typing import Any
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunSummary
 from mlbench_api.config import effective_config
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 from mlbench_runner.tools.processes import importable_env, run_processes
 from mlbench_runner.tools.recipes import catalog_recipe, shared_cifar10
 

@@ -57,7 +57,7 @@ for sub in ("crds", "runners", "."):
     if str(REPO / sub) not in sys.path:
         sys.path.insert(0, str(REPO / sub))
 
-from mlbench_api.run import NetworkConditions  # noqa: E402
+from mlbench_api.network import NetworkConditions  # noqa: E402
 from mlbench_runner.pod import netem  # noqa: E402
 from tests.runner import netlab  # noqa: E402
 

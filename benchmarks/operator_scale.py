@@ -75,7 +75,7 @@ for sub in ("crds", "operator", "runners", ""):
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from mlbench_operator import builders  # noqa: E402
+from mlbench_operator import runpods  # noqa: E402
 from mlbench_operator.kube import Kube, load_configuration  # noqa: E402
 from mlbench_operator.run import admission  # noqa: E402
 from tests.cluster.cluster import free_port  # noqa: E402
@@ -399,7 +399,7 @@ class Bench:
         ctx = admitted[0]
         pods = []
         for rank in range(workers):
-            pod = builders.worker_pod(ctx, rank, 0)
+            pod = runpods.worker_pod(ctx, rank, 0)
             pod["metadata"].pop("ownerReferences", None)  # no run behind them
             # not the operator's labels: its pod watch must not see (or slow) the floor
             pod["metadata"]["labels"] = {"mlbench.io/run": "floor", "mlbench.io/role": "worker"}

@@ -2,7 +2,7 @@
 # Build the operator and runner images (Dockerfile.operator, Dockerfile.runner), cached by
 # a hash of their inputs, and load them into the test node's containerd.
 #
-# Usage: hack/images.sh [--debian-base] [--load] [build|push|load|prune|base|wheelhouse|tags|run-flags|hash DOCKERFILE]
+# Usage: hack/images.sh [--debian-base] [--load] [build|push|load|prune|base|wheelhouse|tags|oci-args DOCKERFILE|run-flags|hash DOCKERFILE]
 #        (default: build)
 #
 #   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
@@ -17,6 +17,7 @@
 #   base        only the local Debian base image (mmdebstrap + import)
 #   wheelhouse  only the wheelhouse (pip download with constraints.txt)
 #   tags        print the image tags, one a line
+#   oci-args D  the build arguments of Dockerfile D's OCI labels (VERSION, REVISION, SOURCE), one a line
 #   run-flags   the flags `podman run` needs on this host (tests use them)
 #   --debian-base  same as MLBENCH_BASE=local;  --load: build, then load (if the address is set)
 #
@@ -32,20 +33,25 @@
 #   MLBENCH_WHEELHOUSE  auto (default with podman) | off | a directory of wheels
 #   MLBENCH_CACHE     where the wheelhouse lives (default ~/.cache/mlbench)
 #   MLBENCH_PIP_CA    CA bundle handed to pip as a build secret (default: the host's, if any)
-#   MLBENCH_IMAGE_TAG tag of both images (default 0.1.0, as manifests/ reference them)
+#   MLBENCH_IMAGE_TAG tag of both images (default: the project's version, pyproject.toml, as manifests/ reference them)
 #   IMAGE_REPO        registry and repository of both images: <IMAGE_REPO>/mlbench-operator and
-#                     <IMAGE_REPO>/mlbench-runner (default docker.io/mlbench: what manifests/ and the test cluster use,
-#                     for images side-loaded, never pulled nor pushed). Point the operator at the runner with
+#                     <IMAGE_REPO>/mlbench-runner (default localhost/mlbench: what manifests/ and the test cluster use,
+#                     for images side-loaded into the nodes; no registry the project does not control serves that
+#                     name, and push refuses it). Point the operator at the runner with
 #                     MLBENCH_RUNNER_IMAGE=<IMAGE_REPO>/mlbench-runner:<tag> (manifests/operator/deployment.yaml).
+#   MLBENCH_SOURCE_URL  the images' org.opencontainers.image.source label (default: git's remote origin, if any)
 #
 # Each step prints "[images] <step>: <seconds>s" so cold and warm timings can be reported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TAG="${MLBENCH_IMAGE_TAG:-0.1.0}"
-# Fully qualified: podman would prefix a short name with localhost/, and the kubelet
-# normalizes the manifests' mlbench/x to docker.io/mlbench/x.
-DEFAULT_IMAGE_REPO="docker.io/mlbench"
+# The project's version: one place, pyproject.toml's [project] version (the images' tag and version label).
+project_version() { sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1; }
+VERSION="$(project_version)"
+TAG="${MLBENCH_IMAGE_TAG:-$VERSION}"
+# Fully qualified: podman would prefix a short name with localhost/ and the kubelet with docker.io/. localhost/ is a
+# name for side-loaded images that only the node itself could serve (mlbench_operator.policy.DEFAULT_IMAGE_REPO).
+DEFAULT_IMAGE_REPO="localhost/mlbench"
 IMAGE_REPO="${IMAGE_REPO:-$DEFAULT_IMAGE_REPO}"
 IMAGE_REPO="${IMAGE_REPO%/}"
 RUNNER_IMAGE="${IMAGE_REPO}/mlbench-runner:${TAG}"
@@ -273,6 +279,25 @@ build_image() {
   fi
 }
 
+# inputs_revision DOCKERFILE: the git commit that last changed the image's inputs (Dockerfile, .dockerignore, what it
+# copies), "-dirty" when they differ from it; empty outside a git checkout. A commit elsewhere keeps the cache.
+inputs_revision() {
+  local -a paths
+  read -r -a paths <<<"$1 .dockerignore $(copy_sources "$1" | tr '\n' ' ')"
+  git rev-parse --git-dir >/dev/null 2>&1 || return 0
+  local rev
+  rev=$(git log -1 --format=%H -- "${paths[@]}" 2>/dev/null || true)
+  [ -n "$rev" ] || return 0
+  if [ -n "$(git status --porcelain -- "${paths[@]}" 2>/dev/null)" ]; then rev="${rev}-dirty"; fi
+  echo "$rev"
+}
+
+# source_url: the images' org.opencontainers.image.source (MLBENCH_SOURCE_URL, else git's remote origin, if any).
+source_url() { echo "${MLBENCH_SOURCE_URL:-$(git config --get remote.origin.url 2>/dev/null || true)}"; }
+
+# oci_args DOCKERFILE: the build arguments of its OCI labels, one a line.
+oci_args() { printf '%s\n' "VERSION=${VERSION}" "REVISION=$(inputs_revision "$1")" "SOURCE=$(source_url)"; }
+
 cmd_build() {
   local start base wheels=""
   start=$(date +%s.%N)
@@ -287,8 +312,12 @@ cmd_build() {
       ;;
     *) wheels=${MLBENCH_WHEELHOUSE} ;;
   esac
-  build_image operator Dockerfile.operator "$OPERATOR_IMAGE" "$base" "$wheels"
-  build_image runner Dockerfile.runner "$RUNNER_IMAGE" "$base" "$wheels" "TORCH_INDEX=${TORCH_INDEX}" "RUNTIME_CC=${MLBENCH_RUNTIME_CC:-auto}"
+  local -a operator_oci runner_oci
+  mapfile -t operator_oci < <(oci_args Dockerfile.operator)
+  mapfile -t runner_oci < <(oci_args Dockerfile.runner)
+  build_image operator Dockerfile.operator "$OPERATOR_IMAGE" "$base" "$wheels" "${operator_oci[@]}"
+  build_image runner Dockerfile.runner "$RUNNER_IMAGE" "$base" "$wheels" "${runner_oci[@]}" \
+    "TORCH_INDEX=${TORCH_INDEX}" "RUNTIME_CC=${MLBENCH_RUNTIME_CC:-auto}"
   log "total: $(since "$start")s"
 }
 
@@ -422,10 +451,14 @@ case "${cmd:-build}" in
   base) ensure_base >/dev/null ;;
   wheelhouse) ensure_wheelhouse ;;
   tags) printf '%s\n' "$OPERATOR_IMAGE" "$RUNNER_IMAGE" ;;
+  oci-args)
+    [ $# = 1 ] || die "usage: hack/images.sh oci-args Dockerfile.runner|Dockerfile.operator"
+    oci_args "$1"
+    ;;
   run-flags) [ "$(builder)" = podman ] && podman_flags || true ;;
   hash)
     [ $# = 1 ] || die "usage: hack/images.sh hash Dockerfile.runner|Dockerfile.operator"
     inputs_hash "$1"
     ;;
-  *) die "unknown command ${cmd} (build | push | load | base | wheelhouse | tags | run-flags | hash DOCKERFILE)" ;;
+  *) die "unknown command ${cmd} (build | push | load | base | wheelhouse | tags | oci-args DOCKERFILE | run-flags | hash DOCKERFILE)" ;;
 esac

@@ -142,15 +142,27 @@ def test_printer_columns_show_status(kube_cluster: KubeCluster, kube_api: Any, n
     _create(api, namespace, "columns")
     status = {
         "phase": "Succeeded",
-        "progress": {"epoch": 41, "lastAccuracy": 0.8012, "accuracy": "80.1%", "lastScore": 0.8012, "score": "80.1%"},
-        "result": {"goalReached": True, "timeToGoalSeconds": 123.5, "timeToGoal": "2m04s"},
+        "progress": {
+            **{"epoch": 40.96875, "epochRounded": "40.9", "lastAccuracy": 0.8012, "accuracy": "80.1%"},
+            **{"lastScore": 0.8012, "score": "80.1%"},
+        },
+        "result": {
+            **{"goalReached": True, "timeToGoalSeconds": 123.5, "timeToGoal": "2m04s"},
+            **{"compressionRatio": 71.93456, "compression": "71.9x"},
+        },
     }
     api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "columns", {"status": status})
     out = kube_cluster.kubectl("get", "benchmarkruns", "-n", namespace, "columns").stdout
     header, row = out.splitlines()[:2]
     assert header.split()[:8] == ["NAME", "TASK", "WORKERS", "BACKEND", "PHASE", "EPOCH", "SCORE", "TIME-TO-GOAL"]
-    assert row.split()[:8] == ["columns", "cifar10-resnet20", "2", "gloo", "Succeeded", "41", "80.1%", "2m04s"]
-    bleu = {"phase": "Running", "progress": {"epoch": 3, "lastScore": 24.3125, "score": "24.3 BLEU"}}
+    assert row.split()[:8] == ["columns", "cifar10-resnet20", "2", "gloo", "Succeeded", "40.9", "80.1%", "2m04s"]
+    wide = kube_cluster.kubectl("get", "benchmarkruns", "-n", namespace, "columns", "-o", "wide").stdout
+    assert "71.9x" in wide.splitlines()[1], wide
+    assert "71.93456" not in wide, wide  # the exact figure stays in the status
+    bleu = {
+        "phase": "Running",
+        "progress": {"epoch": 3, "epochRounded": "3", "lastScore": 24.3125, "score": "24.3 BLEU"},
+    }
     api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "columns", {"status": bleu})
     row = kube_cluster.kubectl("get", "benchmarkruns", "-n", namespace, "columns").stdout.splitlines()[1]
     assert row.split()[4:8] == ["Running", "3", "24.3", "BLEU"], row  # the metric's own form

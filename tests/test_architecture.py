@@ -12,11 +12,14 @@ and each is shown to fail on a small made-up house before it is held against the
 * The pod contract (``mlbench_api.contract``: environment names, paths, ports, condition types and reasons)
   is stated once: no other module of the API, the operator or the runner holds one of its values as a string
   literal of its own (``"MLBENCH_SSH_PORT"``, ``"/etc/mlbench/hostfile"``, ``"InvalidTask"``...).
+* docs/architecture.md draws the rooms as they are: every module its trees of the operator and the runner name
+  exists, and every module of a folder the tree lists modules of is named (a new module must be drawn).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -42,6 +45,7 @@ PROGRAMS = ("rank", "pod", "tools")
 PROGRAM_ARROWS = {("tools", "pod")}
 #: The runner's module that assembles the programs (``mlbench-runner``'s subcommands).
 RUNNER_ASSEMBLY = {f"{RUNNER}.cli", f"{RUNNER}.__main__"}
+DOC = ROOT / "docs" / "architecture.md"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -180,6 +184,39 @@ def restated(source: str, values: set[str]) -> list[tuple[int, str]]:
     )
 
 
+def drawn(doc: str, top: str) -> set[str]:
+    """The modules (paths relative to the package, ``run/status.py``) that the doc's tree of ``top`` (its first
+    line, e.g. ``operator/mlbench_operator/``) names. An entry at two spaces is the package's own (a folder there,
+    ``run/``, holds the deeper entries after it); a module named further right belongs where the last entry did."""
+    block = doc.split(f"```\n{top}\n", 1)[1].split("```", 1)[0]
+    named: set[str] = set()
+    folder = where = ""
+    for line in block.splitlines():
+        text = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if indent == 2 and not text.startswith("--"):
+            first = text.split()[0].rstrip(",")
+            folder = first if first.endswith("/") and first.count("/") == 1 and "  " in text else ""
+            where = ""
+        elif indent == 4:  # the tree's second level
+            where = folder
+        named |= {f"{where}{name}" for name in re.findall(r"\b(\w+\.py)\b", text)}
+    return named
+
+
+def undrawn(package: Path, named: set[str]) -> tuple[list[str], list[str]]:
+    """(named modules that do not exist, modules of a folder with named modules that are not named)."""
+    missing = sorted(name for name in named if not (package / name).is_file())
+    folders = {str(Path(name).parent) for name in named}
+    modules = {
+        str(path.relative_to(package)).removeprefix("./")
+        for folder in folders
+        for path in (package / folder).glob("*.py")
+        if not path.name.startswith("__")
+    }
+    return missing, sorted(modules - named)
+
+
 # -- each check fails where it should ------------------------------------------------------------------
 def _house(tmp_path: Path, files: Mapping[str, str]) -> dict[str, str]:
     for name, text in files.items():
@@ -306,3 +343,36 @@ def test_the_runner_has_no_import_circle(runner: dict[str, str]) -> None:
 
 def test_the_runners_rooms_import_only_downwards(runner: dict[str, str]) -> None:
     assert runner_arrows_up(graph(runner)) == []
+
+
+# -- the doc as it is ----------------------------------------------------------------------------------------
+MADE_UP_DOC = """
+```
+pkg/
+  a.py             the first; its description names c.py (still pkg's own)
+  -- a section --
+  w/               a folder
+    x.py, y.py
+                   a description's line, z.py named too
+  b.py
+```
+"""
+
+
+def test_a_module_the_doc_does_not_draw_is_found(tmp_path: Path) -> None:
+    assert drawn(MADE_UP_DOC, "pkg/") == {"a.py", "c.py", "w/x.py", "w/y.py", "w/z.py", "b.py"}
+    for name in ("a.py", "b.py", "c.py", "d.py", "w/x.py", "w/y.py", "w/z.py", "w/new.py", "w/__init__.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "c.py").unlink()
+    assert undrawn(tmp_path, drawn(MADE_UP_DOC, "pkg/")) == (["c.py"], ["d.py", "w/new.py"])
+
+
+@pytest.mark.parametrize(
+    ("top", "package"),
+    [("operator/mlbench_operator/", OPERATOR / PACKAGE), ("runners/mlbench_runner/", RUNNERS / RUNNER)],
+)
+def test_the_doc_draws_every_module(top: str, package: Path) -> None:
+    named = drawn(DOC.read_text(), top)
+    assert len(named) > 20  # the tree was read
+    assert undrawn(package, named) == ([], [])

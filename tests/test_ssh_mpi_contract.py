@@ -42,10 +42,10 @@ import pytest
 
 from mlbench_api import contract
 from mlbench_api.results import RunSummary
-from mlbench_operator import builders
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
+from mlbench_operator import runobjects, runpods
 from mlbench_operator.run import admission
+from mlbench_operator.runcontext import RunContext
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from mlbench_runner.pod.collect import read_remote, ssh_options
 from mlbench_runner.pod.launch import private_key
@@ -247,7 +247,7 @@ class Cluster:
     def start_worker(self, rank: int, objects: Mapping[str, Obj] | None = None, tag: str = "") -> Worker:
         """Play kubelet for worker ``rank``: project its volumes, run its command (``WORKER_SCRIPT``)."""
         addr = WORKER_ADDRS[rank]
-        pod = builders.worker_pod(self.ctx, rank, attempt=0)
+        pod = runpods.worker_pod(self.ctx, rank, attempt=0)
         name = pod["metadata"]["name"] + tag
         (container,) = pod["spec"]["containers"]
         assert {m["mountPath"] for m in container["volumeMounts"]} == {*self.paths, "/dev/shm"}
@@ -266,7 +266,7 @@ class Cluster:
         if self.as_user is not None:
             os.chown(pod_paths["/tmp"], self.as_user, self.as_user)
         shell, flag, script = container["command"]
-        assert (shell, flag, script) == ("/bin/sh", "-c", builders.WORKER_SCRIPT)
+        assert (shell, flag, script) == ("/bin/sh", "-c", runpods.WORKER_SCRIPT)
         script = sshd_on_loopback(localize(script, pod_paths, [contract.SSH_DIR, "/tmp"]), addr, self.port)
         if self.as_user is not None:
             script = without_supervisor(script)
@@ -291,7 +291,7 @@ class Cluster:
         self.workers.remove(worker)
 
     def launcher_env(self, ssh_dir: Path | None = None) -> dict[str, str]:
-        pod = builders.launcher_pod(self.ctx, attempt=0)
+        pod = runpods.launcher_pod(self.ctx, attempt=0)
         (container,) = pod["spec"]["containers"]
         return launcher_env(
             self, container, pod, {**self.paths, contract.SSH_DIR: ssh_dir or self.paths[contract.SSH_DIR]}
@@ -332,7 +332,7 @@ def run_context(run_as_user: int | None = None) -> RunContext:
         "spec": logreg_task(batch=5, epochs=2, train=200, features=12, alpha=3.0),
     }
     # The project's runner image, which the operator's default admission policy allows (never pulled here).
-    task["spec"]["runner"]["image"] = "docker.io/mlbench/mlbench-runner:test"
+    task["spec"]["runner"]["image"] = "localhost/mlbench/mlbench-runner:test"
     body = {
         "apiVersion": "mlbench.io/v1alpha1",
         "kind": "BenchmarkRun",
@@ -352,7 +352,7 @@ def started(
     containers run as the run's UID, else as ``image_user`` (an image's own non-root USER), else as whoever
     runs this test."""
     keys = generate_keypair(f"mlbench-{ctx.namespace}-{ctx.name}")  # as handlers.py does
-    config_map = builders.config_map(ctx)
+    config_map = runobjects.config_map(ctx)
     data = config_map["data"]
     data[contract.HOSTFILE] = hostfile_on_loopback(data[contract.HOSTFILE], ctx, WORKER_ADDRS)
     paths = {
@@ -368,10 +368,10 @@ def started(
     assert config["metricsPort"] == contract.METRICS_PORT
     config["metricsPort"] = 0
     data[contract.CONFIG_FILE] = json.dumps(config, indent=2)
-    secret = builders.ssh_secret(ctx, keys)
+    secret = runobjects.ssh_secret(ctx, keys)
     objects = {o["metadata"]["name"]: o for o in (config_map, secret)}
     # The launcher's Secret volume (its ConfigMap volume is the one the workers share).
-    launcher = builders.launcher_pod(ctx, attempt=0)
+    launcher = runpods.launcher_pod(ctx, attempt=0)
     (volume,) = [v for v in launcher["spec"]["volumes"] if "secret" in v]
     project(volume, objects, paths[contract.SSH_DIR], launcher["spec"]["securityContext"].get("fsGroup"))
 
@@ -434,7 +434,7 @@ def launcher_env(cluster: Cluster, container: Obj, pod: Obj, paths: Mapping[str,
 
 def launch(cluster: Cluster, ssh_dir: Path, termination_log: Path) -> subprocess.CompletedProcess[str]:
     """Run the launcher pod's container command with its (localized) environment."""
-    pod = builders.launcher_pod(cluster.ctx, attempt=0)
+    pod = runpods.launcher_pod(cluster.ctx, attempt=0)
     (container,) = pod["spec"]["containers"]
     assert container["terminationMessagePath"] == contract.TERMINATION_LOG
     assert {m["mountPath"] for m in container["volumeMounts"]} == set(cluster.paths)
@@ -517,8 +517,8 @@ def test_launcher_runs_ranks_through_worker_sshd(cluster: Cluster, tmp_path: Pat
     wrong_keys = dataclasses.replace(
         cluster.keys, client_private=other.client_private, client_public=other.client_public
     )
-    wrong_secret = builders.ssh_secret(cluster.ctx, wrong_keys)
-    launcher_volume = next(v for v in builders.launcher_pod(cluster.ctx, attempt=0)["spec"]["volumes"] if "secret" in v)
+    wrong_secret = runobjects.ssh_secret(cluster.ctx, wrong_keys)
+    launcher_volume = next(v for v in runpods.launcher_pod(cluster.ctx, attempt=0)["spec"]["volumes"] if "secret" in v)
     project(launcher_volume, {wrong_secret["metadata"]["name"]: wrong_secret}, wrong_dir)
     wrong_log = tmp_path / "termination-log-wrong"
     proc = launch(cluster, wrong_dir, wrong_log)
@@ -545,7 +545,7 @@ def test_a_worker_with_another_host_key_is_refused(cluster: Cluster, tmp_path: P
     """
     other = generate_keypair("mlbench-impostor")
     impostor_keys = dataclasses.replace(cluster.keys, host_private=other.host_private, host_public=other.host_public)
-    objects = {**cluster.objects, n.ssh_secret_name(RUN): builders.ssh_secret(cluster.ctx, impostor_keys)}
+    objects = {**cluster.objects, n.ssh_secret_name(RUN): runobjects.ssh_secret(cluster.ctx, impostor_keys)}
     cluster.stop_worker(cluster.workers[1])
     impostor = cluster.start_worker(1, objects, tag="-impostor")
     key = private_key(

@@ -8,7 +8,8 @@ and the runner reads its configuration through them. Nothing here imports torch 
 from mlbench_api.common import API_VERSION, GROUP, VERSION
 from mlbench_api.config import RunConfig
 from mlbench_api.results import RunSummary
-from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec, BenchmarkRunStatus
+from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.sweep import BenchmarkSweep, BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
 

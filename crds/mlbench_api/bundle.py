@@ -20,6 +20,7 @@ import base64
 import binascii
 import functools
 import gzip
+import hashlib
 import json
 import re
 import zlib
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mlbench_api.results import RunSummary
-from mlbench_api.run import MAX_RESULT_FILES
+from mlbench_api.runstatus import MAX_RESULT_FILES
 
 EVENT = "run_results"
 SCHEMA = "mlbench.io/results/v1"
@@ -53,7 +54,7 @@ MAX_LINE_CHARS = BUDGET_BYTES * 4 // 3 + 64 * 1024
 GZ = ".gz"
 #: A file's key: a ConfigMap key (no path), gzip suffix.
 _FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.gz$")
-#: Files a bundle may carry: what ``status.results`` may list (:data:`mlbench_api.run.MAX_RESULT_FILES`).
+#: Files a bundle may carry: what ``status.results`` may list (:data:`mlbench_api.runstatus.MAX_RESULT_FILES`).
 MAX_FILES = MAX_RESULT_FILES
 #: Events that say the least per byte; dropped first when the event log is over budget.
 CHATTY_EVENTS = ("train_progress",)
@@ -174,8 +175,11 @@ def _gunzip(name: str, data: bytes) -> bytes:
         raise BundleError(f"{name}: not gzip data: {exc}") from exc
 
 
-def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = ()) -> Bundle:
-    """A bundle from ``name.gz`` -> gzip bytes (a results line's or a ConfigMap's).
+def from_compressed(
+    compressed: Mapping[str, bytes], truncated: Iterable[str] = (), limit: int = MAX_TOTAL_BYTES
+) -> Bundle:
+    """A bundle from ``name.gz`` -> gzip bytes (a results line's or a ConfigMap's), at most ``limit`` bytes
+    once decompressed (all files together, and each; the operator's ``MLBENCH_RESULTS_MAX_BYTES``).
 
     Checks only what keeping the files needs (safe names, gzip, size), not their content: a
     runner newer than the operator may add a summary field or a file, and its results are kept.
@@ -188,15 +192,16 @@ def from_compressed(compressed: Mapping[str, bytes], truncated: Iterable[str] = 
             raise BundleError(f"unexpected file {key!r} (expected names like {', '.join(f + GZ for f in FILES)})")
     total = 0
     for key, data in compressed.items():  # counted first, all of them, keeping nothing
-        total += inflated_size(key, data, MAX_FILE_BYTES)
-        if total > MAX_TOTAL_BYTES:
-            raise BundleError(f"the results files are more than {MAX_TOTAL_BYTES} bytes together once decompressed")
+        total += inflated_size(key, data, min(limit, MAX_FILE_BYTES))
+        if total > limit:
+            raise BundleError(f"the results files are more than {limit} bytes together once decompressed")
     files = {key.removesuffix(GZ): _gunzip(key, data) for key, data in compressed.items()}
     return Bundle(files, tuple(truncated))
 
 
-def parse_line(line: str) -> Bundle | None:
-    """The bundle of a ``run_results`` line; None for any other line; BundleError when it is malformed."""
+def parse_line(line: str, limit: int = MAX_TOTAL_BYTES) -> Bundle | None:
+    """The bundle of a ``run_results`` line; None for any other line; BundleError when it is malformed or its
+    files are more than ``limit`` bytes decompressed (:func:`from_compressed`)."""
     text = line.strip()
     if not text.startswith("{") or f'"{EVENT}"' not in text[:40]:
         return None
@@ -217,7 +222,7 @@ def parse_line(line: str) -> Bundle | None:
         compressed = {str(k): base64.b64decode(str(v), validate=True) for k, v in files.items()}
     except binascii.Error as exc:
         raise BundleError(f"a results file is not base64: {exc}") from exc
-    found = from_compressed(compressed)
+    found = from_compressed(compressed, limit=limit)
     return Bundle(found.files, _truncated(data.get("truncated"), found.files))
 
 
@@ -239,10 +244,28 @@ def _truncated(value: object, files: Mapping[str, bytes]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def from_log(text: str) -> Bundle | None:
+def from_log(text: str, limit: int = MAX_TOTAL_BYTES) -> Bundle | None:
     """The last ``run_results`` bundle in a launcher's log; None when the log has none."""
     for line in reversed(text.splitlines()):
-        bundle = parse_line(line)
+        bundle = parse_line(line, limit)
         if bundle is not None:
             return bundle
     return None
+
+
+def digests(found: Bundle) -> dict[str, str]:
+    """The SHA-256 (hex) of each file as kept (uncompressed), by name: ``status.results.sha256``."""
+    return {name: hashlib.sha256(data).hexdigest() for name, data in sorted(found.files.items())}
+
+
+def check_digests(found: Bundle, expected: Mapping[str, str]) -> None:
+    """:class:`BundleError` naming the first file whose SHA-256 is not the one recorded (or that is missing or
+    not recorded): files edited after the operator kept them are not the run's results."""
+    have = digests(found)
+    for name in sorted(set(have) | set(expected)):
+        if name not in expected:
+            raise BundleError(f"{name}: not a file the operator kept (no digest recorded for it)")
+        if name not in have:
+            raise BundleError(f"{name}: recorded by the operator but missing")
+        if have[name] != expected[name]:
+            raise BundleError(f"{name}: its SHA-256 is {have[name]}, the operator recorded {expected[name]}")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -29,11 +30,12 @@ CATALOG_ENV = "MLBENCH_CATALOG"
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "manifests" / "catalog",  # a source checkout
     Path("/etc/mlbench/catalog"),  # the runner image
+    Path(sys.prefix) / "share" / "mlbench-k8s" / "catalog",  # `pip install mlbench-k8s` (pyproject's data-files)
 )
 
 
 def catalog_dir() -> Path:
-    """Where the catalog lives: ``$MLBENCH_CATALOG``, the checkout, or the image."""
+    """Where the catalog lives: ``$MLBENCH_CATALOG``, the checkout, the image, or the installed distribution."""
     env = os.environ.get(CATALOG_ENV)
     if env:
         if not Path(env).is_dir():  # a mistyped path would read as an empty catalog: "known: none"

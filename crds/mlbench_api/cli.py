@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
@@ -18,7 +19,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from mlbench_api.badinput import EXIT_BAD_INPUT, BadInput, bad_input, report
@@ -42,10 +42,12 @@ from mlbench_api.crdgen import stale, write_all
 from mlbench_api.display import score
 from mlbench_api.download import ResultsUnavailable, default_dir, download, parse_ref
 from mlbench_api.errors import InvalidObject, format_errors
-from mlbench_api.run import BenchmarkRun, BenchmarkRunStatus
+from mlbench_api.output import JSON, TABLE, TEXT, YAML, add_output, dump
+from mlbench_api.run import BenchmarkRun
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.sweep import MATRIX_FIELD, BenchmarkSweep, expand
 from mlbench_api.task import BenchmarkTask, BenchmarkTaskSpec
-from mlbench_api.watch import EXIT_FAILED, follow
+from mlbench_api.watch import EXIT_UNAVAILABLE, follow
 
 #: The distribution ``pip install`` knows this package by (``mlbench`` on PyPI is another project).
 DISTRIBUTION = "mlbench-k8s"
@@ -53,7 +55,7 @@ DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1] / "bases"
 
 
 def _crds(args: argparse.Namespace) -> int:
-    directory = Path(args.out)
+    directory = Path(args.output_dir)
     if args.check:
         outdated = stale(directory)
         if outdated:
@@ -64,7 +66,7 @@ def _crds(args: argparse.Namespace) -> int:
     try:
         written = write_all(directory)
     except OSError as exc:
-        print(f"error: --out: cannot write the CRDs into {directory}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: --output-dir: cannot write the CRDs into {directory}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
@@ -73,9 +75,18 @@ def _crds(args: argparse.Namespace) -> int:
 
 def _catalog(args: argparse.Namespace) -> int:
     tasks = load_catalog()
-    if args.name:
-        print(yaml.safe_dump(get_task(args.name).to_api(), sort_keys=False), end="")
-        return 0
+    if args.name and args.name not in tasks:
+        raise BadInput(f"name: no task {args.name!r} in the catalog (known: {', '.join(sorted(tasks)) or 'none'})")
+    tasks = {args.name: tasks[args.name]} if args.name else tasks
+    fmt = args.output or (YAML if args.name else TABLE)  # one task: its YAML, as before -o
+    if fmt == TABLE:
+        _catalog_table(tasks)
+    else:
+        print(dump([task.to_api() for _, task in sorted(tasks.items())], fmt, single=bool(args.name)), end="")
+    return 0
+
+
+def _catalog_table(tasks: Mapping[str, BenchmarkTask]) -> None:
     print(f"{'TASK':<28} {'DIVISION':<8} {'MODEL':<24} {'DATASET':<18} {'BATCH':>5} {'EPOCHS':>6} {'TARGET':>6}")
     for name, task in sorted(tasks.items()):
         s = task.spec
@@ -92,7 +103,6 @@ def _catalog(args: argparse.Namespace) -> int:
             f"{s.training.batch_size_per_worker:>5} {s.training.max_epochs:>6} "
             f"{score(s.goal.metric, s.goal.target, target=True):>6}"
         )
-    return 0
 
 
 def _bytes(n: int) -> str:
@@ -368,7 +378,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     try:
-        print(_effective(args).dump())
+        config = _effective(args)
+        print(
+            config.dump() + "\n" if args.output == JSON else dump([config.to_api()], args.output, single=True), end=""
+        )
     except (InvalidObject, KeyError, ValueError) as exc:  # ValidationError, an override the task refuses
         raise bad_input(exc, args.run, "BenchmarkRun") from exc
     return 0
@@ -409,10 +422,17 @@ def _watch(args: argparse.Namespace) -> int:
     if ref is None:
         raise BadInput(f"run: expected <namespace>/<run>, got {args.run!r}")
     try:
-        return follow(*ref, lambda line: print(line, flush=True), kubeconfig=args.kubeconfig, context=args.context)
+        return follow(*ref, _say(args.output), kubeconfig=args.kubeconfig, context=args.context)
     except ResultsUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_UNAVAILABLE
+
+
+def _say(fmt: str) -> Callable[[str, Mapping[str, Any]], None]:
+    """How ``mlbench watch -o FORMAT`` prints a change: its status line, or the run as one line of JSON."""
+    if fmt == JSON:
+        return lambda _line, obj: print(json.dumps(obj, separators=(",", ":")), flush=True)
+    return lambda line, _obj: print(line, flush=True)
 
 
 def _runner(entry: str, argv: list[str]) -> int:
@@ -438,12 +458,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("crds", help="generate the CRD YAML from the API models")
-    p.add_argument("--out", default=str(DEFAULT_CRD_DIR))
+    p.add_argument(
+        "--output-dir", metavar="DIR", default=str(DEFAULT_CRD_DIR), help="where the CRD YAML goes (default crds/bases)"
+    )
     p.add_argument("--check", action="store_true", help="fail if the files differ from the models")
     p.set_defaults(func=_crds)
 
     p = sub.add_parser("catalog", help="list the task catalog, or print one task")
     p.add_argument("name", nargs="?")
+    add_output(p, (TABLE, YAML, JSON), None, "table (default; one task: yaml), yaml or json (all: a v1 List)")
     p.set_defaults(func=_catalog)
 
     p = sub.add_parser(
@@ -471,22 +494,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the effective run configuration of a BenchmarkRun")
     p.add_argument("run")
     p.add_argument("--local", action="store_true", help="as `mlbench run --local` forms it (see validate --local)")
+    add_output(p, (JSON, YAML), JSON, "json (default; the file the runner reads) or yaml")
     p.set_defaults(func=_config)
 
     p = sub.add_parser("fetch", help="download a cluster run's kept results (summary, events, config)")
     p.add_argument("run", help="<namespace>/<run>")
-    p.add_argument("--output-dir", dest="output", help="directory to write (default mlbench-results/<namespace>.<run>)")
+    p.add_argument(
+        "--output-dir",
+        dest="output",
+        metavar="DIR",
+        help="directory to write (default mlbench-results/<namespace>.<run>)",
+    )
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_fetch)
 
     p = sub.add_parser(
         "watch",
-        help="follow a cluster run until it ends; exit 0 when it succeeded, 1 otherwise",
+        help="follow a cluster run until it ends; exit with its outcome (0 Succeeded, 1 Failed)",
         description="Print a cluster run's phase and progress as they change (the Kubernetes watch API), until "
-        "it ends; exit 0 when it Succeeded, 1 when it Failed, was deleted or cannot be read, 2 for bad input.",
+        "it ends. Exit 0 when it Succeeded, 1 when it Failed, 2 for bad input, 3 when it was deleted while "
+        "watched, 4 when it cannot be read (not found, forbidden, no cluster).",
     )
     p.add_argument("run", help="<namespace>/<run>")
+    add_output(p, (TEXT, JSON), TEXT, "text (default: one status line per change) or json (the run, one line each)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(func=_watch)

@@ -19,16 +19,13 @@ from mlbench_api.common import ApiModel
 from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
 from mlbench_api.datasets import reserved_path
 from mlbench_api.errors import format_errors
-from mlbench_api.run import (
-    Algorithm,
-    AlgorithmParameters,
-    Backend,
-    BenchmarkRun,
-    Bucketing,
-    NetworkConditions,
-    RunOverrides,
-)
-from mlbench_api.task import AlphaForWorkers, BenchmarkTaskSpec, Division, Goal, GoalMode, LearningRate, Schedule
+from mlbench_api.goal import Goal, GoalMode
+from mlbench_api.network import NetworkConditions
+from mlbench_api.parameters import AlgorithmParameters
+from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides
+from mlbench_api.schedule import AlphaForWorkers, LearningRate, Schedule
+from mlbench_api.task import BenchmarkTaskSpec, Division
+from mlbench_api.training import Algorithm
 
 
 class OverrideNotAllowed(ValueError):

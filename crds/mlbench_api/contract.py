@@ -2,7 +2,7 @@
 containers, ports, the SSH Secret's keys, and the condition types and reasons of a BenchmarkRun's status.
 
 Here, in the API package, because every side ships it: the operator image, the runner image (Dockerfile.runner
-copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.builders), the
+copies crds/mlbench_api) and the ``mlbench`` CLI. The operator sets these (mlbench_operator.runpods), the
 runner reads them (mlbench_runner.pod.launch, .world, .worker, .fetch), ``mlbench validate`` names the reasons the
 operator would give; nobody restates them (tests/test_architecture.py looks for the literals).
 """
@@ -32,6 +32,9 @@ HOSTFILE_PATH = f"{CONFIG_DIR}/{HOSTFILE}"
 SSH_DIR = "/etc/mlbench-ssh"
 #: The ranks' output (summary, events); an emptyDir.
 OUTPUT_DIR = "/tmp/mlbench"
+#: Where sshd (workers) and ssh (launcher, mpirun's tree spawn) keep their private copies of the run's keys: one
+#: path in every pod, a memory-backed emptyDir (the private keys never touch the node's disk).
+SSH_SCRATCH_DIR = "/tmp/mlbench-sshd"
 #: The namespace's dataset volume (sourced datasets live under it; a task's dataset.path must too).
 DATA_DIR = "/data"
 #: Where a run with ``spec.checkpoint`` mounts its checkpoint volume (the claim it names), on every worker.
@@ -120,7 +123,7 @@ class Reason(StrEnum):
 
     Members compare equal to their strings, so the status JSON is what it was with string literals.
     The kstatus conditions and ``Failed=False`` of a succeeded run use the phase as their reason
-    (``mlbench_api.run.Phase``); those are not repeated here. docs/operator.md lists every member
+    (``mlbench_api.runstatus.Phase``); those are not repeated here. docs/operator.md lists every member
     (tests/operator/test_conditions.py keeps the two in step).
     """
 
@@ -146,6 +149,7 @@ class Reason(StrEnum):
     #: Failed: a 422
     CREATE_FAILED = "CreateFailed"
     #: WorkersReady/Running False: a pod, Service, ConfigMap or Secret with the run's name has another owner
+    #: (DatasetReady False: the dataset volume or the fetch Job, :attr:`DatasetReason.NAME_CONFLICT`)
     NAME_CONFLICT = "NameConflict"
     RESTARTING = "Restarting"  #: WorkersReady/Running False during a gang restart (also its Event)
     #: WorkersReady/Running False after the startup deadline released the attempt's pods, until the next attempt
@@ -206,6 +210,7 @@ class DatasetReason(StrEnum):
     CHECKSUM_MISMATCH = FetchReason.CHECKSUM_MISMATCH.value
     VOLUME_FULL = FetchReason.VOLUME_FULL.value
     FETCH_FAILED = FetchReason.FETCH_FAILED.value
-    #: False: a Job holds the fetch Job's name but is not the one the operator would make (labels, checksum
-    #: annotations, image, command): never trusted, never deleted; the run waits and says whose it is not
+    #: False: the dataset volume (PVC) or the fetch Job's name is held by an object the operator did not create
+    #: (a PVC: not its labels; a Job: not its labels, checksum annotations, image, command and volumes): never
+    #: used, adopted or deleted; the run waits and says why
     NAME_CONFLICT = Reason.NAME_CONFLICT.value

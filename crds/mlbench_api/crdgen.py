@@ -18,14 +18,8 @@ import yaml
 from pydantic import BaseModel
 
 from mlbench_api.common import GROUP, MAX_LABEL_VALUE, VERSION, cel
-from mlbench_api.run import (
-    FORBIDDEN,
-    MAX_RUN_NAME,
-    SUSPEND_FINISHED,
-    SUSPEND_FINISHED_RULE,
-    BenchmarkRunSpec,
-    BenchmarkRunStatus,
-)
+from mlbench_api.run import FORBIDDEN, MAX_RUN_NAME, SUSPEND_FINISHED, SUSPEND_FINISHED_RULE, BenchmarkRunSpec
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.sweep import BenchmarkSweepSpec, BenchmarkSweepStatus
 from mlbench_api.task import BenchmarkTaskSpec
 
@@ -261,7 +255,11 @@ KINDS: list[CrdSpec] = [
             _col("Backend", ".spec.backend"),
             _col("Algorithm", ".spec.algorithm", priority=1),
             _col("Phase", ".status.phase"),
-            _col("Epoch", ".status.progress.epoch", "number", description="Progress: last completed epoch"),
+            _col(
+                "Epoch",
+                ".status.progress.epochRounded",
+                description="Epochs done, cut to tenths (exact: status.progress.epoch)",
+            ),
             _col(
                 "Score",
                 ".status.progress.score",
@@ -275,10 +273,10 @@ KINDS: list[CrdSpec] = [
             ),
             _col(
                 "Compression",
-                ".status.result.compressionRatio",
-                "number",
+                ".status.result.compression",
                 priority=1,
-                description="Bytes per step of allreduce-sgd / of this run's algorithm",
+                description="Bytes per step of allreduce-sgd / of this run's algorithm, one decimal "
+                "(exact: status.result.compressionRatio)",
             ),
             _col("Restarts", ".status.restarts", "integer", priority=1),
             _col("Ready", ".status.workers.ready", "integer", priority=1),

@@ -4,11 +4,17 @@ The fetch Job's container (``mlbench-runner fetch-dataset``) reports a failure t
 code, which the Job's ``podFailurePolicy`` reads (a checksum mismatch is permanent, an unreachable
 source is retried), and as a JSON termination message ``{"reason": ..., "message": ...}``, which
 the operator copies into the run's status. One module, so both sides agree on names and numbers.
+
+A failure message names the URL by its scheme, host, port and path only (:func:`redact_urls`): userinfo, a
+query string (a presigned URL's signature, a token) and a fragment never reach the run's status, its events or
+the Job's log. The fetcher scrubs what it writes, the operator what it reads (an older fetcher's words too).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import urllib.parse
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -68,6 +74,40 @@ def reserved_path(path: str) -> str | None:
     return None
 
 
+#: A URL inside free text: a scheme, ``://`` and everything up to whitespace or a quote.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+#: Punctuation a message puts right after a URL (``GET <url>: HTTP 404``), kept outside the URL.
+_TRAILING = ":;,.)]'\""
+#: What stands for a query string or fragment that was left out.
+OMITTED = "?…"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without userinfo, query string or fragment (``OMITTED`` marks a query or fragment left out): what a
+    message may say about a URL, which may carry a password, a token or a presigned signature."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # an unparseable URL (a bad port, an unclosed bracket): its scheme only
+        return url.split("://", 1)[0] + "://…"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    tail = OMITTED if parts.query or parts.fragment or url.endswith(("?", "#")) else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")) + tail
+
+
+def _redact_match(match: re.Match[str]) -> str:
+    url = match.group(0)
+    kept = url.rstrip(_TRAILING)
+    return redact_url(kept) + url[len(kept) :]
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL in it redacted (:func:`redact_url`)."""
+    return _URL_IN_TEXT.sub(_redact_match, text)
+
+
 @dataclass(frozen=True)
 class FetchFailure:
     """A failed fetch as the termination message carries it."""
@@ -77,7 +117,7 @@ class FetchFailure:
 
     def termination_message(self) -> str:
         """JSON for ``/dev/termination-log`` (the kubelet keeps at most 4 KiB: the message is cut)."""
-        return json.dumps({"reason": self.reason.value, "message": self.message[:3500]})
+        return json.dumps({"reason": self.reason.value, "message": redact_urls(self.message)[:3500]})
 
     @classmethod
     def parse(cls, text: str | None) -> FetchFailure | None:
@@ -89,6 +129,6 @@ class FetchFailure:
         if not isinstance(data, dict) or not isinstance(data.get("message"), str):
             return None
         try:
-            return cls(FetchReason(str(data.get("reason"))), data["message"])
+            return cls(FetchReason(str(data.get("reason"))), redact_urls(data["message"]))
         except ValueError:
             return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from mlbench_api.task import ACCURACY_METRICS, GoalMetric
+from mlbench_api.goal import ACCURACY_METRICS, GoalMetric
 
 #: Above this a perplexity or BLEU figure is written in exponent form, so a column's string stays short.
 _LARGE = 1e6
@@ -49,3 +49,18 @@ def duration(seconds: float) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _short(value: float, decimals: str) -> str:
+    """``value`` with ``decimals`` (a format), or in exponent form from :data:`_LARGE` on, so a column stays short."""
+    return f"{value:.3g}" if abs(value) >= _LARGE else format(value, decimals)
+
+
+def epoch(value: float) -> str:
+    """``2.3``, ``8``: epochs done, cut (not rounded) to tenths, so a column never shows an epoch not yet done."""
+    return _short(math.floor(value * 10) / 10 if abs(value) < _LARGE else value, ".1f").removesuffix(".0")
+
+
+def ratio(value: float) -> str:
+    """``71.9x``, ``1.0x``: a compression ratio (uncompressed bytes / bytes sent) with one decimal."""
+    return _short(value, ".1f") + "x"

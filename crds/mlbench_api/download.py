@@ -17,7 +17,7 @@ import yaml
 
 from mlbench_api import atomic, bundle
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.run import TERMINAL
+from mlbench_api.runstatus import TERMINAL
 
 #: ``<namespace>/<run>``: a namespace is a DNS-1123 label, a run name a DNS-1035 label.
 REF = re.compile(r"^(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<run>[a-z]([-a-z0-9]*[a-z0-9])?)$")
@@ -96,6 +96,16 @@ def from_config_map(cm_binary_data: dict[str, str] | None) -> bundle.Bundle:
     return bundle.from_compressed({k: base64.b64decode(v) for k, v in cm_binary_data.items()})
 
 
+def verified(run_obj: dict[str, Any], found: bundle.Bundle) -> bundle.Bundle:
+    """``found`` when its files are those whose SHA-256 the operator recorded (``status.results.sha256``); a
+    :class:`bundle.BundleError` naming the file otherwise. A run kept by an older operator recorded none: its
+    files are taken as they are."""
+    expected = ((run_obj.get("status") or {}).get("results") or {}).get("sha256")
+    if expected:
+        bundle.check_digests(found, expected)
+    return found
+
+
 def write(found: bundle.Bundle, dest: Path) -> list[Path]:
     """The files into ``dest`` (created), as a local run lays them out. A bundle file that this one lacks is
     removed first: it is an earlier fetch's (a run re-created under the same name that failed before its
@@ -135,7 +145,7 @@ def download(
     except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:
         raise ResultsUnavailable(f"ConfigMap {namespace}/{name}: {_why(exc)}") from exc
     try:
-        found = from_config_map(cm.binary_data)
+        found = verified(obj, from_config_map(cm.binary_data))
     except bundle.BundleError as exc:
         raise ResultsUnavailable(f"{namespace}/{name}: {exc}") from exc
     return write(found, dest)

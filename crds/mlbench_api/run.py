@@ -7,147 +7,41 @@ interpretable after the task changes.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mlbench_api import contract
 from mlbench_api.common import (
     API_VERSION,
     DNS1035_LABEL,
-    MAX_INT32,
-    MAX_LABEL_VALUE,
     MAX_SAFE_INT,
     ApiModel,
-    Condition,
-    Finite,
     LabelName,
-    Name,
     ObjectMeta,
     Quantity,
-    SafeInt,
     cel,
     re2_search,
 )
+from mlbench_api.dataspec import DatasetSource
+from mlbench_api.model import ModelSpec
+from mlbench_api.network import NetworkConditions
+from mlbench_api.parameters import PARAMETER_DEFAULTS, AlgorithmParameters
 from mlbench_api.pod import PodSettings
-from mlbench_api.task import Algorithm, BenchmarkTaskSpec, DatasetSource, GoalMetric, ModelSpec, Optimizer
+from mlbench_api.runpolicy import CheckpointPolicy, RunPolicy
+from mlbench_api.runstatus import BenchmarkRunStatus
+from mlbench_api.scheduling import Placement, Scheduling
+from mlbench_api.training import Algorithm, Optimizer
 
 #: Longest run name such that ``<run>-worker-<N>`` (N < 10000) stays a 63-character DNS label.
 MAX_RUN_NAME = 63 - len("-worker-") - 4
 MAX_WORKERS = 1024
-#: Most files a run's kept results may name (status.results.files and .truncated); the results bundle
-#: (mlbench_api.bundle) refuses more, so a launcher's line can never produce a status the API server refuses.
-MAX_RESULT_FILES = 8
 
 
 class Backend(StrEnum):
     GLOO = "gloo"
     NCCL = "nccl"
     MPI = "mpi"
-
-
-class Topology(StrEnum):
-    """Who a decentralized rank averages with after each local step."""
-
-    RING = "ring"  #: its two ring neighbours (rank +- 1 mod k), weights 1/3 each (1/2 each for 2 ranks)
-    COMPLETE = "complete"  #: every rank (an all-reduce of the parameters: exact averaging)
-
-
-class Selection(StrEnum):
-    """Which gradient entries sparsified SGD sends."""
-
-    TOP_K = "top-k"  #: the k largest in magnitude (after adding the error memory); values and indices all-gathered
-    RANDOM_K = "random-k"  #: k indices drawn from a generator seeded alike on every rank; values all-reduced
-
-
-#: The algorithms each AlgorithmParameters field belongs to, and its default there.
-PARAMETER_DEFAULTS: dict[str, tuple[Algorithm, object]] = {
-    "rank": (Algorithm.POWERSGD, 2),
-    "warmStart": (Algorithm.POWERSGD, True),
-    "topology": (Algorithm.DECENTRALIZED_SGD, Topology.RING),
-    "density": (Algorithm.SPARSIFIED_SGD, 0.01),
-    "selection": (Algorithm.SPARSIFIED_SGD, Selection.TOP_K),
-}
-
-
-class AlgorithmParameters(ApiModel):
-    """Knobs of the compressing and decentralized algorithms; each field belongs to one algorithm only."""
-
-    rank: Annotated[int, Field(ge=1, le=64)] | None = None
-    """powersgd: rank r of the low-rank approximation P Q^T of each gradient matrix (1 to 64, default 2)."""
-    warm_start: bool | None = None
-    """powersgd: start each step's power iteration from the previous step's Q (default true), as the paper does."""
-    topology: Topology | None = None
-    """decentralized-sgd: ring (default; gossip with the two ring neighbours) or complete (average with every rank)."""
-    density: Annotated[float, Field(gt=0, le=1)] | None = None
-    """sparsified-sgd: fraction of each step's gradient entries sent, k = ceil(density x parameters) (default 0.01)."""
-    selection: Selection | None = None
-    """sparsified-sgd: top-k (default) or random-k."""
-
-    def misplaced(self, *algorithms: Algorithm) -> list[str]:
-        """Wire names of the fields set that belong to none of ``algorithms``."""
-        given = self.model_dump(by_alias=True, exclude_none=True)
-        return [name for name in PARAMETER_DEFAULTS if name in given and PARAMETER_DEFAULTS[name][0] not in algorithms]
-
-    def for_algorithm(self, algorithm: Algorithm) -> AlgorithmParameters:
-        """These parameters with ``algorithm``'s defaults filled in (the others stay unset)."""
-        data = self.model_dump(by_alias=True, exclude_none=True)
-        for name, (owner, default) in PARAMETER_DEFAULTS.items():
-            if owner is algorithm:
-                data.setdefault(name, default)
-        return AlgorithmParameters.model_validate(data)
-
-
-def _network_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
-    schema["x-kubernetes-validations"] = [
-        cel(
-            "has(self.bandwidthMbit) || has(self.latencyMs) || has(self.lossPercent)",
-            "set at least one of bandwidthMbit, latencyMs, lossPercent",
-        ),
-        cel("!has(self.jitterMs) || has(self.latencyMs)", "jitterMs needs latencyMs", ".jitterMs"),
-    ]
-
-
-#: Round trips of ssh's connect and handshake (TCP, banners, key exchange, authentication).
-SSH_HANDSHAKE_ROUND_TRIPS = 4
-
-
-class NetworkConditions(ApiModel):
-    """Emulated network between the workers (Linux tc on each worker pod's interface, egress: htb for the rate,
-    netem for delay and loss).
-
-    Applied by an init container with NET_ADMIN, which leaves the restricted Pod Security profile: the operator
-    refuses it unless its admin allows it (MLBENCH_ALLOW_NETWORK_EMULATION). Recorded in the run's result.
-    """
-
-    model_config = ConfigDict(json_schema_extra=_network_rules)
-
-    bandwidth_mbit: Annotated[float, Field(gt=0, le=400_000)] | None = None
-    """Egress rate of each worker in Mbit/s (an htb class); unset: not limited."""
-    latency_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
-    """Delay added to every packet a worker sends, in milliseconds (a round trip gains twice this)."""
-    jitter_ms: Annotated[float, Field(ge=0, le=10_000)] | None = None
-    """Random variation of latencyMs, in milliseconds (needs latencyMs)."""
-    loss_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
-    """Percentage of sent packets dropped at random (TCP retransmits them: the cost shows as time)."""
-
-    def ssh_handshake_delay(self) -> int:
-        """Whole seconds this delay (latency plus jitter, on either side's egress) adds to an ssh connect and
-        handshake (:data:`SSH_HANDSHAKE_ROUND_TRIPS`): what ssh's ConnectTimeout and sshd's LoginGraceTime must
-        allow on top (5 s of latency made every launch time out in the banner exchange)."""
-        one_way = ((self.latency_ms or 0.0) + (self.jitter_ms or 0.0)) / 1000
-        return math.ceil(2 * SSH_HANDSHAKE_ROUND_TRIPS * one_way)
-
-    @model_validator(mode="after")
-    def _rules(self) -> NetworkConditions:
-        if self.bandwidth_mbit is None and self.latency_ms is None and self.loss_percent is None:
-            raise ValueError("set at least one of bandwidthMbit, latencyMs, lossPercent")
-        if self.jitter_ms is not None and self.latency_ms is None:
-            raise ValueError("jitterMs: needs latencyMs")
-        return self
 
 
 class Bucketing(StrEnum):
@@ -218,121 +112,6 @@ class RunOverrides(ApiModel):
     def names(self) -> list[str]:
         """The overridden hyperparameters, by wire name."""
         return sorted(self.model_dump(by_alias=True, exclude_none=True))
-
-
-class Toleration(ApiModel):
-    """A core/v1 Toleration, copied to every pod of the run."""
-
-    key: Annotated[str, Field(max_length=316)] | None = None
-    """Taint key to tolerate; empty with operator Exists tolerates every taint."""
-    operator: Literal["Exists", "Equal"] | None = None
-    """Exists (any value) or Equal (the value below); Kubernetes' default is Equal."""
-    value: Annotated[str, Field(max_length=63)] | None = None
-    """Taint value to match with operator Equal."""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    """Taint effect to tolerate; unset tolerates all effects."""
-    toleration_seconds: SafeInt | None = None
-    """With effect NoExecute: seconds the pod stays bound after the taint appears; unset: forever."""
-
-
-class Placement(StrEnum):
-    """Where the workers go relative to each other (the scheduler decides the rest)."""
-
-    ANY = "Any"
-    """Wherever the scheduler puts them, several on one node included."""
-    ONE_WORKER_PER_NODE = "OneWorkerPerNode"
-    """Every worker of a world on a node of its own (required pod anti-affinity on kubernetes.io/hostname): the
-    seeds' scaling environment, where every message between workers crosses the network. A run with more workers
-    than fitting nodes waits Unschedulable."""
-    SPREAD = "Spread"
-    """Spread over nodes as evenly as they allow (topology spread, maxSkew 1, best effort)."""
-
-
-class Gang(ApiModel):
-    """All-or-nothing scheduling of the workers by the scheduler-plugins coscheduling plugin: a PodGroup
-    (scheduling.x-k8s.io/v1alpha1) with minMember = spec.workers, and every worker naming it and its scheduler.
-    The launcher is no member: it is created only once every worker is Ready."""
-
-    schedule_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
-    """The PodGroup's scheduleTimeoutSeconds: how long the scheduler holds a partial gang before releasing it
-    (unset: the plugin's own default)."""
-    scheduler_name: Name | None = None
-    """The scheduler the workers use (its profile runs coscheduling); unset: the operator's
-    MLBENCH_GANG_SCHEDULER_NAME (default scheduler-plugins-scheduler)."""
-
-
-class Scheduling(ApiModel):
-    """Where the run's pods may go: applied to the workers, the launcher and the dataset fetch Job's pods."""
-
-    placement: Placement | None = None
-    """Where the workers go relative to each other: Any (default), OneWorkerPerNode or Spread."""
-
-    node_selector: (
-        Annotated[dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]], Field(max_length=32)] | None
-    ) = None
-    """Node labels every pod requires (the pods' nodeSelector)."""
-    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
-    """Taints the pods tolerate."""
-    priority_class_name: Annotated[str, Field(max_length=253)] | None = None
-    """PriorityClass of the pods (it must exist)."""
-    gang: Gang | None = None
-    """Gang-schedule the workers with the coscheduling plugin (its PodGroup CRD must be installed); unset: the
-    default scheduler, one pod at a time."""
-
-
-class CheckpointPolicy(ApiModel):
-    """Epoch-end checkpoints, so that a gang restart continues the run instead of training from epoch 0."""
-
-    claim_name: Name
-    """The PersistentVolumeClaim (run's namespace) for the checkpoints, mounted on every worker at /checkpoints;
-    rank 0 writes <namespace>/<run>-<uid>/checkpoint.mlbc there after each epoch. Writable by UID/fsGroup 1000;
-    ReadWriteMany when workers may land on several nodes."""
-
-
-class CleanPodPolicy(StrEnum):
-    """What to delete when a run finishes (Kubeflow's meanings)."""
-
-    RUNNING = "Running"  #: delete unfinished pods (launcher included); keep finished ones for their logs
-    ALL = "All"  #: delete every pod
-    NONE = "None"  #: keep every pod
-
-
-#: The longest wait between two attempts after a startup deadline (runPolicy.startupBackoffSeconds doubles up to it).
-STARTUP_BACKOFF_MAX_SECONDS = 3600
-
-
-class RunPolicy(ApiModel):
-    """Restarts, deadline and cleanup; the one part of the spec that may change after creation."""
-
-    active_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = Field(
-        default=None,
-        description="Seconds from status.startTime (admission; a dataset fetch counts) until the run fails with "
-        "DeadlineExceeded (1 to 2^31-1, as for a Pod). Unset: no deadline. On a run, once set it may be lowered, "
-        "not raised or removed (every pod carries it).",
-    )
-    max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
-    """Gang restarts allowed, 0 to 100 (default 3): any failed pod restarts every pod; the next failure after this
-    many fails the run."""
-    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
-    """Pods deleted when the run ends: Running (default: unfinished pods; finished ones kept for logs), All, or None."""
-    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = Field(
-        default=None,
-        description="Seconds after status.completionTime until the run and everything it owns is deleted "
-        "(0 to 2^31-1, as for a Job). Unset: kept until deleted.",
-    )
-    progress_deadline_seconds: Annotated[int, Field(ge=10, le=MAX_INT32)] | None = None
-    """Seconds the training step counter (status.progress.step) may stand still while Running before the run is
-    marked Stalled=True with reason NoProgress and a Warning Event (default 600). The run is not stopped: use
-    activeDeadlineSeconds for that. Only once a step was seen (rank 0's metrics reachable)."""
-    startup_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
-    """Seconds from an attempt's first pod until every worker is Ready and the launcher runs (default 600).
-    Past it the pods are deleted, the pods' reasons (Unschedulable, ImagePullBackOff, ...) recorded, and the run
-    retried after startupBackoffSeconds (not counted against maxRestarts) or failed (StartupDeadlineExceeded)."""
-    startup_retries: Annotated[int, Field(ge=0, le=100)] = 3
-    """New attempts after a startup deadline passed, 0 to 100 (default 3); the next one past it fails the run."""
-    startup_backoff_seconds: Annotated[int, Field(ge=0, le=STARTUP_BACKOFF_MAX_SECONDS)] = 60
-    """Wait before the first new attempt after a startup deadline (default 60 s, 0 to 3600); it doubles with each
-    further one, up to 3600 s (Kueue's requeuing backoff)."""
 
 
 #: The runner's DDP wraps torch.distributed (gloo or nccl); backend mpi goes through mpi4py, which DDP cannot use.
@@ -547,192 +326,6 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_NOT_WITH_NETEM}")
         if self.scheduling is None or self.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
             raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_ONE_PER_NODE}")
-
-
-class Phase(StrEnum):
-    SUSPENDED = contract.SUSPENDED  #: spec.suspend, or queued (Kueue): no pods
-    PENDING = "Pending"
-    STARTING = "Starting"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-#: The phases a run never leaves (members equal their strings: ``status.get("phase") in TERMINAL`` reads the wire).
-TERMINAL: tuple[Phase, ...] = (Phase.SUCCEEDED, Phase.FAILED)
-
-
-class WorkerCounts(ApiModel):
-    """How many worker pods exist and are Ready."""
-
-    ready: Annotated[int, Field(ge=0)] = 0
-    """Worker pods of the current attempt that are Ready (sshd answering)."""
-    total: Annotated[int, Field(ge=0)] = 0
-    """Worker pods the run wants (spec.workers)."""
-
-
-class Progress(ApiModel):
-    """Live view scraped from rank 0; best effort."""
-
-    epoch: Annotated[Finite, Field(ge=0)] | None = None
-    """Epochs done so far, fractional (2.5 = half way through the third)."""
-    step: Annotated[int, Field(ge=0, le=MAX_SAFE_INT)] | None = None
-    """Optimizer steps done so far."""
-    last_accuracy: Annotated[Finite, Field(ge=0, le=1)] | None = None
-    """Accuracy (fraction) of the latest evaluation."""
-    accuracy: Annotated[str, Field(max_length=16)] | None = None
-    """lastAccuracy as a percentage with one decimal (``81.2%``)."""
-    last_score: Annotated[Finite, Field(ge=0)] | None = None
-    """The task's goal metric (goal.metric) at the latest evaluation: an accuracy as a fraction, BLEU (0 to 100),
-    a perplexity or a loss. For an accuracy goal the same as lastAccuracy."""
-    score: Annotated[str, Field(max_length=24)] | None = None
-    """lastScore as the column ``kubectl get br`` shows it, in the metric's own form: ``81.2%``, ``24.3 BLEU``,
-    ``ppl 71.2``, ``loss 0.412``."""
-    samples_per_second: Annotated[Finite, Field(ge=0)] | None = None
-    """Global training throughput so far: samples of all ranks per second of step time."""
-    updated_at: datetime | None = None
-    """When the operator last read these figures (RFC 3339)."""
-    step_changed_at: datetime | None = None
-    """When the step counter was last seen to move (RFC 3339); what runPolicy.progressDeadlineSeconds measures."""
-
-
-class RunResult(ApiModel):
-    """The final figures, copied from the launcher's termination message."""
-
-    goal_reached: bool
-    """Whether the selected target (spec.goal) was reached."""
-    time_to_goal_seconds: Finite | None = None
-    """Seconds from the run's start (before data loading) to the end of the evaluation that first met the target."""
-    time_to_goal: Annotated[str, Field(max_length=32)] | None = None
-    """timeToGoalSeconds as a duration (``6.5s``, ``4m07s``, ``1h02m09s``), the column ``kubectl get br`` shows."""
-    best_accuracy: Finite | None = None
-    """Best accuracy (fraction) of any evaluation."""
-    final_accuracy: Finite | None = None
-    """Accuracy (fraction) of the last evaluation."""
-    goal_metric: GoalMetric | None = None
-    """The metric the goal compares (the task's goal.metric); bestScore and finalScore are values of it."""
-    best_score: Finite | None = None
-    """The goal metric's best value of any evaluation (the lowest for perplexity and loss)."""
-    final_score: Finite | None = None
-    """The goal metric's value at the last evaluation."""
-    bleu_signature: Annotated[str, Field(max_length=256)] | None = None
-    """A BLEU goal: sacrebleu's signature, saying how BLEU was computed (tokenizer, smoothing, version)."""
-    epochs: Finite | None = None
-    """Epochs trained, fractional (steps / steps per epoch)."""
-    wall_clock_seconds: Finite | None = None
-    """Seconds from the run's start to its stop, evaluation and set-up included (one-time data decoding excluded)."""
-    compute_seconds: Finite | None = None
-    """Seconds of forward + backward + optimizer on rank 0 (with ddp, backward includes its overlapped all-reduce)."""
-    communication_seconds: Finite | None = None
-    """Seconds rank 0 spent in the gradient all-reduce, waiting for the slowest rank included (0 with ddp)."""
-    samples_per_second: Finite | None = None
-    """Global training throughput: samples of all ranks / summed step time."""
-    world_size: SafeInt | None = None
-    """Processes that trained (workers x slotsPerWorker)."""
-    resumes: SafeInt | None = None
-    """Times the run continued from its epoch-end checkpoint after a gang restart (spec.checkpoint; 0: never)."""
-    bytes_per_step: SafeInt | None = None
-    """Payload bytes each rank sent per step (the algorithm's declaration; status.results has the full record)."""
-    compression_ratio: Finite | None = None
-    """Uncompressed (allreduce-sgd) bytes per step / bytesPerStep: above 1, the algorithm sends less."""
-    peak_bus_bandwidth: Annotated[dict[str, Finite], Field(max_length=8)] | None = None
-    """Collectives tasks: the highest bus bandwidth in bytes per second of each operation (all-reduce, all-gather,
-    broadcast) over the sizes swept, as nccl-tests defines busbw; status.results has every size."""
-    image: Annotated[str, Field(max_length=512)] | None = None
-    """The runner image the run asked for (spec.image or the task's runner.image)."""
-    image_ids: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=8)] | None = None
-    """The image digests the ranks' containers actually ran (the kubelet's imageID of every worker, deduplicated):
-    what a tag pointed to at run time. More than one means the tag moved during the run."""
-
-
-#: Interrupted results collections (``status.results.attempts``) after which the operator gives up.
-MAX_COLLECT_ATTEMPTS = 3
-
-
-class ResultsRef(ApiModel):
-    """Where the run's full results (summary with history, event log, config) are kept, or why not.
-
-    ``mlbench results <namespace>/<run>`` downloads them; the ConfigMap is owned by the run.
-    """
-
-    config_map: Annotated[str, Field(max_length=253)] | None = Field(
-        default=None, description="ConfigMap holding the gzip files (binaryData)."
-    )
-    files: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = None
-    """Keys of the ConfigMap's binaryData, e.g. summary.json.gz, events.jsonl.gz, config.json.gz."""
-    compressed_bytes: Annotated[int, Field(ge=0)] | None = None
-    """Total size of the kept files, gzip-compressed, in bytes."""
-    truncated: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=MAX_RESULT_FILES)] | None = (
-        Field(default=None, description="Files cut to fit the 1 MiB ConfigMap limit (the event log only).")
-    )
-    collected_at: datetime | None = None
-    """When the operator wrote the ConfigMap (RFC 3339)."""
-    message: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="Why no results were kept (e.g. the launcher never ran mpirun)."
-    )
-    failing_since: datetime | None = None
-    """When reading the launcher's log (or keeping its files) first failed (RFC 3339); the operator retries
-    for MLBENCH_RESULTS_WAIT_SECONDS (60 s) from then before it records why nothing was kept."""
-    attempts: Annotated[int, Field(ge=0, le=MAX_COLLECT_ATTEMPTS)] | None = None
-    """Collections started and not yet ended, recorded before the launcher's log is read: one that an operator
-    restart interrupted counts, and after MAX_COLLECT_ATTEMPTS of them the operator gives up instead of
-    reading the same log again after every restart."""
-
-
-class LauncherRecord(ApiModel):
-    """The launcher pod the operator created for an attempt: the UID the API server answered its create with.
-    Only that pod is the run's launcher (its exit and termination message are the run's result); another pod
-    of the launcher's name, even one carrying the run's ownerReference and labels, is not."""
-
-    uid: Annotated[str, Field(min_length=1, max_length=64)]
-    """The UID the API server answered the operator's launcher create with."""
-    attempt: Annotated[int, Field(ge=0)]
-    """The attempt (status.restarts when it was created) the launcher belongs to."""
-
-
-class BenchmarkRunStatus(ApiModel):
-    """What the operator observed; written only by the operator (the status subresource)."""
-
-    phase: Phase | None = None
-    """Pending (admitted; dataset, workers being created or scheduled), Starting (waiting for Ready and the
-    launcher), Running (launcher running), then Succeeded or Failed. A gang restart goes back to Pending."""
-    conditions: Annotated[list[Condition], Field(max_length=16)] | None = Field(
-        default=None,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    """DatasetReady, WorkersReady, Running, GoalReached, Succeeded, Failed and Restarted, one of each type; the
-    reason of Failed is the cause (e.g. OOMKilled, TaskNotFound)."""
-    observed_generation: int | None = None
-    """The metadata.generation of the spec this status reflects."""
-    start_time: datetime | None = None
-    """When the operator admitted the run (RFC 3339); runPolicy.activeDeadlineSeconds counts from here."""
-    completion_time: datetime | None = None
-    """When the run succeeded or failed (RFC 3339); runPolicy.ttlSecondsAfterFinished counts from here."""
-    workers: WorkerCounts | None = None
-    """Worker pods ready and wanted."""
-    restarts: Annotated[int, Field(ge=0)] | None = None
-    """Gang restarts so far (the current attempt's number); at most runPolicy.maxRestarts plus disruptionRestarts
-    plus startupTimeouts."""
-    disruption_restarts: Annotated[int, Field(ge=0)] | None = None
-    """Of those, the restarts a disruption caused (a drain, an eviction, a preemption, a lost node: a pod with the
-    DisruptionTarget condition); they do not count against runPolicy.maxRestarts."""
-    startup_timeouts: Annotated[int, Field(ge=0)] | None = None
-    """Of those, the restarts after runPolicy.startupDeadlineSeconds passed (the attempt's pods released); they do
-    not count against runPolicy.maxRestarts but against runPolicy.startupRetries."""
-    startup_retry_at: datetime | None = None
-    """When the attempt after the last startup timeout may create its pods (RFC 3339): the backoff's end."""
-    progress: Progress | None = None
-    """Live figures from rank 0's metrics, refreshed about every 30 s while Running; best effort."""
-    result: RunResult | None = None
-    """The final figures, from the launcher's termination message; set when the launcher has finished."""
-    results: ResultsRef | None = None
-    """Where the full results are kept (ConfigMap <run>-results), or why they are not."""
-    launcher: LauncherRecord | None = None
-    """The launcher the operator created for the current (or last) attempt."""
-    message: Annotated[str, Field(max_length=32768)] | None = None
-    """One line for humans: what the run is doing or why it failed."""
-    task_snapshot: BenchmarkTaskSpec | None = None
-    """The task's spec as copied at admission; the run (gang restarts included) uses it, not later task edits."""
 
 
 class BenchmarkRun(ApiModel):

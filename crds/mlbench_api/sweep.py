@@ -25,17 +25,10 @@ from pydantic.json_schema import JsonDict
 from mlbench_api.catalog import strict_validate
 from mlbench_api.common import API_VERSION, DNS1035_LABEL, GROUP, ApiModel, Condition, ObjectMeta, cel, re2_search
 from mlbench_api.errors import format_errors
-from mlbench_api.run import (
-    DDP_NEEDS_TORCH_BACKEND,
-    MAX_RUN_NAME,
-    MAX_WORKERS,
-    PARAMETER_DEFAULTS,
-    Algorithm,
-    AlgorithmParameters,
-    Backend,
-    BenchmarkRunSpec,
-    Phase,
-)
+from mlbench_api.parameters import PARAMETER_DEFAULTS, AlgorithmParameters
+from mlbench_api.run import DDP_NEEDS_TORCH_BACKEND, MAX_RUN_NAME, MAX_WORKERS, Backend, BenchmarkRunSpec
+from mlbench_api.runstatus import Phase
+from mlbench_api.training import Algorithm
 
 #: Most runs one sweep may expand to (the product of the matrix's list lengths).
 MAX_SWEEP_RUNS = 256

@@ -12,14 +12,19 @@ from typing import Any
 
 from mlbench_api.common import GROUP, VERSION
 from mlbench_api.contract import FAILED
-from mlbench_api.display import duration, percent
+from mlbench_api.display import duration, epoch, percent
 from mlbench_api.download import ResultsUnavailable, _clients, _why
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 
 #: The run ended Succeeded.
 EXIT_SUCCEEDED = 0
-#: The run ended Failed, was deleted while watched, or cannot be watched (the cluster, the run not found).
+#: The run ended Failed.
 EXIT_FAILED = 1
+# 2 is EXIT_BAD_INPUT (mlbench_api.badinput): no <namespace>/<run>, an unknown flag.
+#: The run was deleted while watched: it has no outcome.
+EXIT_DELETED = 3
+#: The run cannot be watched: not found, forbidden, or the cluster cannot be reached.
+EXIT_UNAVAILABLE = 4
 #: Seconds of one watch request before it is renewed (the API server ends a watch after at most its own limit).
 WATCH_SECONDS = 300
 
@@ -46,7 +51,7 @@ def status_line(obj: Mapping[str, Any]) -> str:
     progress = status.get("progress") or {}
     result = status.get("result") or {}
     if isinstance(progress.get("epoch"), int | float):
-        parts.append(f"epoch {progress['epoch']:g}")
+        parts.append(f"epoch {epoch(progress['epoch'])}")
     if isinstance(progress.get("score"), str):
         parts.append(f"score {progress['score']}")
     elif isinstance(progress.get("lastAccuracy"), int | float):  # an operator older than status.progress.score
@@ -68,7 +73,7 @@ def status_line(obj: Mapping[str, Any]) -> str:
 def outcome(event_type: str, obj: Mapping[str, Any]) -> int | None:
     """The exit code this watch event ends the watch with; None while the run goes on."""
     if event_type == "DELETED":
-        return EXIT_FAILED
+        return EXIT_DELETED
     phase = _status(obj).get("phase")
     if phase == Phase.SUCCEEDED:
         return EXIT_SUCCEEDED
@@ -77,15 +82,17 @@ def outcome(event_type: str, obj: Mapping[str, Any]) -> int | None:
     return None
 
 
-def follow_events(
-    events: Iterable[tuple[str, Mapping[str, Any]]], say: Callable[[str], None], last: str = ""
-) -> tuple[int | None, str]:
-    """Print each new status line of ``events`` (type, object); the outcome that ended them (None: they ran out,
-    the watch must be renewed) and the last line printed."""
+#: How a change is said: its status line and the run it was made from (``-o json`` prints the run).
+Say = Callable[[str, Mapping[str, Any]], None]
+
+
+def follow_events(events: Iterable[tuple[str, Mapping[str, Any]]], say: Say, last: str = "") -> tuple[int | None, str]:
+    """Say each event (type, object) whose status line is new; the outcome that ended them (None: they ran out,
+    the watch must be renewed) and the last line said."""
     for event_type, obj in events:
         line = "deleted while watched" if event_type == "DELETED" else status_line(obj)
         if line != last:
-            say(line)
+            say(line, obj)
             last = line
         code = outcome(event_type, obj)
         if code is not None:
@@ -93,9 +100,7 @@ def follow_events(
     return None, last
 
 
-def follow(
-    namespace: str, run: str, say: Callable[[str], None], *, kubeconfig: str | None = None, context: str | None = None
-) -> int:
+def follow(namespace: str, run: str, say: Say, *, kubeconfig: str | None = None, context: str | None = None) -> int:
     """Watch ``namespace/run`` until it ends (ResultsUnavailable: the cluster or the run cannot be read)."""
     # Lazy: kubernetes is the `cli` extra's; the runner image imports this module without it.
     import urllib3  # noqa: PLC0415

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from mlbench_api.datasets import FetchFailure
+from mlbench_api.datasets import FetchFailure, redact_urls
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import DatasetReason
 
@@ -67,7 +67,7 @@ def _unclassified(pods: Sequence[Mapping[str, Any]]) -> str:
         status = pod.get("status") or {}
         term = _terminated(pod) or {}
         if status.get("phase") == "Failed":
-            text = (term.get("message") or status.get("message") or "").strip()
+            text = redact_urls(term.get("message") or status.get("message") or "").strip()
             code = term.get("exitCode")
             detail = f"pod {(pod.get('metadata') or {}).get('name')} exited with code {code}"
             return f"{detail}: {text[-1024:]}" if text else detail
@@ -91,53 +91,18 @@ def _pending_detail(pods: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def _containers(job: Mapping[str, Any]) -> list[tuple[Any, Any]]:
-    spec = (((job.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    return [(x.get("image"), x.get("command")) for x in spec.get("containers") or []]
-
-
-def _volumes(job: Mapping[str, Any]) -> Any:
-    return ((((job.get("spec") or {}).get("template") or {}).get("spec")) or {}).get("volumes")
-
-
-def not_trusted(found: Mapping[str, Any], built: Mapping[str, Any]) -> str | None:
-    """Why the Job ``found`` under the fetch Job's name is not the one the operator builds (``built``), or None.
-
-    Its labels (managed-by, dataset, key) and annotations (sha256, store entry) must be ``built``'s, and so must
-    its pod template's image, command and volumes (immutable once the Job exists): a Job made by anyone else,
-    or for other data, is never taken for this run's fetch, whatever its name and ``Complete`` condition say.
-    """
-    meta, want = found.get("metadata") or {}, built.get("metadata") or {}
-    for kind in ("labels", "annotations"):
-        have = meta.get(kind) or {}
-        for key, value in (want.get(kind) or {}).items():
-            if have.get(key) != value:
-                return f"its {kind[:-1]} {key} is {have.get(key)!r}, not {value!r}"
-    if _containers(found) != _containers(built):
-        return "its pod template runs another image or command than the operator's fetch-dataset"
-    if _volumes(found) != _volumes(built):
-        return "its pod template mounts other volumes than the namespace's dataset volume"
-    return None
-
-
 def fetch_state(
     job_name: str,
     job: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
     admitted_at: datetime | None,
     volume: str,
-    *,
-    built: Mapping[str, Any] | None = None,
 ) -> FetchState:
-    """The next step for a run waiting for its dataset; ``pods`` are the Job's pods (any order); ``built``: the Job
-    the operator would create (:func:`not_trusted`; None only in tests of the Job's own states)."""
+    """The next step for a run waiting for its dataset; ``pods`` are the Job's pods (any order). ``job`` is the
+    operator's own (:func:`mlbench_operator.run.ownership.shared_not_ours` passed it; else :func:`name_conflict`)."""
     fetching = DatasetReason.FETCHING
     if job is None:
         return FetchState(FetchAction.CREATE, fetching, f"creating the fetch Job {job_name}")
-    why = not_trusted(job, built) if built is not None else None
-    if why is not None:
-        text = f"the Job {job_name} is not the operator's fetch Job for this dataset ({why}); it is not trusted"
-        return FetchState(FetchAction.WAIT, DatasetReason.NAME_CONFLICT, text + " and not deleted: delete it")
     if (job.get("metadata") or {}).get("deletionTimestamp"):
         return FetchState(FetchAction.WAIT, fetching, f"waiting for the old fetch Job {job_name} to be deleted")
     if _condition(job, "Complete") is not None:
@@ -179,6 +144,12 @@ def _failed_job(
     detail = _unclassified(pods) or failed.get("message") or ""
     text = f"fetch Job {job_name} failed ({reason})" + (f": {detail}" if detail else "")
     return FetchState(FetchAction.FAIL, DatasetReason.FETCH_FAILED, text)
+
+
+def name_conflict(text: str) -> FetchState:
+    """The dataset volume's or the fetch Job's name is held by an object the operator did not create: the run waits
+    (``NameConflict``, ``text`` naming the object and why), never using it nor replacing it."""
+    return FetchState(FetchAction.WAIT, DatasetReason.NAME_CONFLICT, text)
 
 
 def refused(code: int, detail: str, volume: str, job_name: str) -> FetchState:

@@ -12,11 +12,18 @@ from typing import Any
 
 from mlbench_api import contract
 from mlbench_api.datasets import MARKER_SUFFIX, store_name
-from mlbench_api.task import DatasetSource
+from mlbench_api.dataspec import DatasetSource, DatasetSpec
 
 Obj = dict[str, Any]
 #: The pod volume that holds the dataset (the workers' and the fetch Job's).
 VOLUME = "data"
+
+
+def sourced(dataset: DatasetSpec) -> tuple[DatasetSource, str]:
+    """The source and path of a dataset the operator fetches (the API guarantees a path with a source)."""
+    if dataset.source is None or dataset.path is None:
+        raise ValueError(f"dataset {dataset.name!r} has no source to fetch")
+    return dataset.source, dataset.path
 
 
 def store_entry(source: DatasetSource) -> str:

@@ -1,7 +1,7 @@
 """The few Kubernetes API calls the reconciler makes, as raw JSON over the client's transport.
 
-Raw dicts rather than the typed client models: the objects come from :mod:`.builders` as
-dicts, and skipping model (de)serialisation matters when a run creates 1000 pods. Every call
+Raw dicts rather than the typed client models: the objects come from the builders (:mod:`.runobjects`,
+:mod:`.runpods`, ...) as dicts, and skipping model (de)serialisation matters when a run creates 1000 pods. Every call
 is counted in ``mlbench_operator_api_requests_total``. Calls are blocking; the async glue
 runs them on a bounded thread pool (:meth:`Kube.run`).
 """
@@ -23,6 +23,7 @@ from kubernetes import config as k8s_config
 from mlbench_api.common import GROUP, VERSION
 from mlbench_operator import __version__
 from mlbench_operator import metrics as m
+from mlbench_operator.liveness import Progress
 
 T = TypeVar("T")
 USER_AGENT = f"mlbench-operator/{__version__}"
@@ -106,6 +107,16 @@ def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
     return cfg
 
 
+#: Objects per page of every listing the operator makes (and kopf's ``watching.chunk_size``): a listing of
+#: every pod in a big cluster is fetched and decoded 500 objects at a time, not as one response.
+PAGE_SIZE = 500
+
+
+def page_query(query: list[tuple[str, str]], limit: int, token: str) -> list[tuple[str, str]]:
+    """The query of one page of a listing: ``query`` plus ``limit``, and ``continue`` after the first page."""
+    return [*query, ("limit", str(limit)), *([("continue", token)] if token else [])]
+
+
 class Kube:
     """Thread-safe, counted API access for the reconciler."""
 
@@ -113,14 +124,20 @@ class Kube:
         self.api = k8s.ApiClient(configuration or load_configuration())
         self.api.user_agent = USER_AGENT
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        #: Calls in and out of the pool: what the liveness probe judges (:func:`.liveness.verdict`).
+        self.progress = Progress()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call on the pool without blocking kopf's event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run a blocking call on the pool without blocking kopf's event loop (counted in :attr:`progress`)."""
+        self.progress.started()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.progress.finished()
 
     # -- transport -------------------------------------------------------------------------------
     def request(
@@ -274,11 +291,33 @@ class Kube:
         if errors:
             raise errors[0]
 
+    def pages(
+        self, path: str, query: list[tuple[str, str]], resource: str
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A listing page by page (:data:`PAGE_SIZE` objects each, decoded one at a time): each page's objects
+        and the listing's resourceVersion (the same on every page: one consistent snapshot). A continue token
+        that expired (410) raises :class:`ApiError`: the caller lists again."""
+        token = ""
+        while True:
+            answer = self.request("GET", path, query=page_query(query, PAGE_SIZE, token), resource=resource) or {}
+            meta = answer.get("metadata") or {}
+            yield list(answer.get("items") or []), str(meta.get("resourceVersion") or "")
+            token = str(meta.get("continue") or "")
+            if not token:
+                return
+
+    def _list(self, path: str, query: list[tuple[str, str]], resource: str) -> list[dict[str, Any]]:
+        return [obj for items, _ in self.pages(path, query, resource) for obj in items]
+
     def list_objects(self, path: str, selector: str, resource: str) -> tuple[list[dict[str, Any]], str]:
         """The objects of a collection (e.g. ``/api/v1/pods``) matching a label selector, and the listing's
-        resourceVersion (where a :meth:`watch` of it starts)."""
-        answer = self.request("GET", path, query=[("labelSelector", selector)], resource=resource) or {}
-        return list(answer.get("items") or []), str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        resourceVersion (where a :meth:`watch` of it starts); paginated (:meth:`pages`)."""
+        objs: list[dict[str, Any]] = []
+        version = ""
+        for items, page_version in self.pages(path, [("labelSelector", selector)], resource):
+            objs.extend(items)
+            version = page_version
+        return objs, version
 
     def watch(
         self,
@@ -331,10 +370,7 @@ class Kube:
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""
-        answer = self.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", selector)], resource="pods"
-        )
-        return list((answer or {}).get("items") or [])
+        return self._list(f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", selector)], "pods")
 
     def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events of ``namespace`` matching ``field_selector`` (e.g. one pod's warnings)."""
@@ -384,14 +420,22 @@ class Kube:
             if err.status != 404:
                 raise
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.request(
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
+        """Merge-patch a run's status; returns the run's new resourceVersion. Given ``resource_version`` (the
+        version the status was computed from), the patch carries it and the API server refuses it with 409
+        Conflict when the run changed since: a deposed leader's late write cannot land (see
+        :func:`.runtime.fence_version`)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        answer = self.request(
             "PATCH",
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns/{name}/status",
-            {"status": status},
+            body,
             content_type="application/merge-patch+json",
             resource="benchmarkruns/status",
         )
+        return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
 
     def patch_running_progress(
         self, namespace: str, name: str, progress: dict[str, Any], restarts: int | None = None
@@ -437,13 +481,8 @@ class Kube:
     # -- BenchmarkSweeps and their runs ----------------------------------------------------------
     def list_runs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """BenchmarkRuns of a namespace matching a label selector (a sweep's runs)."""
-        answer = self.request(
-            "GET",
-            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns",
-            query=[("labelSelector", selector)],
-            resource="benchmarkruns",
-        )
-        return list((answer or {}).get("items") or [])
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarkruns"
+        return self._list(path, [("labelSelector", selector)], "benchmarkruns")
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One BenchmarkRun, or None when it does not exist."""
@@ -472,11 +511,16 @@ class Kube:
             raise
         return True
 
-    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.request(
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
+        """Merge-patch a sweep's status, fenced like :meth:`patch_run_status`; returns the new resourceVersion."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        answer = self.request(
             "PATCH",
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/benchmarksweeps/{quote(name)}/status",
-            {"status": status},
+            body,
             content_type="application/merge-patch+json",
             resource="benchmarksweeps/status",
         )
+        return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")

@@ -53,6 +53,8 @@ Spec = dict[str, Any]
 JITTER_FACTOR = 1.2
 DEFAULT_NAME = "mlbench-operator"
 DEFAULT_NAMESPACE = "mlbench-system"
+#: A standby repeats whom it waits for at most this often (and at once when the holder changes).
+STANDBY_REPORT_SECONDS = 60.0
 _DNS1123_LABEL = re.compile(DNS1123_LABEL)
 _DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
 _TRUE = ("1", "true", "yes", "on")
@@ -372,7 +374,14 @@ class Elector:
     _pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="lease")
     )
-    _seen_holder: str | None = None
+    #: time.monotonic() when this replica took the Lease (None while standing by).
+    leading_since: float | None = None
+    #: The holder last reported (logged) while standing by, and when.
+    _reported: tuple[str, datetime] | None = None
+
+    @property
+    def seen_holder(self) -> str | None:
+        return self._reported[0] if self._reported is not None else None
 
     @property
     def identity(self) -> str:
@@ -407,16 +416,23 @@ class Elector:
         return decision
 
     def _note_holder(self, holder: str) -> None:
-        if holder != self._seen_holder:
-            self._seen_holder = holder
-            until = expiry(self.observed, self.settings) if self.observed is not None else None
-            log.info(
-                "leader_standby",
-                holder=holder,
-                identity=self.identity,
-                lease=self._lease_name(),
-                expires=micro_time(until) if until is not None else None,
-            )
+        """Say whom this standby waits for: a log line when the holder changes, then at most every
+        :data:`STANDBY_REPORT_SECONDS`; the :data:`~.metrics.LEADER_WAITING_FOR` gauge at every attempt."""
+        now = self.clock()
+        rec = self.observed.record if self.observed is not None else LeaseRecord()
+        _waiting_for(holder, rec.renew_time)
+        if not standby_report_due(self._reported, holder, now):
+            return
+        self._reported = (holder, now)
+        until = expiry(self.observed, self.settings) if self.observed is not None else None
+        log.info(
+            "leader_standby",
+            holder=holder,
+            renew_time=rec.renew_time,
+            identity=self.identity,
+            lease=self._lease_name(),
+            expires=micro_time(until) if until is not None else None,
+        )
 
     def _lease_name(self) -> str:
         return f"{self.settings.namespace}/{self.settings.name}"
@@ -444,7 +460,9 @@ class Elector:
             else:
                 if decision.action is not Action.STANDBY:
                     self.leading = True
+                    self.leading_since = time.monotonic()
                     m.LEADER.set(1)
+                    m.LEADER_WAITING_FOR.clear()
                     log.info(
                         "leader_acquired",
                         identity=self.identity,
@@ -525,27 +543,76 @@ class Elector:
         self.client.close()
 
 
+def standby_report_due(
+    reported: tuple[str, datetime] | None, holder: str, now: datetime, every: float = STANDBY_REPORT_SECONDS
+) -> bool:
+    """Whether a standby logs whom it waits for now: at the first attempt, when the holder changed, and
+    otherwise once every ``every`` seconds (an attempt every ~2 s would flood the log)."""
+    if reported is None or reported[0] != holder:
+        return True
+    return (now - reported[1]).total_seconds() >= every
+
+
+def _waiting_for(holder: str, renew_time: str | None) -> None:
+    """The standby's gauge: one series, the holder's, valued with the Lease's renewTime."""
+    m.LEADER_WAITING_FOR.clear()
+    if holder:
+        m.LEADER_WAITING_FOR.labels(holder).set(_epoch(renew_time))
+
+
+def _epoch(stamp: str | None) -> float:
+    """A MicroTime as Unix seconds; 0 when absent or unreadable (a holder's record is not ours to trust)."""
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 # -- the standby's liveness endpoint ------------------------------------------------------------------
+#: A replica that leads answers the probe itself until kopf serves it (after the first sync), for at most this long.
+SYNC_DEADLINE_SECONDS = 300.0
+
+
+def syncing_verdict(leading_since: float | None, now: float, limit: float = SYNC_DEADLINE_SECONDS) -> str | None:
+    """None: alive (standing by, or leading and in the first sync for no longer than ``limit``); else why not."""
+    if leading_since is None or now - leading_since <= limit:
+        return None
+    return f"leading for {now - leading_since:.0f}s and the first sync is not done (limit {limit:.0f}s)"
+
+
 async def serve_liveness(endpoint: str, elector: Elector) -> Callable[[], Awaitable[None]]:
-    """Answer the liveness probe while standing by (kopf serves it once this replica leads);
-    returns the coroutine function that stops serving (before kopf binds the same port)."""
+    """Answer the liveness probe while standing by and, once this replica leads, during kopf's first sync
+    (kopf serves the probe only after its startup handlers, the pod listing among them: the gap would fail a
+    slow start). Returns the coroutine function that stops serving (once; before kopf binds the same port)."""
     parts = urlsplit(endpoint)
     if parts.scheme != "http":
         raise SettingsError(f"--liveness={endpoint!r}: only http:// is supported")
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"leader": False, "holder": elector._seen_holder, "lease": elector._lease_name()})
+        why = syncing_verdict(elector.leading_since, time.monotonic())
+        body = {"leader": elector.leading, "holder": elector.seen_holder, "lease": elector._lease_name()}
+        return web.json_response({**body, "error": why} if why else body, status=500 if why else 200)
 
     app = web.Application()
     app.add_routes([web.get(parts.path or "/", health)])
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, parts.hostname or "localhost", parts.port or 80).start()
-    return runner.cleanup
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            await runner.cleanup()
+
+    return stop
 
 
 # -- the whole: wait, lead, stop ------------------------------------------------------------------------
@@ -585,9 +652,13 @@ async def run_elected(
     liveness: str | None = None,
     client: LeaseClient | None = None,
     stop: asyncio.Event | None = None,
+    *,
+    handover: Callable[[Callable[[], Awaitable[None]]], None] = lambda _stop: None,
 ) -> int:
     """Stand by until this replica holds the Lease, then ``run_operator(stop_flag)`` (kopf) while
-    renewing it. The exit status: 0 after a clean stop (SIGTERM; the Lease released), 1 when the
+    renewing it. Once leading, the standby's liveness endpoint keeps answering through kopf's first sync:
+    ``handover`` gets the coroutine function that stops it (see :func:`serve_liveness`; called again, for
+    sure, at the end). The exit status: 0 after a clean stop (SIGTERM; the Lease released), 1 when the
     Lease was lost (the Deployment restarts the pod, which stands by again)."""
     stop = stop or asyncio.Event()  # SIGTERM sets it while standing by; kopf's stop_flag while leading
     on_signals(stop)
@@ -601,16 +672,15 @@ async def run_elected(
         renew_deadline=settings.renew_deadline,
         retry_period=settings.retry_period,
     )
+    stop_liveness: Callable[[], Awaitable[None]] | None = None
     try:
         stop_liveness = await serve_liveness(liveness, elector) if liveness else None
-        try:
-            acquired = await elector.acquire(stop)
-        finally:
-            if stop_liveness is not None:
-                await stop_liveness()
+        acquired = await elector.acquire(stop)
         if not acquired:
             log.info("leader_election_stopped", identity=settings.identity, leading=False)
             return 0
+        if stop_liveness is not None:
+            handover(stop_liveness)  # the startup handler stops it when kopf is about to serve the probe
         grace = max(1.0, settings.lease_duration - settings.renew_deadline - settings.retry_period)
         watchdog = Watchdog(grace)
         renewer = asyncio.create_task(elector.renew(stop, watchdog.arm), name="leader-renew")
@@ -624,6 +694,8 @@ async def run_elected(
             if not elector.lost:
                 await elector.release()
     finally:
+        if stop_liveness is not None:
+            await stop_liveness()
         elector.close()
     if elector.lost:
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import os
 import sys
 
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if election.enabled:
-            return asyncio.run(leader.run_elected(run_operator, election, liveness=args.liveness or None))
+            # handlers.configure stops the standby's probe endpoint once the first sync is in (kopf then serves it)
+            handover = functools.partial(setattr, memo, handlers.STANDBY_PROBE)
+            return asyncio.run(
+                leader.run_elected(run_operator, election, liveness=args.liveness or None, handover=handover)
+            )
         m.LEADER.set(1)  # the only replica, by the user's word
         asyncio.run(run_operator())
     except KeyboardInterrupt:

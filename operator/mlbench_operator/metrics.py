@@ -6,7 +6,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 
 PHASES = tuple(p.value for p in Phase)  #: the run phases, in lifecycle order
 
@@ -51,6 +51,12 @@ RESTARTS = Counter("mlbench_operator_gang_restarts_total", "Gang restarts of a r
 LEADER = Gauge(
     "mlbench_operator_leader",
     "1 while this replica holds the leader-election Lease and reconciles, 0 while it stands by.",
+)
+LEADER_WAITING_FOR = Gauge(
+    "mlbench_operator_leader_waiting_for",
+    "While this replica stands by: the Lease's renewTime (Unix seconds, the holder's clock; 0 when it has none), "
+    "labelled with the holder it waits for. No series while it leads or no one holds the Lease.",
+    ["holder"],
 )
 
 _phases: dict[tuple[str, str], str] = {}

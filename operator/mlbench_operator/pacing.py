@@ -10,6 +10,9 @@ what we can see:
 * the create backoff: pod creates refused with 403 (quota, policy), or failing transiently (429, 5xx, no
   answer: :func:`mlbench_operator.kube.transient`), wait 5 s, doubling to 120 s, and a pod event does
   not shorten the wait (a refused world still sends pod events);
+* the slow start: after a pod create refused with 403 or 429 (a quota, a throttled API server), the next creates
+  go in batches of 1, 2, 4, ... (each only after the one before went through, as the Job and JobSet
+  controllers do; a refusal starts again from 1), back to all at once past :data:`SLOW_START_MAX`;
 * the stale-delete grace: a stale world (a gang restart) is deleted at most once per 10 s, since
   its pods show up Terminating only a little later and would otherwise be deleted again.
 
@@ -30,6 +33,10 @@ DELETE_GRACE_SECONDS = 10.0
 #: a row, up to the cap.
 BACKOFF_FIRST_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 120.0
+#: The slow start's largest batch: once a batch of this size went through, creates go all at once again.
+SLOW_START_MAX = 256
+#: Refusals that start the slow start: a quota or policy (403), a throttled API server (429).
+SLOW_START_CODES = (403, 429)
 #: Added to a computed wake-up, so that the rule waited for has expired when the daemon looks again.
 MARGIN_SECONDS = 0.1
 
@@ -50,6 +57,8 @@ class Pacing:
     create_failures: int = 0
     #: No pod creates before this.
     create_backoff_until: float = -math.inf
+    #: Pod creates per batch (None: all at once; see :func:`next_batch`).
+    batch: int | None = None
     #: The earliest a rule of this pass wants the daemon back (see :meth:`wake_in`).
     retry_in: float = field(init=False)
 
@@ -109,6 +118,12 @@ class Pacing:
         """A round of creates went through: the next refusal starts the backoff from its first step."""
         self.create_failures = 0
 
+    def batch_done(self, codes: list[int]) -> bool:
+        """A batch of creates came back (``codes``: see :func:`next_batch`): the next batch's size; True when
+        the next batch may go now (everything in this one went through)."""
+        self.batch = next_batch(self.batch, codes)
+        return all(went_through(code) for code in codes)
+
     # -- stale worlds ------------------------------------------------------------------------------------
     def may_delete_stale(self, now: float) -> bool:
         """Whether to delete a stale world now (else the wake-up is the grace's end).
@@ -133,3 +148,19 @@ class Pacing:
         """Seconds until the next unprompted pass: the earliest of the planner's ``requeue_after`` (when
         it has one), what this pass's rules want, and the resync interval."""
         return min(requeue_after or self.resync_seconds, self.retry_in, self.resync_seconds)
+
+
+def went_through(code: int) -> bool:
+    """A create answered ``code`` (0: no answer) went through: created, or there already (409)."""
+    return 0 < code < 400 or code == 409
+
+
+def next_batch(batch: int | None, codes: list[int]) -> int | None:
+    """The slow start's next batch of pod creates (None: no limit) after one whose creates were answered
+    ``codes`` (an HTTP status each; 0: no answer): a 403 or 429 starts again from 1; a batch that went
+    through whole doubles, back to no limit past :data:`SLOW_START_MAX`; any other failure keeps the size."""
+    if any(code in SLOW_START_CODES for code in codes):
+        return 1
+    if batch is None or not all(went_through(code) for code in codes):
+        return batch
+    return None if batch * 2 > SLOW_START_MAX else batch * 2

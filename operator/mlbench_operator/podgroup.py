@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from mlbench_api.run import Gang
+from mlbench_api.scheduling import Gang
 
 Obj = dict[str, Any]
 

@@ -18,7 +18,7 @@ from mlbench_operator.conditions import Reason
 
 
 class PodPhase(StrEnum):
-    """A pod's ``status.phase`` as the kubelet reports it (not the run's :class:`mlbench_api.run.Phase`)."""
+    """A pod's ``status.phase`` as the kubelet reports it (not the run's :class:`mlbench_api.runstatus.Phase`)."""
 
     PENDING = "Pending"
     RUNNING = "Running"

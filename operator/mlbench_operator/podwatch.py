@@ -86,8 +86,8 @@ class PodWatch:
         failures = 0
         while not self._stop.is_set():
             try:
-                pods, version = self.kube.list_objects(self.path, POD_SELECTOR, "pods")
-                self._hand([c for c in (PodChange.of("ADDED", p) for p in pods) if c is not None], listing=True)
+                changes, version = self._list()
+                self._hand(changes, listing=True)
                 failures = 0
                 while not self._stop.is_set():  # the server ends a watch after timeout_seconds: resume it
                     version = self._follow(version)
@@ -100,6 +100,15 @@ class PodWatch:
                 delay = min(POD_WATCH_BACKOFF[0] * 2 ** (failures - 1), POD_WATCH_BACKOFF[1])
                 log.warning("pod_watch_failed", namespace=self.namespace, error=str(err)[:500], retry_in=delay)
                 self._stop.wait(delay)
+
+    def _list(self) -> tuple[list[PodChange], str]:
+        """Every operator pod, page by page: each page's pods become small views before the next is fetched."""
+        changes: list[PodChange] = []
+        version = ""
+        for pods, page_version in self.kube.pages(self.path, [("labelSelector", POD_SELECTOR)], "pods"):
+            version = page_version
+            changes.extend(c for c in (PodChange.of("ADDED", p) for p in pods) if c is not None)
+        return changes, version
 
     def _follow(self, version: str) -> str:
         """One watch from ``version``; returns the last resourceVersion seen when the server ends it."""

@@ -19,11 +19,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlbench_operator import __version__
 from mlbench_operator.env import SettingsError
 
+#: Where ``make images`` puts both images without ``IMAGE_REPO`` (hack/images.sh): a name for images side-loaded into
+#: the nodes, which no registry the project does not control can serve (``localhost`` is the node itself).
+DEFAULT_IMAGE_REPO = "localhost/mlbench"
 #: The runner image of a task that names none (``MLBENCH_RUNNER_IMAGE`` overrides it): what ``make images`` tags
-#: with its default ``IMAGE_REPO`` (hack/images.sh).
-DEFAULT_RUNNER_IMAGE = "docker.io/mlbench/mlbench-runner:0.1.0"
+#: with its default ``IMAGE_REPO``, at the project's version (pyproject.toml).
+DEFAULT_RUNNER_IMAGE = f"{DEFAULT_IMAGE_REPO}/mlbench-runner:{__version__}"
 
 
 def repository_patterns(image: str) -> tuple[str, str]:
@@ -195,6 +199,10 @@ def _matches(value: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
+def _listed(patterns: tuple[str, ...]) -> str:
+    return ", ".join(patterns) or "none"
+
+
 def check_image(image: str, field: str, policy: AdmissionPolicy) -> list[str]:
     if _matches(normalize_image(image), policy.images):
         return []
@@ -202,15 +210,23 @@ def check_image(image: str, field: str, policy: AdmissionPolicy) -> list[str]:
     return [f"{field}: image {image!r} is not allowed by the operator's policy (MLBENCH_ALLOWED_IMAGES: {allowed})"]
 
 
+def check_listed(name: str | None, patterns: tuple[str, ...], field: str, rule: str, variable: str) -> list[str]:
+    """A name the run chose (unset: nothing to check) only if it matches one of the admin's ``patterns``; else one
+    violation naming ``field``, the ``rule`` and the ``variable`` that lists the patterns."""
+    if not name or _matches(name, patterns):
+        return []
+    return [f"{field}: {name!r} is not allowed: {rule} ({variable}: {_listed(patterns)})"]
+
+
 def check_priority(name: str | None, policy: AdmissionPolicy) -> list[str]:
     """A priority class only if the admin lists it: any other could preempt other tenants' pods."""
-    if not name or _matches(name, policy.priority_classes):
-        return []
-    listed = ", ".join(policy.priority_classes) or "none"
-    return [
-        f"spec.scheduling.priorityClassName: {name!r} is not allowed: a run may use only the priority classes "
-        f"the operator's admin lists (MLBENCH_ALLOWED_PRIORITY_CLASSES: {listed})"
-    ]
+    return check_listed(
+        name,
+        policy.priority_classes,
+        "spec.scheduling.priorityClassName",
+        "a run may use only the priority classes the operator's admin lists",
+        "MLBENCH_ALLOWED_PRIORITY_CLASSES",
+    )
 
 
 def _key_allowed(key: str, patterns: tuple[str, ...], policy: AdmissionPolicy) -> bool:
@@ -255,14 +271,13 @@ def check_tolerations(tolerations: Iterable[Mapping[str, Any]] | None, policy: A
 def check_scheduler(gang: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
     """A gang's own scheduler only if the admin lists it: a scheduler of the run's choosing could place its pods
     past the cluster's rules (unset: the operator's MLBENCH_GANG_SCHEDULER_NAME)."""
-    name = (gang or {}).get("schedulerName")
-    if not name or _matches(name, policy.scheduler_names):
-        return []
-    listed = ", ".join(policy.scheduler_names) or "none"
-    return [
-        f"spec.scheduling.gang.schedulerName: {name!r} is not allowed: leave it unset for the operator's gang "
-        f"scheduler, or the admin lists it (MLBENCH_ALLOWED_SCHEDULER_NAMES: {listed})"
-    ]
+    return check_listed(
+        (gang or {}).get("schedulerName"),
+        policy.scheduler_names,
+        "spec.scheduling.gang.schedulerName",
+        "leave it unset for the operator's gang scheduler, or the admin lists it",
+        "MLBENCH_ALLOWED_SCHEDULER_NAMES",
+    )
 
 
 def check_placement(scheduling: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
@@ -298,10 +313,6 @@ def check_network(network: Mapping[str, Any] | None, policy: AdmissionPolicy) ->
         "every worker (outside the restricted Pod Security profile); the operator's admin has not allowed them "
         "(MLBENCH_ALLOW_NETWORK_EMULATION=true)"
     ]
-
-
-def _listed(patterns: tuple[str, ...]) -> str:
-    return ", ".join(patterns) or "none"
 
 
 def check_env(env: Iterable[Mapping[str, Any]] | None, policy: AdmissionPolicy) -> list[str]:

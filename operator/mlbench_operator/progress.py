@@ -4,7 +4,7 @@ An unreachable endpoint is normal (starting up, network policy, a fake kwok pod)
 error; the status simply keeps its last progress. The endpoint is served by the user's image, so
 the page is untrusted: at most :data:`MAX_RESPONSE_BYTES` are read within one timeout, the page is
 parsed off the event loop by a parser that never raises, and every number is clamped to the bounds
-of ``status.progress`` (``mlbench_api.run.Progress``) so that the status patch is always accepted.
+of ``status.progress`` (``mlbench_api.runstatus.Progress``) so that the status patch is always accepted.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.display import percent, score
-from mlbench_api.task import GoalMetric, known_metric
+from mlbench_api.display import epoch, percent, score
+from mlbench_api.goal import GoalMetric, known_metric
 from mlbench_operator import logs
 from mlbench_operator.conditions import timestamp
 
@@ -38,7 +38,7 @@ FIELDS = {
     "mlbench_score": "lastScore",
     "mlbench_samples_per_second": "samplesPerSecond",
 }
-#: status.progress field -> (minimum, maximum): the schema's bounds (``Progress`` in mlbench_api.run).
+#: status.progress field -> (minimum, maximum): the schema's bounds (``Progress`` in mlbench_api.runstatus).
 BOUNDS: dict[str, tuple[float, float]] = {
     "epoch": (0.0, math.inf),
     "step": (0.0, float(MAX_SAFE_INT)),
@@ -97,6 +97,8 @@ def parse(text: str, now: datetime, metric: GoalMetric | None = None) -> dict[st
             out[key] = value
     if not out:
         return None
+    if "epoch" in out:
+        out["epochRounded"] = epoch(out["epoch"])
     if "lastAccuracy" in out:
         out["accuracy"] = percent(out["lastAccuracy"])
     if "lastScore" in out and metric is not None:

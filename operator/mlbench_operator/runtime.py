@@ -123,14 +123,43 @@ async def daemon(
         wakeups.unregister(key, wake)
 
 
+class StatusConflict(kopf.TemporaryError):
+    """A status write was refused with 409: the object changed since the version the pass planned from (another
+    replica wrote it: this one may have been deposed). It was read again; the next pass plans from that."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, delay=0.1)
+
+
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """Top-level status keys that changed (a JSON merge patch for the status subresource)."""
     return {k: v for k, v in new.items() if old.get(k) != v}
 
 
 async def write_status(
-    kube: Kube, write: Callable[[str, str, dict[str, Any]], Any], namespace: str, name: str, changes: dict[str, Any]
-) -> None:
-    """Send a status merge patch (``write``: the resource's status writer of :class:`Kube`) unless it is empty."""
+    kube: Kube, write: Callable[..., Any], namespace: str, name: str, changes: dict[str, Any], *fence: str
+) -> Any:
+    """Send a status merge patch (``write``: the resource's status writer of :class:`Kube`, given ``fence``:
+    the resourceVersion to write at) unless it is empty; what ``write`` returns (None when nothing was sent)."""
     if changes:
-        await kube.run(write, namespace, name, changes)
+        return await kube.run(write, namespace, name, changes, *fence)
+    return None
+
+
+def _set(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A status without the keys a merge patch deleted (our copy keeps them as None; the cluster's lacks them)."""
+    return {k: v for k, v in status.items() if v is not None}
+
+
+def fence_version(known: str, body: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
+    """The resourceVersion a status write is made at (the fence: the API server refuses it with 409 when the
+    object changed since). ``known``: the version our last write returned (or the one the daemon started
+    from); ``body``: the object as the watch last delivered it; ``ours``: the status the pass planned from.
+
+    The watch's version is newer and safe when its status is the one we planned from (only metadata or spec
+    moved: a label, kopf's annotations); otherwise the watch lags behind our own write, or someone else wrote
+    the status (a new leader): then ``known``, and a 409 if it is stale."""
+    seen = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    if seen and _set(body.get("status") or {}) == _set(ours):
+        return seen
+    return known or seen

@@ -12,8 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mlbench_api import contract
+from mlbench_api import bundle, contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
+from mlbench_operator import egress
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE, AdmissionPolicy
@@ -42,7 +43,7 @@ class DatasetSettings:
     #: Retries of a retryable failure (SourceUnreachable); permanent ones fail at once.
     backoff_limit: int = 2
     #: ``MLBENCH_FETCH_EGRESS_CIDRS``: where a fetch Job may connect besides DNS (its NetworkPolicy's egress);
-    #: None (unset) leaves its egress open. Nothing may connect to a fetch Job either way.
+    #: None (unset): every address but the link-local metadata blocks. Nothing may connect to a fetch Job either way.
     egress_cidrs: tuple[str, ...] | None = None
     #: ``MLBENCH_FETCH_IMAGE`` (default: ``MLBENCH_RUNNER_IMAGE``'s): the image every fetch Job runs, pinned by
     #: the operator; never a run's own image (the Job writes the volume every run of the namespace reads).
@@ -72,9 +73,23 @@ class DatasetSettings:
             fetch_deadline_seconds=integer(env, "MLBENCH_DATASET_FETCH_DEADLINE_SECONDS", d.fetch_deadline_seconds),
             job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
             backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
-            egress_cidrs=cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS"),
+            egress_cidrs=fetch_egress_cidrs(env),
             fetch_image=fetch_image(env),
         )
+
+
+def fetch_egress_cidrs(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """``MLBENCH_FETCH_EGRESS_CIDRS`` (comma-separated blocks; unset: None); a block within the link-local metadata
+    addresses is refused (no egress rule may reach them). Raises :class:`SettingsError` naming the variable."""
+    blocks = cidrs(env, "MLBENCH_FETCH_EGRESS_CIDRS")
+    for block in blocks or ():
+        meta = egress.metadata_overlap(block)
+        if meta is not None:
+            raise SettingsError(
+                f"MLBENCH_FETCH_EGRESS_CIDRS: {block} lies within {meta}, the cloud metadata addresses, "
+                "which a fetch Job may never reach"
+            )
+    return blocks
 
 
 def fetch_image(env: Mapping[str, str]) -> str:
@@ -96,6 +111,17 @@ def results_wait_seconds(env: Mapping[str, str]) -> float:
     """``MLBENCH_RESULTS_WAIT_SECONDS``: how long a finished run's launcher log is waited for and retried
     (:data:`RESULTS_WAIT_SECONDS` by default; the kwok tests, whose nodes serve no logs, use 1)."""
     return float(integer(env, "MLBENCH_RESULTS_WAIT_SECONDS", int(RESULTS_WAIT_SECONDS), minimum=0))
+
+
+def results_max_bytes(env: Mapping[str, str]) -> int:
+    """``MLBENCH_RESULTS_MAX_BYTES``: the most a launcher's results files may hold together once decompressed
+    (:data:`mlbench_api.bundle.MAX_TOTAL_BYTES` by default, what the launcher fits its bundle within); a larger
+    bundle is counted without being kept and refused. At least 64 KiB, at most the default: the operator's
+    memory limit is sized for it."""
+    value = integer(env, "MLBENCH_RESULTS_MAX_BYTES", bundle.MAX_TOTAL_BYTES, minimum=64 * 1024)
+    if value > bundle.MAX_TOTAL_BYTES:
+        raise SettingsError(f"MLBENCH_RESULTS_MAX_BYTES={value} is over {bundle.MAX_TOTAL_BYTES}")
+    return value
 
 
 #: How long after the run ended a launcher that is still running may take to print its results (a
@@ -166,6 +192,36 @@ def gang_scheduler_name(env: Mapping[str, str]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class ScratchLimits:
+    """Size limits of the run's pods' scratch emptyDirs (a pod past one is evicted, naming it): a run cannot fill
+    its node's disk or memory through them."""
+
+    #: ``MLBENCH_SHM_SIZE_LIMIT``: the workers' memory-backed ``/dev/shm`` (DataLoader workers, NCCL's shm transport).
+    shm: str = "1Gi"
+    #: ``MLBENCH_OUTPUT_SIZE_LIMIT``: the ranks' output (summary, events, the launcher's collected results).
+    output: str = "1Gi"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ScratchLimits:
+        """Storage quantities (e.g. ``512Mi``); unset or empty: the default. Raises :class:`SettingsError`."""
+        d = cls()
+        out = {}
+        for key, field_name, default in (
+            ("MLBENCH_SHM_SIZE_LIMIT", "shm", d.shm),
+            ("MLBENCH_OUTPUT_SIZE_LIMIT", "output", d.output),
+        ):
+            raw = env.get(key, "").strip() or default
+            if not _QUANTITY.match(raw):
+                raise SettingsError(f"{key}={raw!r} is not a storage quantity (e.g. 512Mi)")
+            out[field_name] = raw
+        return cls(**out)
+
+
+#: The defaults (1Gi each).
+SCRATCH_LIMITS = ScratchLimits()
+
+
 def _default_scrapers() -> tuple[str, ...]:
     return scraper_namespaces({})
 
@@ -187,6 +243,8 @@ class OperatorConfig:
     metrics_linger_seconds: int = contract.METRICS_LINGER_SECONDS
     #: ``MLBENCH_RESULTS_WAIT_SECONDS``
     results_wait_seconds: float = field(default_factory=_default_results_wait)
+    #: ``MLBENCH_RESULTS_MAX_BYTES``
+    results_max_bytes: int = bundle.MAX_TOTAL_BYTES
     #: ``MLBENCH_ALLOWED_*``, ``MLBENCH_ALLOW_CONTROL_PLANE``, ``MLBENCH_ALLOW_NETWORK_EMULATION``
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     #: ``MLBENCH_METRICS_NAMESPACES`` plus the operator's own (``POD_NAMESPACE``): they may scrape the ranks.
@@ -200,6 +258,8 @@ class OperatorConfig:
     runner_uid: int | None = contract.RUNNER_UID
     #: ``MLBENCH_GANG_SCHEDULER_NAME``: the scheduler of gang-scheduled workers (spec.scheduling.gang) that name none.
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
+    #: ``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``: the pods' scratch emptyDirs.
+    scratch: ScratchLimits = SCRATCH_LIMITS
     #: ``MLBENCH_RUN_SELECTOR`` (or ``--selector``): serve only BenchmarkRuns matching it ("" = all).
     run_selector: str = ""
     #: ``MLBENCH_METRICS_PORT`` (or ``--metrics-port``)
@@ -218,12 +278,14 @@ class OperatorConfig:
             datasets=DatasetSettings.from_env(env),
             metrics_linger_seconds=metrics_linger_seconds(env),
             results_wait_seconds=results_wait_seconds(env),
+            results_max_bytes=results_max_bytes(env),
             policy=AdmissionPolicy.from_env(env),
             scraper_namespaces=scraper_namespaces(env),
             scraper_cidrs=scraper_cidrs(env),
             node_loss_seconds=node_loss_seconds(env),
             runner_uid=runner_uid(env),
             gang_scheduler_name=gang_scheduler_name(env),
+            scratch=ScratchLimits.from_env(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),

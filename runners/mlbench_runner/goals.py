@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
 
 #: exp() of a loss past this overflows a float; such a model's perplexity is reported as infinite.
 MAX_EXPONENT = 700.0

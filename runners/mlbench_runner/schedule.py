@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from mlbench_api.config import ResolvedSchedule
-from mlbench_api.task import Schedule
+from mlbench_api.schedule import Schedule
 
 
 def learning_rate(schedule: ResolvedSchedule, step: int, steps_per_epoch: int) -> float:

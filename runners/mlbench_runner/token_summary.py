@@ -22,8 +22,9 @@ import torch
 
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
+from mlbench_api.goal import GoalMode, better
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunStatus, RunSummary, StopReason
-from mlbench_api.task import Algorithm, GoalMode, better
+from mlbench_api.training import Algorithm
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.world import World

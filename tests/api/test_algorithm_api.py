@@ -9,9 +9,10 @@ import pytest
 from mlbench_api.catalog import get_task, parse_run
 from mlbench_api.config import AlgorithmNotAllowed, InvalidOverride, effective_config
 from mlbench_api.errors import InvalidObject
-from mlbench_api.run import PARAMETER_DEFAULTS, AlgorithmParameters, Selection, Topology
+from mlbench_api.parameters import PARAMETER_DEFAULTS, AlgorithmParameters, Selection, Topology
 from mlbench_api.sweep import expand, parse_sweep
-from mlbench_api.task import REFERENCE_ALGORITHMS, Algorithm, BenchmarkTaskSpec
+from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_api.training import REFERENCE_ALGORITHMS, Algorithm
 
 
 def run_doc(**spec: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from mlbench_api.common import MAX_INT32, MAX_SAFE_INT
 from mlbench_api.errors import format_errors
 from mlbench_api.results import Environment, EpochRecord, PhaseTotals, RunSummary
-from mlbench_api.run import Progress, RunPolicy, RunResult
+from mlbench_api.runpolicy import RunPolicy
+from mlbench_api.runstatus import Progress, RunResult
 from tests.factories import summary
 
 BASES = Path(__file__).resolve().parents[2] / "crds" / "bases"

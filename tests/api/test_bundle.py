@@ -247,7 +247,7 @@ def test_the_largest_bundle_the_launcher_writes_is_read_back() -> None:
 )
 def test_valid_truncation_lists_fit_the_status(truncated: list[str], files: dict[str, bytes]) -> None:
     """Whatever parse_line accepts, status.results can store (the bound is the API type's)."""
-    from mlbench_api.run import ResultsRef
+    from mlbench_api.runstatus import ResultsRef
 
     compressed = {k + bundle.GZ: base64.b64encode(gzip.compress(v)).decode() for k, v in files.items()}
     found = bundle.parse_line(_line(truncated=truncated, files=compressed))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mlbench_api.catalog import get_task, load_catalog
-from mlbench_api.task import Division, ModelName, Schedule
+from mlbench_api.model import ModelName
+from mlbench_api.schedule import Schedule
+from mlbench_api.task import Division
 
 
 def test_catalog_holds_the_official_tasks_and_smoke_variants() -> None:

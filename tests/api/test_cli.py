@@ -66,11 +66,11 @@ def test_config_with_unknown_task_names_the_field(tmp_path: Path) -> None:
 
 
 def test_crds_check_detects_stale_files(tmp_path: Path) -> None:
-    assert mlbench("crds", "--out", str(tmp_path)).returncode == 0
-    assert mlbench("crds", "--check", "--out", str(tmp_path)).returncode == 0
+    assert mlbench("crds", "--output-dir", str(tmp_path)).returncode == 0
+    assert mlbench("crds", "--check", "--output-dir", str(tmp_path)).returncode == 0
     victim = next(tmp_path.glob("mlbench.io_benchmarkruns.yaml"))
     victim.write_text(victim.read_text() + "# edited by hand\n")
-    out = mlbench("crds", "--check", "--out", str(tmp_path))
+    out = mlbench("crds", "--check", "--output-dir", str(tmp_path))
     assert out.returncode == 1
     assert "benchmarkruns" in out.stderr
 
@@ -108,9 +108,9 @@ def test_a_mistyped_catalog_folder_is_an_error_not_an_empty_catalog(tmp_path: Pa
 
 def test_crds_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
-    out = mlbench("crds", "--out", str(tmp_path / "afile" / "crds"))
+    out = mlbench("crds", "--output-dir", str(tmp_path / "afile" / "crds"))
     assert out.returncode == 1
-    assert out.stderr.startswith(f"error: --out: cannot write the CRDs into {tmp_path / 'afile' / 'crds'}: ")
+    assert out.stderr.startswith(f"error: --output-dir: cannot write the CRDs into {tmp_path / 'afile' / 'crds'}: ")
     assert "Traceback" not in out.stderr
 
 

@@ -122,14 +122,14 @@ def test_every_command_reports_bad_input_as_validate_does(
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["watch", "not-a-ref"], ["fetch", "not-a-ref"], ["catalog", "no-such-task"]],
-    ids=" ".join,
+    ("argv", "field"),
+    [(["watch", "not-a-ref"], "run"), (["fetch", "not-a-ref"], "run"), (["catalog", "no-such-task"], "name")],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
-def test_bad_arguments_are_bad_input_too(argv: list[str]) -> None:
+def test_bad_arguments_are_bad_input_too(argv: list[str], field: str) -> None:
     out = mlbench(*argv)
     assert out.returncode == EXIT_BAD_INPUT, out.stderr
-    assert out.stderr.startswith("error: "), out.stderr
+    assert out.stderr.startswith(f"error: {field}: "), out.stderr  # the argument's own name, not a run's field
     assert "Traceback" not in out.stderr, out.stderr
 
 

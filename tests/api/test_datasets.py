@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,10 +11,11 @@ from pydantic import ValidationError
 from mlbench_api.catalog import load_catalog
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import OverrideNotAllowed, apply_overrides
-from mlbench_api.datasets import EXIT_FOR_REASON, FetchFailure, FetchReason
+from mlbench_api.datasets import EXIT_FOR_REASON, FetchFailure, FetchReason, redact_url, redact_urls
+from mlbench_api.dataspec import DatasetSpec, path_under_data_root
 from mlbench_api.errors import format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
-from mlbench_api.task import BenchmarkTaskSpec, DatasetSpec, Division, path_under_data_root
+from mlbench_api.task import BenchmarkTaskSpec, Division
 
 SHA = "0493b9c94c62a5e8a6b98a28016b4eebed4fa9aac8154143eead5d26fc94fabb"
 CIFAR_SHA = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
@@ -116,6 +118,41 @@ def test_fetch_failure_round_trips_and_ignores_foreign_text() -> None:
     assert FetchFailure.parse(None) is None
     assert len(FetchFailure(FetchReason.FETCH_FAILED, "x" * 10_000).termination_message()) < 4096
     assert set(EXIT_FOR_REASON) == set(FetchReason)
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://mirror.example.com/cifar/c.tgz", "https://mirror.example.com/cifar/c.tgz"),
+        ("https://user:hunter2@mirror.example.com:8443/c.tgz", "https://mirror.example.com:8443/c.tgz"),
+        (
+            "https://b.s3.amazonaws.com/c.tgz?X-Amz-Signature=abc&X-Amz-Credential=k",
+            "https://b.s3.amazonaws.com/c.tgz?…",
+        ),
+        ("http://h/c.tgz#token=abc", "http://h/c.tgz?…"),
+        ("http://tok@[fd00::1]:80/c", "http://[fd00::1]:80/c"),
+        ("http://h:99999/c?k=v", "http://…"),  # unparseable port: the scheme only
+    ],
+)
+def test_a_url_is_said_without_userinfo_query_or_fragment(url: str, said: str) -> None:
+    assert redact_url(url) == said
+
+
+def test_every_url_in_a_message_is_redacted_and_its_punctuation_kept() -> None:
+    text = "GET https://u:pw@h/x?sig=1: HTTP 403 Forbidden; redirected to ftp://a:b@evil/y?z, see (http://h/z)."
+    assert redact_urls(text) == "GET https://h/x?…: HTTP 403 Forbidden; redirected to ftp://evil/y?…, see (http://h/z)."
+
+
+def test_a_failure_message_never_carries_a_secret_either_way() -> None:
+    """Written by the fetcher and read by the operator (an older fetcher's unredacted words too)."""
+    secret = "GET https://user:hunter2@h/c.tgz?token=s3cr3t: HTTP 404 Not Found"
+    written = FetchFailure(FetchReason.SOURCE_UNREACHABLE, secret).termination_message()
+    assert "hunter2" not in written
+    assert "s3cr3t" not in written
+    unredacted = json.dumps({"reason": "SourceUnreachable", "message": secret})
+    read = FetchFailure.parse(unredacted)
+    assert read is not None
+    assert read.message == "GET https://h/c.tgz?…: HTTP 404 Not Found"
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,13 @@ from pydantic import BaseModel
 
 from mlbench_api.common import Condition
 from mlbench_api.crdgen import KINDS, CrdSpec
-from mlbench_api.run import BenchmarkRunSpec, BenchmarkRunStatus, Resources, RunResult, TaskRef, Toleration
-from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, Goal, LearningRate
+from mlbench_api.dataspec import DatasetSource
+from mlbench_api.goal import Goal
+from mlbench_api.run import BenchmarkRunSpec, Resources, TaskRef
+from mlbench_api.runstatus import BenchmarkRunStatus, RunResult
+from mlbench_api.schedule import LearningRate
+from mlbench_api.scheduling import Toleration
+from mlbench_api.task import BenchmarkTaskSpec
 from tests.api.crdschema import committed_schema, properties, undescribed
 
 #: Longest description allowed: they are meant to be one or two sentences.

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from mlbench_api.crdgen import KINDS
-from mlbench_api.display import duration, percent, score
-from mlbench_api.run import Progress
-from mlbench_api.task import GoalMetric
+from mlbench_api.display import duration, epoch, percent, ratio, score
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import Progress, RunResult
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,28 @@ def test_run_columns_show_the_formatted_strings() -> None:
     assert columns["Score"] == {**columns["Score"], "jsonPath": ".status.progress.score", "type": "string"}
     ttg = columns["Time-To-Goal"]
     assert ttg == {**ttg, "jsonPath": ".status.result.timeToGoal", "type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("epochs", "shown"),
+    [(0, "0"), (2.34666, "2.3"), (2.96, "2.9"), (0.7, "0.7"), (8.0, "8"), (12345.67, "12345.6"), (3.2e12, "3.2e+12")],
+)
+def test_epoch_is_cut_to_tenths(epochs: float, shown: str) -> None:
+    assert epoch(epochs) == shown
+
+
+@pytest.mark.parametrize(("value", "shown"), [(71.93456, "71.9x"), (1.0, "1.0x"), (0.5, "0.5x"), (2e300, "2e+300x")])
+def test_ratio_has_one_decimal(value: float, shown: str) -> None:
+    assert ratio(value) == shown
+
+
+def test_the_largest_figures_fit_their_status_strings() -> None:
+    largest = 1.7976931348623157e308
+    Progress(epoch_rounded=epoch(largest))
+    RunResult(goal_reached=True, compression=ratio(largest))
+
+
+def test_no_run_column_prints_a_raw_float() -> None:
+    """A ``number`` column prints every digit (6.497854486000506): each figure a run computes is shown as a string."""
+    run = next(spec for spec in KINDS if spec.kind == "BenchmarkRun")
+    assert [c["name"] for c in run.printer_columns if c["type"] == "number"] == []

@@ -18,8 +18,12 @@ from pydantic import BaseModel
 
 from mlbench_api.common import Condition
 from mlbench_api.crdgen import KINDS
-from mlbench_api.run import BenchmarkRunSpec, BenchmarkRunStatus, RunResult, TaskRef, Toleration
-from mlbench_api.task import BenchmarkTaskSpec, DatasetSource, Goal
+from mlbench_api.dataspec import DatasetSource
+from mlbench_api.goal import Goal
+from mlbench_api.run import BenchmarkRunSpec, TaskRef
+from mlbench_api.runstatus import BenchmarkRunStatus, RunResult
+from mlbench_api.scheduling import Toleration
+from mlbench_api.task import BenchmarkTaskSpec
 from tests.api.crdschema import committed_schema, properties, undescribed
 from tests.cluster.plugin import KubeCluster
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from mlbench_api.task import Goal, GoalMetric, better, comparator_of, goal_met
+from mlbench_api.goal import Goal, GoalMetric, better, comparator_of, goal_met
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,11 @@ import pytest
 from pydantic import ValidationError
 
 from mlbench_api.catalog import get_task
-from mlbench_api.task import BenchmarkTaskSpec, DatasetFormat, Division, GoalMetric, ModelName, Schedule
+from mlbench_api.dataspec import DatasetFormat
+from mlbench_api.goal import GoalMetric
+from mlbench_api.model import ModelName
+from mlbench_api.schedule import Schedule
+from mlbench_api.task import BenchmarkTaskSpec, Division
 
 
 def test_task_3a_matches_the_page_and_the_paper() -> None:

@@ -12,15 +12,10 @@ from mlbench_api.common import Condition
 from mlbench_api.config import RunConfig
 from mlbench_api.errors import format_errors
 from mlbench_api.results import RunSummary
-from mlbench_api.run import (
-    DDP_NEEDS_TORCH_BACKEND,
-    Algorithm,
-    Backend,
-    BenchmarkRunSpec,
-    BenchmarkRunStatus,
-    RunOverrides,
-)
+from mlbench_api.run import DDP_NEEDS_TORCH_BACKEND, Backend, BenchmarkRunSpec, RunOverrides
+from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_api.task import Overridable
+from mlbench_api.training import Algorithm
 
 
 def _problems(model: type[BaseModel], data: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from mlbench_api.badinput import EXIT_BAD_INPUT
 from mlbench_api.common import DNS1035_LABEL
 from mlbench_api.crdgen import KINDS
 from mlbench_api.errors import InvalidObject
-from mlbench_api.run import MAX_RUN_NAME, Algorithm, Backend, BenchmarkRun
+from mlbench_api.run import MAX_RUN_NAME, Backend, BenchmarkRun
 from mlbench_api.sweep import (
     HASH_LENGTH,
     LABEL_ALGORITHM,
@@ -29,6 +29,7 @@ from mlbench_api.sweep import (
     parse_sweep,
     run_name,
 )
+from mlbench_api.training import Algorithm
 
 REPO = Path(__file__).resolve().parents[2]
 BASES = REPO / "crds" / "bases"

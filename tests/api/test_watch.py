@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.watch import EXIT_FAILED, EXIT_SUCCEEDED, follow_events, outcome, status_line
+from mlbench_api.badinput import EXIT_BAD_INPUT
+from mlbench_api.watch import (
+    EXIT_DELETED,
+    EXIT_FAILED,
+    EXIT_SUCCEEDED,
+    EXIT_UNAVAILABLE,
+    follow_events,
+    outcome,
+    status_line,
+)
 
 
 def run(status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -42,6 +51,8 @@ def test_status_line_reads_at_a_glance() -> None:
     translated = run({"phase": "Running", "progress": {"epoch": 3, "lastScore": 24.31, "score": "24.3 BLEU"}})
     assert status_line(translated) == "Running  epoch 3  score 24.3 BLEU"
     assert status_line(FAILED) == "Failed  reason OOMKilled  worker 1 was OOMKilled"
+    midway = run({"phase": "Running", "progress": {"epoch": 2.96875}})
+    assert status_line(midway) == "Running  epoch 2.9"  # as the EPOCH column: cut to tenths
 
 
 @pytest.mark.parametrize(
@@ -51,7 +62,10 @@ def test_status_line_reads_at_a_glance() -> None:
         ("MODIFIED", RUNNING, None),
         ("MODIFIED", SUCCEEDED, EXIT_SUCCEEDED),
         ("MODIFIED", FAILED, EXIT_FAILED),
-        ("DELETED", RUNNING, EXIT_FAILED),
+        ("MODIFIED", run({"phase": "Suspended"}), None),
+        ("MODIFIED", run({"phase": "Starting"}), None),
+        ("DELETED", RUNNING, EXIT_DELETED),
+        ("DELETED", SUCCEEDED, EXIT_DELETED),
     ],
 )
 def test_outcome_ends_the_watch_only_when_the_run_ends(event: str, obj: dict[str, Any], code: int | None) -> None:
@@ -67,7 +81,7 @@ def test_follow_prints_each_change_once_and_stops_at_the_end() -> None:
         ("MODIFIED", FAILED),
         ("MODIFIED", RUNNING),
     ]
-    code, last = follow_events(events, said.append)
+    code, last = follow_events(events, lambda line, _obj: said.append(line))
     assert code == EXIT_FAILED
     assert said == [status_line(run()), status_line(RUNNING), status_line(FAILED)]
     assert last == status_line(FAILED)
@@ -75,5 +89,18 @@ def test_follow_prints_each_change_once_and_stops_at_the_end() -> None:
 
 def test_follow_without_an_end_asks_for_a_new_watch_and_remembers_the_last_line() -> None:
     said: list[str] = []
-    code, last = follow_events([("MODIFIED", RUNNING)], said.append, last=status_line(RUNNING))
+    code, last = follow_events([("MODIFIED", RUNNING)], lambda line, _obj: said.append(line), last=status_line(RUNNING))
     assert (code, said, last) == (None, [], status_line(RUNNING))
+
+
+def test_each_outcome_has_its_own_exit_code() -> None:
+    """A script tells a failed run from a deleted one, from a watch that could not read it, from bad input."""
+    codes = [EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DELETED, EXIT_UNAVAILABLE]
+    assert len(set(codes)) == len(codes)
+    assert EXIT_SUCCEEDED == 0
+
+
+def test_a_deletion_ends_the_watch_with_its_own_line_and_code() -> None:
+    said: list[str] = []
+    code, _ = follow_events([("MODIFIED", RUNNING), ("DELETED", RUNNING)], lambda line, _obj: said.append(line))
+    assert (code, said[-1]) == (EXIT_DELETED, "deleted while watched")

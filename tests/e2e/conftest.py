@@ -8,7 +8,7 @@ serves ``../shared/datasets/cifar10-jpeg.tar.gz``; nothing is prepared on a volu
 
 On the local test cluster the pods run on its real node (kubelet + containerd). With
 ``MLBENCH_TEST_KUBECONFIG`` the same tests run against any real cluster whose nodes can run
-the images ``docker.io/mlbench/mlbench-{operator,runner}:0.1.0`` (push or side-load them first;
+the images ``localhost/mlbench/mlbench-{operator,runner}:<version>`` (push or side-load them first;
 set ``MLBENCH_E2E_BUILD_IMAGES=0`` to skip the local build).
 """
 

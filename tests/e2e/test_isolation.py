@@ -10,7 +10,9 @@ gloo's own listeners) is probed:
 * the host, whose address the e2e operator lists in ``MLBENCH_METRICS_CIDRS`` (a Prometheus outside any
   namespace, as the monitoring e2e runs it), reaches the metrics port only;
 * worker 1, a pod of the run, reaches sshd, metrics and the rendezvous (the control: those ports were open at
-  the time) -- and the run trains to Succeeded across nodes, so its own traffic, gloo's included, got through.
+  the time) -- and the run trains to Succeeded across nodes, so its own traffic, gloo's included, got through;
+* worker 1 does not reach the API server (the run's egress: its own pods and DNS only), which a pod without the
+  policy reaches (the fetch test's control).
 
 And the fetch Job's policy: a pod bearing the fetch Job's label reaches the dataset server (a pod, in the blocks the
 e2e operator lists in ``MLBENCH_FETCH_EGRESS_CIDRS``) and DNS, not the API server; the same pod without the label
@@ -162,9 +164,17 @@ def test_only_the_runs_own_pods_reach_its_ports_and_scrapers_only_the_metrics(e2
                 *(str(p) for p in sorted(named)),
             ).stdout
         )
+        api_host, api_port = _api_server(e2e)
+        outside = probe_results(
+            e2e.kubectl(
+                *("exec", f"{run}-worker-1", "-n", e2e.namespace, "--", "python3", "-c", PY_PROBE, api_host),
+                str(api_port),
+            ).stdout
+        )
         seen = {name: probe_results(_pod_log_when_done(e2e, ns, name)) for ns, name in probes}
         assert e2e.status(run).get("phase") == "Running", "the run ended before the probes did: inconclusive"
         assert own == dict.fromkeys(named, True), own
+        assert outside == {api_port: False}, outside  # egress: the run's own pods and DNS only
         assert seen["stranger"] == dict.fromkeys(everything, False), seen
         scraper = seen[f"{run}-scraper-probe"]
         assert scraper == {p: p == contract.METRICS_PORT for p in everything}, scraper
@@ -177,6 +187,16 @@ def test_only_the_runs_own_pods_reach_its_ports_and_scrapers_only_the_metrics(e2
             e2e.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
         e2e.kubectl("delete", "namespace", stranger, "--wait=false", check=False)
         e2e.kubectl("delete", "benchmarkrun", run, "-n", e2e.namespace, "--wait=false", check=False)
+
+
+def _api_server(e2e: E2E) -> tuple[str, int]:
+    """The API server's host and port, from the test cluster's kubeconfig (reachable from a pod without a policy)."""
+    config = yaml.safe_load(e2e.cluster.kubeconfig.read_text())
+    api = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+    assert api.hostname, api
+    assert api.port is not None, api
+    assert api.port not in (8080, 53), api
+    return api.hostname, api.port
 
 
 def _fetch_job_selected(e2e: E2E) -> str | None:
@@ -196,15 +216,12 @@ def test_a_fetch_job_reaches_its_source_and_dns_and_not_the_api_server(e2e: E2E,
     try:
         job = wait_for(lambda: _fetch_job_selected(e2e), timeout=120, interval=1, what="the fetch Job's policy")
         server = e2e.get("pod", "datasets")
-        config = yaml.safe_load(e2e.cluster.kubeconfig.read_text())
-        api = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
-        assert api.hostname, api
-        assert api.port not in (None, 8080, 53), api
+        api_host, api_port = _api_server(e2e)
         # the probes wait for kube-router to have the new pod's egress rules: until then a new pod is unfiltered,
         # and a probe stops at its first open connection
         command = "sleep 6; " + "; ".join(
             port_probe(ip, [port], tries=5)
-            for ip, port in ((server["status"]["podIP"], 8080), (api.hostname, 53), (api.hostname, api.port))
+            for ip, port in ((server["status"]["podIP"], 8080), (api_host, 53), (api_host, api_port))
         )
         node = server["spec"]["nodeName"]
         for name, labels in (("fetch-like", {n.LABEL_JOB_NAME: job}), ("unlabelled", {})):
@@ -212,9 +229,9 @@ def test_a_fetch_job_reaches_its_source_and_dns_and_not_the_api_server(e2e: E2E,
             e2e.kubectl("apply", "-n", e2e.namespace, "-f", "-", input=json.dumps(pod))
             probes.append(f"{run}-{name}")
         seen = {name: probe_results(_pod_log_when_done(e2e, e2e.namespace, name)) for name in probes}
-        assert seen[f"{run}-unlabelled"] == {8080: True, 53: True, api.port: True}, seen
-        assert seen[f"{run}-fetch-like"] == {8080: True, 53: True, api.port: False}, seen
-        print(f"\nfetch Job {job}'s policy: source and DNS reached, the API server at {api.netloc} not")
+        assert seen[f"{run}-unlabelled"] == {8080: True, 53: True, api_port: True}, seen
+        assert seen[f"{run}-fetch-like"] == {8080: True, 53: True, api_port: False}, seen
+        print(f"\nfetch Job {job}'s policy: source and DNS reached, the API server at {api_host}:{api_port} not")
     finally:
         for name in probes:
             e2e.kubectl("delete", "pod", name, "-n", e2e.namespace, "--wait=false", check=False)

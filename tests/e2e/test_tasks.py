@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mlbench_api import display
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
 from tests.e2e.conftest import E2E, E2E_LABEL, REPO, SESSION
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.e2e, pytest.mark.slow]

@@ -251,8 +251,8 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     while it starts and runs, Degraded when the step counter stalls, Healthy once it Succeeded."""
     from datetime import timedelta
 
-    from mlbench_operator import builders
     from mlbench_operator import conditions as c
+    from mlbench_operator import runpods
     from mlbench_operator.run import policies
     from mlbench_operator.run import status as run_status
     from tests import factories
@@ -268,7 +268,7 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
         return run_health(SCRIPT, {**body, "status": {**status, "observedGeneration": 1}}, lua54)
 
     assert health(body["status"]).status == "Progressing"  # admitted, creating workers
-    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    pods = [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))]
     running = policies.plan(body, ctx, pods, t0).status
     assert running["phase"] == "Running"
     assert health(running).status == "Progressing"
@@ -277,6 +277,6 @@ def test_statuses_the_operator_writes_get_the_right_health(lua54: str) -> None:
     stalled = health(policies.plan(stuck, ctx, pods, t0).status)
     assert stalled.status == "Degraded"
     assert "NoProgress" in (stalled.message or "")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     succeeded = policies.plan({**body, "status": running}, ctx, [*workers(ctx), done], t0).status
     assert health(succeeded).status == "Healthy"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 
 REPO = Path(__file__).resolve().parents[2]
 GITOPS = REPO / "manifests" / "gitops"

@@ -1,6 +1,6 @@
 """The images ``make images`` builds keep the runtime contract the operator relies on.
 
-What the operator's pods need from them (operator/mlbench_operator/builders.py): the runner
+What the operator's pods need from them (operator/mlbench_operator/runpods.py): the runner
 image runs as UID 1000 (user ``mlbench``), starts a non-root sshd with the per-run key, has
 ``mpirun`` and ``mlbench-runner`` and Python with torch + mpi4py, and no compiler (the
 builder stage has one, the runtime stage must not; only a build from a CUDA torch index, or
@@ -26,17 +26,18 @@ from pathlib import Path
 import pytest
 
 from mlbench_api import contract
-from mlbench_operator import builders, sshkeys
 from mlbench_operator import naming as n
-from mlbench_operator.builders import WORKER_SCRIPT
+from mlbench_operator import runobjects, sshkeys
+from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE
 from mlbench_operator.run import admission
+from mlbench_operator.runpods import WORKER_SCRIPT
 from mlbench_runner.pod.collect import ssh_options
 from tests.operator import helpers as h
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
-RUNNER = "docker.io/mlbench/mlbench-runner:0.1.0"
-OPERATOR = "docker.io/mlbench/mlbench-operator:0.1.0"
+RUNNER = DEFAULT_RUNNER_IMAGE
+OPERATOR = DEFAULT_RUNNER_IMAGE.replace("/mlbench-runner:", "/mlbench-operator:")
 #: what build-essential brings (openmpi-bin's mpicc wrapper stays: without a compiler it compiles nothing)
 COMPILERS = ("gcc", "cc", "c++", "g++", "cpp", "clang", "make")
 
@@ -178,7 +179,7 @@ def test_runner_worker_sshd_accepts_the_run_key(images: Images, tmp_path: Path) 
     result = admission.admit(h.run(), h.task())
     assert not isinstance(result, admission.Rejection), result
     ctx = result[0]
-    secret = builders.ssh_secret(ctx, sshkeys.generate_keypair("images-test"))
+    secret = runobjects.ssh_secret(ctx, sshkeys.generate_keypair("images-test"))
     for name, text in secret["stringData"].items():  # the Secret volume's files
         (tmp_path / name).write_text(text)
     tmp_path.chmod(0o755)  # pytest makes it 0700: UID 1000 could not reach the key

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_operator import builders
-from mlbench_operator.builders import RunContext
+from mlbench_operator import runpods
 from mlbench_operator.run import admission
+from mlbench_operator.runcontext import RunContext
 from tests.monitoring import promconfig, prometheus
 from tests.monitoring.k8s_sd import DiscoveryServer, as_group, endpoints_targets, pod_targets
 from tests.monitoring.relabel import relabel, scrape_target
@@ -168,8 +168,8 @@ def test_podmonitor_selects_workers_not_the_launcher(monitoring: list[Obj]) -> N
     pm = one(monitoring, "PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     ctx = ctx_for(name="bench", namespace="team-a", workers=2)
-    assert matches(pm["spec"]["selector"], builders.worker_pod(ctx, 1, 0)["metadata"]["labels"])
-    assert not matches(pm["spec"]["selector"], builders.launcher_pod(ctx, 0)["metadata"]["labels"])
+    assert matches(pm["spec"]["selector"], runpods.worker_pod(ctx, 1, 0)["metadata"]["labels"])
+    assert not matches(pm["spec"]["selector"], runpods.launcher_pod(ctx, 0)["metadata"]["labels"])
     (ep,) = pm["spec"]["podMetricsEndpoints"]
     assert "port" not in ep, "a fixed port would scrape one rank per pod"
     assert ep["interval"] == "15s"
@@ -185,9 +185,9 @@ def test_translated_podmonitor_scrapes_every_rank(monitoring: list[Obj], tmp_pat
 
     ctx = ctx_for(name="bench", namespace="team-a", workers=2, slotsPerWorker=2)
     pods = [
-        running(builders.worker_pod(ctx, 0, 0), "127.0.0.11"),
-        running(builders.worker_pod(ctx, 1, 0), "127.0.0.12"),
-        running(builders.launcher_pod(ctx, 0), "127.0.0.13"),
+        running(runpods.worker_pod(ctx, 0, 0), "127.0.0.11"),
+        running(runpods.worker_pod(ctx, 1, 0), "127.0.0.12"),
+        running(runpods.launcher_pod(ctx, 0), "127.0.0.13"),
     ]
     common = {"job": "mlbench-runner", "namespace": "team-a", "container": "worker", "run": "bench"}
     common["task"] = h.TASK_NAME
@@ -204,7 +204,7 @@ def test_translated_podmonitor_scrapes_every_rank(monitoring: list[Obj], tmp_pat
 def test_workers_that_are_not_running_are_not_scraped(monitoring: list[Obj], phase: str) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "PodMonitor"), kubeconfig="/k")
     ctx = ctx_for(name="bench", namespace="team-a", workers=1)
-    pod = running(builders.worker_pod(ctx, 0, 0), "127.0.0.11", phase=phase)
+    pod = running(runpods.worker_pod(ctx, 0, 0), "127.0.0.11", phase=phase)
     assert pod_targets(pod), "the pod is discovered ..."
     assert targets(cfg, [pod]) == [], "... and dropped"
 
@@ -213,7 +213,7 @@ def test_workers_that_are_not_running_are_not_scraped(monitoring: list[Obj], pha
 def test_other_pods_with_rank_ports_are_not_scraped(monitoring: list[Obj]) -> None:
     cfg = promconfig.scrape_config(one(monitoring, "PodMonitor"), kubeconfig="/k")
     ctx = ctx_for(name="bench", namespace="team-a", workers=1)
-    pod = running(builders.worker_pod(ctx, 0, 0), "127.0.0.11")
+    pod = running(runpods.worker_pod(ctx, 0, 0), "127.0.0.11")
     labels = dict(pod["metadata"]["labels"])
     del labels["app.kubernetes.io/managed-by"]
     assert targets(cfg, [{**pod, "metadata": {**pod["metadata"], "labels": labels}}]) == []
@@ -468,10 +468,10 @@ def test_real_prometheus_relabels_like_the_python_model(monitoring: list[Obj], t
     must keep the same targets with the same labels as the Python model."""
     ctx = ctx_for(name="bench", namespace="team-a", workers=2, slotsPerWorker=2)
     pods = [
-        running(builders.worker_pod(ctx, 0, 0), "127.0.0.11"),
-        running(builders.worker_pod(ctx, 1, 0), "127.0.0.12"),
-        running(builders.worker_pod(ctx, 1, 0), "127.0.0.14", phase="Succeeded"),
-        running(builders.launcher_pod(ctx, 0), "127.0.0.13"),
+        running(runpods.worker_pod(ctx, 0, 0), "127.0.0.11"),
+        running(runpods.worker_pod(ctx, 1, 0), "127.0.0.12"),
+        running(runpods.worker_pod(ctx, 1, 0), "127.0.0.14", phase="Succeeded"),
+        running(runpods.launcher_pod(ctx, 0), "127.0.0.13"),
     ]
     discovered = {
         "pod": [d for pod in pods + synthetic_pods() for d in pod_targets(pod)],

@@ -49,7 +49,7 @@ TASK: dict[str, Any] = {
             "maxEpochs": 164,
         },
         "goal": {"target": 0.8, "lightTarget": 0.7},
-        "runner": {"image": "mlbench/mlbench-runner:test"},
+        "runner": {"image": "localhost/mlbench/mlbench-runner:test"},
         "overridable": ["model", "dataset"],
     },
 }

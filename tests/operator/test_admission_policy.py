@@ -43,7 +43,7 @@ POLICY_DIR = REPO / "manifests" / "policy"
 #: the label that makes a test binding judge an object (value: this session's id and the settings set)
 TEST_LABEL = "mlbench.io/admission-policy-test"
 GROUP_VERSION = "mlbench.io/v1alpha1"
-#: The policy's first thirteen variables, in order, and the operator setting each one mirrors.
+#: The policy's first fourteen variables, in order, and the operator setting each one mirrors.
 SETTINGS = {
     "allowedImages": "MLBENCH_ALLOWED_IMAGES",
     "allowedPriorityClasses": "MLBENCH_ALLOWED_PRIORITY_CLASSES",
@@ -58,6 +58,7 @@ SETTINGS = {
     "allowedExtendedResources": "MLBENCH_ALLOWED_EXTENDED_RESOURCES",
     "allowHostNetwork": "MLBENCH_ALLOW_HOST_NETWORK",
     "allowHostIpc": "MLBENCH_ALLOW_HOST_IPC",
+    "allowedSchedulerNames": "MLBENCH_ALLOWED_SCHEDULER_NAMES",
 }
 Obj = dict[str, Any]
 
@@ -119,6 +120,7 @@ def test_the_limits_are_the_operators_defaults() -> None:
         assert yaml.safe_load(shipped_var["expression"].replace("'", '"')) == yaml.safe_load(same["expression"])
     assert variables[1]["expression"] == "[]"
     assert variables[9]["expression"] == variables[10]["expression"] == "[]"  # no pod labels, no extended resources
+    assert variables[13]["expression"] == "[]"  # a gang's scheduler: only the operator's (unset)
 
 
 def test_the_binding_is_cluster_wide_and_denies() -> None:
@@ -150,6 +152,7 @@ SETTINGS_SETS: dict[str, dict[str, str]] = {
         "MLBENCH_ALLOWED_TOLERATION_KEYS": "dedicated,example.com/*",
     },
     "any-toleration": {"MLBENCH_ALLOWED_TOLERATION_KEYS": "*"},
+    "schedulers": {"MLBENCH_ALLOWED_SCHEDULER_NAMES": "volcano,team-*"},
     "empty": {key: "" for key in ("MLBENCH_ALLOWED_IMAGES", "MLBENCH_ALLOWED_VOLUME_TYPES")},
     "gpu-cluster": {
         "MLBENCH_ALLOWED_ENV": "NCCL_*,OMPI_MCA_btl_*",
@@ -172,7 +175,7 @@ class Case:
     settings: str = "defaults"
 
 
-RUNNER = "mlbench/mlbench-runner:0.1.0"
+RUNNER = "localhost/mlbench/mlbench-runner:0.1.0"
 CP = "node-role.kubernetes.io/control-plane"
 
 
@@ -227,12 +230,12 @@ CASES = [
         ),
     ),
     run("run-task-image", True),  # no spec.image: the task's runner.image counts (checked on the task)
-    run("run-digest", True, image="docker.io/mlbench/mlbench-runner@sha256:" + "a" * 64),
-    run("run-index-docker-io", True, image="index.docker.io/mlbench/mlbench-runner:1"),
-    run("run-image-prefix", False, "spec.image", image="mlbench/mlbench-runner-evil:1"),
+    run("run-digest", True, image="localhost/mlbench/mlbench-runner@sha256:" + "a" * 64),
+    run("run-index-docker-io", False, "spec.image", image="index.docker.io/mlbench/mlbench-runner:1"),
+    run("run-image-prefix", False, "spec.image", image="localhost/mlbench/mlbench-runner-evil:1"),
     run("run-image-registry", False, "spec.image", image="evil.example.com/mlbench/mlbench-runner:0.1.0"),
     run("run-image-library", False, "spec.image", image="busybox"),
-    run("run-image-localhost", False, "spec.image", image="localhost/mlbench/mlbench-runner:1"),
+    run("run-image-docker-hub", False, "spec.image", image="mlbench/mlbench-runner:1"),  # not the default repository
     run(
         "run-priority-system",
         False,
@@ -378,6 +381,23 @@ CASES = [
         **sched(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
     ),
     run("any-toleration", True, settings="any-toleration", **sched(tolerations=[{"operator": "Exists"}])),
+    # a gang's own scheduler: one of the run author's choosing could ignore taints and cordons
+    run("gang-operators-scheduler", True, **sched(gang={"scheduleTimeoutSeconds": 60})),
+    run("gang-scheduler", False, "spec.scheduling.gang.schedulerName", **sched(gang={"schedulerName": "mine"})),
+    sweep(
+        "gang-sweep-scheduler",
+        False,
+        "spec.template.scheduling.gang.schedulerName",
+        **sched(gang={"schedulerName": "mine"}),
+    ),
+    run("gang-scheduler-listed", True, settings="schedulers", **sched(gang={"schedulerName": "team-a"})),
+    run(
+        "gang-scheduler-unlisted",
+        False,
+        "spec.scheduling.gang.schedulerName",
+        settings="schedulers",
+        **sched(gang={"schedulerName": "default-scheduler"}),
+    ),
     task("volumes-hostpath", True, settings="volumes", volume={"hostPath": {"path": "/srv/data"}}),
     task(
         "volumes-nfs-unlisted",

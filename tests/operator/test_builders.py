@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from mlbench_api import bundle, contract
-from mlbench_operator import builders
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
+from mlbench_operator import podscheduling, runobjects, runpods
 from mlbench_operator.run import admission
+from mlbench_operator.runcontext import RunContext
 from mlbench_operator.sshkeys import RunKeys, generate_keypair
 from tests.operator import helpers as h
 
@@ -30,7 +30,7 @@ def ctx_for(**kwargs: object) -> RunContext:
 
 def test_hostfile_is_exact() -> None:
     ctx = ctx_for(name="bench", namespace="team-a", workers=3, slotsPerWorker=2)
-    assert builders.hostfile(ctx) == (
+    assert runobjects.hostfile(ctx) == (
         "bench-worker-0.bench.team-a.svc slots=2\n"
         "bench-worker-1.bench.team-a.svc slots=2\n"
         "bench-worker-2.bench.team-a.svc slots=2\n"
@@ -40,11 +40,11 @@ def test_hostfile_is_exact() -> None:
 def test_every_object_is_owned_and_labelled() -> None:
     ctx = ctx_for(name="bench", namespace="team-a", workers=2)
     objs = [
-        builders.service(ctx),
-        builders.config_map(ctx),
-        builders.ssh_secret(ctx, FAKE_KEYS),
-        builders.worker_pod(ctx, 0, 0),
-        builders.launcher_pod(ctx, 0),
+        runobjects.service(ctx),
+        runobjects.config_map(ctx),
+        runobjects.ssh_secret(ctx, FAKE_KEYS),
+        runpods.worker_pod(ctx, 0, 0),
+        runpods.launcher_pod(ctx, 0),
     ]
     names = [o["metadata"]["name"] for o in objs]
     assert names == ["bench", "bench-config", "bench-ssh", "bench-worker-0", "bench-launcher"]
@@ -67,7 +67,7 @@ def test_every_object_is_owned_and_labelled() -> None:
 
 
 def test_service_is_headless_and_publishes_not_ready() -> None:
-    svc = builders.service(ctx_for(name="bench"))
+    svc = runobjects.service(ctx_for(name="bench"))
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {n.LABEL_RUN: "bench", n.LABEL_ROLE: "worker"}
@@ -75,7 +75,7 @@ def test_service_is_headless_and_publishes_not_ready() -> None:
 
 def test_config_map_carries_effective_config() -> None:
     ctx = ctx_for(name="bench", workers=4, seed=7, goal="light")
-    data = builders.config_map(ctx)["data"]
+    data = runobjects.config_map(ctx)["data"]
     config = json.loads(data["config.json"])
     assert config["runName"] == "bench"
     assert config["worldSize"] == 4
@@ -87,8 +87,8 @@ def test_config_map_carries_effective_config() -> None:
 def test_run_config_maps_are_immutable() -> None:
     """Nothing rewrites a run's hostfile/config or its kept results: immutable (kubelet stops watching)."""
     ctx = ctx_for(name="bench")
-    assert builders.config_map(ctx)["immutable"] is True
-    kept = builders.results_config_map("bench", "team-a", "uid-bench", "t", bundle.fit({bundle.SUMMARY: b"{}"}))
+    assert runobjects.config_map(ctx)["immutable"] is True
+    kept = runobjects.results_config_map("bench", "team-a", "uid-bench", "t", bundle.fit({bundle.SUMMARY: b"{}"}))
     assert kept["immutable"] is True
 
 
@@ -129,12 +129,12 @@ def test_worker_placement_is_over_one_world(placement: str | None, expected: dic
     ctx = ctx_for(name="bench", workers=3, scheduling=scheduling)
     world = {"matchLabels": {n.LABEL_RUN: "bench", n.LABEL_ROLE: "worker", n.LABEL_ATTEMPT: "2"}}
     want = json.loads(json.dumps(expected).replace('"WORLD"', json.dumps(world)))
-    pod = builders.worker_pod(ctx, 1, 2)
+    pod = runpods.worker_pod(ctx, 1, 2)
     assert {k: pod["spec"][k] for k in ("affinity", "topologySpreadConstraints") if k in pod["spec"]} == want
     # the selector matches this world's workers (itself included), never the launcher or another attempt
     if want:
         assert world["matchLabels"].items() <= pod["metadata"]["labels"].items()
-        launcher = builders.launcher_pod(ctx, 2)["spec"]
+        launcher = runpods.launcher_pod(ctx, 2)["spec"]
         assert "affinity" not in launcher
         assert "topologySpreadConstraints" not in launcher
 
@@ -153,7 +153,7 @@ def test_worker_pod_shape() -> None:
         },
         image="example/runner:1",
     )
-    pod = builders.worker_pod(ctx, 1, 3)
+    pod = runpods.worker_pod(ctx, 1, 3)
     labels = pod["metadata"]["labels"]
     assert labels[n.LABEL_ROLE] == "worker"
     assert labels[n.LABEL_RANK] == "1"
@@ -164,7 +164,9 @@ def test_worker_pod_shape() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"] == {"pool": "gpu"}
     assert spec["tolerations"][0] == {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
-    assert spec["tolerations"][1:] == builders.node_loss_tolerations(60, [])  # the operator's MLBENCH_NODE_LOSS_SECONDS
+    assert spec["tolerations"][1:] == podscheduling.node_loss_tolerations(
+        60, []
+    )  # the operator's MLBENCH_NODE_LOSS_SECONDS
     assert spec["priorityClassName"] == "benchmarks"
     assert spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
@@ -197,7 +199,7 @@ def test_worker_pod_shape() -> None:
 )
 def test_metrics_ports_are_named_for_global_ranks(workers: int, slots: int, worker: int, expected: dict) -> None:
     ctx = ctx_for(workers=workers, slotsPerWorker=slots)
-    ports = builders.metrics_ports(ctx, worker)
+    ports = runpods.metrics_ports(ctx, worker)
     assert {p["name"]: p["containerPort"] for p in ports} == expected
     assert all(len(p["name"]) <= 15 for p in ports)  # IANA_SVC_NAME
 
@@ -217,28 +219,28 @@ def test_only_the_reference_runner_declares_metrics_ports(command: list[str] | N
         task["spec"]["runner"]["command"] = command
     result = admission.admit(h.run(workers=1, slotsPerWorker=2), task, policy=h.PERMISSIVE)
     assert not isinstance(result, admission.Rejection), result
-    container = builders.worker_pod(result[0], 0, 0)["spec"]["containers"][0]
+    container = runpods.worker_pod(result[0], 0, 0)["spec"]["containers"][0]
     assert [p["name"] for p in container["ports"]] == ports
 
 
 def test_ranks_linger_for_the_last_scrape() -> None:
     ctx = ctx_for()
-    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+    for pod in (runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert env["MLBENCH_METRICS_LINGER_SECONDS"] == str(contract.METRICS_LINGER_SECONDS)
     quiet = dataclasses.replace(ctx, metrics_linger_seconds=0)
-    env = {e["name"]: e.get("value") for e in builders.launcher_pod(quiet, 0)["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in runpods.launcher_pod(quiet, 0)["spec"]["containers"][0]["env"]}
     assert env["MLBENCH_METRICS_LINGER_SECONDS"] == "0"
 
 
 def test_worker_without_resources_has_none() -> None:
-    pod = builders.worker_pod(ctx_for(), 0, 0)
+    pod = runpods.worker_pod(ctx_for(), 0, 0)
     assert pod["spec"]["containers"][0]["resources"] == {}
-    assert pod["spec"]["containers"][0]["image"] == "mlbench/mlbench-runner:test"
+    assert pod["spec"]["containers"][0]["image"] == "localhost/mlbench/mlbench-runner:test"
 
 
 def test_launcher_pod_shape() -> None:
-    pod = builders.launcher_pod(ctx_for(name="bench"), 2)
+    pod = runpods.launcher_pod(ctx_for(name="bench"), 2)
     assert pod["metadata"]["labels"][n.LABEL_ROLE] == "launcher"
     assert n.LABEL_RANK not in pod["metadata"]["labels"]
     (container,) = pod["spec"]["containers"]
@@ -274,7 +276,7 @@ def test_ssh_secret() -> None:
     """kubernetes.io/ssh-auth (its required key ssh-privatekey), immutable; authorized_keys is
     ``restrict``-ed; known_hosts names the run's host key under the run's alias, plain (no :2222)."""
     ctx = ctx_for(name="bench", namespace="team-a")
-    secret = builders.ssh_secret(ctx, FAKE_KEYS)
+    secret = runobjects.ssh_secret(ctx, FAKE_KEYS)
     assert secret["type"] == "kubernetes.io/ssh-auth"
     assert secret["immutable"] is True
     assert secret["metadata"]["name"] == "bench-ssh"
@@ -289,8 +291,8 @@ def test_ssh_secret() -> None:
 
 def test_worker_sshd_uses_the_run_host_key_and_timeouts() -> None:
     """No host key generated in the pod: sshd presents the Secret's (mounted) key, through its private copy."""
-    script = builders.worker_pod(ctx_for(), 0, 0)["spec"]["containers"][0]["command"][-1]
-    assert script == builders.WORKER_SCRIPT
+    script = runpods.worker_pod(ctx_for(), 0, 0)["spec"]["containers"][0]["command"][-1]
+    assert script == runpods.WORKER_SCRIPT
     assert "ssh-keygen" not in script
     assert '(umask 077 && cat /etc/mlbench-ssh/ssh_host_ed25519_key > "$d/host_key"' in script
     assert ' -h "$d/host_key" ' in script
@@ -304,7 +306,7 @@ def test_workers_keep_the_client_key_where_the_launcher_does() -> None:
     ``-i <its private copy>``, so every worker keeps its copy of the client key at that very path."""
     from mlbench_runner.pod.launch import PRIVATE_SSH_DIR
 
-    script = builders.WORKER_SCRIPT
+    script = runpods.WORKER_SCRIPT
     assert f"d={PRIVATE_SSH_DIR}\n" in script
     assert f'cat /etc/mlbench-ssh/{contract.SSH_PRIVATE_KEY} > "$d/{contract.SSH_PRIVATE_KEY}")' in script
 
@@ -314,7 +316,7 @@ def test_ssh_secret_volume_mode(run_as_user: int | None, mode: int) -> None:
     """The Secret's files are root's: 0440 + fsGroup for the operator's UID, 0444 under the image's own
     user (whoever it is must read them); sshd and ssh use private copies of the private keys."""
     ctx = dataclasses.replace(ctx_for(), run_as_user=run_as_user)
-    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+    for pod in (runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)):
         (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
         assert volume["secret"] == {"secretName": f"{ctx.name}-ssh", "defaultMode": mode}
         if run_as_user is not None:
@@ -324,7 +326,7 @@ def test_ssh_secret_volume_mode(run_as_user: int | None, mode: int) -> None:
 def test_ssh_environment_points_at_the_secret() -> None:
     """The launcher (and mpirun's tree spawn on workers) checks host keys against the run's known_hosts."""
     ctx = ctx_for(name="bench", namespace="team-a")
-    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+    for pod in (runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert env["MLBENCH_SSH_KEY"] == "/etc/mlbench-ssh/ssh-privatekey"
         assert env["MLBENCH_SSH_KNOWN_HOSTS"] == "/etc/mlbench-ssh/known_hosts"
@@ -335,11 +337,11 @@ def test_ssh_environment_points_at_the_secret() -> None:
 def test_image_user_mode_drops_non_root_settings() -> None:
     ctx = ctx_for()
     image_ctx = RunContext(ctx.name, ctx.namespace, ctx.uid, ctx.task_name, ctx.spec, ctx.config, run_as_user=None)
-    pod = builders.worker_pod(image_ctx, 0, 0)
+    pod = runpods.worker_pod(image_ctx, 0, 0)
     assert "runAsUser" not in pod["spec"]["securityContext"]
     assert "runAsNonRoot" not in pod["spec"]["securityContext"]
     assert "capabilities" not in pod["spec"]["containers"][0]["securityContext"]
-    default = builders.worker_pod(ctx, 0, 0)["spec"]["securityContext"]
+    default = runpods.worker_pod(ctx, 0, 0)["spec"]["securityContext"]
     assert default["runAsUser"] == 1000
     assert default["runAsNonRoot"] is True
 
@@ -363,9 +365,9 @@ def test_pods_carry_what_is_left_of_the_runs_deadline(
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     start = None if elapsed is None else now - timedelta(seconds=elapsed)
-    assert builders.pod_deadline(start, deadline, now) == expected
+    assert runpods.pod_deadline(start, deadline, now) == expected
     ctx = ctx_for()
-    for pod in (builders.worker_pod(ctx, 0, 0, expected), builders.launcher_pod(ctx, 0, expected)):
+    for pod in (runpods.worker_pod(ctx, 0, 0, expected), runpods.launcher_pod(ctx, 0, expected)):
         assert pod["spec"].get("activeDeadlineSeconds") == expected
 
 
@@ -408,18 +410,18 @@ NODE_LOSS = [
 def test_pods_leave_a_lost_node_after_the_operators_bound(
     seconds: int | None, given: list[dict[str, object]], added: list[dict[str, object]]
 ) -> None:
-    assert builders.node_loss_tolerations(seconds, given) == added
+    assert podscheduling.node_loss_tolerations(seconds, given) == added
 
 
 def test_every_pod_of_a_run_carries_the_node_loss_bound() -> None:
     ctx = dataclasses.replace(ctx_for(), node_loss_seconds=15)
-    for pod in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+    for pod in (runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)):
         assert [t["tolerationSeconds"] for t in pod["spec"]["tolerations"]] == [15, 15]
 
 
 def test_a_checkpointing_run_mounts_its_claim_on_the_workers_and_tells_the_runner_its_own_folder() -> None:
     ctx = ctx_for(name="bench", namespace="team-a", workers=2, checkpoint={"claimName": "ckpt"})
-    worker, launcher = builders.worker_pod(ctx, 1, 0), builders.launcher_pod(ctx, 0)
+    worker, launcher = runpods.worker_pod(ctx, 1, 0), runpods.launcher_pod(ctx, 0)
     volumes = {v["name"]: v for v in worker["spec"]["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     mounts = {m["name"]: m["mountPath"] for m in worker["spec"]["containers"][0]["volumeMounts"]}
@@ -429,7 +431,7 @@ def test_a_checkpointing_run_mounts_its_claim_on_the_workers_and_tells_the_runne
     assert ctx.config.run_uid == "uid-bench"
     plain = ctx_for(name="bench", namespace="team-a", workers=2)
     assert plain.config.checkpoint_dir is None
-    assert "checkpoints" not in {v["name"] for v in builders.worker_pod(plain, 0, 0)["spec"]["volumes"]}
+    assert "checkpoints" not in {v["name"] for v in runpods.worker_pod(plain, 0, 0)["spec"]["volumes"]}
 
 
 # -- spec.pod (issue 29) ---------------------------------------------------------------------------------------------
@@ -447,7 +449,7 @@ OWN_SPREAD = {**ZONE_SPREAD, "labelSelector": {"matchLabels": {"team": "vision"}
 
 def test_pod_settings_reach_the_workers() -> None:
     ctx = ctx_for(name="bench", resources={"cpu": 2, "gpu": 1}, backend="nccl", pod=GPU_POD)
-    pod = builders.worker_pod(ctx, 1, 0)
+    pod = runpods.worker_pod(ctx, 1, 0)
     (container,) = pod["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NCCL_DEBUG"] == "INFO"
@@ -464,7 +466,7 @@ def test_pod_settings_reach_the_workers() -> None:
 
 def test_the_launcher_gets_the_env_not_the_rest() -> None:
     ctx = ctx_for(name="bench", resources={"gpu": 1}, backend="nccl", pod={**GPU_POD, "hostIpc": True})
-    launcher = builders.launcher_pod(ctx, 0)
+    launcher = runpods.launcher_pod(ctx, 0)
     (container,) = launcher["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[contract.ENV_FORWARD_ENV] == "NCCL_DEBUG,NCCL_IB_HCA"  # mpirun -x needs them on the launcher
@@ -475,7 +477,7 @@ def test_the_launcher_gets_the_env_not_the_rest() -> None:
 
 
 def test_no_pod_settings_add_nothing() -> None:
-    pod = builders.worker_pod(ctx_for(name="bench"), 0, 0)
+    pod = runpods.worker_pod(ctx_for(name="bench"), 0, 0)
     (container,) = pod["spec"]["containers"]
     assert contract.ENV_FORWARD_ENV not in {e["name"] for e in container["env"]}
     assert "annotations" not in pod["metadata"]
@@ -554,5 +556,5 @@ def test_pod_settings_merge_with_the_placement(
         .replace('"ZONE-WORLD"', json.dumps({**ZONE_SPREAD, "labelSelector": world}))
     )
     keys = ("affinity", "topologySpreadConstraints", "hostNetwork", "hostIPC", "dnsPolicy")
-    spec = builders.worker_pod(ctx, 1, 2)["spec"]
+    spec = runpods.worker_pod(ctx, 1, 2)["spec"]
     assert {k: spec[k] for k in keys if k in spec} == json.loads(text)

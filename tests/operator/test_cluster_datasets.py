@@ -8,6 +8,7 @@ podFailurePolicy and the PV binder are the real ones.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,10 +17,10 @@ from typing import Any
 import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import fetchjob
 from mlbench_operator.run import admission
-from mlbench_operator.settings import DatasetSettings
+from mlbench_operator.settings import DatasetSettings, fetch_image
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
@@ -62,7 +63,7 @@ def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
 def job_name() -> str:
     ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
     assert not isinstance(ctx, admission.Rejection)
-    return builders.fetch_job_name(ctx[0].task.dataset, DatasetSettings().fetch_image)
+    return fetchjob.fetch_job_name(ctx[0].task.dataset, fetch_image(os.environ))  # the operator's env
 
 
 def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -229,7 +230,7 @@ def test_a_job_squatting_the_fetch_jobs_name_is_a_name_conflict_never_trusted(
     job = job_name()
     ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
     assert not isinstance(ctx, admission.Rejection)
-    ours = builders.fetch_job(ctx[0], DatasetSettings())
+    ours = fetchjob.fetch_job(ctx[0], DatasetSettings(fetch_image=fetch_image(os.environ)))
     squatter = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -253,3 +254,58 @@ def test_a_job_squatting_the_fetch_jobs_name_is_a_name_conflict_never_trusted(
     assert "another image or command" in cond(status, c.DATASET_READY)["message"]
     assert runs.pods(name) == {}  # no worker reads data the operator did not fetch
     assert (runs.get("job", job) or {})["metadata"]["uid"] == uid  # reported, not deleted
+
+
+def test_a_job_squatting_the_fetch_job_s_name_is_a_name_conflict(runs: Runs, sourced_task: str, volume: str) -> None:
+    """Issue 33: a Job a namespace user put under the fetch Job's name (without the operator's labels and checksum
+    annotations) is reported as NameConflict on DatasetReady, neither used, replaced nor adopted; once it is gone
+    the fetch starts. kwok only (about 10 s)."""
+    job = job_name()
+    squatter = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job},
+        "spec": {  # suspended: no pod, whatever the namespace's Pod Security level
+            "suspend": True,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}},
+        },
+    }
+    runs.kubectl("apply", "-f", "-", input=json.dumps(squatter))
+    held = runs.get("job", job)
+    assert held is not None
+    name = "squatted-job"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/NameConflict" and s, what="NameConflict")
+    assert f"Job {job} already exists and was not created by the operator" in cond(status, "DatasetReady")["message"]
+    assert status["phase"] == "Pending"
+    after = runs.get("job", job)
+    assert after is not None
+    assert after["metadata"]["uid"] == held["metadata"]["uid"]  # not replaced
+    assert after["spec"].get("suspend") is True  # nor touched
+    assert runs.pods(name) == {}
+    runs.kubectl("delete", "job", job, "--wait=true")
+    runs.wait_status(name, lambda s: dataset_reason(s) == "False/Fetching" and s, timeout=90, what="Fetching")
+
+
+def test_a_pvc_squatting_the_dataset_volume_s_name_is_a_name_conflict(runs: Runs, sourced_task: str) -> None:
+    """Issue 33: a PVC under the dataset volume's name without the operator's labels is reported as NameConflict;
+    no fetch Job starts into it. kwok only (a few seconds)."""
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": PVC},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": TEST_STORAGE_CLASS,
+        },
+    }
+    runs.kubectl("apply", "-f", "-", input=json.dumps(pvc))
+    name = "squatted-volume"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/NameConflict" and s, what="NameConflict")
+    message = cond(status, "DatasetReady")["message"]
+    assert f"PersistentVolumeClaim {PVC} already exists and was not created by the operator" in message
+    assert "app.kubernetes.io/managed-by" in message
+    assert runs.get("job", job_name()) is None
+    assert runs.pods(name) == {}

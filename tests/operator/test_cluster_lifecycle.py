@@ -304,7 +304,7 @@ def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) ->
         assert len(pods) == workers + 1
         for pod, uid in before.items():
             assert pods[pod]["metadata"]["uid"] == uid, f"{pod} was recreated"
-        assert {o["spec"]["containers"][0]["image"] for o in pods.values()} == {"mlbench/mlbench-runner:test"}
+        assert {o["spec"]["containers"][0]["image"] for o in pods.values()} == {"localhost/mlbench/mlbench-runner:test"}
 
         operator.stop(kill=True)
         runs.finish_launcher(name, 0, factories.summary(name, world_size=workers).termination_message())

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import runpods
 from mlbench_operator.run import admission
 from tests.cluster.plugin import KubeCluster
 from tests.operator import helpers as h
@@ -29,7 +29,7 @@ ALLOWED = dataclasses.replace(h.PERMISSIVE, allow_network_emulation=True)
 def worker(namespace: str, **spec: Any) -> dict[str, Any]:
     result = admission.admit(h.run(namespace=namespace, **spec), h.task(), policy=ALLOWED)
     assert not isinstance(result, admission.Rejection), result
-    pod = builders.worker_pod(result[0], 0, 0)
+    pod = runpods.worker_pod(result[0], 0, 0)
     del pod["metadata"]["ownerReferences"]  # no such run in this namespace
     return pod
 
@@ -62,7 +62,7 @@ def test_network_workers_need_a_privileged_namespace(
     if not admitted:
         assert "violates PodSecurity" in err
         assert "NET_ADMIN" in err
-        assert builders.NETEM_CONTAINER in err
+        assert runpods.NETEM_CONTAINER in err
     plain_code, plain_err = create(worker(namespace))  # the control: the same worker without spec.network
     assert plain_code == 0, plain_err
 

@@ -63,3 +63,22 @@ def test_a_late_scrape_never_overwrites_a_finished_or_restarted_runs_progress(
     kube.patch_run_status(namespace, "late", {"phase": "Running"})
     with pytest.raises(ApiError, match=r"status\.progress\.epoch"):
         kube.patch_running_progress(namespace, "late", {"epoch": -1.0, "step": 1}, 1)
+
+
+def test_a_status_write_at_a_stale_resource_version_is_refused(
+    kube_cluster: KubeCluster, namespace: str, kube: Kube, test_task: str
+) -> None:
+    """Fencing (issue 33): a run status merge patch carrying the resourceVersion it was computed from is refused
+    (409) once another writer (a new leader) moved the run on; nothing of it lands. The API server's word."""
+    body = h.run("fenced", namespace)
+    body["metadata"] = {"name": "fenced", "namespace": namespace}
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=True)
+    planned_from = kube.patch_run_status(namespace, "fenced", {"phase": "Running", "restarts": 0})
+    assert planned_from
+    now = kube.patch_run_status(namespace, "fenced", {"message": "the new leader"}, planned_from)  # the new leader
+    with pytest.raises(ApiError) as err:  # the deposed one, late, at the version it planned from
+        kube.patch_run_status(namespace, "fenced", {"phase": "Failed", "message": "stale"}, planned_from)
+    assert err.value.status == 409
+    live = get_json(kube_cluster, "-n", namespace, "benchmarkrun", "fenced") or {}
+    assert (live["status"]["phase"], live["status"]["message"]) == ("Running", "the new leader")
+    assert live["metadata"]["resourceVersion"] == now

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlbench_api.watch import EXIT_FAILED, EXIT_SUCCEEDED
+from mlbench_api.watch import EXIT_DELETED, EXIT_FAILED, EXIT_SUCCEEDED, EXIT_UNAVAILABLE
 from tests import factories
 from tests.operator import helpers as h
 from tests.operator.conftest import Runs
@@ -47,6 +47,18 @@ def test_watch_follows_a_run_to_its_end(runs: Runs, code: int, expected: int, la
 def test_watch_of_a_missing_run_fails_with_one_line(runs: Runs) -> None:
     proc = watch(runs, "no-such-run")
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_FAILED
+    assert proc.returncode == EXIT_UNAVAILABLE
     assert "Traceback" not in err
     assert "HTTP 404" in err
+
+
+def test_watch_of_a_run_deleted_while_watched_exits_deleted(runs: Runs) -> None:
+    runs.apply(h.run("watchdel", workers=1))
+    proc = watch(runs, "watchdel")
+    runs.wait_phase("watchdel", "Running")
+    assert proc.stdout is not None
+    assert proc.stdout.readline(), "the watch printed nothing"  # it follows the run before the deletion
+    runs.kubectl("delete", "benchmarkrun", "watchdel", "--wait=false")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_DELETED, err
+    assert out.splitlines()[-1] == "deleted while watched", out

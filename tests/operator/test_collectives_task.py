@@ -8,8 +8,8 @@ from typing import Any
 
 from mlbench_api.catalog import load_catalog
 from mlbench_api.results import CollectiveResult, RunSummary
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.run import admission
 from tests.factories import collectives_summary
 from tests.operator import helpers as h
@@ -22,12 +22,12 @@ TASK: dict[str, Any] = {
     "spec": {
         "division": "closed",
         "collectives": {"maxBytes": 1048576},
-        "runner": {"image": "mlbench/mlbench-runner:test", "command": ["mlbench-runner", "collectives"]},
+        "runner": {"image": "localhost/mlbench/mlbench-runner:test", "command": ["mlbench-runner", "collectives"]},
     },
 }
 
 
-def admitted(**spec: Any) -> tuple[dict[str, Any], builders.RunContext]:
+def admitted(**spec: Any) -> tuple[dict[str, Any], runcontext.RunContext]:
     body = h.run(**spec)
     result = admission.admit(body, copy.deepcopy(TASK))
     assert not isinstance(result, admission.Rejection), result
@@ -42,7 +42,7 @@ def test_a_collectives_run_is_admitted_without_data() -> None:
     assert ctx.config.task.collectives is not None
     assert ctx.config.goal_target_value is None
     assert ctx.config.lr_schedule is None
-    for obj in (builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)):
+    for obj in (runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)):
         volumes = {v["name"] for v in obj["spec"].get("volumes", [])}
         assert "data" not in volumes
 
@@ -79,10 +79,10 @@ def sweep_summary() -> RunSummary:
 
 def test_a_finished_sweep_reports_its_peaks() -> None:
     body, ctx = admitted()
-    ready = [pod(builders.worker_pod(ctx, r, 0)) for r in range(ctx.spec.workers)]
+    ready = [pod(runpods.worker_pod(ctx, r, 0)) for r in range(ctx.spec.workers)]
     body, plan = step(body, ctx, ready, T0)
     summary = sweep_summary()
-    done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, summary.termination_message())
     body, plan = step(body, ctx, [*ready, done], T0)
     st = plan.status
     assert st["phase"] == "Succeeded"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_api.run import Phase
+from mlbench_api.runstatus import Phase
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import DatasetReason, Reason
 

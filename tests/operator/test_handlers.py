@@ -98,16 +98,31 @@ class FakeKube:
         self.log_error: Any = None  # raised by read_log
         self.refuse_status: Any = None  # predicate on a status patch: True -> HTTP 422
         self.created: list[dict[str, Any]] = []  # every object asked for, as sent
+        self.versions: list[str] = []  # the resourceVersion each status patch was made at
+        self.live: dict[str, Any] | None = None  # the run in the API server: status patches fenced by its version
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.calls.append(("patch", status))
-        if self.refuse_status is not None and self.refuse_status(status):
-            from mlbench_operator.kube import ApiError
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
+        from mlbench_operator.kube import ApiError
 
+        self.calls.append(("patch", status))
+        self.versions.append(resource_version)
+        if self.refuse_status is not None and self.refuse_status(status):
             raise ApiError(422, "PATCH", "/status", '{"message": "status.result.worldSize: Invalid value"}')
+        if self.live is None:
+            return ""
+        meta = self.live["metadata"]
+        if resource_version and resource_version != meta["resourceVersion"]:  # the API server's precondition
+            raise ApiError(409, "PATCH", "/status", '{"reason": "Conflict", "message": "the object has been modified"}')
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        self.live["status"] = {k: v for k, v in {**self.live["status"], **status}.items() if v is not None}
+        return str(meta["resourceVersion"])
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get_run", name))
+        return None if self.live is None else {**self.live, "status": dict(self.live["status"])}
 
     async def delete_pods_named(
         self, namespace: str, names: Any, grace: int | None = None, uids: dict[str, str] | None = None
@@ -186,11 +201,11 @@ def _reconciler(
 
 
 def _running(policy: str = "All", **spec: Any) -> tuple[dict[str, Any], Any, list[Any]]:
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import admitted, pod, step, workers
 
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}, **spec))
-    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    pods = [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))]
     body, plan = step(body, ctx, pods)
     assert plan.status["phase"] == "Running"
     return body, ctx, pods
@@ -199,11 +214,11 @@ def _running(policy: str = "All", **spec: Any) -> tuple[dict[str, Any], Any, lis
 def test_final_status_is_written_before_cleanup_and_cleanup_is_redriven(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 1: the result is recorded first; a failed cleanup is finished by the next pass or
     by a restarted operator, and the run is never re-planned (no LauncherLost restart)."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.fail_deletes = 1
     kube.log = "some output\n" + results_line(factories.summary()) + "\n"
@@ -244,13 +259,13 @@ def test_a_restart_is_announced_and_counted_once_even_when_its_deletes_fail(monk
     """The restart is recorded by the status write; the Event and the counter go with it. A failed delete
     after it must not lose them (the retry plans from the new status: "waiting for the old pods", not a
     restart), and the retry's deletes of the same stale pods are not another restart."""
-    from mlbench_operator import builders
     from mlbench_operator import metrics as m
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import admitted, pod, terminated, workers
 
     body, ctx = admitted(h.run())
-    oom = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
-    pods = [workers(ctx)[0], oom, pod(builders.launcher_pod(ctx, 0))]
+    oom = terminated(runpods.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    pods = [workers(ctx)[0], oom, pod(runpods.launcher_pod(ctx, 0))]
     kube = FakeKube()
     kube.fail_deletes = 1
     rec = _reconciler(body, kube, monkeypatch)
@@ -540,7 +555,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
 ) -> None:
     """It deleted the pods and stopped before the status write: workers.ready kept its count from before. Under
     Running (the default) the finished launcher stays, so "every pod gone" would not see it."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from mlbench_operator.run import handlers as run_handlers
     from mlbench_operator.run import lifecycle
     from tests.operator.test_reconcile import terminated, workers
@@ -551,7 +566,7 @@ def test_a_cleanup_the_operator_did_not_record_is_recorded_after_a_restart(
     if left == "terminating workers":
         pods = [dataclasses.replace(p, terminating=True) for p in workers(ctx)]
     else:
-        pods = [terminated(builders.launcher_pod(ctx, 0), 1, "")]
+        pods = [terminated(runpods.launcher_pod(ctx, 0), 1, "")]
     needs: Any = run_handlers._needs_daemon
     assert needs(body=finished, namespace="ns", name="r1", memo=_memo({("ns", "r1"): pods}))
     kube = FakeKube()
@@ -628,12 +643,12 @@ def test_a_finished_runs_daemon_waits_so_a_later_clean_pod_policy_applies(monkey
 
 def _finished(policy: str = "All") -> tuple[dict[str, Any], Any, list[Any]]:
     """A run whose launcher succeeded: the next pass writes Succeeded, then keeps results and cleans up."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running(policy)
     body["metadata"]["uid"] = ""  # the test pods carry no owner uid
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     return body, ctx, [*workers(ctx), done]
 
 
@@ -812,11 +827,11 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
     Failed/InvalidResult status is written instead, and the next pass cleans up as for any failure."""
     import kopf
 
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     kube = FakeKube()
     kube.refuse_status = lambda st: "result" in st
     rec = _reconciler(body, kube, monkeypatch)
@@ -838,11 +853,11 @@ def test_a_status_the_api_server_refuses_fails_the_run_as_invalid_result(monkeyp
 
 
 def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("Running")
-    failed = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"mpirun exited with 1","exitCode":1}')
+    failed = terminated(runpods.launcher_pod(ctx, 0), 1, '{"error":"mpirun exited with 1","exitCode":1}')
     kube = FakeKube()
     kube.log = "rank 1: loss nan\nORTE has lost communication with a remote daemon\n"
     rec = _reconciler(body, kube, monkeypatch)
@@ -866,7 +881,7 @@ def test_a_gang_restart_keeps_the_failed_launchers_log_tail_in_an_event(monkeypa
 def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gang restart clears status.progress; a copy of the old attempt's, taken from the live body before the
     watch echoed the clear, must go once it has (or the new attempt is judged Stalled by it)."""
-    from mlbench_operator import builders
+    from mlbench_operator import runpods
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, pods = _running("Running")
@@ -874,7 +889,7 @@ def test_a_cleared_progress_does_not_linger_in_the_reconcilers_copy(monkeypatch:
     body["status"] = {**body["status"], "progress": old}
     kube = FakeKube()
     rec = _reconciler(body, kube, monkeypatch)
-    failed = [terminated(builders.worker_pod(ctx, 0, 0), 1), *workers(ctx)[1:], pods[-1]]
+    failed = [terminated(runpods.worker_pod(ctx, 0, 0), 1), *workers(ctx)[1:], pods[-1]]
     asyncio.run(rec.step(failed))
     assert rec.status["restarts"] == 1
     assert rec.status["progress"] is None  # cleared
@@ -966,7 +981,7 @@ def test_interrupted_collections_are_given_up_not_read_again(monkeypatch: pytest
     """Issue 33: an operator killed while reading a launcher's log (a results bomb) must not read it again after
     every restart: each attempt is recorded before the read, and after MAX_COLLECT_ATTEMPTS unfinished ones the
     results are given up with the reason, the log left alone."""
-    from mlbench_api.run import MAX_COLLECT_ATTEMPTS
+    from mlbench_api.runstatus import MAX_COLLECT_ATTEMPTS
 
     body, _ctx, pods = _finished("All")
     kube = FakeKube()
@@ -1054,3 +1069,117 @@ def test_an_unlabelled_pod_squatting_on_a_pods_name_is_a_name_conflict(
     )
     assert ("Warning", "NameConflict", cond["message"]) in rec.events
     assert ("get_pod", name) in kube.calls  # by list: the operator may not get pods (RBAC)
+
+
+def test_a_deposed_leaders_late_status_write_is_refused_and_the_run_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 (fencing): a status write carries the resourceVersion it was computed from. The run changed
+    since (the new leader wrote version 7; this replica planned from 5): the API server refuses it with 409,
+    nothing of the stale pass lands, the run is read again and the next pass plans from that and writes at 7."""
+    from mlbench_operator import runpods
+    from mlbench_operator.run.daemon import StatusConflict
+    from tests.operator.test_reconcile import terminated, workers
+
+    body, ctx, _ = _running("All")
+    body["metadata"]["resourceVersion"] = "5"
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    kube = FakeKube()
+    newer = {**body["status"], "message": "written by the new leader"}
+    kube.live = {"metadata": {**body["metadata"], "resourceVersion": "7"}, "status": newer}
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(StatusConflict, match="resourceVersion 5 was refused"):
+        asyncio.run(rec.step([*workers(ctx), done]))
+    assert kube.versions == ["5"]
+    assert kube.live["status"] == newer  # the stale write did not land
+    assert ("get_run", "r1") in kube.calls
+    rec.recover(body["status"])  # the daemon's error path: the run as read, not the watch's older copy
+    assert rec.status == newer
+    kube.calls.clear()
+    asyncio.run(rec.step([*workers(ctx), done]))
+    assert kube.versions[1] == "7"
+    assert kube.live["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize(
+    ("known", "seen", "status", "ours", "expected"),
+    [
+        ("5", "5", {"phase": "Running"}, {"phase": "Running"}, "5"),
+        # only metadata moved (a label, kopf's annotations): the watch's newer version is safe
+        ("5", "6", {"phase": "Running"}, {"phase": "Running", "progress": None}, "6"),
+        # the watch lags behind our own write: our write's version
+        ("8", "7", {"phase": "Pending"}, {"phase": "Running"}, "8"),
+        # someone else wrote the status (a new leader): ours, stale, so refused
+        ("5", "9", {"phase": "Failed"}, {"phase": "Running"}, "5"),
+        ("", "4", {"phase": "Failed"}, {"phase": "Running"}, "4"),  # nothing written yet
+    ],
+)
+def test_fence_version(known: str, seen: str, status: dict[str, Any], ours: dict[str, Any], expected: str) -> None:
+    from mlbench_operator.runtime import fence_version
+
+    body = {"metadata": {"resourceVersion": seen}, "status": status}
+    assert fence_version(known, body, ours) == expected
+
+
+def test_a_run_status_patch_carries_its_resource_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes import client as k8s
+
+    from mlbench_operator.kube import Kube
+
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    sent: list[Any] = []
+
+    def request(method: str, path: str, body: Any = None, **_kw: Any) -> dict[str, Any]:
+        sent.append(body)
+        return {"metadata": {"resourceVersion": "12"}}
+
+    monkeypatch.setattr(kube, "request", request)
+    try:
+        assert kube.patch_run_status("ns", "r", {"phase": "Running"}, "11") == "12"
+        assert kube.patch_run_status("ns", "r", {"phase": "Running"}) == "12"
+    finally:
+        kube.close()
+    assert sent == [
+        {"metadata": {"resourceVersion": "11"}, "status": {"phase": "Running"}},
+        {"status": {"phase": "Running"}},
+    ]
+
+
+class _Quota(FakeKube):
+    """An API server that throttles: pod creates get 429 while ``throttled``, each create_many call recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttled = True
+        self.rounds: list[int] = []
+
+    def create_many_now(self, objs: list[dict[str, Any]]) -> list[Any]:
+        from mlbench_operator.kube import ApiError
+
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        if pods:
+            self.rounds.append(len(pods))
+        if self.throttled and pods:
+            self.create_error = ApiError(429, "POST", "/pods", '{"message": "too many requests"}')
+        else:
+            self.create_error = None
+        return super().create_many_now(objs)
+
+
+def test_pod_creates_slow_start_after_a_429_and_grow_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: after the first 429 the next creates go in batches of 1, 2, 4, ... (as Job and JobSet do), each
+    only after the one before went through, not all 16 workers at an API server that just throttled us."""
+    import kopf
+
+    from tests.operator.test_reconcile import admitted
+
+    body, _ = admitted(h.run(workers=16))
+    kube = _Quota()
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(rec.step([]))
+    assert kube.rounds == [16]  # all at once: nothing was refused before
+    assert rec.pacing.batch == 1
+    kube.throttled = False
+    rec.pacing.create_backoff_until = 0.0  # the backoff has ended
+    asyncio.run(rec.step([]))
+    assert kube.rounds[1:] == [1, 2, 4, 8, 1]  # 16 workers, then the launcher, in growing batches
+    assert rec.pacing.batch == 32

@@ -105,26 +105,78 @@ def test_log_reads_are_text_and_other_answers_json(api: Kube) -> None:
     assert api.get_task("t") == {"kind": "BenchmarkTask", "spec": {}}
 
 
-def test_liveness_fails_when_the_api_pool_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_liveness_fails_when_the_api_pool_is_stuck_not_when_it_is_busy() -> None:
+    """Issue 33: the probe judges progress (a call completed while work waits), not the queue's depth: a pool
+    with a thousand calls queued that keeps completing them is alive; one whose only thread hangs is not."""
     from mlbench_operator import handlers
+    from mlbench_operator.liveness import STALL_SECONDS, Progress
 
-    monkeypatch.setattr(handlers, "PROBE_SECONDS", 0.5)
+    clock = _Clock()
     kube = Kube(k8s.Configuration(), concurrency=1)
+    kube.progress = Progress(clock)
     release = threading.Event()
+    probe: Any = handlers.api_progress  # kopf's decorator types it as an activity
 
-    async def probe_while(blocked: bool) -> Any:
-        if blocked:
-            kube.pool.submit(release.wait)  # the only thread hangs, as on a stuck API call
-        probe: Any = handlers.api_pool_alive  # kopf's decorator types it as an activity
-        return await probe(memo={"kube": kube})
+    async def scenario() -> None:
+        assert (await probe(memo={"kube": kube}))["pending"] == 0
+        clock.t += 10 * STALL_SECONDS  # idle for long: alive
+        await probe(memo={"kube": kube})
+        hung = asyncio.ensure_future(kube.run(release.wait))  # the only thread hangs, as on a stuck API call
+        queued = [asyncio.ensure_future(kube.run(bool, 1)) for _ in range(1000)]
+        await asyncio.sleep(0.05)
+        clock.t += STALL_SECONDS - 1
+        assert (await probe(memo={"kube": kube}))["pending"] == 1001  # answered at once, however deep the queue
+        clock.t += 2
+        with pytest.raises(kopf.PermanentError, match="1001 API calls waiting and none completed for 121s"):
+            await probe(memo={"kube": kube})
+        release.set()
+        await asyncio.gather(hung, *queued)
+        assert (await probe(memo={"kube": kube}))["pending"] == 0
 
     try:
-        assert asyncio.run(probe_while(blocked=False)) is True
-        with pytest.raises(kopf.PermanentError, match="stuck"):
-            asyncio.run(probe_while(blocked=True))
+        asyncio.run(scenario())
     finally:
         release.set()
         kube.close()
+
+
+@pytest.mark.parametrize(
+    ("pending", "since", "now", "alive"),
+    [
+        (0, 0.0, 10_000.0, True),  # idle: alive however long ago the last call was
+        (1000, 100.0, 219.0, True),  # a deep queue, a call completed 119 s ago
+        (1000, 100.0, 220.0, True),  # exactly the limit
+        (1, 100.0, 220.5, False),  # one call waiting, nothing completed for longer than the limit
+    ],
+)
+def test_liveness_verdict(pending: int, since: float, now: float, alive: bool) -> None:
+    from mlbench_operator.liveness import Snapshot, verdict
+
+    assert (verdict(Snapshot(pending, since), now, limit=120.0) is None) is alive
+
+
+def test_progress_counts_from_the_last_completion_or_the_arrival_of_work() -> None:
+    from mlbench_operator.liveness import Progress, Snapshot
+
+    clock = _Clock()
+    meter = Progress(clock)
+    clock.t = 2000.0
+    meter.started()  # work arrives at a pool idle since 1000: the wait counts from 2000
+    assert meter.snapshot() == Snapshot(1, 2000.0)
+    clock.t = 2005.0
+    meter.started()
+    assert meter.snapshot() == Snapshot(2, 2000.0)  # more work: still from 2000
+    clock.t = 2010.0
+    meter.finished()
+    assert meter.snapshot() == Snapshot(1, 2010.0)  # a completion is progress
 
 
 class _Watch(BaseHTTPRequestHandler):
@@ -276,19 +328,22 @@ def test_a_refused_progress_patch_is_dropped_only_when_a_test_failed(body: str, 
         kube.close()
 
 
-def test_the_kubelet_waits_longer_than_the_probe_does() -> None:
-    """The liveness probe answers within PROBE_SECONDS (a busy API pool: a fan-out of pod creates queued
-    ahead of its no-op); a kubelet timeout below that restarted a working operator in the middle of it."""
+def test_the_deployments_probes() -> None:
+    """The startupProbe covers a slow first sync (the pod listing before kopf starts: up to 5 minutes), the
+    liveness probe restarts only a pool stuck for longer than the verdict's limit plus the kubelet's retries."""
     from pathlib import Path
 
     import yaml
 
-    from mlbench_operator import handlers
+    from mlbench_operator.liveness import STALL_SECONDS
 
     manifest = Path(__file__).parents[2] / "manifests" / "operator" / "deployment.yaml"
     deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["livenessProbe"]["timeoutSeconds"] > handlers.PROBE_SECONDS + 2
+    startup, live = container["startupProbe"], container["livenessProbe"]
+    assert startup["httpGet"] == live["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert live["periodSeconds"] * live["failureThreshold"] < STALL_SECONDS  # the verdict decides, not the kubelet
 
 
 @pytest.mark.parametrize(
@@ -351,3 +406,41 @@ def test_a_pod_is_read_by_listing_its_name(items: list[dict[str, Any]]) -> None:
     finally:
         kube.close()
     assert calls == [("GET", "/api/v1/namespaces/ns/pods", [("fieldSelector", "metadata.name=r1-worker-0")])]
+
+
+class _Paged:
+    """A collection of 1200 objects served as the API server does: ``limit`` per page, ``continue`` tokens."""
+
+    def __init__(self) -> None:
+        self.queries: list[dict[str, str]] = []
+
+    def __call__(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        query = dict(kw.get("query") or [])
+        self.queries.append(query)
+        start = int(query.get("continue") or 0)
+        end = min(start + int(query["limit"]), 1200)
+        meta = {"resourceVersion": "77", **({"continue": str(end)} if end < 1200 else {})}
+        return {"metadata": meta, "items": [{"metadata": {"name": f"o{i}"}} for i in range(start, end)]}
+
+
+@pytest.mark.parametrize("call", ["list_objects", "list_pods", "list_runs"])
+def test_every_listing_is_paginated(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """Issue 33: a listing is fetched and decoded PAGE_SIZE objects at a time (limit/continue), not as one
+    answer holding every pod of the cluster, and none of the pages is lost."""
+    from mlbench_operator.kube import PAGE_SIZE
+
+    kube = Kube(k8s.Configuration(), concurrency=1)
+    paged = _Paged()
+    monkeypatch.setattr(kube, "request", paged)
+    try:
+        if call == "list_objects":
+            items, version = kube.list_objects("/api/v1/pods", "app=x", "pods")
+            assert version == "77"
+        else:
+            items = getattr(kube, call)("ns", "app=x")
+    finally:
+        kube.close()
+    assert [o["metadata"]["name"] for o in items] == [f"o{i}" for i in range(1200)]
+    assert [q.get("continue") for q in paged.queries] == [None, "500", "1000"]
+    assert {q["limit"] for q in paged.queries} == {str(PAGE_SIZE)}
+    assert {q["labelSelector"] for q in paged.queries} == {"app=x"}

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from mlbench_api.run import BenchmarkRunSpec
-from mlbench_operator import builders
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.run import admission, kueue
 from tests.operator import helpers as h
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _ctx(**spec: Any) -> builders.RunContext:
+def _ctx(**spec: Any) -> runcontext.RunContext:
     admitted = admission.admit(h.run(**spec), h.task(), policy=h.PERMISSIVE)
     assert not isinstance(admitted, admission.Rejection), admitted
     return admitted[0]
@@ -23,7 +23,7 @@ def _ctx(**spec: Any) -> builders.RunContext:
 
 def _workload(**spec: Any) -> dict[str, Any]:
     ctx = _ctx(**spec)
-    worker, launcher = builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)
+    worker, launcher = runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)
     return kueue.workload(
         ctx.name, ctx.namespace, ctx.uid, queue="team-a", worker=worker, launcher=launcher, count=ctx.spec.workers
     )

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import BenchmarkRunStatus
-from mlbench_operator import builders
+from mlbench_api.runstatus import BenchmarkRunStatus
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import results
 from mlbench_operator.run.ownership import launcher_refused
@@ -22,13 +22,13 @@ from tests.operator.test_handlers import FakeKube, _reconciler
 from tests.operator.test_reconcile import T0, admitted, cond, pod, step, terminated, workers
 
 
-def _launcher(ctx: builders.RunContext, uid: str, created: str | None = None, **kw: Any) -> PodView:
-    obj = builders.launcher_pod(ctx, 0)
+def _launcher(ctx: runcontext.RunContext, uid: str, created: str | None = None, **kw: Any) -> PodView:
+    obj = runpods.launcher_pod(ctx, 0)
     obj["metadata"] = {**obj["metadata"], "uid": uid, "creationTimestamp": created}
     return pod(obj, **kw)
 
 
-def _ready_status(ctx: builders.RunContext, body: dict[str, Any]) -> dict[str, Any]:
+def _ready_status(ctx: runcontext.RunContext, body: dict[str, Any]) -> dict[str, Any]:
     """The run's status once every worker is Ready (at T0, when the operator creates the launcher)."""
     body, _ = step(body, ctx, workers(ctx))
     return body
@@ -72,13 +72,13 @@ def test_a_forged_launcher_with_a_recorded_one_is_not_the_run_s() -> None:
     body, ctx = admitted(h.run())
     body = _ready_status(ctx, body)
     body = {**body, "status": {**body["status"], "launcher": {"uid": "u-op", "attempt": 0}}}
-    forged = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    forged = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     forged = dataclasses.replace(forged, uid="u-forged")
     _, plan = step(body, ctx, [*workers(ctx), forged])
     assert plan.status["phase"] not in ("Succeeded", "Failed")  # its exit is not the run's result
     assert "result" not in plan.status
-    assert results.launcher([forged], "", {"uid": "u-op", "attempt": 0}) is None  # nor its results
-    assert results.launcher([forged], "", {"uid": "u-forged", "attempt": 0}) is forged
+    assert results.launcher([forged], "", {"launcher": {"uid": "u-op", "attempt": 0}}) is None  # nor its results
+    assert results.launcher([forged], "", {"launcher": {"uid": "u-forged", "attempt": 0}}) is forged
 
 
 def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,5 +95,5 @@ def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monk
     rec.service_ensured = True
     asyncio.run(rec.step(workers(ctx)))
     assert ("create", "Pod", "r1-launcher") in kube.calls
-    assert rec.status["launcher"] == {"uid": "uid-r1-launcher", "attempt": 0}
-    assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0}} in kube.patches()
+    assert rec.status["launcher"] == {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}
+    assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}} in kube.patches()

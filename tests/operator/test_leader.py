@@ -545,3 +545,97 @@ def test_a_standby_says_whom_it_waits_for_and_until_when(caplog: pytest.LogCaptu
     assert record["holder"] == "other"
     assert record["lease"] == "mlbench-system/mlbench-operator"
     assert record["expires"] == le.micro_time(at(15))  # the holder's claim, unless it renews
+
+
+@pytest.mark.parametrize(
+    ("reported", "holder", "seconds", "due"),
+    [
+        (None, "other", 0, True),  # the first attempt
+        (("other", 0), "other", 2, False),  # the next attempt, 2 s on: quiet
+        (("other", 0), "other", 59.9, False),
+        (("other", 0), "other", 60, True),  # once a minute
+        (("other", 0), "third", 2, True),  # a new holder: at once
+    ],
+)
+def test_standby_report_due(reported: tuple[str, float] | None, holder: str, seconds: float, due: bool) -> None:
+    last = None if reported is None else (reported[0], at(reported[1]))
+    assert le.standby_report_due(last, holder, at(seconds)) is due
+
+
+def _waiting_for(holder: str) -> float | None:
+    return REGISTRY.get_sample_value("mlbench_operator_leader_waiting_for", {"holder": holder})
+
+
+def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 33: a standby says whom it waits for (log, rate-limited; a gauge at every attempt) and when that
+    holder last renewed; the gauge goes once this replica leads."""
+    leases, clock = FakeLeases(), Clock()
+    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(0))})
+    b = elector(leases, "b", clock)
+
+    def standby_logs() -> list[dict[str, Any]]:
+        return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == "leader_standby"]
+
+    async def renewed_by_other(t: float) -> None:
+        clock.t = t
+        leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(t))})
+        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+
+    async def scenario() -> None:
+        for t in (0, 2, 4, 30, 61):
+            await renewed_by_other(t)
+
+    with caplog.at_level("INFO", logger="mlbench_operator.leader"):
+        asyncio.run(scenario())
+    logged = standby_logs()
+    assert [r["renew_time"] for r in logged] == [le.micro_time(at(0)), le.micro_time(at(61))]
+    assert {r["holder"] for r in logged} == {"other"}
+    assert _waiting_for("other") == at(61).timestamp()  # the last attempt's renewTime, not the last log's
+    clock.t = 200  # the holder stopped renewing: b takes over, and waits for no one
+    assert asyncio.run(b.acquire(asyncio.Event())) is True
+    assert _waiting_for("other") is None
+
+
+@pytest.mark.parametrize(
+    ("since", "now", "alive"),
+    [(None, 1e6, True), (100.0, 399.0, True), (100.0, 400.0, True), (100.0, 401.0, False)],
+    ids=["standing by", "syncing", "at the limit", "sync too long"],
+)
+def test_syncing_verdict(since: float | None, now: float, alive: bool) -> None:
+    assert (le.syncing_verdict(since, now, limit=300.0) is None) is alive
+
+
+def test_the_probe_is_answered_through_the_first_sync_until_handed_over() -> None:
+    """Issue 33: kopf serves /healthz only after its startup handlers (the first pod listing). The standby's
+    endpoint used to stop as soon as the Lease was taken: a slow first sync failed the probe. Now it answers
+    (leader: true) until the startup handler stops it, and the stopper is safe to call twice."""
+    import json as js
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/healthz"
+    leases = FakeLeases()
+    settings = replace(S, identity="me", lease_duration=3, renew_deadline=0.3, retry_period=0.05)
+    handed: list[Any] = []
+    answers: list[Any] = []
+
+    def probe() -> Any:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return js.loads(resp.read())
+        except OSError as err:
+            return type(err).__name__
+
+    async def operator(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        answers.append(await loop.run_in_executor(None, probe))  # kopf's first sync: still answered
+        await handed[0]()  # the startup handler's handover
+        answers.append(await loop.run_in_executor(None, probe))  # the port is free for kopf
+
+    code = asyncio.run(le.run_elected(operator, settings, url, client=leases, handover=handed.append))
+    assert code == 0
+    assert answers[0] == {"leader": True, "holder": None, "lease": "mlbench-system/mlbench-operator"}
+    assert answers[1] == "URLError"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import mounts, policies
 from tests.operator import helpers as h
@@ -17,9 +17,9 @@ from tests.operator.test_reconcile import T0, admitted, cond, pod, workers
 MISSING = 'MountVolume.SetUp failed for volume "data" : configmap "no-such-data" not found'
 
 
-def _waiting(ctx: builders.RunContext, rank: int, age: float, **status: Any) -> PodView:
+def _waiting(ctx: runcontext.RunContext, rank: int, age: float, **status: Any) -> PodView:
     """A scheduled worker, ContainerCreating for ``age`` seconds (as the kubelet reports it: Pending, no reason)."""
-    obj = builders.worker_pod(ctx, rank, 0)
+    obj = runpods.worker_pod(ctx, rank, 0)
     obj["metadata"]["creationTimestamp"] = c.timestamp(T0 - timedelta(seconds=age))
     obj["metadata"]["uid"] = f"uid-{rank}"
     creating = [{"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}]

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from mlbench_api import contract
-from mlbench_operator import builders
 from mlbench_operator import policy as p
-from mlbench_operator.builders import RunContext
+from mlbench_operator import runobjects, runpods
 from mlbench_operator.env import SettingsError
 from mlbench_operator.run import admission
+from mlbench_operator.runcontext import RunContext
 from mlbench_operator.settings import OperatorConfig
 from tests.operator import helpers as h
 from tests.operator.test_pod_security import restricted_violations
@@ -91,15 +91,15 @@ def test_worker_has_the_init_container_exactly_when_network_is_set(
 ) -> None:
     spec = {"network": network} if network is not None else {}
     ctx = dataclasses.replace(ctx_for(**spec), run_as_user=run_as_user)
-    worker = builders.worker_pod(ctx, 1, 0)["spec"]
-    launcher = builders.launcher_pod(ctx, 0)["spec"]
+    worker = runpods.worker_pod(ctx, 1, 0)["spec"]
+    launcher = runpods.launcher_pod(ctx, 0)["spec"]
     assert [c["name"] for c in launcher["initContainers"]] == ["wait-for-workers"]  # the launcher: nothing new
     if network is None:
         assert "initContainers" not in worker
-        assert builders.netem_init_container(ctx) is None
+        assert runpods.netem_init_container(ctx) is None
         return
     (init,) = worker["initContainers"]
-    assert init["name"] == builders.NETEM_CONTAINER
+    assert init["name"] == runpods.NETEM_CONTAINER
     assert init["image"] == worker["containers"][0]["image"] == ctx.image
     assert init["command"] == ["mlbench-runner", "netem", "--interface", "eth0", "--config", "/etc/mlbench/config.json"]
     assert init["volumeMounts"] == [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}]
@@ -112,31 +112,31 @@ def test_worker_has_the_init_container_exactly_when_network_is_set(
     }
     assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # the main container stays as it was: non-root, no capability
-    assert worker["containers"][0]["securityContext"] == builders._container_security(ctx)
+    assert worker["containers"][0]["securityContext"] == runpods.container_security(ctx)
 
 
 def test_init_container_has_the_workers_cpu_and_memory_not_its_gpus() -> None:
     ctx = ctx_for(network={"latencyMs": 5}, backend="nccl", resources={"cpu": "4", "memory": "8Gi", "gpu": 2})
-    init = builders.worker_pod(ctx, 0, 0)["spec"]["initContainers"][0]
+    init = runpods.worker_pod(ctx, 0, 0)["spec"]["initContainers"][0]
     quantities = {"cpu": "4", "memory": "8Gi"}  # init containers count towards the pod's QoS class
     assert init["resources"] == {"requests": quantities, "limits": quantities}
-    bare = builders.worker_pod(ctx_for(network={"latencyMs": 5}), 0, 0)["spec"]["initContainers"][0]
+    bare = runpods.worker_pod(ctx_for(network={"latencyMs": 5}), 0, 0)["spec"]["initContainers"][0]
     assert bare["resources"] == {}
     gpu_only = ctx_for(network={"latencyMs": 5}, backend="nccl", resources={"gpu": 1})
-    assert builders.worker_pod(gpu_only, 0, 0)["spec"]["initContainers"][0]["resources"] == {}
+    assert runpods.worker_pod(gpu_only, 0, 0)["spec"]["initContainers"][0]["resources"] == {}
 
 
 def test_the_network_worker_leaves_the_restricted_profile_only_through_the_init_container() -> None:
     ctx = ctx_for(network={"latencyMs": 5})
-    problems = restricted_violations(builders.worker_pod(ctx, 0, 0)["spec"])
-    where = f"initContainers[{builders.NETEM_CONTAINER}]"
+    problems = restricted_violations(runpods.worker_pod(ctx, 0, 0)["spec"])
+    where = f"initContainers[{runpods.NETEM_CONTAINER}]"
     assert problems == [
         f"{where}: capabilities.add ['NET_ADMIN']",
         f"{where}: runAsNonRoot must be true",
         f"{where}: runAsUser=0",
     ]
-    assert restricted_violations(builders.launcher_pod(ctx, 0)["spec"]) == []
-    assert restricted_violations(builders.worker_pod(ctx_for(), 0, 0)["spec"]) == []
+    assert restricted_violations(runpods.launcher_pod(ctx, 0)["spec"]) == []
+    assert restricted_violations(runpods.worker_pod(ctx_for(), 0, 0)["spec"]) == []
 
 
 def test_the_init_container_applies_what_the_config_map_carries(
@@ -146,11 +146,11 @@ def test_the_init_container_applies_what_the_config_map_carries(
     from mlbench_runner.cli import main
 
     ctx = ctx_for(network=NETWORK)
-    data = builders.config_map(ctx)["data"][contract.CONFIG_FILE]
+    data = runobjects.config_map(ctx)["data"][contract.CONFIG_FILE]
     assert json.loads(data)["network"] == NETWORK
     path = tmp_path / contract.CONFIG_FILE
     path.write_text(data)
-    command = builders.netem_init_container(ctx)["command"]  # type: ignore[index]
+    command = runpods.netem_init_container(ctx)["command"]  # type: ignore[index]
     argv = [*command[1:], "--dry-run"]
     argv[argv.index("--config") + 1] = str(path)
     assert main(argv) == 0
@@ -169,7 +169,7 @@ def test_the_init_container_applies_what_the_config_map_carries(
 def test_readiness_probe_waits_for_the_delayed_answer(network: dict[str, float] | None, timeout: int | None) -> None:
     """The probe's SYN-ACK leaves through netem: the default 1 s timeout would never see a slow worker Ready."""
     spec = {"network": network} if network is not None else {}
-    probe = builders.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["readinessProbe"]
+    probe = runpods.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["readinessProbe"]
     assert probe.get("timeoutSeconds") == timeout
     assert probe["tcpSocket"] == {"port": "ssh"}
 
@@ -182,7 +182,7 @@ def test_sshd_waits_for_a_handshake_the_emulated_delay_slows(network: dict[str, 
     """An ssh handshake is about 4 round trips: with seconds of latency it outlasts sshd's 30 s LoginGraceTime
     (and the launcher's 10 s ConnectTimeout, which grows the same way: tests/runner/test_collect.py)."""
     spec = {} if network is None else {"network": network}
-    script = builders.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["command"][2]
+    script = runpods.worker_pod(ctx_for(**spec), 0, 0)["spec"]["containers"][0]["command"][2]
     assert f"-o LoginGraceTime={grace} " in script
     if network is None:
-        assert script == builders.WORKER_SCRIPT
+        assert script == runpods.WORKER_SCRIPT

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from mlbench_api.results import RunSummary
-from mlbench_api.run import Progress, RunResult
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.results import CommunicationRecord, RunSummary
+from mlbench_api.runstatus import Progress, RunResult
 from mlbench_operator.run import outcome
 from tests import factories
 
@@ -55,3 +55,13 @@ def test_the_result_keeps_the_scores_and_how_bleu_was_computed() -> None:
     assert result.goal_metric is GoalMetric.BLEU
     assert (result.best_score, result.final_score) == (24.9, 24.31)
     assert result.bleu_signature == summary.bleu_signature
+
+
+def test_the_columns_read_at_a_glance_and_the_exact_figures_stay() -> None:
+    """EPOCH and COMPRESSION (kubectl get br -o wide) are strings a person reads; the numbers stay exact."""
+    sent = CommunicationRecord(bytes_per_step=1000, compression_ratio=71.93456)
+    summary = factories.summary(epochs=7.96875, communication=sent)
+    progress = outcome.final_progress(None, summary, NOW)
+    assert (progress.epoch, progress.epoch_rounded) == (7.96875, "7.9")  # cut, never an epoch not yet done
+    result = outcome.summary_result(summary)
+    assert (result.compression_ratio, result.compression) == (71.93456, "71.9x")

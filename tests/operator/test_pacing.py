@@ -14,7 +14,9 @@ from mlbench_operator.pacing import (
     CREATE_GRACE_SECONDS,
     DELETE_GRACE_SECONDS,
     MARGIN_SECONDS,
+    SLOW_START_MAX,
     Pacing,
+    next_batch,
 )
 
 RESYNC = 300.0
@@ -175,3 +177,37 @@ def test_a_short_resync_caps_every_wait() -> None:
     assert p.creates_refused(T0) == 5.0
     assert p.creates_paused(T0)
     assert p.wake_in(10.0) == 2.0
+
+
+# -- the slow start (issue 33) ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("batch", "codes", "expected"),
+    [
+        (None, [201] * 1000, None),  # no refusal: all at once, as before
+        (None, [201, 201, 429, 201], 1),  # the first 429: from 1
+        (None, [403], 1),  # a quota or policy
+        (1, [201], 2),
+        (2, [201, 201], 4),
+        (4, [201, 409, 201, 201], 8),  # 409: it exists (ours), went through
+        (128, [201] * 128, 256),
+        (SLOW_START_MAX, [201] * SLOW_START_MAX, None),  # grown back: no limit
+        (8, [201, 429], 1),  # refused again while growing: from 1
+        (8, [201, 500], 8),  # another failure holds the size (its own backoff applies)
+        (8, [201, 0], 8),  # no answer: the same
+        (None, [500], None),
+        (None, [422], None),  # invalid: the run fails, not slowed
+    ],
+)
+def test_next_batch(batch: int | None, codes: list[int], expected: int | None) -> None:
+    assert next_batch(batch, codes) == expected
+
+
+def test_the_batches_grow_back_one_at_a_time() -> None:
+    p = pacing()
+    assert p.batch_done([201, 429]) is False
+    sizes = []
+    while p.batch is not None:
+        sizes.append(p.batch)
+        assert p.batch_done([201] * p.batch) is True
+    assert sizes == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert p.batch_done([201, 0]) is False  # no answer: not gone through

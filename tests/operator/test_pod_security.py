@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mlbench_operator import builders
-from mlbench_operator.builders import RunContext
+from mlbench_operator import fetchjob, runpods
 from mlbench_operator.run import admission
+from mlbench_operator.runcontext import RunContext
 from mlbench_operator.settings import DatasetSettings
 from tests.cluster.plugin import KubeCluster, pod_security_labels
 from tests.operator import helpers as h
@@ -80,11 +80,11 @@ def ctx_for(task: dict[str, Any], run_as_user: int | None = 1000) -> RunContext:
 
 def every_pod_spec(ctx: RunContext) -> dict[str, dict[str, Any]]:
     specs = {
-        "worker": builders.worker_pod(ctx, 0, 0)["spec"],
-        "launcher": builders.launcher_pod(ctx, 0)["spec"],
+        "worker": runpods.worker_pod(ctx, 0, 0)["spec"],
+        "launcher": runpods.launcher_pod(ctx, 0)["spec"],
     }
     if ctx.task.dataset.source is not None:
-        specs["fetch job"] = builders.fetch_job(ctx, DatasetSettings())["spec"]["template"]["spec"]
+        specs["fetch job"] = fetchjob.fetch_job(ctx, DatasetSettings())["spec"]["template"]["spec"]
     return specs
 
 
@@ -102,7 +102,7 @@ def test_the_checker_catches_violations() -> None:
     assert all("runAsNonRoot must be true" in " ".join(restricted_violations(s)) for s in specs.values())
     task = h.task()
     task["spec"]["dataset"]["volume"] = {"hostPath": {"path": "/srv/data"}}
-    worker = builders.worker_pod(ctx_for(task), 0, 0)["spec"]
+    worker = runpods.worker_pod(ctx_for(task), 0, 0)["spec"]
     assert restricted_violations(worker) == ["volume data: ['hostPath']"]
 
 

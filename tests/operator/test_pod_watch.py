@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import builders, podwatch
+from mlbench_operator import podwatch, runpods
 from mlbench_operator.podview import PodChange, PodIndex
 from tests.operator import helpers as h
 from tests.operator.test_reconcile import admitted
@@ -19,7 +19,7 @@ from tests.operator.test_reconcile import admitted
 def _pod(rank: int, uid: str, phase: str = "Pending", version: str = "1", run: str = "r1") -> dict[str, Any]:
     """A worker pod of run ``run`` in namespace ns, as the watch sends it."""
     _, ctx = admitted(h.run(run))
-    obj = builders.worker_pod(ctx, rank, 0)
+    obj = runpods.worker_pod(ctx, rank, 0)
     obj["metadata"].update(uid=uid, resourceVersion=version)
     obj["status"] = {"phase": phase}
     return obj
@@ -93,7 +93,7 @@ class _Wakeups:
 
 
 class _ScriptedKube:
-    """list_objects answers from ``listings``; each watch plays the next script (batches of events, or an
+    """pages answers from ``listings`` (a page a pod); each watch plays the next script (batches of events, or an
     exception), then, with none left, blocks until released."""
 
     def __init__(self, listings: list[Any], watches: list[Any]) -> None:
@@ -102,12 +102,17 @@ class _ScriptedKube:
         self.calls: list[tuple[str, str]] = []
         self.released = threading.Event()
 
-    def list_objects(self, path: str, selector: str, resource: str) -> tuple[list[dict[str, Any]], str]:
+    def pages(
+        self, path: str, query: list[tuple[str, str]], resource: str
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A listing (pods, version) served in pages of one pod (at least one page, as the API server does)."""
         self.calls.append(("list", path))
         item = self.listings.popleft()
         if isinstance(item, Exception):
             raise item
-        return item
+        pods, version = item
+        for i in range(max(1, len(pods))):
+            yield pods[i : i + 1], version
 
     def watch(
         self, path: str, selector: str, version: str, timeout: int, *, resource: str, on_response: Any = None

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import Gang
-from mlbench_operator import builders
+from mlbench_api.scheduling import Gang
 from mlbench_operator import podgroup as pg
+from mlbench_operator import runcontext, runobjects, runpods
 from mlbench_operator.kube import ApiError
 from mlbench_operator.settings import GANG_SCHEDULER_NAME, OperatorConfig, SettingsError
 from tests.operator import helpers as h
@@ -38,13 +38,13 @@ def test_min_resources_sum_the_workers_requests(requests: dict[str, str], count:
 
 def test_pod_group_of_a_gang_run() -> None:
     ctx = ctx_for(name="bench", namespace="team-a", workers=3, resources={"cpu": "1", "memory": "2Gi"}, scheduling=GANG)
-    group = builders.pod_group(ctx)
+    group = runobjects.pod_group(ctx)
     assert group is not None
     assert (group["apiVersion"], group["kind"]) == ("scheduling.x-k8s.io/v1alpha1", "PodGroup")
     assert group["metadata"]["name"] == "bench"
     assert group["metadata"]["namespace"] == "team-a"
-    assert group["metadata"]["ownerReferences"] == [builders.owner_reference(ctx)]
-    assert group["metadata"]["labels"] == builders.labels(ctx)
+    assert group["metadata"]["ownerReferences"] == [runcontext.owner_reference(ctx)]
+    assert group["metadata"]["labels"] == runcontext.labels(ctx)
     # the workers only: the launcher is created once they are all Ready
     assert group["spec"] == {
         "minMember": 3,
@@ -71,10 +71,10 @@ def test_workers_name_the_group_and_the_scheduler(gang: dict[str, Any], operator
     ctx = ctx_for(name="bench", workers=2, scheduling={"gang": gang})
     ctx = dataclasses.replace(ctx, gang_scheduler_name=operator_default)
     for rank in (0, 1):
-        pod = builders.worker_pod(ctx, rank, 0)
+        pod = runpods.worker_pod(ctx, rank, 0)
         assert pod["spec"]["schedulerName"] == expected
         assert pod["metadata"]["labels"][pg.POD_GROUP_LABEL] == "bench"
-    launcher = builders.launcher_pod(ctx, 0)
+    launcher = runpods.launcher_pod(ctx, 0)
     assert "schedulerName" not in launcher["spec"]
     assert pg.POD_GROUP_LABEL not in launcher["metadata"]["labels"]
 
@@ -84,12 +84,12 @@ def test_without_gang_nothing_changes() -> None:
     without gang has no PodGroup."""
     plain = ctx_for(name="bench", workers=2, scheduling={"placement": "Spread"})
     gang = ctx_for(name="bench", workers=2, scheduling=GANG)
-    assert builders.pod_group(plain) is None
-    assert builders.pod_group(ctx_for(name="bench")) is None
-    with_gang = copy.deepcopy(builders.worker_pod(gang, 1, 2, 60))
+    assert runobjects.pod_group(plain) is None
+    assert runobjects.pod_group(ctx_for(name="bench")) is None
+    with_gang = copy.deepcopy(runpods.worker_pod(gang, 1, 2, 60))
     del with_gang["metadata"]["labels"][pg.POD_GROUP_LABEL]
     del with_gang["spec"]["schedulerName"]
-    without = builders.worker_pod(plain, 1, 2, 60)
+    without = runpods.worker_pod(plain, 1, 2, 60)
     assert json.dumps(with_gang, sort_keys=False) == json.dumps(without, sort_keys=False)
     assert "schedulerName" not in json.dumps(without)
     assert "scheduling.x-k8s.io" not in json.dumps(without)

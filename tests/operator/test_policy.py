@@ -34,9 +34,10 @@ def test_image_references_are_compared_registry_qualified(ref: str, normal: str)
 @pytest.mark.parametrize(
     ("image", "allowed"),
     [
-        ("mlbench/mlbench-runner:0.1.0", True),
-        ("docker.io/mlbench/mlbench-runner@sha256:" + "a" * 64, True),
-        ("mlbench/mlbench-runner-evil:1", False),  # a prefix is not the repository
+        ("localhost/mlbench/mlbench-runner:0.1.0", True),
+        ("localhost/mlbench/mlbench-runner@sha256:" + "a" * 64, True),
+        ("localhost/mlbench/mlbench-runner-evil:1", False),  # a prefix is not the repository
+        ("mlbench/mlbench-runner:0.1.0", False),  # a Docker Hub namespace the project does not control
         ("evil.example.com/mlbench/mlbench-runner:0.1.0", False),
         ("busybox", False),
     ],
@@ -46,6 +47,23 @@ def test_default_images_are_the_projects_runner_only(image: str, allowed: bool) 
 
 
 GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_keys=("nvidia.com/*",))
+
+
+@pytest.mark.parametrize(
+    ("name", "patterns", "expected"),
+    [
+        (None, (), []),  # unset: nothing to check
+        ("", ("a",), []),
+        ("team-a1", ("team-a*",), []),
+        ("team-b", ("team-a*", "x"), ["f.x: 'team-b' is not allowed: the rule (V: team-a*, x)"]),
+        ("team-b", (), ["f.x: 'team-b' is not allowed: the rule (V: none)"]),
+    ],
+)
+def test_a_listed_name_is_checked_once_for_every_allowlist(
+    name: str | None, patterns: tuple[str, ...], expected: list[str]
+) -> None:
+    """The one check behind the priority class's and the gang scheduler's allowlists."""
+    assert p.check_listed(name, patterns, "f.x", "the rule", "V") == expected
 
 
 @pytest.mark.parametrize(
@@ -104,7 +122,7 @@ GPU_ONLY = p.AdmissionPolicy(toleration_keys=("nvidia.com/*",), node_selector_ke
     ],
 )
 def test_scheduling_policy(scheduling: dict[str, Any], policy: p.AdmissionPolicy, needle: str | None) -> None:
-    found = p.violations("mlbench/mlbench-runner:1", "spec.image", scheduling, None, policy)
+    found = p.violations("localhost/mlbench/mlbench-runner:1", "spec.image", scheduling, None, policy)
     if needle is None:
         assert found == []
     else:

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from mlbench_api.common import MAX_SAFE_INT
-from mlbench_api.run import Progress
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import Progress
 from mlbench_operator import progress
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -38,6 +38,7 @@ def _runner_page() -> str:
 def test_parse_runner_metrics() -> None:
     assert progress.parse(_runner_page(), NOW) == {
         "epoch": 3.5,
+        "epochRounded": "3.5",
         "step": 120,
         "lastAccuracy": 0.42,
         "accuracy": "42.0%",
@@ -57,16 +58,24 @@ HOSTILE_PAGES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("+Inf is skipped", "mlbench_samples_per_second +Inf\n", None),
     ("-Inf is skipped", "mlbench_epoch -Inf\n", None),
     ("a huge step is clamped to 2^53-1", "mlbench_steps_total 1e30\n", {"step": MAX_SAFE_INT}),
-    ("a huge finite epoch stays finite", "mlbench_epoch 1e300\n", {"epoch": 1e300}),
-    ("negative values are clamped to 0", "mlbench_steps_total -5\nmlbench_epoch -1.5\n", {"step": 0, "epoch": 0.0}),
+    ("a huge finite epoch stays finite", "mlbench_epoch 1e300\n", {"epoch": 1e300, "epochRounded": "1e+300"}),
+    (
+        "negative values are clamped to 0",
+        "mlbench_steps_total -5\nmlbench_epoch -1.5\n",
+        {"step": 0, "epoch": 0.0, "epochRounded": "0"},
+    ),
     ("accuracy above 1 is clamped", "mlbench_accuracy 7\n", {"lastAccuracy": 1.0, "accuracy": "100.0%"}),
     ("accuracy below 0 is clamped", "mlbench_accuracy -0.25\n", {"lastAccuracy": 0.0, "accuracy": "0.0%"}),
-    ("the first usable sample counts", "mlbench_epoch NaN\nmlbench_epoch 2\nmlbench_epoch 9\n", {"epoch": 2.0}),
-    ("a malformed line does not hide the rest", "}{ garbage\nmlbench_epoch 3\n", {"epoch": 3.0}),
+    (
+        "the first usable sample counts",
+        "mlbench_epoch NaN\nmlbench_epoch 2\nmlbench_epoch 9\n",
+        {"epoch": 2.0, "epochRounded": "2"},
+    ),
+    ("a malformed line does not hide the rest", "}{ garbage\nmlbench_epoch 3\n", {"epoch": 3.0, "epochRounded": "3"}),
     ("a value that is not a number", "mlbench_epoch abc\n", None),
     ("a name without a value", "mlbench_epoch\n", None),
     ("a longer name is another metric", "mlbench_epoch3\nmlbench_epochs 4\n", None),
-    ("labels with braces and escapes", 'mlbench_epoch{a="}",b="\\"x\\""} 2\n', {"epoch": 2.0}),
+    ("labels with braces and escapes", 'mlbench_epoch{a="}",b="\\"x\\""} 2\n', {"epoch": 2.0, "epochRounded": "2"}),
     ("an unterminated label set", 'mlbench_epoch{a="x 2\n', None),
     ("a timestamp after the value", "mlbench_steps_total 7 1700000000000\n", {"step": 7}),
     ("binary noise", "\x00\xff\ufffd\x1b[2J" * 100, None),
@@ -142,6 +151,7 @@ def test_scrape_a_runner_page() -> None:
     with serve(ok(_runner_page().encode())) as port:
         assert scrape(port) == {
             "epoch": 3.5,
+            "epochRounded": "3.5",
             "step": 120,
             "lastAccuracy": 0.42,
             "accuracy": "42.0%",
@@ -154,7 +164,7 @@ def test_scrape_a_runner_page() -> None:
     ("body", "expected"),
     [
         (b"mlbench_epoch 1e400\nmlbench_accuracy NaN\nmlbench_steps_total 1e30\n", {"step": MAX_SAFE_INT}),
-        (b"\x00\x01garbage{{{\n\xff\xfe\nmlbench_epoch 2\n", {"epoch": 2.0}),
+        (b"\x00\x01garbage{{{\n\xff\xfe\nmlbench_epoch 2\n", {"epoch": 2.0, "epochRounded": "2"}),
         (b"<html>not metrics</html>", None),
     ],
     ids=["huge-and-non-finite", "malformed", "html"],
@@ -177,7 +187,11 @@ def test_scrape_reads_at_most_the_cap() -> None:
         assert body is not None
         assert len(body.encode()) < cap
         assert body.endswith("\n")  # cut at a line, never mid-number
-        assert scrape(port) == {"epoch": 4.0, "updatedAt": STAMP}  # the step beyond the cap was not read
+        assert scrape(port) == {
+            "epoch": 4.0,
+            "epochRounded": "4",
+            "updatedAt": STAMP,
+        }  # the step beyond the cap was not read
 
 
 def test_a_number_cut_at_the_cap_is_dropped() -> None:
@@ -242,7 +256,7 @@ def test_scrape_parses_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> No
 
     with serve(ok(b"mlbench_epoch 1\n")) as port:
         out, loop_thread = asyncio.run(main())
-    assert out == {"epoch": 1.0, "updatedAt": STAMP}
+    assert out == {"epoch": 1.0, "epochRounded": "1", "updatedAt": STAMP}
     assert threads
     assert threads[0] != loop_thread
 

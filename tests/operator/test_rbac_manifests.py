@@ -75,6 +75,17 @@ WATCHED = gen.read_namespaces()
 USER_ROLES = docs(OPERATOR / "user-roles.yaml")
 
 
+def test_the_operator_reads_secrets_only_by_name() -> None:
+    """Issue 33: the cluster-wide install's one grant on Secrets is create and get (a 409's owner check, by the
+    run's own name): never list or watch (every Secret of the cluster in one call), never a write past create.
+    RBAC has no label selector for get and a run's names vary (no resourceNames), so the per-namespace grant is
+    the namespaced install's (its Roles hold the same rules: test_each_role_holds_the_cluster_roles_rules)."""
+    granted = {verb for group, resource, verb in triples(CLUSTER_ROLE["rules"]) if (group, resource) == ("", "secrets")}
+    assert granted == {"create", "get"}
+    for role in (o for o in NS_RBAC if o["kind"] == "Role"):
+        assert {v for g, r, v in triples(role["rules"]) if (g, r) == ("", "secrets")} <= {"create", "get"}
+
+
 # -- the namespaced install ------------------------------------------------------------------------------------
 def test_generated_files_are_fresh() -> None:
     for path, text in gen.render().items():

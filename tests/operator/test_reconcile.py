@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from mlbench_operator import builders, podview, runtime
 from mlbench_operator import conditions as c
+from mlbench_operator import podview, runcontext, runpods, runtime
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import admission, lifecycle, policies
 from mlbench_operator.run import status as run_status
@@ -23,7 +23,7 @@ from tests.operator import helpers as h
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def admitted(body: dict[str, Any], now: datetime = T0) -> tuple[dict[str, Any], builders.RunContext]:
+def admitted(body: dict[str, Any], now: datetime = T0) -> tuple[dict[str, Any], runcontext.RunContext]:
     result = admission.admit(body, h.task())
     assert not isinstance(result, admission.Rejection), result
     ctx, snapshot = result
@@ -53,12 +53,12 @@ def terminated(obj: dict[str, Any], code: int, message: str = "", reason: str | 
     )
 
 
-def workers(ctx: builders.RunContext, attempt: int = 0, ready: bool = True) -> list[PodView]:
-    return [pod(builders.worker_pod(ctx, r, attempt), ready=ready) for r in range(ctx.spec.workers)]
+def workers(ctx: runcontext.RunContext, attempt: int = 0, ready: bool = True) -> list[PodView]:
+    return [pod(runpods.worker_pod(ctx, r, attempt), ready=ready) for r in range(ctx.spec.workers)]
 
 
 def step(
-    body: dict[str, Any], ctx: builders.RunContext, pods: list[PodView], now: datetime = T0
+    body: dict[str, Any], ctx: runcontext.RunContext, pods: list[PodView], now: datetime = T0
 ) -> tuple[dict[str, Any], run_status.Plan]:
     plan = policies.plan(body, ctx, pods, now)
     return {**body, "status": plan.status}, plan
@@ -144,7 +144,7 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
     assert cond(plan.status, "WorkersReady")["status"] == "True"
     assert plan.status["phase"] == "Starting"
 
-    launcher = pod(builders.launcher_pod(ctx, 0))
+    launcher = pod(runpods.launcher_pod(ctx, 0))
     later = T0 + timedelta(seconds=30)
     body, plan = step(body, ctx, [*ready, launcher], later)
     assert plan.status["phase"] == "Running"
@@ -155,7 +155,7 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
     assert ("Normal", "Running", plan.status["message"]) in plan.events
 
     summary = factories.summary(world_size=3)
-    done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, summary.termination_message())
     body["status"]["progress"] = {"epoch": 0.5, "step": 7, "lastAccuracy": 0.1}  # the last scrape, long ago
     body, plan = step(body, ctx, [*ready, done], later)
     st = plan.status
@@ -179,7 +179,7 @@ def test_lifecycle_pending_starting_running_succeeded() -> None:
 
 def test_goal_not_reached_still_succeeds() -> None:
     body, ctx = admitted(h.run())
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary(goal=False).termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary(goal=False).termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Succeeded"
     assert cond(plan.status, "GoalReached")["status"] == "False"
@@ -191,7 +191,7 @@ def test_goal_not_reached_still_succeeds() -> None:
 )
 def test_malformed_result_is_invalid_result(message: str, needle: str) -> None:
     body, ctx = admitted(h.run())
-    done = terminated(builders.launcher_pod(ctx, 0), 0, message)
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, message)
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Failed"
     assert cond(plan.status, "Failed")["reason"] == "InvalidResult"
@@ -205,7 +205,7 @@ def test_malformed_result_is_invalid_result(message: str, needle: str) -> None:
 )
 def test_clean_pod_policy(policy: str, expected: list[str]) -> None:
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": policy}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.cleanup == expected
 
@@ -213,8 +213,8 @@ def test_clean_pod_policy(policy: str, expected: list[str]) -> None:
 # -- failures -------------------------------------------------------------------------------------------------
 def test_worker_failure_restarts_the_gang_then_gives_up() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
-    launcher = pod(builders.launcher_pod(ctx, 0))
-    oom = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+    launcher = pod(runpods.launcher_pod(ctx, 0))
+    oom = terminated(runpods.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
     body, plan = step(body, ctx, [workers(ctx)[0], oom, launcher])
     assert plan.status["restarts"] == 1
     assert plan.status["phase"] == "Pending"
@@ -236,7 +236,7 @@ def test_worker_failure_restarts_the_gang_then_gives_up() -> None:
     # fails again: maxRestarts=1 exhausted -> Failed with the real cause
     new = workers(ctx, attempt=1)
     failed_launcher = terminated(
-        builders.launcher_pod(ctx, 1), 1, '{"error":"mpirun exited with 1; last output: boom","exitCode":1}'
+        runpods.launcher_pod(ctx, 1), 1, '{"error":"mpirun exited with 1; last output: boom","exitCode":1}'
     )
     body, plan = step(body, ctx, [*new, failed_launcher])
     st = plan.status
@@ -275,8 +275,8 @@ def test_disruptions_restart_the_gang_without_spending_max_restarts() -> None:
     """A drained worker (DisruptionTarget) restarts the world even with maxRestarts=0, and says so; the next
     failure of the run's own still meets maxRestarts=0 (JobSet's RestartJobSetAndIgnoreMaxRestarts)."""
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
-    launcher = pod(builders.launcher_pod(ctx, 0))
-    body, plan = step(body, ctx, [workers(ctx)[0], _drained(builders.worker_pod(ctx, 1, 0)), launcher])
+    launcher = pod(runpods.launcher_pod(ctx, 0))
+    body, plan = step(body, ctx, [workers(ctx)[0], _drained(runpods.worker_pod(ctx, 1, 0)), launcher])
     st = plan.status
     assert (st["phase"], st["restarts"], st["disruptionRestarts"]) == ("Pending", 1, 1)
     assert cond(st, "Restarted")["reason"] == "Disrupted"
@@ -287,14 +287,14 @@ def test_disruptions_restart_the_gang_without_spending_max_restarts() -> None:
     # a second disruption in the next world: restarted again, still free
     body, plan = step(body, ctx, [])
     assert plan.create_workers == [0, 1]
-    new_launcher = pod(builders.launcher_pod(ctx, 1))
-    body, plan = step(body, ctx, [_drained(builders.worker_pod(ctx, 0, 1), "PreemptionByScheduler"), new_launcher])
+    new_launcher = pod(runpods.launcher_pod(ctx, 1))
+    body, plan = step(body, ctx, [_drained(runpods.worker_pod(ctx, 0, 1), "PreemptionByScheduler"), new_launcher])
     assert (plan.status["restarts"], plan.status["disruptionRestarts"]) == (2, 2)
 
     # the run's own failure in the third world: maxRestarts=0 counts only its own restarts, so it fails now
     body, plan = step(body, ctx, [])
-    oom = terminated(builders.worker_pod(ctx, 1, 2), 137, reason="OOMKilled")
-    body, plan = step(body, ctx, [pod(builders.worker_pod(ctx, 0, 2)), oom, pod(builders.launcher_pod(ctx, 2))])
+    oom = terminated(runpods.worker_pod(ctx, 1, 2), 137, reason="OOMKilled")
+    body, plan = step(body, ctx, [pod(runpods.worker_pod(ctx, 0, 2)), oom, pod(runpods.launcher_pod(ctx, 2))])
     assert plan.status["phase"] == "Failed"
     assert "gave up after 0 of maxRestarts=0 restarts" in plan.status["message"]
 
@@ -302,7 +302,7 @@ def test_disruptions_restart_the_gang_without_spending_max_restarts() -> None:
 def test_evicted_worker_names_the_cause() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
     evicted = pod(
-        builders.worker_pod(ctx, 0, 0),
+        runpods.worker_pod(ctx, 0, 0),
         phase="Failed",
         ready=False,
         reason="Evicted",
@@ -316,14 +316,14 @@ def test_evicted_worker_names_the_cause() -> None:
 
 def test_worker_lost_while_running_is_a_failure() -> None:
     body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 2}))
-    _, plan = step(body, ctx, [workers(ctx)[0], pod(builders.launcher_pod(ctx, 0))])
+    _, plan = step(body, ctx, [workers(ctx)[0], pod(runpods.launcher_pod(ctx, 0))])
     assert plan.status["restarts"] == 1
     assert "r1-worker-1" in plan.status["message"]
 
 
 def test_launcher_lost_while_running_is_a_failure() -> None:
     body, ctx = admitted(h.run(workers=1, runPolicy={"maxRestarts": 2}))
-    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    body, plan = step(body, ctx, [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))])
     assert plan.status["phase"] == "Running"
     _, plan = step(body, ctx, workers(ctx))
     assert plan.status["restarts"] == 1
@@ -351,9 +351,9 @@ def test_a_deleted_running_launcher_keeps_its_world_while_it_stops_the_ranks(
     """Deleting the workers at once (the gang restart for a lost launcher) cut off rank 0's interrupted
     summary on its way out through mpirun (seen once in e2e: "lost communication with a remote daemon")."""
     body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 2}))
-    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    body, plan = step(body, ctx, [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))])
     assert plan.status["phase"] == "Running"
-    launcher = _deleted(pod(builders.launcher_pod(ctx, 0), phase=launcher_phase), T0 + timedelta(seconds=due_in))
+    launcher = _deleted(pod(runpods.launcher_pod(ctx, 0), phase=launcher_phase), T0 + timedelta(seconds=due_in))
     world = workers(ctx)
     if worker_lost:
         world[1] = _deleted(world[1], T0 + timedelta(seconds=30))
@@ -369,7 +369,7 @@ def test_a_deleted_running_launcher_keeps_its_world_while_it_stops_the_ranks(
 
 def test_launcher_dns_wait_failure_is_shown() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
-    obj = builders.launcher_pod(ctx, 0)
+    obj = runpods.launcher_pod(ctx, 0)
     term = {"exitCode": 1, "reason": "Error", "message": "worker r1-worker-1.r1.ns.svc does not resolve after 300s"}
     launcher = pod(
         obj,
@@ -393,7 +393,7 @@ def aborted(stop_reason: str) -> str:
 
 def test_aborted_run_fails_without_restart() -> None:
     body, ctx = admitted(h.run())
-    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted("diverged"))
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 3, aborted("diverged"))
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Failed"
     assert plan.status["restarts"] == 0
@@ -406,7 +406,7 @@ def test_a_launcher_stopped_by_a_signal_restarts_the_gang() -> None:
     """A drained node or an eviction SIGTERMs the launcher, which reports the ranks' aborted summary with stop
     reason interrupted: the pod was lost, the run did not decide to stop, so it restarts."""
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 3}))
-    launcher = terminated(builders.launcher_pod(ctx, 0), 3, aborted("interrupted"))
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 3, aborted("interrupted"))
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Pending"
     assert plan.status["restarts"] == 1
@@ -427,7 +427,7 @@ def test_unschedulable_workers_show_as_condition() -> None:
     msg = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     stuck = PodView.from_pod(
         {
-            **builders.worker_pod(ctx, 0, 0),
+            **runpods.worker_pod(ctx, 0, 0),
             "status": {
                 "phase": "Pending",
                 "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}],
@@ -469,7 +469,7 @@ def test_cleanup_is_derived_from_the_cluster_after_the_final_status() -> None:
     """A finished run whose pods were not (all) deleted yet still has its cleanup pending: re-driven
     after an operator restart, and the result is never re-planned (no LauncherLost restart)."""
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "All"}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     pods = [*workers(ctx), done]
     body, plan = step(body, ctx, pods)
     assert plan.terminal
@@ -488,7 +488,7 @@ def test_a_cleanup_after_the_policy_was_edited_names_the_policy_now() -> None:
     """Cleaned up under Running, then the policy edited to All (the finished launcher goes too): the message
     names All once, not Running still."""
     body, ctx = admitted(h.run(runPolicy={"cleanPodPolicy": "Running"}))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     body, _ = step(body, ctx, [*workers(ctx), done])
     first = {**body, "status": lifecycle.cleaned_up_status(body, [done], T0)}
     message = cond(first["status"], "WorkersReady")["message"]
@@ -501,7 +501,7 @@ def test_a_cleanup_after_the_policy_was_edited_names_the_policy_now() -> None:
 def test_running_policy_deletes_an_unfinished_launcher() -> None:
     """cleanPodPolicy Running (Kubeflow's meaning): a Pending launcher after DeadlineExceeded goes too."""
     body, ctx = admitted(h.run(runPolicy={"activeDeadlineSeconds": 60}))
-    pending = pod(builders.launcher_pod(ctx, 0), phase="Pending", ready=False)
+    pending = pod(runpods.launcher_pod(ctx, 0), phase="Pending", ready=False)
     _, plan = step(body, ctx, [*workers(ctx), pending], T0 + timedelta(seconds=61))
     assert plan.status["phase"] == "Failed"
     assert plan.cleanup == ["r1-launcher", "r1-worker-0", "r1-worker-1"]
@@ -511,7 +511,7 @@ def test_waiting_init_container_reason_is_shown() -> None:
     body, ctx = admitted(h.run())
     waiting = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}
     launcher = pod(
-        builders.launcher_pod(ctx, 0),
+        runpods.launcher_pod(ctx, 0),
         phase="Pending",
         ready=False,
         initContainerStatuses=[{"name": "wait-for-workers", "state": waiting}],
@@ -529,7 +529,7 @@ def test_non_finite_result_is_invalid_result(number: str) -> None:
     text = factories.summary().termination_message().replace('"best_accuracy":0.81', f'"best_accuracy":{number}')
     text = text.replace('"bestAccuracy":0.81', f'"bestAccuracy":{number}')
     assert number in text
-    done = terminated(builders.launcher_pod(ctx, 0), 0, text)
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, text)
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Failed"
     assert cond(plan.status, "Failed")["reason"] == "InvalidResult"
@@ -540,7 +540,7 @@ def test_non_finite_result_is_invalid_result(number: str) -> None:
 def test_failed_launcher_with_a_non_aborted_summary_is_not_aborted() -> None:
     """Only status=aborted means 'a restart would repeat it'; a crash after a summary restarts."""
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 1}))
-    launcher = terminated(builders.launcher_pod(ctx, 0), 1, factories.summary().termination_message())
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 1, factories.summary().termination_message())
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Pending"
     assert plan.status["restarts"] == 1
@@ -549,9 +549,9 @@ def test_failed_launcher_with_a_non_aborted_summary_is_not_aborted() -> None:
 
 def test_workers_ready_is_false_on_failure() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
-    body, plan = step(body, ctx, [*workers(ctx), pod(builders.launcher_pod(ctx, 0))])
+    body, plan = step(body, ctx, [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))])
     assert cond(plan.status, "WorkersReady")["status"] == "True"
-    failed = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
+    failed = terminated(runpods.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
     body, plan = step(body, ctx, [*workers(ctx), failed])
     assert plan.status["phase"] == "Failed"
     assert (cond(plan.status, "WorkersReady")["status"], cond(plan.status, "WorkersReady")["reason"]) == (
@@ -636,7 +636,7 @@ def test_pod_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
 
 def test_pod_view_records_owner_and_deletion() -> None:
     _, ctx = admitted(h.run())
-    obj = builders.worker_pod(ctx, 0, 0)
+    obj = runpods.worker_pod(ctx, 0, 0)
     obj["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     view = PodView.from_pod(obj)
     assert view is not None
@@ -668,7 +668,7 @@ def test_clean_pod_policy_from_the_raw_spec() -> None:
 
 
 # -- root cause: a worker's failure wins over the launcher's echo of it ------------------------------------------
-def _failed_launcher(ctx: builders.RunContext, finished: datetime | None) -> PodView:
+def _failed_launcher(ctx: runcontext.RunContext, finished: datetime | None) -> PodView:
     term = {
         "exitCode": 1,
         "reason": "Error",
@@ -677,7 +677,7 @@ def _failed_launcher(ctx: builders.RunContext, finished: datetime | None) -> Pod
     if finished is not None:
         term["finishedAt"] = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
     return pod(
-        builders.launcher_pod(ctx, 0),
+        runpods.launcher_pod(ctx, 0),
         phase="Failed",
         ready=False,
         containerStatuses=[{"name": "launcher", "state": {"terminated": term}}],
@@ -707,9 +707,9 @@ def test_worker_cause_wins_over_the_launcher(
     body, ctx = admitted(h.run(workers=2, runPolicy={"maxRestarts": 0}))
     w0, w1 = workers(ctx)
     if worker1 == "oom":
-        w1 = terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
+        w1 = terminated(runpods.worker_pod(ctx, 1, 0), 137, reason="OOMKilled")
     elif worker1 == "oom-message":
-        w1 = terminated(builders.worker_pod(ctx, 1, 0), 137, message=OOM_TEXT)
+        w1 = terminated(runpods.worker_pod(ctx, 1, 0), 137, message=OOM_TEXT)
     _, plan = step(body, ctx, [w0, w1, _failed_launcher(ctx, launcher_finished)], now=now)
     reason, hold = expected
     if reason is None:
@@ -747,7 +747,7 @@ def test_lost_worker_wins_over_the_launcher_that_lost_it() -> None:
 )
 def test_signal_9_reads_as_likely_out_of_memory(text: str, expected: bool) -> None:
     body, ctx = admitted(h.run(workers=1, runPolicy={"maxRestarts": 0}))
-    launcher = terminated(builders.launcher_pod(ctx, 0), 137, json.dumps({"error": text, "exitCode": 137}))
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 137, json.dumps({"error": text, "exitCode": 137}))
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert ("killed (signal 9, likely out of memory)" in plan.status["message"]) is expected, plan.status["message"]
 
@@ -755,14 +755,14 @@ def test_signal_9_reads_as_likely_out_of_memory(text: str, expected: bool) -> No
 def test_input_error_fails_at_once_without_restarts() -> None:
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 3}))
     refused = '{"error":"mpirun exited with 2; cause: error: training.batchSize: must be >= 1","exitCode":2}'
-    launcher = terminated(builders.launcher_pod(ctx, 0), 2, refused)
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 2, refused)
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Failed"
     assert plan.status["restarts"] == 0
     assert cond(plan.status, "Failed")["reason"] == "InvalidInput"
     assert "training.batchSize" in plan.status["message"]
     # any other exit code is a crash worth a restart
-    launcher = terminated(builders.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 1, '{"error":"boom","exitCode":1}')
     _, plan = step(body, ctx, [*workers(ctx), launcher])
     assert plan.status["phase"] == "Pending"
     assert plan.status["restarts"] == 1
@@ -836,7 +836,7 @@ def test_control_characters_from_pods_are_stripped() -> None:
     text = "boom\x1b[2J\x1b]0;pwned\x07 done\r\n\tnext\x00\x9b"
     assert c.clean(text) == "boom[2J]0;pwned done\n\tnext"
     body, ctx = admitted(h.run(runPolicy={"maxRestarts": 0}))
-    launcher = terminated(builders.launcher_pod(ctx, 0), 1, json.dumps({"error": text, "exitCode": 1}))
+    launcher = terminated(runpods.launcher_pod(ctx, 0), 1, json.dumps({"error": text, "exitCode": 1}))
     out = run_status.finalize(step(body, ctx, [*workers(ctx), launcher])[1].status, T0)
     assert "\x1b" not in out["message"]
     assert "\x1b" not in cond(out, "Failed")["message"]
@@ -864,9 +864,9 @@ def test_generation_patch_only_for_finished_runs_behind() -> None:
     assert run_status.generation_patch(body("Running", 3)) is None  # its daemon writes it
 
 
-def _running_body(**spec: Any) -> tuple[dict[str, Any], builders.RunContext, list[PodView]]:
+def _running_body(**spec: Any) -> tuple[dict[str, Any], runcontext.RunContext, list[PodView]]:
     body, ctx = admitted(h.run(**spec))
-    pods = [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+    pods = [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))]
     body, plan = step(body, ctx, pods)
     assert plan.status["phase"] == "Running"
     return body, ctx, pods
@@ -931,7 +931,7 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
     body, ctx, pods = _running_body(runPolicy={"progressDeadlineSeconds": 60})
     since = T0 - timedelta(seconds=30)
     body["status"]["progress"] = {"epoch": 3.5, "step": 42, "stepChangedAt": c.timestamp(since)}
-    failed = terminated(builders.worker_pod(ctx, 1, 0), 1)
+    failed = terminated(runpods.worker_pod(ctx, 1, 0), 1)
     body, plan = step(body, ctx, [p for p in pods if p.name != "r1-worker-1"] + [failed])
     assert plan.status["restarts"] == 1
     assert "progress" in plan.status
@@ -941,7 +941,7 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
     body = {**body, "status": {k: v for k, v in status.items() if v is not None}}
     # the new attempt runs 10 minutes later, before any scrape of its rank 0
     later = T0 + timedelta(minutes=10)
-    launcher = pod(builders.launcher_pod(ctx, 1))
+    launcher = pod(runpods.launcher_pod(ctx, 1))
     _, plan = step(body, ctx, [*workers(ctx, attempt=1), launcher], later)
     assert plan.status["phase"] == "Running"
     assert cond(run_status.finalize(plan.status, later), "Stalled")["status"] == "False"
@@ -950,19 +950,19 @@ def test_a_gang_restart_clears_the_failed_attempts_progress() -> None:
 
 def test_result_records_the_image_and_the_digests_that_ran() -> None:
     body, ctx, pods = _running_body()
-    digest = "docker.io/mlbench/mlbench-runner@sha256:" + "b" * 64
+    digest = "localhost/mlbench/mlbench-runner@sha256:" + "b" * 64
     ran = [dataclasses.replace(p, image_id=digest) for p in pods if p.role == "worker"]
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     _, plan = step(body, ctx, [*ran, done])
-    assert plan.status["result"]["image"] == "mlbench/mlbench-runner:test"
+    assert plan.status["result"]["image"] == "localhost/mlbench/mlbench-runner:test"
     assert plan.status["result"]["imageIds"] == [digest]
 
 
 # -- plan's policies, one table each (policies.POLICIES) -------------------------------------------------------
 #: Builds a world from the run's context: the pods the policy sees.
-World = Callable[[builders.RunContext], list[PodView]]
+World = Callable[[runcontext.RunContext], list[PodView]]
 #: Builds one pod from the run's context.
-Pod = Callable[[builders.RunContext], PodView]
+Pod = Callable[[runcontext.RunContext], PodView]
 
 
 def decide(
@@ -1000,11 +1000,11 @@ def outcome(plan: run_status.Plan | None) -> tuple[str, str] | None:
 
 
 def launcher_done(code: int, message: str) -> World:
-    return lambda ctx: [*workers(ctx), terminated(builders.launcher_pod(ctx, 0), code, message)]
+    return lambda ctx: [*workers(ctx), terminated(runpods.launcher_pod(ctx, 0), code, message)]
 
 
-def running(ctx: builders.RunContext) -> list[PodView]:
-    return [*workers(ctx), pod(builders.launcher_pod(ctx, 0))]
+def running(ctx: runcontext.RunContext) -> list[PodView]:
+    return [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))]
 
 
 def worker(rank: int, **changes: Any) -> Pod:
@@ -1020,16 +1020,16 @@ def foreign(make: Pod) -> Pod:
 def launcher_failed_at(seconds: float | None, *others: Pod) -> World:
     """The launcher failed at T0 + ``seconds`` (None: no finish time reported), besides ``others``."""
 
-    def world(ctx: builders.RunContext) -> list[PodView]:
+    def world(ctx: runcontext.RunContext) -> list[PodView]:
         done = None if seconds is None else T0 + timedelta(seconds=seconds)
         return [*(make(ctx) for make in others), _failed_launcher(ctx, done)]
 
     return world
 
 
-def oom_worker(ctx: builders.RunContext) -> list[PodView]:
+def oom_worker(ctx: runcontext.RunContext) -> list[PodView]:
     """Worker 1 OOM-killed while the launcher still runs."""
-    return [workers(ctx)[0], terminated(builders.worker_pod(ctx, 1, 0), 137, reason="OOMKilled"), running(ctx)[2]]
+    return [workers(ctx)[0], terminated(runpods.worker_pod(ctx, 1, 0), 137, reason="OOMKilled"), running(ctx)[2]]
 
 
 def of_attempt(world: World, attempt: int) -> World:
@@ -1218,7 +1218,7 @@ def test_a_launcher_failure_on_a_silent_node_is_a_disruption(
         ),
         pytest.param(workers, 0, True, ("Pending", "LauncherLost"), id="launcher-lost"),
         pytest.param(
-            lambda ctx: [workers(ctx)[0], terminated(builders.worker_pod(ctx, 1, 0), 0)],
+            lambda ctx: [workers(ctx)[0], terminated(runpods.worker_pod(ctx, 1, 0), 0)],
             0,
             False,
             ("Pending", "WorkerExited"),
@@ -1328,7 +1328,7 @@ def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, st
             id="launcher-name-held",
         ),
         pytest.param(
-            lambda ctx: [*workers(ctx), pod(builders.launcher_pod(ctx, 0), phase="Pending", ready=False)],
+            lambda ctx: [*workers(ctx), pod(runpods.launcher_pod(ctx, 0), phase="Pending", ready=False)],
             None,
             ("Starting", "AllWorkersReady", "LauncherStarting", [], False),
             id="launcher-pending",
@@ -1360,7 +1360,7 @@ def test_policy_make_progress(
         pytest.param(oom_worker, 30, ("Pending", "OOMKilled"), id="restart-before-deadline"),
         # a worker's cause beats the launcher's echo of it; the launcher alone is held for the grace first
         pytest.param(
-            launcher_failed_at(28, worker(0), lambda ctx: terminated(builders.worker_pod(ctx, 1, 0), 137)),
+            launcher_failed_at(28, worker(0), lambda ctx: terminated(runpods.worker_pod(ctx, 1, 0), 137)),
             30,
             ("Pending", "WorkerFailed"),
             id="worker-beats-launcher",
@@ -1381,7 +1381,7 @@ def test_plan_input_sorts_the_pods_once() -> None:
     old = workers(ctx, attempt=0)
     new = workers(ctx, attempt=1)
     beyond = dataclasses.replace(new[1], name="r1-worker-2", rank=2)
-    launcher = pod(builders.launcher_pod(ctx, 1))
+    launcher = pod(runpods.launcher_pod(ctx, 1))
     other = dataclasses.replace(new[0], name="r1-worker-9", rank=9, owner_uid="someone-else")
     inp = policies.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
     assert inp.restarts == 1
@@ -1402,7 +1402,7 @@ def test_every_pass_force_deletes_and_wakes_up_whatever_decides() -> None:
     later = c.timestamp(T0 + timedelta(seconds=50))
     leaving = dataclasses.replace(stuck, name="r1-worker-7", rank=7, deletion_timestamp=later)
     now = T0 + timedelta(seconds=lifecycle.FORCE_DELETE_AFTER_SECONDS + 10)
-    _, plan = step(body, ctx, [workers(ctx)[0], stuck, leaving, pod(builders.launcher_pod(ctx, 0))], now)
+    _, plan = step(body, ctx, [workers(ctx)[0], stuck, leaving, pod(runpods.launcher_pod(ctx, 0))], now)
     assert cond(plan.status, "Restarted")["reason"] == "WorkerLost"  # gang_failure decided
     assert plan.force_delete == ["r1-worker-1"]
     # the leaving pod would count as stuck at 50 + 60 + 1 s, the deadline is at 100 s: the earlier wins
@@ -1474,7 +1474,7 @@ def test_a_container_the_kernel_killed_names_its_memory_limit() -> None:
     """OOMKilled by the runtime without the worker's own words (the kernel chose the worker itself): the
     message still names the limit the user set."""
     _body, ctx = admitted(h.run(resources={"cpu": "1", "memory": "256Mi"}))
-    oom = terminated(builders.worker_pod(ctx, 0, 0), 137, reason="OOMKilled")
+    oom = terminated(runpods.worker_pod(ctx, 0, 0), 137, reason="OOMKilled")
     reason, message = oom.failure()
     assert reason == "OOMKilled"
     assert "memory limit 256Mi" in message, message

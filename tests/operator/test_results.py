@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -133,6 +134,7 @@ def test_status_records_size_and_truncation() -> None:
         "configMap": "r1-results",
         "files": ["events.jsonl"],
         "compressedBytes": found.compressed_size(),
+        "sha256": {"events.jsonl": hashlib.sha256(b"{}\n").hexdigest()},
         "collectedAt": "2026-11-23T12:00:00Z",
         "truncated": ["events.jsonl"],
     }

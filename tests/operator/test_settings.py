@@ -31,6 +31,7 @@ VARIABLES = (
     "MLBENCH_RUNNER_IMAGE",
     "MLBENCH_METRICS_LINGER_SECONDS",
     "MLBENCH_RESULTS_WAIT_SECONDS",
+    "MLBENCH_RESULTS_MAX_BYTES",
     "MLBENCH_ALLOWED_IMAGES",
     "MLBENCH_ALLOWED_PRIORITY_CLASSES",
     "MLBENCH_ALLOWED_VOLUME_TYPES",
@@ -51,6 +52,8 @@ VARIABLES = (
     "MLBENCH_METRICS_PORT",
     "MLBENCH_RESYNC_SECONDS",
     "MLBENCH_DEBOUNCE_SECONDS",
+    "MLBENCH_SHM_SIZE_LIMIT",
+    "MLBENCH_OUTPUT_SIZE_LIMIT",
 )
 
 
@@ -107,6 +110,7 @@ BAD = [
     ({"MLBENCH_DATASET_ACCESS_MODE": "ReadWriteMani"}, "MLBENCH_DATASET_ACCESS_MODE='ReadWriteMani'"),
     ({"MLBENCH_METRICS_LINGER_SECONDS": "-1"}, "MLBENCH_METRICS_LINGER_SECONDS='-1' must be at least 0"),
     ({"MLBENCH_RESULTS_WAIT_SECONDS": "a while"}, "MLBENCH_RESULTS_WAIT_SECONDS='a while' is not an integer"),
+    ({"MLBENCH_RESULTS_MAX_BYTES": "1000"}, "MLBENCH_RESULTS_MAX_BYTES='1000' must be at least 65536"),
     ({"MLBENCH_ALLOW_CONTROL_PLANE": "maybe"}, "MLBENCH_ALLOW_CONTROL_PLANE='maybe'"),
     ({"MLBENCH_METRICS_NAMESPACES": "Bad_NS"}, "MLBENCH_METRICS_NAMESPACES: 'Bad_NS'"),
     ({"MLBENCH_RUNNER_UID": "runner"}, "MLBENCH_RUNNER_UID='runner' is not a UID"),
@@ -328,3 +332,21 @@ def test_the_dataset_volume_size_is_a_kubernetes_quantity(size: str, valid: bool
     else:
         with pytest.raises(SettingsError, match="MLBENCH_DATASET_VOLUME_SIZE"):
             DatasetSettings.from_env(env)
+
+
+def test_startup_lists_in_pages_and_hands_the_probe_to_kopf(clean_env: pytest.MonkeyPatch) -> None:
+    """Issue 33: kopf's own listings are paginated like the operator's (kube.PAGE_SIZE), and the startup handler
+    stops leader election's probe endpoint only once the pods are listed (kopf serves the probe next)."""
+    from mlbench_operator import handlers
+    from mlbench_operator.kube import PAGE_SIZE
+
+    stopped: list[bool] = []
+
+    async def stop_standby_probe() -> None:
+        stopped.append(True)
+
+    memo = kopf.Memo(kube=object(), config=OperatorConfig(metrics_port=0))
+    setattr(memo, handlers.STANDBY_PROBE, stop_standby_probe)  # as main's handover does
+    settings = _configure(memo, clean_env)
+    assert settings.watching.chunk_size == PAGE_SIZE
+    assert stopped == [True]

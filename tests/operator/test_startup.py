@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from mlbench_api.contract import Reason
-from mlbench_api.run import CleanPodPolicy, RunPolicy
-from mlbench_operator import builders
+from mlbench_api.runpolicy import CleanPodPolicy, RunPolicy
 from mlbench_operator import conditions as c
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import admission, lifecycle, policies, startup
 from mlbench_operator.run.status import Plan
@@ -23,7 +23,7 @@ CREATED = "2026-01-01T12:00:00Z"  #: T0, as the API server writes a creationTime
 NO_NODE = "0/3 nodes are available: 3 Insufficient cpu."
 
 
-def _admitted(**run_policy: Any) -> tuple[dict[str, Any], builders.RunContext]:
+def _admitted(**run_policy: Any) -> tuple[dict[str, Any], runcontext.RunContext]:
     body = h.run(runPolicy=run_policy) if run_policy else h.run()
     result = admission.admit(body, h.task())
     assert not isinstance(result, admission.Rejection), result
@@ -55,12 +55,12 @@ def _ready(obj: dict[str, Any]) -> PodView:
     return _pod(obj, ready=True, phase="Running")
 
 
-def _world(ctx: builders.RunContext, attempt: int = 0) -> list[PodView]:
+def _world(ctx: runcontext.RunContext, attempt: int = 0) -> list[PodView]:
     """Worker 0 Ready, worker 1 Unschedulable: a half-started world holding worker 0's node."""
-    return [_ready(builders.worker_pod(ctx, 0, attempt)), _unschedulable(builders.worker_pod(ctx, 1, attempt))]
+    return [_ready(runpods.worker_pod(ctx, 0, attempt)), _unschedulable(runpods.worker_pod(ctx, 1, attempt))]
 
 
-def _step(body: dict[str, Any], ctx: builders.RunContext, pods: list[PodView], now: datetime) -> Plan:
+def _step(body: dict[str, Any], ctx: runcontext.RunContext, pods: list[PodView], now: datetime) -> Plan:
     return policies.plan(body, ctx, pods, now)
 
 
@@ -154,14 +154,14 @@ MOUNT = {"r1-worker-1": (Reason.FAILED_MOUNT, 'configmap "gone" not found')}
 )
 def test_why_an_attempt_has_not_started(pods: list[Any], mounts: dict[str, Any], expected: str) -> None:
     _, ctx = _admitted()
-    workers = {rank: make(builders.worker_pod(ctx, rank, 0)) for rank, make in enumerate(pods)}
+    workers = {rank: make(runpods.worker_pod(ctx, rank, 0)) for rank, make in enumerate(pods)}
     assert startup.blockers(workers, None, 2, mounts) == expected
 
 
 def test_a_launcher_that_does_not_start_is_named() -> None:
     _, ctx = _admitted()
-    workers = {r: _ready(builders.worker_pod(ctx, r, 0)) for r in range(2)}
-    launcher = _unschedulable(builders.launcher_pod(ctx, 0))
+    workers = {r: _ready(runpods.worker_pod(ctx, r, 0)) for r in range(2)}
+    launcher = _unschedulable(runpods.launcher_pod(ctx, 0))
     text = startup.blockers(workers, launcher, 2, {})
     head = "0/2 workers not ready, the launcher not running (Unschedulable: 1)"
     assert text == f"{head}; launcher (pod r1-launcher): Unschedulable: {NO_NODE}"
@@ -220,7 +220,7 @@ def test_a_startup_retry_does_not_spend_max_restarts() -> None:
     crashed = PodView(
         name="r1-worker-1", role="worker", rank=1, attempt=1, phase="Failed", exit_code=1, owner_uid=ctx.uid
     )
-    plan = _step(body, ctx, [_ready(builders.worker_pod(ctx, 0, 1)), crashed], T0 + timedelta(seconds=70))
+    plan = _step(body, ctx, [_ready(runpods.worker_pod(ctx, 0, 1)), crashed], T0 + timedelta(seconds=70))
     assert plan.status["phase"] == "Failed"
     assert "gave up after 0 of maxRestarts=0 restarts" in plan.status["message"]  # the timeout did not count
 
@@ -240,9 +240,9 @@ def test_once_the_retries_are_spent_the_run_fails_and_releases_everything() -> N
 
 def test_an_attempt_that_starts_in_time_is_unaffected() -> None:
     body, ctx = _admitted(startupDeadlineSeconds=60)
-    launcher = dataclasses.replace(_ready(builders.launcher_pod(ctx, 0)), uid="uid-launcher")
+    launcher = dataclasses.replace(_ready(runpods.launcher_pod(ctx, 0)), uid="uid-launcher")
     body["status"] = {**body["status"], "launcher": {"uid": "uid-launcher", "attempt": 0}}
-    pods = [*(_ready(builders.worker_pod(ctx, r, 0)) for r in range(2)), launcher]
+    pods = [*(_ready(runpods.worker_pod(ctx, r, 0)) for r in range(2)), launcher]
     plan = _step(body, ctx, pods, T0 + timedelta(seconds=3600))
     st = plan.status
     assert (st["phase"], st.get("startupTimeouts"), plan.delete_stale) == ("Running", None, {})
@@ -270,7 +270,7 @@ def test_workers_never_created_say_why() -> None:
         body["status"]["conditions"], c.WORKERS_READY, "False", Reason.CREATE_FAILED, refused, now=T0
     )
     body["status"] = {**body["status"], "conditions": conds}
-    plan = _step(body, ctx, [_ready(builders.worker_pod(ctx, 0, 0))], T0 + timedelta(seconds=60))
+    plan = _step(body, ctx, [_ready(runpods.worker_pod(ctx, 0, 0))], T0 + timedelta(seconds=60))
     text = _cond(plan.status, c.RESTARTED)["message"]
     assert text.endswith(f"1/2 workers not ready (NotCreated: 1); CreateFailed: {refused}"), text
     assert list(plan.delete_stale) == ["r1-worker-0"]

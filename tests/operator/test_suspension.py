@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import MANAGED_BY_OPERATOR, Phase
+from mlbench_api.run import MANAGED_BY_OPERATOR
+from mlbench_api.runstatus import Phase
 from mlbench_operator import conditions as c
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView

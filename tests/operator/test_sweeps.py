@@ -325,6 +325,8 @@ class FakeKube:
         self.refuse: dict[str, ApiError] = {}
         self.patches: list[dict[str, Any]] = []
         self.selectors: list[str] = []
+        self.versions: list[str] = []  # the resourceVersion each status patch was made at
+        self.live: dict[str, Any] | None = None  # the sweep in the API server: status patches fenced by its version
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
@@ -346,8 +348,21 @@ class FakeKube:
         self.runs[name] = copy.deepcopy(obj)
         return True
 
-    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str = "") -> str:
         self.patches.append(status)
+        self.versions.append(resource_version)
+        if self.live is None:
+            return ""
+        meta = self.live["metadata"]
+        if resource_version and resource_version != meta["resourceVersion"]:  # the API server's precondition
+            raise ApiError(409, "PATCH", "/status", '{"reason": "Conflict"}')
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        self.live["status"] = {**self.live["status"], **status}
+        return str(meta["resourceVersion"])
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert kind == "BenchmarkSweep"
+        return None if self.live is None else copy.deepcopy(self.live)
 
 
 def _reconciler(body: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -515,3 +530,23 @@ def test_a_run_failed_under_stop_outweighs_a_create_refused_in_the_same_pass(mon
     assert status["message"].startswith(f"run {W1S1} failed and failurePolicy is Stop")
     assert "completionTime" in status
     assert "CreateFailed" not in [e[1] for e in rec.events]  # the refusal is no longer the story
+
+
+def test_a_deposed_leaders_late_sweep_status_is_refused_and_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 (fencing), as for runs: the sweep's status write carries the version it was planned from; the
+    new leader wrote since (version 9, this replica read 3): refused (409), the sweep read again, and the next
+    pass plans from what it read and writes at 9."""
+    from mlbench_operator.runtime import StatusConflict
+
+    kube, body = FakeKube(), sweep(2)
+    body["metadata"]["resourceVersion"] = "3"
+    kube.live = {"metadata": {**body["metadata"], "resourceVersion": "9"}, "status": {"message": "new leader"}}
+    rec = _reconciler(body, kube, monkeypatch)
+    with pytest.raises(StatusConflict, match="resourceVersion 3 was refused"):
+        asyncio.run(rec.step())
+    assert kube.live["status"] == {"message": "new leader"}  # the stale write did not land
+    rec.recover()
+    assert rec.status["message"] == "new leader"
+    asyncio.run(rec.step())
+    assert kube.versions == ["3", "9"]
+    assert counts(kube.live["status"]) == (4, 2, 2, 0, 0)

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from mlbench_api.run import BenchmarkRunStatus, Phase
-from mlbench_operator import builders, runtime
+from mlbench_api.runstatus import BenchmarkRunStatus, Phase
 from mlbench_operator import conditions as c
+from mlbench_operator import runcontext, runpods, runtime
 from mlbench_operator.conditions import DatasetReason, Reason
 from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
@@ -51,8 +51,8 @@ def _lifecycle() -> list[dict[str, Any]]:
     """The statuses of a run from admission to success, each finalized as it is written."""
     body, ctx = admitted(h.run())
     out = [run_status.finalize(body["status"], T0)]
-    launcher = pod(builders.launcher_pod(ctx, 0))
-    done = terminated(builders.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
+    launcher = pod(runpods.launcher_pod(ctx, 0))
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, factories.summary().termination_message())
     for pods in ([], workers(ctx, ready=False), workers(ctx), [*workers(ctx), launcher], [*workers(ctx), done]):
         body, plan = step(body, ctx, pods)
         out.append(run_status.finalize(plan.status, T0))
@@ -249,7 +249,7 @@ def test_a_final_figure_the_status_cannot_hold_is_an_invalid_result() -> None:
     server refused the write with a 422, which ended the run the same way)."""
     body, ctx = admitted(h.run())
     summary = factories.summary().model_copy(update={"final_accuracy": 1.5})
-    done = terminated(builders.launcher_pod(ctx, 0), 0, summary.termination_message())
+    done = terminated(runpods.launcher_pod(ctx, 0), 0, summary.termination_message())
     _, plan = step(body, ctx, [*workers(ctx), done])
     assert plan.status["phase"] == "Failed"
     assert cond(plan.status, "Failed")["reason"] == "InvalidResult"
@@ -257,7 +257,7 @@ def test_a_final_figure_the_status_cannot_hold_is_an_invalid_result() -> None:
 
 
 # -- Events: only for what changed ------------------------------------------------------------------------------
-def _worlds(ctx: builders.RunContext) -> dict[str, list[PodView]]:
+def _worlds(ctx: runcontext.RunContext) -> dict[str, list[PodView]]:
     stuck = "0/3 nodes are available: 3 Insufficient cpu."
     return {
         "nothing yet": [],
@@ -267,8 +267,8 @@ def _worlds(ctx: builders.RunContext) -> dict[str, list[PodView]]:
         "image pull": [dataclasses.replace(w, ready=False, waiting="ImagePullBackOff: \x1b[2Jx") for w in workers(ctx)],
         "starting": workers(ctx, ready=False),
         "ready": workers(ctx),
-        "running": [*workers(ctx), pod(builders.launcher_pod(ctx, 0))],
-        "launcher pending": [*workers(ctx), pod(builders.launcher_pod(ctx, 0), phase="Pending", ready=False)],
+        "running": [*workers(ctx), pod(runpods.launcher_pod(ctx, 0))],
+        "launcher pending": [*workers(ctx), pod(runpods.launcher_pod(ctx, 0), phase="Pending", ready=False)],
     }
 
 

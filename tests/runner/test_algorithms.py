@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlbench_api.task import Algorithm
+from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms import make_algorithm, registered
 from mlbench_runner.timing import PhaseTimer
 from tests.factories import read_summary

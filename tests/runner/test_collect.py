@@ -102,7 +102,7 @@ def test_ssh_options_without_known_hosts_do_not_check() -> None:
 )
 def test_the_ssh_connect_timeout_grows_with_the_emulated_latency(network: dict[str, float] | None, delay: int) -> None:
     """5 s of spec.network latency made every launch fail within the 10 s ConnectTimeout (banner exchange)."""
-    from mlbench_api.run import NetworkConditions
+    from mlbench_api.network import NetworkConditions
     from mlbench_runner.pod import launch
 
     conditions = None if network is None else NetworkConditions.model_validate(network)

@@ -19,10 +19,10 @@ import pytest
 from pydantic import ValidationError
 
 from mlbench_api import BenchmarkRun, BenchmarkTaskSpec, RunConfig
+from mlbench_api.collectives import CollectiveBenchmark, CollectiveOp, size_ladder
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
 from mlbench_api.errors import format_errors
 from mlbench_api.results import CollectiveMeasurement, CollectiveResult, Environment, PhaseTotals, RunSummary
-from mlbench_api.task import CollectiveBenchmark, CollectiveOp, size_ladder
 from mlbench_runner.pod.launch import launcher_command
 from mlbench_runner.rank import collectives as coll
 from mlbench_runner.tools import collective_table

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from mlbench_api import BenchmarkTaskSpec
+from mlbench_api.parameters import AlgorithmParameters, Selection
 from mlbench_api.results import RunSummary
-from mlbench_api.run import AlgorithmParameters, Selection
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.base import ceil_fraction
 from mlbench_runner.algorithms.compressed import (

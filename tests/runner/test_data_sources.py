@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mlbench_api.task import DatasetSpec
+from mlbench_api.dataspec import DatasetSpec
 from mlbench_runner.data import cifar as cifar_module
 from mlbench_runner.data import load_dataset
 from mlbench_runner.data.tabular import load_npz

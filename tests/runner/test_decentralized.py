@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
+from mlbench_api.parameters import AlgorithmParameters, Topology
 from mlbench_api.results import RunSummary
-from mlbench_api.run import AlgorithmParameters, Topology
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.base import parameter_bytes
 from mlbench_runner.algorithms.decentralized import (

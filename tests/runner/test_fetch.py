@@ -22,6 +22,7 @@ import pytest
 
 from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_runner.cli import main
+from mlbench_runner.pod import fetch as fetch_module
 from mlbench_runner.pod.fetch import (
     FetchError,
     FetchRequest,
@@ -166,6 +167,42 @@ def test_http_404_is_source_unreachable_naming_the_url(server: Server, tmp_path:
     assert "HTTP 404" in info.value.message
     assert not (tmp_path / "d").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_a_failure_never_echoes_the_urls_userinfo_or_query(server: Server, tmp_path: Path) -> None:
+    """A presigned URL's signature and a URL's password stay out of the message, the log and the termination log,
+    also when a redirect's Location carries them."""
+    server.redirects["/moved.bin?token=s3cr3t"] = "ftp://user:hunter2@127.0.0.1/x?sig=s3cr3t"
+    port = server.httpd.server_address[1]
+    log = tmp_path / "termination-log"
+    cases = [
+        (f"http://127.0.0.1:{port}/missing.tgz?X-Amz-Signature=s3cr3t", "/missing.tgz?…: HTTP 404"),
+        # urllib takes userinfo for part of the host: the lookup fails, and says so without the password
+        (f"http://user:hunter2@127.0.0.1:{port}/missing.tgz", "/missing.tgz: cannot resolve host"),
+        (f"http://127.0.0.1:{port}/moved.bin?token=s3cr3t", "redirected to ftp://127.0.0.1/x?…"),
+    ]
+    for url, needle in cases:
+        with pytest.raises(FetchError) as info:
+            fetch(FetchRequest(url=url, sha256="0" * 64, dest=tmp_path / "d"))
+        assert needle in info.value.message
+        assert f"http://127.0.0.1:{port}/" in info.value.message  # the host and path are still named
+        code = main(
+            [
+                "fetch-dataset",
+                "--url",
+                url,
+                "--sha256",
+                "0" * 64,
+                "--dest",
+                str(tmp_path / "d"),
+                "--termination-log",
+                str(log),
+            ]
+        )
+        assert code == FetchExit.SOURCE_UNREACHABLE
+        for said in (info.value.message, log.read_text()):
+            assert "hunter2" not in said
+            assert "s3cr3t" not in said
 
 
 def test_connection_refused_is_source_unreachable(tmp_path: Path) -> None:
@@ -457,6 +494,28 @@ def test_symlink_chains_are_refused(
         fetch(FetchRequest(url=serve(server, "chain.tar.gz", data), sha256=sha(data), dest=dest, unpack=True))
     assert needle in info.value.message
     assert written(tmp_path / "vol") == []
+
+
+@pytest.mark.parametrize("entries", [[("d/x", tarfile.REGTYPE, "x"), ("a", tarfile.SYMTYPE, "../../etc")]])
+def test_a_python_without_the_data_filter_unpacks_and_still_refuses(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries: list[tuple[str, bytes, str]]
+) -> None:
+    """The runner image's Python (Debian bookworm's 3.11.2) has no PEP 706 filter: it unpacked nothing in pods
+    (AttributeError on tarfile.FilterError) until the filter became optional; our own checks still refuse."""
+    monkeypatch.setattr(fetch_module, "HAS_FILTER", False)
+    monkeypatch.setattr(fetch_module, "FILTER_ERRORS", ())
+    good = tarball({"top/d/a": b"x"})
+    dest = tmp_path / "vol" / "tree"
+    req = FetchRequest(
+        url=serve(server, "good.tgz", good), sha256=sha(good), dest=dest, unpack=True, strip_components=1
+    )
+    assert fetch(req) is True
+    assert (dest / "d" / "a").read_bytes() == b"x"
+    bad = ordered_tarball(entries)
+    with pytest.raises(FetchError) as info:
+        fetch(FetchRequest(url=serve(server, "bad.tgz", bad), sha256=sha(bad), dest=tmp_path / "v2" / "t", unpack=True))
+    assert "outside the destination" in info.value.message
+    assert written(tmp_path / "v2") == []
 
 
 def test_a_link_inside_the_tree_is_fine(server: Server, tmp_path: Path) -> None:

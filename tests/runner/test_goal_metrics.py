@@ -72,7 +72,7 @@ def test_an_accuracy_goal_is_unchanged(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_epoch_score_per_metric() -> None:
-    from mlbench_api.task import GoalMetric
+    from mlbench_api.goal import GoalMetric
 
     assert epoch_score(GoalMetric.TEST_TOP1_ACCURACY, 0.7, 2.0) == 0.7
     assert epoch_score(GoalMetric.LOSS, 0.7, 2.0) == 2.0

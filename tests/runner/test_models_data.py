@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from mlbench_api.task import DatasetSpec, ModelSpec, SyntheticData
+from mlbench_api.dataspec import DatasetSpec, SyntheticData
+from mlbench_api.model import ModelSpec
 from mlbench_runner import manifest
 from mlbench_runner.data import load_dataset
 from mlbench_runner.data.tabular import parse_libsvm, synthetic_epsilon

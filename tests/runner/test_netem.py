@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from mlbench_api.run import NetworkConditions
+from mlbench_api.network import NetworkConditions
 from mlbench_runner.cli import main
 from mlbench_runner.pod import netem
 

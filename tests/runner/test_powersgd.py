@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlbench_api.run import AlgorithmParameters
+from mlbench_api.parameters import AlgorithmParameters
 from mlbench_runner.algorithms import make_algorithm
 from mlbench_runner.algorithms.powersgd import PowerSGD
 from mlbench_runner.comm import Communicator, CountingCommunicator, LocalCommunicator
@@ -457,7 +457,7 @@ def resnet20_bytes(rank: int) -> int:
 
 
 def test_resnet20_declared_bytes() -> None:
-    from mlbench_api.task import ModelSpec
+    from mlbench_api.model import ModelSpec
     from mlbench_runner.rank.models import build_model
 
     model = build_model(ModelSpec.model_validate({"name": "resnet", "version": "m1", "depth": 20}))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlbench_api.config import ResolvedSchedule, resolve_schedule
-from mlbench_api.task import LearningRate, Schedule
+from mlbench_api.schedule import LearningRate, Schedule
 from mlbench_runner.rank import partition
 from mlbench_runner.schedule import learning_rate
 

@@ -13,7 +13,8 @@ import pytest
 import sacrebleu
 import torch
 
-from mlbench_api.task import Goal, ModelName
+from mlbench_api.goal import Goal
+from mlbench_api.model import ModelName
 from mlbench_runner.comm import LocalCommunicator
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.rank.train import KINDS

@@ -12,19 +12,15 @@ from pydantic import ValidationError
 from mlbench_api import contract
 from mlbench_api.common import ObjectMeta
 from mlbench_api.config import AlgorithmNotAllowed, OverrideNotAllowed, effective_config
-from mlbench_api.run import (
-    BenchmarkRun,
-    BenchmarkRunSpec,
-    Phase,
-    WorkerCounts,
-)
+from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
+from mlbench_api.runstatus import Phase, WorkerCounts
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.policy import AdmissionPolicy, check_placement, check_priority, violations
 from mlbench_operator.run.status import _short, _spec_workers, _Status
+from mlbench_operator.runcontext import RunContext
 
 DEFAULT_POLICY = AdmissionPolicy()
 

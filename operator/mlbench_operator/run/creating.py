@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
-from mlbench_operator import builders, datasets, netpol, sshkeys
 from mlbench_operator import conditions as c
+from mlbench_operator import datasets, fetchjob, netpol, runcontext, runobjects, runpods, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator import podgroup as pg
 from mlbench_operator.kube import ApiError, transient
@@ -32,23 +32,23 @@ DATASET_POLL_SECONDS = 10.0
 class Creating(RunDaemon):
     """The creates of a pass (its mixin of :class:`.executor.RunReconciler`)."""
 
-    async def create_pods(self, plan: Plan, ctx: builders.RunContext, now: datetime) -> list[tuple[str, int, str]]:
+    async def create_pods(self, plan: Plan, ctx: runcontext.RunContext, now: datetime) -> list[tuple[str, int, str]]:
         """The plan's workers and launcher, in parallel; returns the refused ones (403/422), raises on other errors."""
         pacing = self.pacing
         attempt = int(plan.status.get("restarts", 0))
         # the kubelet enforces what is left of runPolicy.activeDeadlineSeconds, also while we are down
         run_deadline = ctx.spec.run_policy.active_deadline_seconds if ctx.spec.run_policy else None
-        deadline = builders.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
+        deadline = runpods.pod_deadline(c.parse_time(self.status.get("startTime")), run_deadline, now)
         todo = [
-            builders.worker_pod(ctx, rank, attempt, deadline)
+            runpods.worker_pod(ctx, rank, attempt, deadline)
             for rank in plan.create_workers
             if pacing.may_create(n.worker_name(self.name, rank), time.monotonic())
         ]
         if plan.create_launcher and pacing.may_create(n.launcher_name(self.name), time.monotonic()):
-            todo.append(builders.launcher_pod(ctx, attempt, deadline))
+            todo.append(runpods.launcher_pod(ctx, attempt, deadline))
         if not todo:
             return []
-        outcomes = await self.kube.create_many(todo)
+        todo, outcomes = await self.create_in_batches(todo)
         errors = [r for r in outcomes if isinstance(r, BaseException)]
         refused: list[tuple[str, int, str]] = []
         for obj, res in zip(todo, outcomes, strict=True):
@@ -69,13 +69,29 @@ class Creating(RunDaemon):
         pacing.creates_succeeded()
         return []
 
+    async def create_in_batches(self, todo: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """Create pods all at once, or in the slow start's batches (:func:`.pacing.next_batch`), stopping at the
+        first batch with a failure; returns the pods asked for and their outcomes (the rest wait for a later
+        pass: their create grace is lifted)."""
+        done: list[Any] = []
+        while len(done) < len(todo):
+            size = self.pacing.batch or len(todo)
+            outcomes = await self.kube.create_many(todo[len(done) : len(done) + size])
+            done.extend(outcomes)
+            if not self.pacing.batch_done([_code(r) for r in outcomes]):
+                break
+        for obj in todo[len(done) :]:
+            self.pacing.create_failed(obj["metadata"]["name"])
+        return todo[: len(done)], done
+
     async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
         """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
         accepted as the attempt's launcher: :func:`ownership.launcher_refused`)."""
         launcher = n.launcher_name(self.name)
         for obj, res in zip(todo, outcomes, strict=True):
             if obj["metadata"]["name"] == launcher and isinstance(res, str):
-                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt}})
+                # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
+                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt, "imageId": None}})
 
     async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
@@ -114,23 +130,23 @@ class Creating(RunDaemon):
         self.log.warning("pod_create_refused", message=plan.status.get("message"), retry_in=delay)
         return delay
 
-    async def ensure_objects(self, ctx: builders.RunContext, now: datetime) -> bool:
+    async def ensure_objects(self, ctx: runcontext.RunContext, now: datetime) -> bool:
         """ConfigMap, the SSH Secret, the NetworkPolicy and a gang run's PodGroup, before any pod (the Service
         comes with the launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
         keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
         objs = [
-            builders.config_map(ctx),
-            builders.ssh_secret(ctx, keys),
+            runobjects.config_map(ctx),
+            runobjects.ssh_secret(ctx, keys),
             netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
         ]
-        group = builders.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
+        group = runobjects.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
         if group is not None:
             objs.append(group)
         self.ensured = await self.create_owned(objs, ctx, now)
         self.pod_group_ensured = self.ensured and group is not None
         return self.ensured
 
-    async def ensure_service(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+    async def ensure_service(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The headless Service that gives the workers their DNS names, right before the launcher (the
         only one that resolves them): None when it exists, else where the pass stops (a NameConflict,
         a refusal; as for the other objects).
@@ -141,14 +157,14 @@ class Creating(RunDaemon):
         pods themselves (docs/operator.md, "Scale"). Created once they are all Ready, it is computed once.
         """
         try:
-            if not await self.create_owned([builders.service(ctx)], ctx, now):
+            if not await self.create_owned([runobjects.service(ctx)], ctx, now):
                 return _Stop(min(30.0, self.config.resync_seconds))  # a name conflict is shown; look again later
         except _Refused as err:
             return _Stop(await self.creation_refused(err.failures, now, pods))
         self.service_ensured = True
         return None
 
-    async def create_owned(self, objs: list[dict[str, Any]], ctx: builders.RunContext, now: datetime) -> bool:
+    async def create_owned(self, objs: list[dict[str, Any]], ctx: runcontext.RunContext, now: datetime) -> bool:
         """Create the run's objects in parallel. 409 is fine only when the existing object is this run's (a
         retry); one of another owner (e.g. a deleted run of the same name whose garbage collection has
         not finished) is reported as NameConflict and nothing proceeds (False), and one gone by the time
@@ -181,25 +197,45 @@ class Creating(RunDaemon):
                     return False
         return True
 
-    async def ensure_dataset(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
+    async def ensure_dataset_volume(self, pvc: dict[str, Any]) -> str | None:
+        """Create the namespace's dataset volume when missing; the ``NameConflict`` text when a PVC the operator did
+        not create holds its name (it would mount another's data, or none, into the run), None when it is there."""
+        if await self.kube.run(self.kube.create, pvc):
+            return None
+        existing = await self.kube.run(self.kube.get, pvc["kind"], self.namespace, pvc["metadata"]["name"])
+        return self.held_name(existing, pvc)
+
+    def held_name(self, existing: dict[str, Any] | None, wanted: dict[str, Any]) -> str | None:
+        """The ``NameConflict`` text for a shared object (:func:`ownership.shared_not_ours`), logged; None if ours."""
+        why = None if existing is None else ownership.shared_not_ours(existing, wanted)
+        if why is None:
+            return None
+        kind, name = wanted["kind"], wanted["metadata"]["name"]
+        self.log.warning("name_conflict", kind=kind, object=name, why=why)
+        return ownership.conflict_text(kind, name, why)
+
+    async def ensure_dataset(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> float | None:
         """The dataset volume and the fetch Job, before any worker exists.
 
         Returns None when the data is ready (the pass goes on to the workers), seconds until the next
         look while it is fetched, or -1 when the fetch failed (the run's final status is written).
         """
         settings = self.datasets
-        built = builders.fetch_job(ctx, settings)
+        built = fetchjob.fetch_job(ctx, settings)
         name = built["metadata"]["name"]
         admitted = c.parse_time(self.status.get("startTime"))
         try:
+            held = None
             if not self.pvc_ensured:  # a shared per-namespace cache: created when missing, never owned by a run
-                await self.kube.run(self.kube.create, builders.dataset_pvc(self.namespace, settings))
-                self.pvc_ensured = True
+                held = await self.ensure_dataset_volume(fetchjob.dataset_pvc(self.namespace, settings))
+                self.pvc_ensured = held is None
             job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
+            held = held or self.held_name(job, built)
             job_pods: list[dict[str, Any]] = []
-            if job is not None:
+            if job is not None and held is None:
                 job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
-            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name, built=built)
+            state = datasets.fetch_state(name, job, job_pods, admitted, settings.volume_name)
+            state = datasets.name_conflict(held) if held is not None else state
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
                 policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
                 await self.kube.run(self.kube.create, policy)
@@ -223,3 +259,10 @@ class Creating(RunDaemon):
             return None
         # Job events wake us; the timer covers pod-only changes (e.g. a pod stuck Pending) and deletions.
         return min(plan.requeue_after or DATASET_POLL_SECONDS, DATASET_POLL_SECONDS)
+
+
+def _code(outcome: Any) -> int:
+    """A create's outcome as the slow start counts it: its HTTP status, 0 for no answer, 201 for a pod (or 409)."""
+    if isinstance(outcome, ApiError):
+        return outcome.status
+    return 0 if isinstance(outcome, BaseException) else 201

@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
-from mlbench_api.run import TERMINAL
-from mlbench_operator import builders, logs
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import conditions as c
+from mlbench_operator import logs, runcontext
 from mlbench_operator import pacing as pc
 from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodIndex, PodView
@@ -30,7 +30,7 @@ from mlbench_operator.run.status import (
     kept_after_failure,
     unstorable_status,
 )
-from mlbench_operator.runtime import DEFAULT_CONFIG, status_patch, write_status
+from mlbench_operator.runtime import DEFAULT_CONFIG, StatusConflict, fence_version, status_patch, write_status
 from mlbench_operator.settings import OperatorConfig
 
 log = logs.get_logger()
@@ -83,6 +83,10 @@ class RunDaemon(ABC):
         # The operator is the only writer of these status fields (one replica, one daemon per run), so
         # our last write is authoritative even before the watch echoes it back.
         self.status: dict[str, Any] = dict(body.get("status") or {})
+        #: The run's resourceVersion our status was last written at, or read at (the fence of the next write).
+        self.version: str = str(body["metadata"].get("resourceVersion") or "")
+        #: The run as read after a refused (409) write: what :meth:`recover` trusts, newer than the watch's.
+        self.reread: Mapping[str, Any] | None = None
         self.log = log.bind(run=self.name, namespace=self.namespace)
         self.kopf_logger = logger
         self.ensured = False  #: the ConfigMap, Secret and NetworkPolicy exist
@@ -104,8 +108,31 @@ class RunDaemon(ABC):
 
     def recover(self, live_status: Mapping[str, Any]) -> None:
         """After a failed pass: trust the cluster's status again, unless ours is provably newer
-        (:func:`.status.kept_after_failure`)."""
+        (:func:`.status.kept_after_failure`). After a refused write the run as read then is newer than the
+        watch's copy, and is trusted instead."""
+        if self.reread is not None:
+            live_status, self.reread = self.reread, None
         self.status = dict(kept_after_failure(self.status, live_status or {}))
+
+    async def _write(self, changes: dict[str, Any]) -> None:
+        """One status write at :func:`fence_version`; a 409 reads the run again and raises :class:`StatusConflict`."""
+        version = fence_version(self.version, self.body, self.status)
+        try:
+            written = await write_status(
+                self.kube, self.kube.patch_run_status, self.namespace, self.name, changes, version
+            )
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            live = await self.kube.run(self.kube.get_run, self.namespace, self.name) or {}
+            self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
+            self.reread = dict(live.get("status") or {})
+            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
+            raise StatusConflict(
+                f"the status write at resourceVersion {version} was refused (409): read again"
+            ) from err
+        if written:
+            self.version = str(written)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         kopf.event(self.body, type=type_, reason=reason, message=c.clean(message)[:1024])
@@ -126,7 +153,7 @@ class RunDaemon(ABC):
         if not changes:
             return
         try:
-            await write_status(self.kube, self.kube.patch_run_status, self.namespace, self.name, changes)
+            await self._write(changes)
         except ApiError as err:
             if err.status != 422:
                 raise
@@ -137,7 +164,7 @@ class RunDaemon(ABC):
                 else unstorable_status(self.status, err.detail, now)
             )
             fallback = status_patch(self.status, instead)
-            await write_status(self.kube, self.kube.patch_run_status, self.namespace, self.name, fallback)
+            await self._write(fallback)
             # A finished run's refused changes are dropped for good: our copy takes them as written, so
             # that the next pass does not send them again (every 0.1 s, an Event each time).
             self.status = {**self.status, **(changes if finished else {}), **fallback}
@@ -151,17 +178,18 @@ class RunDaemon(ABC):
             raise StatusRefused("the status was refused (422); the run failed with InvalidResult") from err
         self.status = {**self.status, **changes}
 
-    def _current(self, ctx: builders.RunContext, pods: list[PodView]) -> list[PodView]:
+    def _current(self, ctx: runcontext.RunContext, pods: list[PodView]) -> list[PodView]:
         attempt = int(self.status.get("restarts") or 0)
         return [p for p in pods if p.attempt == attempt and p.owner_uid == ctx.uid]
 
-    def _configured(self, ctx: builders.RunContext) -> builders.RunContext:
+    def _configured(self, ctx: runcontext.RunContext) -> runcontext.RunContext:
         """The operator's settings that shape the pods but are no part of the run's snapshot."""
         return dataclasses.replace(
             ctx,
             metrics_linger_seconds=self.linger,
             node_loss_seconds=self.config.node_loss_seconds,
             gang_scheduler_name=self.config.gang_scheduler_name,
+            scratch=self.config.scratch,
         )
 
     def until_deadline(self, delay: float | None, now: datetime) -> _Stop:

@@ -6,11 +6,11 @@ import dataclasses
 import time
 from datetime import datetime
 
-from mlbench_api.run import TERMINAL, Phase
-from mlbench_operator import builders
+from mlbench_api.runstatus import TERMINAL, Phase
 from mlbench_operator import conditions as c
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
+from mlbench_operator import podscheduling, runcontext
 from mlbench_operator.podview import PodChange, PodView
 from mlbench_operator.run import (
     admission,
@@ -72,7 +72,7 @@ class RunReconciler(Observing, Creating, Keeping):
             policies.plan(self.view(), ctx, pods, now, mounts=volumes, nodes=states), ctx, now, pods
         )
 
-    async def run_context(self, now: datetime, pods: list[PodView]) -> builders.RunContext | _Stop:
+    async def run_context(self, now: datetime, pods: list[PodView]) -> runcontext.RunContext | _Stop:
         """Admit the run (first pass: resolve its task, snapshot it, check the policy) or rebuild its
         context from the snapshot; a run that cannot start or be rebuilt ends here, Failed."""
         snapshot = self.status.get("taskSnapshot")
@@ -103,7 +103,9 @@ class RunReconciler(Observing, Creating, Keeping):
         self.log.info("run_admitted", task=ctx.task_name, workers=ctx.spec.workers)
         return ctx
 
-    async def gate(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> builders.RunContext | _Stop:
+    async def gate(
+        self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]
+    ) -> runcontext.RunContext | _Stop:
         """spec.suspend and a queue's admission (:mod:`.suspension`, :mod:`.kueue`): a held run releases its pods
         and stops here; an admitted one gets its flavors' placement."""
         queue = kueue.queue_name(self.body)
@@ -132,9 +134,9 @@ class RunReconciler(Observing, Creating, Keeping):
         labels, tolerations = kueue.placement(flavors)
         return dataclasses.replace(ctx, spec=kueue.with_placement(ctx.spec, labels, tolerations))
 
-    async def prepare(self, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
+    async def prepare(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""
-        if not self.ensured or (builders.gang(ctx) is not None and not self.pod_group_ensured):
+        if not self.ensured or (podscheduling.gang(ctx) is not None and not self.pod_group_ensured):
             try:
                 if not await self.ensure_objects(ctx, now):  # a name conflict is shown; look again later
                     held = await self.held_past_deadline(now, pods, "its objects' names were held by another owner")
@@ -153,7 +155,7 @@ class RunReconciler(Observing, Creating, Keeping):
                 return _Stop(waiting if waiting >= 0 else await self.finished(now, pods))
         return None
 
-    async def execute(self, plan: Plan, ctx: builders.RunContext, now: datetime, pods: list[PodView]) -> float | None:
+    async def execute(self, plan: Plan, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> float | None:
         """Carry out a plan: the status first (a result, a restart), then deletes, then creates."""
         if plan.create_launcher and not self.service_ensured and not self.pacing.creates_paused(time.monotonic()):
             stopped = await self.ensure_service(ctx, now, pods)  # before the status says "creating the launcher"

@@ -32,8 +32,8 @@ import kopf
 
 from mlbench_api import contract
 from mlbench_api.common import GROUP, VERSION
-from mlbench_api.run import TERMINAL
-from mlbench_api.task import GoalMetric
+from mlbench_api.goal import GoalMetric
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import logs, progress, runtime
 from mlbench_operator import metrics as m
 from mlbench_operator import naming as n
@@ -111,7 +111,7 @@ def _needs_daemon(body: kopf.Body, namespace: str | None, name: str, **kwargs: A
     if not pods:
         return False
     uid = body.get("metadata", {}).get("uid", "")
-    launcher = results.launcher(pods, uid)  # results are only worth a daemon while the launcher is there
+    launcher = results.launcher(pods, uid, status)  # results are only worth a daemon while the launcher is there
     wait = results.wait_for(config_of(kwargs.get("memo")).results_wait_seconds, (body.get("spec") or {}).get("network"))
     pending = launcher is not None and results.decide(status, launcher, _now(), wait).action is not results.Action.NONE
     return pending or bool(lifecycle.cleanup_pending(body, pods))

@@ -11,9 +11,9 @@ from typing import Any
 import kopf
 
 from mlbench_api import bundle, hardware
-from mlbench_operator import builders
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator import runobjects
 from mlbench_operator.kube import ApiError, transient
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import (
@@ -80,7 +80,7 @@ class Keeping(RunDaemon):
         :class:`StatusRefused` (see :meth:`patch`).
         """
         uid = self.body["metadata"].get("uid", "")
-        pod = results.launcher(pods, uid, self.status.get("launcher"))
+        pod = results.launcher(pods, uid, self.status)
         decision = results.decide(self.status, pod, now, self.results_wait)
         if decision.action is results.Action.COLLECT and pod is not None:
             decision = results.interrupted(self.status) or await self.attempt(pod, uid, now)
@@ -119,7 +119,7 @@ class Keeping(RunDaemon):
         except Exception as err:  # the API, the kubelet or the network: retried, then given up
             return await self.retry_later(err, results.READING_LOG, now)
         # decoding, unzipping and compressing again take CPU seconds at the limits: off the event loop
-        found, why = await asyncio.to_thread(results.from_log, text)
+        found, why = await asyncio.to_thread(results.from_log, text, self.config.results_max_bytes)
         if found is not None:
             found = results.with_hardware(found, await self.node_labels(results.nodes_to_read(found)))
             await asyncio.to_thread(found.compressed_size)  # computed once, kept
@@ -156,7 +156,7 @@ class Keeping(RunDaemon):
 
     async def store_results(self, found: bundle.Bundle, uid: str, now: datetime) -> results.Decision:
         task = (self.body["spec"].get("taskRef") or {}).get("name", "")
-        obj = builders.results_config_map(self.name, self.namespace, uid, task, found)
+        obj = runobjects.results_config_map(self.name, self.namespace, uid, task, found)
         name = obj["metadata"]["name"]
         if found.compressed_size() > bundle.BUDGET_BYTES:  # a launcher of another version: never sent as is
             size = found.compressed_size()
@@ -187,7 +187,7 @@ class Keeping(RunDaemon):
             existing = await self.kube.run(self.kube.get, "ConfigMap", self.namespace, name)
             if existing is None:  # deleted in between (garbage collection): create it on the next pass
                 raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict", delay=1)
-            why = ownership.not_ours(existing, self.name, uid)
+            why = ownership.not_ours(existing, self.name, uid) or ownership.results_differ(existing, obj)
             if why is not None:
                 text = f"{c.Reason.NAME_CONFLICT}: {ownership.conflict_text('ConfigMap', name, why)}"
                 return results.Decision(results.Action.GIVE_UP, text.removesuffix("; waiting for it to be deleted"))

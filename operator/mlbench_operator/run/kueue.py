@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mlbench_api.run import BenchmarkRunSpec, Scheduling, Toleration
+from mlbench_api.run import BenchmarkRunSpec
+from mlbench_api.scheduling import Scheduling, Toleration
 from mlbench_operator import conditions as c
 
 #: The label that names a run's LocalQueue (Kueue's, on any job kind).

@@ -9,16 +9,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mlbench_api.common import MAX_INT32
-from mlbench_api.run import (
-    TERMINAL,
-    CleanPodPolicy,
-    Phase,
-    RunPolicy,
-    WorkerCounts,
-)
+from mlbench_api.runpolicy import CleanPodPolicy, RunPolicy
+from mlbench_api.runstatus import TERMINAL, Phase, WorkerCounts
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
-from mlbench_operator.conditions import Reason
+from mlbench_operator.conditions import DatasetReason, Reason
 from mlbench_operator.datasets import FetchAction, FetchState
 from mlbench_operator.podview import PodView
 from mlbench_operator.run.ownership import conflict_text
@@ -224,7 +219,7 @@ def dataset_plan(body: Mapping[str, Any], state: FetchState, now: datetime) -> P
         st.say(state.message)
     out = Plan(status=st.dump(), requeue_after=left)
     if st.changed(c.DATASET_READY):
-        warn = state.action is FetchAction.FAIL or state.reason is c.DatasetReason.NAME_CONFLICT
+        warn = state.action is FetchAction.FAIL or state.reason is DatasetReason.NAME_CONFLICT
         kind = "Warning" if warn else "Normal"
         out.events.append((kind, state.reason.value, state.message))
     return out

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mlbench_api.run import TERMINAL
-from mlbench_operator import builders
+from mlbench_api.runstatus import TERMINAL
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator import runcontext, runpods
 from mlbench_operator.kube import ApiError
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import (
@@ -28,7 +28,7 @@ QUEUE_POLL_SECONDS = 3.0
 class Observing(RunDaemon):
     """The reads of a pass (its mixin of :class:`.executor.RunReconciler`)."""
 
-    async def node_states(self, ctx: builders.RunContext, pods: list[PodView], now: datetime) -> dict[str, NodeState]:
+    async def node_states(self, ctx: runcontext.RunContext, pods: list[PodView], now: datetime) -> dict[str, NodeState]:
         """What the current workers' nodes say (Ready, the kubelet's Lease), read only once the launcher failed
         (:mod:`.nodes`): a node lost under a running world is a disruption, not the run's failure."""
         current = self._current(ctx, pods)
@@ -45,7 +45,7 @@ class Observing(RunDaemon):
         return found
 
     async def mount_failures(
-        self, ctx: builders.RunContext, pods: list[PodView], now: datetime
+        self, ctx: runcontext.RunContext, pods: list[PodView], now: datetime
     ) -> dict[str, tuple[c.Reason, str]]:
         """What the Events say of the current workers that wait, scheduled, for their volumes (:mod:`.mounts`)."""
         workers = [p for p in self._current(ctx, pods) if p.role == n.ROLE_WORKER]
@@ -61,12 +61,12 @@ class Observing(RunDaemon):
                 found[pod.name] = failure
         return found
 
-    async def kueue_admission(self, ctx: builders.RunContext, queue: str) -> kueue.Admission:
+    async def kueue_admission(self, ctx: runcontext.RunContext, queue: str) -> kueue.Admission:
         """The run's Workload, created when missing, as Kueue has admitted it or not."""
         name = kueue.workload_name(self.name, ctx.uid)
         found = await self.kube.run(queueing.get_workload, self.kube, self.namespace, name)
         if found is None:
-            worker, launcher = builders.worker_pod(ctx, 0, 0), builders.launcher_pod(ctx, 0)
+            worker, launcher = runpods.worker_pod(ctx, 0, 0), runpods.launcher_pod(ctx, 0)
             obj = kueue.workload(
                 self.name,
                 self.namespace,

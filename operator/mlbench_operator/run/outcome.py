@@ -10,13 +10,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from mlbench_api.display import duration, percent, score
+from mlbench_api.display import duration, epoch, percent, ratio, score
+from mlbench_api.goal import GoalMetric, known_metric
 from mlbench_api.results import RunSummary
-from mlbench_api.run import (
-    Progress,
-    RunResult,
-)
-from mlbench_api.task import GoalMetric, known_metric
+from mlbench_api.runstatus import Progress, RunResult
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
@@ -33,6 +30,7 @@ def summary_result(summary: RunSummary, image: str | None = None, workers: Itera
     """``status.result``: the summary's figures, and exactly what ran (the image asked for and the digests
     the workers' containers resolved it to, so a result stays attributable after a tag moves)."""
     ids = sorted({p.image_id for p in workers if p.image_id})
+    ratio_figure = summary.communication.compression_ratio if summary.communication else None
     return RunResult(
         image=image,
         image_ids=ids[:8] or None,
@@ -53,7 +51,8 @@ def summary_result(summary: RunSummary, image: str | None = None, workers: Itera
         world_size=summary.environment.world_size,
         resumes=summary.resumes,
         bytes_per_step=summary.communication.bytes_per_step if summary.communication else None,
-        compression_ratio=summary.communication.compression_ratio if summary.communication else None,
+        compression_ratio=ratio_figure,
+        compression=ratio(ratio_figure) if ratio_figure is not None else None,
         peak_bus_bandwidth=summary.peak_bus_bandwidth,
     )
 
@@ -66,7 +65,12 @@ def final_progress(old: Progress | None, summary: RunSummary, now: datetime) -> 
     Raises ValueError (a ValidationError) for figures the status cannot hold (e.g. an accuracy above 1).
     """
     data = old.model_dump(by_alias=True, exclude_none=True) if old is not None else {}
-    data.update(epoch=float(summary.epochs), samplesPerSecond=summary.samples_per_second, updatedAt=c.instant(now))
+    data.update(
+        epoch=float(summary.epochs),
+        epochRounded=epoch(summary.epochs),
+        samplesPerSecond=summary.samples_per_second,
+        updatedAt=c.instant(now),
+    )
     if summary.final_accuracy is not None:
         data.update(lastAccuracy=summary.final_accuracy, accuracy=percent(summary.final_accuracy))
     metric = metric_of(summary)

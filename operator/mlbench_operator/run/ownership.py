@@ -9,15 +9,15 @@ run's), never adopted, never retried in silence.
 
 What marks the operator's object for *this* run: its controller ownerReference is the BenchmarkRun of the
 run's UID, and it carries the operator's ``managed-by`` label and the run's ``mlbench.io/run`` label (every
-object the operator creates for a run has all three: :mod:`mlbench_operator.builders`).
+object the operator creates for a run has all three: :mod:`mlbench_operator.runcontext`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mlbench_api.run import TERMINAL, BenchmarkRunStatus
+from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus, LauncherRecord
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.podview import PodView
@@ -43,6 +43,36 @@ def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
     return None
 
 
+def _template(obj: Mapping[str, Any]) -> tuple[list[tuple[Any, Any]], Any]:
+    """A Job's pod template as the trust check compares it: (image, command) of every container, and the volumes
+    (both immutable once the Job exists); empty for an object without a pod template (a PVC)."""
+    spec = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    return [(x.get("image"), x.get("command")) for x in spec.get("containers") or []], spec.get("volumes")
+
+
+def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """Why ``obj`` is not the shared object the operator creates as ``wanted`` (the namespace's dataset volume, a
+    fetch Job: owned by no run); None when it is. Such an object has no controller and carries every label and
+    annotation the operator gives it (for a fetch Job: the dataset, its key, the source's SHA-256 and the store
+    entry); a fetch Job's pod template also runs the operator's image and command and mounts only its volumes: a
+    Job made by anyone else, or for other data, is never trusted, whatever its name and ``Complete`` say."""
+    ref = _controller(obj)
+    if ref is not None:
+        return f"its controller is {ref.get('kind', '?')} {ref.get('name', '?')}"
+    meta, want = obj.get("metadata") or {}, wanted.get("metadata") or {}
+    for part in ("labels", "annotations"):
+        have = meta.get(part) or {}
+        for key, value in sorted((want.get(part) or {}).items()):
+            if have.get(key) != value:
+                return f"its {part[:-1]} {key} is {have[key]!r}, not {value!r}" if key in have else f"it has no {key}"
+    (containers, volumes), (want_containers, want_volumes) = _template(obj), _template(wanted)
+    if containers != want_containers:
+        return "its pod template runs another image or command than the operator's"
+    if volumes != want_volumes:
+        return "its pod template mounts other volumes than the operator's"
+    return None
+
+
 def conflict_text(kind: str, name: str, why: str) -> str:
     """The ``NameConflict`` message: the object, why it is not the run's, and what the operator does."""
     return f"{kind} {name} already exists and was not created by the operator for this run ({why}); " + (
@@ -64,12 +94,62 @@ def launcher_refused(pod: PodView, status: BenchmarkRunStatus, attempt: int) -> 
         if pod.uid == record.uid:
             return None
         return f"it is not the launcher the operator created (uid {pod.uid or 'none'}, recorded {record.uid})"
+    return _unrecorded_refused(pod, status)
+
+
+def _unrecorded_refused(pod: PodView, status: BenchmarkRunStatus) -> str | None:
+    """:func:`launcher_refused` without a record for the attempt: judged by when the pod was created."""
+    if status.phase in TERMINAL and status.launcher is not None:  # this operator records every launcher it accepts
+        return "the operator recorded no launcher for the attempt"
     ready = c.find(status.conditions, c.WORKERS_READY)
     created = c.parse_time(pod.created)
     if ready is None or created is None:
         return None  # nothing to judge by (a run before its first status; a pod without a creation time)
+    if status.completion_time is not None and created > status.completion_time:
+        return "it was created after the run ended"
     if ready.status != "True" and status.phase not in TERMINAL:
         return "it was created before the attempt's workers were all Ready"
     if ready.status == "True" and created < ready.last_transition_time.replace(microsecond=0):
         return "it was created before the attempt's workers were all Ready"
     return None
+
+
+def accepted_launcher(pods: Iterable[PodView], uid: str, status: BenchmarkRunStatus) -> PodView | None:
+    """The current attempt's launcher whose exit and log are the run's (:func:`launcher_refused` passes it), of
+    the run's UID (none given: any); None when there is none."""
+    attempt = status.restarts or 0
+    for pod in pods:
+        if pod.role != n.ROLE_LAUNCHER or pod.attempt != attempt or (uid and pod.owner_uid != uid):
+            continue
+        if launcher_refused(pod, status, attempt) is None:
+            return pod
+    return None
+
+
+def launcher_record(record: LauncherRecord | None, launcher: PodView | None) -> LauncherRecord | None:
+    """``status.launcher`` for the attempt's accepted ``launcher`` (:func:`launcher_refused` passed it): with the
+    digest its container ran (the kubelet's imageID) once reported. One accepted without a record for its attempt
+    (the operator stopped between its create and the record) is recorded now, so that once the run has ended only
+    a recorded launcher is the run's. ``record`` as it is for no launcher, or a pod without a UID."""
+    if launcher is None or not launcher.uid:
+        return record
+    image = launcher.image_id[:512] if launcher.image_id else None
+    if record is None or record.attempt != launcher.attempt:
+        return LauncherRecord(uid=launcher.uid, attempt=launcher.attempt, image_id=image)
+    if record.uid != launcher.uid or image is None or record.image_id == image:
+        return record
+    return record.model_copy(update={"image_id": image})
+
+
+def results_differ(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """Why the ``<run>-results`` ConfigMap found under the name (its marks this run's) does not hold the files
+    the operator would keep there now; None when it does (its own, from an interrupted pass: the files are
+    compressed deterministically). A namespace editor can forge the marks, not the launcher's files."""
+    have = existing.get("binaryData") or {}
+    want = wanted.get("binaryData") or {}
+    if existing.get("data"):
+        return "it holds text data the operator never writes there"
+    if set(have) != set(want):
+        return f"it holds files {sorted(have)}, the launcher printed {sorted(want)}"
+    changed = sorted(k for k in want if have[k] != want[k])
+    return f"its {changed[0]} is not the launcher's" if changed else None

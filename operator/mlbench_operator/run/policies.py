@@ -38,16 +38,10 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from mlbench_api.run import (
-    BenchmarkRunStatus,
-    Phase,
-    Progress,
-    RunPolicy,
-    WorkerCounts,
-)
+from mlbench_api.runpolicy import RunPolicy
+from mlbench_api.runstatus import BenchmarkRunStatus, Phase, Progress, WorkerCounts
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
-from mlbench_operator.builders import RunContext
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodPhase, PodView
 from mlbench_operator.run import mounts, nodes, startup
@@ -70,8 +64,9 @@ from mlbench_operator.run.outcome import (
     summary_result,
     world_disruption,
 )
-from mlbench_operator.run.ownership import launcher_refused
+from mlbench_operator.run.ownership import launcher_record, launcher_refused
 from mlbench_operator.run.status import Plan, StoredStatus, _Cond, _short, _Status, _uid
+from mlbench_operator.runcontext import RunContext
 
 #: ``runPolicy.progressDeadlineSeconds`` when unset: ten minutes without a step is no slow epoch.
 PROGRESS_DEADLINE_SECONDS = 600
@@ -196,6 +191,7 @@ class PlanInput:
         st = _Status.following(self.stored, self.now, (self.body.get("metadata") or {}).get("generation"))
         st.new.restarts = self.restarts
         st.new.workers = WorkerCounts(ready=self.ready, total=self.total)
+        st.new.launcher = launcher_record(self.old.launcher, self.launcher)  # with its image's digest once known
         return st
 
 

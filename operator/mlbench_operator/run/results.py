@@ -21,11 +21,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from mlbench_api import bundle, hardware
-from mlbench_api.run import MAX_COLLECT_ATTEMPTS, TERMINAL, NetworkConditions
+from mlbench_api.network import NetworkConditions
+from mlbench_api.runstatus import MAX_COLLECT_ATTEMPTS, TERMINAL
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import parse_time, timestamp
 from mlbench_operator.podview import PodView
+from mlbench_operator.run import ownership
+from mlbench_operator.run.status import StoredStatus
 from mlbench_operator.settings import RESULTS_WAIT_SECONDS
 
 
@@ -77,17 +80,12 @@ class Decision:
         return self.action in (Action.WAIT, Action.COLLECT)
 
 
-def launcher(pods: Iterable[PodView], uid: str, record: Mapping[str, Any] | None = None) -> PodView | None:
-    """The run's launcher pod (there is one name per run; a foreign pod of that name is not ours, nor one
-    other than the launcher the operator recorded creating for its attempt: ``status.launcher``)."""
-    record = record or {}
-
-    def recorded(p: PodView) -> bool:
-        return record.get("attempt") != p.attempt or record.get("uid") == p.uid
-
-    return next(
-        (p for p in pods if p.role == n.ROLE_LAUNCHER and (not uid or p.owner_uid == uid) and recorded(p)), None
-    )
+def launcher(pods: Iterable[PodView], uid: str, status: Mapping[str, Any] | None = None) -> PodView | None:
+    """The run's launcher pod whose log holds the run's results: of the current attempt, of the run's UID, and
+    the one the operator recorded creating (``status.launcher``), or without a record one created while the
+    attempt's workers were Ready and before the run ended (:func:`.ownership.accepted_launcher`). A pod of the
+    launcher's name put there by anyone else, with whatever marks, gives no results."""
+    return ownership.accepted_launcher(pods, uid, StoredStatus.parse(status, report=False).model)
 
 
 def _seconds_since(value: str | None, now: datetime) -> float:
@@ -193,8 +191,9 @@ def ended(status: Mapping[str, Any], outcome: Mapping[str, Any]) -> dict[str, An
     return {**outcome, "attempts": None} if started else dict(outcome)
 
 
-def from_log(text: str) -> tuple[bundle.Bundle | None, str]:
-    """The bundle in a launcher's log (as read: at most :data:`LOG_BYTES`), or None and why not."""
+def from_log(text: str, limit: int = bundle.MAX_TOTAL_BYTES) -> tuple[bundle.Bundle | None, str]:
+    """The bundle in a launcher's log (as read: at most :data:`LOG_BYTES`), its files at most ``limit`` bytes
+    decompressed (``MLBENCH_RESULTS_MAX_BYTES``), or None and why not."""
     cut = len(text.encode(errors="replace")) >= LOG_BYTES
     too_long = (
         f"; the launcher's last {TAIL_LINES} log lines are over {LOG_BYTES} bytes, of which only the first "
@@ -203,7 +202,7 @@ def from_log(text: str) -> tuple[bundle.Bundle | None, str]:
         else ""
     )
     try:
-        found = bundle.from_log(text)
+        found = bundle.from_log(text, limit)
     except bundle.BundleError as err:
         return None, f"the launcher's results line is unreadable: {err}{too_long}"
     if found is None:
@@ -217,6 +216,7 @@ def kept_status(run: str, found: bundle.Bundle, now: datetime) -> dict[str, Any]
         "configMap": n.results_config_map_name(run),
         "files": sorted(found.files),
         "compressedBytes": found.compressed_size(),
+        "sha256": bundle.digests(found),
         "collectedAt": timestamp(now),
     }
     if found.truncated:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from mlbench_api.run import STARTUP_BACKOFF_MAX_SECONDS, RunPolicy
+from mlbench_api.runpolicy import STARTUP_BACKOFF_MAX_SECONDS, RunPolicy
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason

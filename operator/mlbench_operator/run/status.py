@@ -22,11 +22,7 @@ from pydantic import ValidationError
 
 from mlbench_api.common import Condition as ConditionModel
 from mlbench_api.errors import format_errors
-from mlbench_api.run import (
-    TERMINAL,
-    BenchmarkRunStatus,
-    Phase,
-)
+from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus, Phase
 from mlbench_api.task import RunnerSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import logs

@@ -87,6 +87,10 @@ class SweepReconciler:
         # The only writer of the status (one replica, one daemon per sweep): our last write is
         # authoritative even before the watch echoes it back.
         self.status: dict[str, Any] = dict(body.get("status") or {})
+        #: The resourceVersion our status was last written or read at (the fence: :func:`.runtime.fence_version`).
+        self.version: str = str(body["metadata"].get("resourceVersion") or "")
+        #: The sweep's status as read after a refused (409) write: what :meth:`recover` trusts.
+        self.reread: dict[str, Any] | None = None
         self.log = log.bind(sweep=self.name, namespace=self.namespace)
 
     def view(self) -> dict[str, Any]:
@@ -99,7 +103,8 @@ class SweepReconciler:
     def recover(self) -> None:
         """After a failed pass: trust the cluster's status again (a write may have half-failed), keeping the run
         outcomes we wrote that its copy does not show yet (:func:`.plan.recovered_status`)."""
-        self.status = plan.recovered_status(self.status, self.body.get("status") or {})
+        live, self.reread = (self.reread, None) if self.reread is not None else (self.body.get("status") or {}, None)
+        self.status = plan.recovered_status(self.status, live)
 
     async def step(self) -> float | None:
         """One pass. Returns seconds until the next unprompted pass, or None when the sweep has finished."""
@@ -172,7 +177,21 @@ class SweepReconciler:
 
     async def patch(self, new: dict[str, Any]) -> None:
         changes = runtime.status_patch(self.status, new)
-        await runtime.write_status(self.kube, self.kube.patch_sweep_status, self.namespace, self.name, changes)
+        version = runtime.fence_version(self.version, self.body, self.status)
+        try:
+            written = await runtime.write_status(
+                self.kube, self.kube.patch_sweep_status, self.namespace, self.name, changes, version
+            )
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            live = await self.kube.run(self.kube.get, "BenchmarkSweep", self.namespace, self.name) or {}
+            self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
+            self.reread = dict(live.get("status") or {})
+            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
+            raise runtime.StatusConflict(f"the status write at resourceVersion {version} was refused (409)") from err
+        if written:
+            self.version = str(written)
         self.status = {**self.status, **changes}
 
 

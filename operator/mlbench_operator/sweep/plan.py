@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from mlbench_api.common import API_VERSION
 from mlbench_api.errors import format_errors
-from mlbench_api.run import TERMINAL, Phase
+from mlbench_api.runstatus import TERMINAL, Phase
 from mlbench_api.sweep import BenchmarkSweep, FailurePolicy, SweepRun, expand
 from mlbench_operator import conditions as c
 from mlbench_operator.podview import controller_uid

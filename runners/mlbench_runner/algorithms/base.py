@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from mlbench_api.config import RunConfig
+from mlbench_api.parameters import AlgorithmParameters
 from mlbench_api.results import CommunicationRecord
-from mlbench_api.run import AlgorithmParameters
-from mlbench_api.task import Optimizer
+from mlbench_api.training import Optimizer
 from mlbench_runner.comm import Communicator
 from mlbench_runner.flat import dense_view
 from mlbench_runner.timing import PhaseTimer

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from mlbench_api.run import Selection
-from mlbench_api.task import Algorithm
+from mlbench_api.parameters import Selection
+from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms.base import (
     CommunicationPlan,
     DistributedAlgorithm,

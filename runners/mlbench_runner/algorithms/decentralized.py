@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlbench_api.run import Topology
+from mlbench_api.parameters import Topology
 from mlbench_runner.algorithms.base import (
     CommunicationPlan,
     DistributedAlgorithm,

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlbench_api.run import AlgorithmParameters
+from mlbench_api.parameters import AlgorithmParameters
 from mlbench_runner.algorithms.base import (
     CommunicationPlan,
     DistributedAlgorithm,

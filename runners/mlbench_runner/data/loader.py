@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from mlbench_api.contract import ENV_DATA_DIR
-from mlbench_api.task import DatasetFormat, DatasetSpec
+from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_runner import manifest
 from mlbench_runner.data import cifar, tabular
 from mlbench_runner.data.base import TensorDataset

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlbench_api.task import SyntheticData
+from mlbench_api.dataspec import SyntheticData
 from mlbench_runner.data.base import TensorDataset, cache_root, cached_arrays, file_stamp
 
 CHUNK_BYTES = 32 << 20

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from mlbench_api.task import Goal, GoalMetric, GoalMode
+from mlbench_api.goal import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score, perplexity

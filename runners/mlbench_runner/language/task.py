@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from mlbench_api.config import RunConfig
+from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat, DatasetSpec
 from mlbench_runner.comm import close_quietly, make_communicator
 from mlbench_runner.language.corpus import read_corpus, write_synthetic
 from mlbench_runner.language.loop import LanguageRecipe, train_language

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlbench_api import bundle
+from mlbench_api.network import NetworkConditions
 from mlbench_api.results import RunSummary
-from mlbench_api.run import NetworkConditions
 
 #: Per file: the operator waits at most 60 s for a launcher that is still running (results.WAIT_SECONDS).
 SSH_TIMEOUT_SECONDS = 15

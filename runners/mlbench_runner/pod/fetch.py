@@ -45,7 +45,15 @@ from typing import Any
 
 from mlbench_api import atomic
 from mlbench_api.contract import TERMINATION_LOG
-from mlbench_api.datasets import EXIT_FOR_REASON, MANIFEST_KEY, STORE_PREFIX, FetchFailure, FetchReason, store_name
+from mlbench_api.datasets import (
+    EXIT_FOR_REASON,
+    MANIFEST_KEY,
+    STORE_PREFIX,
+    FetchFailure,
+    FetchReason,
+    redact_urls,
+    store_name,
+)
 from mlbench_runner import manifest, stopping
 
 CHUNK = 1 << 20
@@ -53,9 +61,11 @@ TIMEOUT_SECONDS = 60.0
 
 
 class FetchError(Exception):
-    """A classified failure: the reason becomes the run's condition reason."""
+    """A classified failure: the reason becomes the run's condition reason; the message names URLs without
+    userinfo, query string or fragment (:func:`mlbench_api.datasets.redact_urls`)."""
 
     def __init__(self, reason: FetchReason, message: str) -> None:
+        message = redact_urls(message)
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -285,11 +295,17 @@ def safe_members(tar: tarfile.TarFile, strip: int) -> list[tarfile.TarInfo]:
     return out
 
 
+#: Python's ``data`` extraction filter (PEP 706: 3.12, and the 3.8 to 3.11 point releases of June 2023 on);
+#: the runner image's Python (Debian bookworm's 3.11.2) has none, and :func:`safe_members` is then the only check.
+HAS_FILTER = hasattr(tarfile, "data_filter")
+FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()
+
+
 def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
     """Extract ``archive`` (tar, tar.gz, tar.bz2, tar.xz) into the empty folder ``into``.
 
     Our own checks (:func:`safe_members`) give clear messages; Python's ``data`` filter (PEP 706)
-    stays on underneath as a second line of defence.
+    stays on underneath as a second line of defence where this Python has it (:data:`HAS_FILTER`).
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -299,8 +315,11 @@ def unpack(req: FetchRequest, archive: Path, into: Path) -> None:
                     FetchReason.FETCH_FAILED,
                     f"{req.url} holds no files below {req.strip_components} stripped path components",
                 )
-            tar.extractall(into, members=members, filter="data")
-    except tarfile.FilterError as exc:
+            if HAS_FILTER:
+                tar.extractall(into, members=members, filter="data")
+            else:
+                tar.extractall(into, members=members)
+    except FILTER_ERRORS as exc:
         raise FetchError(FetchReason.FETCH_FAILED, f"{req.url}: unsafe archive member refused: {exc}") from exc
     except tarfile.TarError as exc:
         raise FetchError(FetchReason.FETCH_FAILED, f"{req.url} is not a readable tar archive: {exc}") from exc
@@ -467,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, after fetch's clean-up
         failure = FetchFailure(FetchReason.FETCH_FAILED, "stopped by a signal; the partial download was removed")
     except Exception as exc:  # a bug or an unforeseen OS error: still one classified line
-        failure = FetchFailure(FetchReason.FETCH_FAILED, f"{type(exc).__name__}: {exc}")
+        failure = FetchFailure(FetchReason.FETCH_FAILED, redact_urls(f"{type(exc).__name__}: {exc}"))
     else:
         what = "fetched" if fetched else "already present"
         print(

@@ -45,6 +45,7 @@ from mlbench_api.contract import (
     ENV_TERMINATION_LOG,
     HOSTFILE_PATH,
     SSH_PORT,
+    SSH_SCRATCH_DIR,
     TERMINATION_LOG,
 )
 from mlbench_api.results import RunSummary
@@ -312,11 +313,11 @@ def failure_text(reason: str, causes: Sequence[str], tail: Sequence[str], budget
 
 
 #: Where the pods keep their private copies of the run's private keys: the worker script (the operator's
-#: ``builders.WORKER_SCRIPT``) copies the host key and the client key here, the launcher the client key.
+#: ``runpods.WORKER_SCRIPT``) copies the host key and the client key here, the launcher the client key.
 #: One path in every pod, because mpirun's tree spawn hands the launcher's ssh options (``-i <copy>``) to
 #: the daemons on the workers, which start the next workers with them. ``MLBENCH_SSH_PRIVATE_DIR``
 #: moves it for tests that run several "pods" on one machine.
-PRIVATE_SSH_DIR = "/tmp/mlbench-sshd"
+PRIVATE_SSH_DIR = SSH_SCRATCH_DIR  # a memory-backed emptyDir in the pods
 
 
 class PodSetupError(RuntimeError):

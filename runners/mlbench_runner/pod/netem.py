@@ -62,7 +62,7 @@ from pydantic import ValidationError
 from mlbench_api.config import RunConfig
 from mlbench_api.contract import ENV_CONFIG
 from mlbench_api.errors import format_errors
-from mlbench_api.run import NetworkConditions
+from mlbench_api.network import NetworkConditions
 
 #: The pod's interface (every common CNI names it eth0).
 DEFAULT_INTERFACE = "eth0"

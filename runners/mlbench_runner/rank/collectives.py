@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from mlbench_api import atomic
+from mlbench_api.collectives import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
 from mlbench_api.config import RunConfig
 from mlbench_api.results import (
     CollectiveMeasurement,
@@ -51,7 +52,6 @@ from mlbench_api.results import (
     PhaseTotals,
     RunSummary,
 )
-from mlbench_api.task import COLLECTIVE_ELEMENT_BYTES, CollectiveBenchmark, CollectiveOp
 from mlbench_runner import stopping
 from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlbench_api.task import ModelName, ModelSpec
+from mlbench_api.model import ModelName, ModelSpec
 
 RESNET_DEPTHS = (20, 32, 44, 56)
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mlbench_api.config import RunConfig
-from mlbench_api.task import ModelName
+from mlbench_api.model import ModelName
 from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
 from mlbench_runner.algorithms.base import CommunicationPlan, FlatGradients
 from mlbench_runner.comm import Communicator, CountingCommunicator, gather_texts, make_communicator

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from mlbench_api.config import RunConfig
+from mlbench_api.goal import better
 from mlbench_api.results import (
     CommunicationRecord,
     Environment,
@@ -28,7 +29,6 @@ from mlbench_api.results import (
     RunSummary,
     StopReason,
 )
-from mlbench_api.task import better
 from mlbench_runner.timing import PHASES, StepTiming
 from mlbench_runner.world import World
 

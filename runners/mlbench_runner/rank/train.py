@@ -27,8 +27,9 @@ import torch
 
 from mlbench_api import atomic
 from mlbench_api.config import RunConfig
+from mlbench_api.goal import GoalMode
+from mlbench_api.model import ModelName
 from mlbench_api.results import CommunicationRecord, EpochRecord, RunStatus, RunSummary, StopReason
-from mlbench_api.task import GoalMode, ModelName
 from mlbench_runner import stopping
 from mlbench_runner.comm import close_quietly, gather_texts
 from mlbench_runner.goals import epoch_score

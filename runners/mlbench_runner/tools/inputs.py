@@ -14,9 +14,9 @@ from mlbench_api import BenchmarkRun, BenchmarkTask, BenchmarkTaskSpec, RunConfi
 from mlbench_api.badinput import BadInput, bad_input
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import effective_config, local_task
+from mlbench_api.dataspec import DatasetFormat
 from mlbench_api.errors import InvalidObject
 from mlbench_api.run import MAX_WORKERS
-from mlbench_api.task import DatasetFormat
 
 #: The highest TCP port.
 MAX_PORT = 65535

@@ -140,13 +140,24 @@ def port(text: str) -> int:
     return value
 
 
+def no_format(text: str) -> str:
+    """``-o/--output`` on ``mlbench run``: refused, saying where the result directory goes."""
+    raise argparse.ArgumentTypeError(
+        f"mlbench run prints no other format; for the result directory use --output-dir {text}"
+    )
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlbench run", description="Run a BenchmarkRun YAML on this machine.")
     p.add_argument("run", help="BenchmarkRun YAML (as for kubectl apply)")
     p.add_argument("--local", action="store_true", help="run here (the only mode this command implements)")
     p.add_argument("--ranks", type=int, help="local ranks (default spec.workers x spec.slotsPerWorker)")
-    p.add_argument("--output-dir", dest="output", help="result directory (default ./mlbench-results/<run>)")
-    p.add_argument("--output", dest="output", help=argparse.SUPPRESS)  # deprecated alias of --output-dir
+    p.add_argument(
+        "--output-dir", dest="output", metavar="DIR", help="result directory (default ./mlbench-results/<run>)"
+    )
+    # -o/--output is the output format in every command; this one prints only its table, and its directory is
+    # --output-dir (--output DIR was its name before: said as such, not taken for an abbreviation of --output-dir).
+    p.add_argument("-o", "--output", dest="format", type=no_format, help=argparse.SUPPRESS)
     p.add_argument("--task-file", help="BenchmarkTask YAML to use instead of the catalog")
     p.add_argument("--launcher", choices=("auto", "mpirun", "process"), default="auto")
     p.add_argument("--metrics-port", type=port, default=0, help="Prometheus base port (0: off)")

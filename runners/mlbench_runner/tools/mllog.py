@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_api.config import RunConfig
+from mlbench_api.dataspec import DatasetFormat
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat, Schedule
+from mlbench_api.schedule import Schedule
 
 TOKEN = ":::MLLOG "
 POINT, START, END = "POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END"

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_api.config import RunConfig
+from mlbench_api.dataspec import DatasetFormat
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat
 from mlbench_runner.tools import svg
 from mlbench_runner.tools.scoring import ConfigScore, Configuration, device_of
 

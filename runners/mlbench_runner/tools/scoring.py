@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from mlbench_api.config import RunConfig
+from mlbench_api.goal import GoalMode
 from mlbench_api.hardware import hardware_label
 from mlbench_api.results import RunSummary
-from mlbench_api.task import GoalMode
 
 #: Runs (seeds) per configuration: MLPerf Training's count for image classification.
 RUNS_REQUIRED = 5

@@ -12,8 +12,8 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mlbench_api.goal import GoalMode
 from mlbench_api.results import RunSummary
-from mlbench_api.task import GoalMode
 from mlbench_runner.tools import plots
 from mlbench_runner.tools.runs import LoadedRun, Unfinished
 from mlbench_runner.tools.scoring import RUNS_REQUIRED, ConfigScore

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlbench_api.task import Goal, GoalMetric, GoalMode
+from mlbench_api.goal import Goal, GoalMetric, GoalMode
 from mlbench_runner.comm import Communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score

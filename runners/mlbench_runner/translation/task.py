@@ -15,8 +15,11 @@ from pathlib import Path
 import torch
 
 from mlbench_api.config import RunConfig
+from mlbench_api.dataspec import DatasetFormat, DatasetSpec
+from mlbench_api.model import ModelSpec
 from mlbench_api.results import RunSummary
-from mlbench_api.task import DatasetFormat, DatasetSpec, ModelSpec, Schedule, Training
+from mlbench_api.schedule import Schedule
+from mlbench_api.training import Training
 from mlbench_runner.comm import close_quietly, make_communicator
 from mlbench_runner.token_summary import finish, record_rank, start_rank, summary_of
 from mlbench_runner.translation.corpus import write_synthetic

@@ -1,0 +1,125 @@
+"""Pure builders of a namespace's dataset volume (PVC) and the Job that fetches a run's dataset into it."""
+
+from __future__ import annotations
+
+from mlbench_api import contract
+from mlbench_api.datasets import PERMANENT_EXITS
+from mlbench_api.dataspec import DatasetSpec
+from mlbench_operator import datastore
+from mlbench_operator import naming as n
+from mlbench_operator.datastore import sourced
+from mlbench_operator.podscheduling import pod_scheduling
+from mlbench_operator.runcontext import Obj, RunContext
+from mlbench_operator.runpods import container_security, pod_security
+from mlbench_operator.settings import DatasetSettings
+
+
+# -- datasets ------------------------------------------------------------------------------------------------------
+def dataset_labels(dataset: str) -> dict[str, str]:
+    return {n.LABEL_MANAGED_BY: n.MANAGER, n.LABEL_DATASET: n.dns_label(dataset, 63)}
+
+
+def dataset_pvc(namespace: str, settings: DatasetSettings) -> Obj:
+    """The namespace's dataset volume: a shared cache, owned by no run (deleting runs must not delete data)."""
+    spec: Obj = {
+        "accessModes": [settings.access_mode],
+        "resources": {"requests": {"storage": settings.size}},
+    }
+    if settings.storage_class:  # absent = the cluster's default StorageClass
+        spec["storageClassName"] = settings.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": settings.volume_name,
+            "namespace": namespace,
+            "labels": {n.LABEL_MANAGED_BY: n.MANAGER, "app.kubernetes.io/part-of": "mlbench"},
+        },
+        "spec": spec,
+    }
+
+
+def fetch_key(dataset: DatasetSpec, image: str) -> str:
+    source, _ = sourced(dataset)
+    return n.dataset_key(source.sha256, source.unpack, source.strip_components, image)
+
+
+def fetch_job_name(dataset: DatasetSpec, image: str) -> str:
+    """Deterministic per (namespace, what the fetch produces, the pinned image): concurrent runs share one Job."""
+    return n.dataset_job_name(dataset.name, fetch_key(dataset, image))
+
+
+def fetch_command(dataset: DatasetSpec, volume: str) -> list[str]:
+    """``mlbench-runner fetch-dataset`` for this dataset, into its store entry (named by checksum)."""
+    source, _ = sourced(dataset)
+    dest = datastore.fetch_dest(source)
+    cmd = ["mlbench-runner", "fetch-dataset", "--url", source.url, "--sha256", source.sha256, "--dest", dest]
+    if source.unpack:
+        cmd += ["--unpack", "--strip-components", str(source.strip_components)]
+    return [*cmd, "--volume", volume]
+
+
+def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
+    """The Job that downloads the run's dataset into the dataset volume (mounted read-write at /data).
+
+    Not owned by the run: runs sharing the dataset share the Job, and ttlSecondsAfterFinished removes
+    it. podFailurePolicy fails it at once on a permanent failure (checksum mismatch, full volume);
+    an unreachable source is retried ``backoffLimit`` times.
+    """
+    dataset = ctx.task.dataset
+    source, _ = sourced(dataset)
+    labels = {**dataset_labels(dataset.name), n.LABEL_DATASET_KEY: fetch_key(dataset, settings.fetch_image)}
+    container: Obj = {
+        "name": n.FETCH_CONTAINER,
+        "image": settings.fetch_image,  # pinned by the operator: never a run's own image
+        "command": fetch_command(dataset, settings.volume_name),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "data", "mountPath": contract.DATA_DIR}],
+        "terminationMessagePath": contract.TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security(ctx),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": fetch_job_name(dataset, settings.fetch_image),
+            "namespace": ctx.namespace,
+            "labels": labels,
+            "annotations": {
+                n.ANNOTATION_DATASET_SHA256: source.sha256,
+                n.ANNOTATION_DATASET_STORE: datastore.store_entry(source),
+            },
+        },
+        "spec": {
+            "backoffLimit": settings.backoff_limit,
+            "activeDeadlineSeconds": settings.fetch_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.job_ttl_seconds,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": n.FETCH_CONTAINER,
+                            "operator": "In",
+                            "values": [int(code) for code in PERMANENT_EXITS],
+                        },
+                    },
+                    # a preempted or evicted pod is not the fetch's fault: do not count it
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",  # required by podFailurePolicy; the Job retries with new pods
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(ctx),
+                    **pod_scheduling(ctx),
+                    "containers": [container],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],
+                },
+            },
+        },
+    }
