@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 
 from mlbench_api.common import ApiModel
 from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
+from mlbench_api.datasets import reserved_path
 from mlbench_api.errors import format_errors
 from mlbench_api.goal import Goal, GoalMode
 from mlbench_api.network import NetworkConditions
@@ -241,6 +242,14 @@ def _override_budget(goal: dict[str, Any], seconds: float) -> None:
     goal["timeBudgetSeconds"] = seconds
 
 
+def _check_dataset_path(dataset: Mapping[str, Any], plain: Mapping[str, Any]) -> None:
+    """``spec.overrides.dataset`` of a sourced dataset must not name the store or a marker (named as the run's
+    field, not as the overridden task's ``dataset.path``)."""
+    reserved = reserved_path(plain["dataset"]) if "dataset" in plain and dataset.get("source") else None
+    if reserved:
+        raise InvalidOverride(f"spec.overrides.dataset: {reserved}")
+
+
 def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTaskSpec:
     """The task as this run sees it; raises :class:`OverrideNotAllowed` in the closed division."""
     overrides = run.spec.overrides
@@ -280,6 +289,7 @@ def apply_overrides(task: BenchmarkTaskSpec, run: BenchmarkRun) -> BenchmarkTask
     if "datasetSource" in plain:
         data["dataset"]["source"] = plain["datasetSource"]
         data["dataset"].pop("volume", None)  # the source replaces wherever the data came from
+    _check_dataset_path(data["dataset"], plain)
     if "timeBudgetSeconds" in plain:
         _override_budget(data["goal"], plain["timeBudgetSeconds"])
     # Validate once at the end: an override can break a cross-field rule (maxEpochs below a milestone).

@@ -211,4 +211,6 @@ class DatasetReason(StrEnum):
     VOLUME_FULL = FetchReason.VOLUME_FULL.value
     FETCH_FAILED = FetchReason.FETCH_FAILED.value
     #: False: the dataset volume (PVC) or the fetch Job's name is held by an object the operator did not create
+    #: (a PVC: not its labels; a Job: not its labels, checksum annotations, image, command and volumes): never
+    #: used, adopted or deleted; the run waits and says why
     NAME_CONFLICT = Reason.NAME_CONFLICT.value

@@ -47,6 +47,31 @@ EXIT_FOR_REASON = {
 PERMANENT_EXITS = (FetchExit.CHECKSUM_MISMATCH, FetchExit.VOLUME_FULL)
 #: Suffix of the marker file written next to the data once it is complete and verified.
 MARKER_SUFFIX = ".mlbench-dataset.json"
+#: Fetched data is content-addressed: it lives in the dataset volume at ``<volume>/<store name>``
+#: (:func:`store_name`), a name derived from what the fetch produces, never from a path a task or run chose.
+STORE_PREFIX = "sha256-"
+#: The marker's per-file manifest: a list of ``{"path", "size", "sha256"}`` (``path`` relative to the data,
+#: ``.`` for a single file), written by the fetcher after unpacking and checked by every rank before it loads.
+MANIFEST_KEY = "files"
+
+
+def store_name(sha256: str, unpack: bool, strip_components: int) -> str:
+    """``sha256-<digest>`` for a stored file, ``sha256-<digest>-x<strip>`` for an unpacked archive: the bytes
+    and how they were laid out, so two tasks get the same folder exactly when they would fetch the same files."""
+    return f"{STORE_PREFIX}{sha256}" + (f"-x{strip_components}" if unpack else "")
+
+
+def reserved_path(path: str) -> str | None:
+    """Why a sourced dataset's ``path`` may not be used (it names the store or a marker), or None.
+
+    The path is only where the workers see the data (the operator mounts the store entry there), but a
+    path that looks like the store or a marker would read as another dataset's files in messages and docs."""
+    segments = [s for s in path.split("/") if s]
+    if any(s.startswith(STORE_PREFIX) for s in segments):
+        return f"{path} names the dataset store ({STORE_PREFIX}*): its folders are the operator's, named by checksum"
+    if any(s.endswith(MARKER_SUFFIX) for s in segments):
+        return f"{path} names a dataset marker (*{MARKER_SUFFIX}): markers are written by the fetcher only"
+    return None
 
 
 #: A URL inside free text: a scheme, ``://`` and everything up to whitespace or a quote.

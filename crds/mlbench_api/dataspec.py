@@ -16,6 +16,7 @@ from mlbench_api.common import (
     re2_search,
 )
 from mlbench_api.contract import DATA_DIR
+from mlbench_api.datasets import reserved_path
 
 
 class DatasetFormat(StrEnum):
@@ -168,6 +169,9 @@ class DatasetSpec(ApiModel):
             )
         if self.source is not None and not path_under_data_root(self.path):
             raise ValueError(f"path: with a source, path must lie under {DATA_DIR}/ (no '.' or '..' segments)")
+        reserved = reserved_path(self.path or "") if self.source is not None else None
+        if reserved:
+            raise ValueError(f"path: {reserved}")
         return self
 
 

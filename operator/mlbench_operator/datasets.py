@@ -98,7 +98,8 @@ def fetch_state(
     admitted_at: datetime | None,
     volume: str,
 ) -> FetchState:
-    """The next step for a run waiting for its dataset; ``pods`` are the Job's pods (any order)."""
+    """The next step for a run waiting for its dataset; ``pods`` are the Job's pods (any order). ``job`` is the
+    operator's own (:func:`mlbench_operator.run.ownership.shared_not_ours` passed it; else :func:`name_conflict`)."""
     fetching = DatasetReason.FETCHING
     if job is None:
         return FetchState(FetchAction.CREATE, fetching, f"creating the fetch Job {job_name}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from mlbench_api import contract
 from mlbench_api.datasets import PERMANENT_EXITS
-from mlbench_api.dataspec import DatasetSource, DatasetSpec
+from mlbench_api.dataspec import DatasetSpec
+from mlbench_operator import datastore
 from mlbench_operator import naming as n
+from mlbench_operator.datastore import sourced
 from mlbench_operator.podscheduling import pod_scheduling
 from mlbench_operator.runcontext import Obj, RunContext
 from mlbench_operator.runpods import container_security, pod_security
@@ -37,24 +39,21 @@ def dataset_pvc(namespace: str, settings: DatasetSettings) -> Obj:
     }
 
 
-def sourced(dataset: DatasetSpec) -> tuple[DatasetSource, str]:
-    """The source and path of a dataset the operator fetches (the API guarantees a path with a source)."""
-    if dataset.source is None or dataset.path is None:
-        raise ValueError(f"dataset {dataset.name!r} has no source to fetch")
-    return dataset.source, dataset.path
+def fetch_key(dataset: DatasetSpec, image: str) -> str:
+    source, _ = sourced(dataset)
+    return n.dataset_key(source.sha256, source.unpack, source.strip_components, image)
 
 
-def fetch_job_name(dataset: DatasetSpec) -> str:
-    """Deterministic per (namespace, what the fetch produces): concurrent runs share one Job."""
-    source, path = sourced(dataset)
-    key = n.dataset_key(source.sha256, path, source.unpack, source.strip_components)
-    return n.dataset_job_name(dataset.name, key)
+def fetch_job_name(dataset: DatasetSpec, image: str) -> str:
+    """Deterministic per (namespace, what the fetch produces, the pinned image): concurrent runs share one Job."""
+    return n.dataset_job_name(dataset.name, fetch_key(dataset, image))
 
 
 def fetch_command(dataset: DatasetSpec, volume: str) -> list[str]:
-    """``mlbench-runner fetch-dataset`` for this dataset; the path is the same inside the Job and the workers."""
-    source, path = sourced(dataset)
-    cmd = ["mlbench-runner", "fetch-dataset", "--url", source.url, "--sha256", source.sha256, "--dest", path]
+    """``mlbench-runner fetch-dataset`` for this dataset, into its store entry (named by checksum)."""
+    source, _ = sourced(dataset)
+    dest = datastore.fetch_dest(source)
+    cmd = ["mlbench-runner", "fetch-dataset", "--url", source.url, "--sha256", source.sha256, "--dest", dest]
     if source.unpack:
         cmd += ["--unpack", "--strip-components", str(source.strip_components)]
     return [*cmd, "--volume", volume]
@@ -68,11 +67,11 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
     an unreachable source is retried ``backoffLimit`` times.
     """
     dataset = ctx.task.dataset
-    source, path = sourced(dataset)
-    labels = dataset_labels(dataset.name)
+    source, _ = sourced(dataset)
+    labels = {**dataset_labels(dataset.name), n.LABEL_DATASET_KEY: fetch_key(dataset, settings.fetch_image)}
     container: Obj = {
         "name": n.FETCH_CONTAINER,
-        "image": ctx.image,
+        "image": settings.fetch_image,  # pinned by the operator: never a run's own image
         "command": fetch_command(dataset, settings.volume_name),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "data", "mountPath": contract.DATA_DIR}],
@@ -84,10 +83,13 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": fetch_job_name(dataset),
+            "name": fetch_job_name(dataset, settings.fetch_image),
             "namespace": ctx.namespace,
             "labels": labels,
-            "annotations": {n.ANNOTATION_DATASET_SHA256: source.sha256, n.ANNOTATION_DATASET_PATH: path},
+            "annotations": {
+                n.ANNOTATION_DATASET_SHA256: source.sha256,
+                n.ANNOTATION_DATASET_STORE: datastore.store_entry(source),
+            },
         },
         "spec": {
             "backoffLimit": settings.backoff_limit,

@@ -22,9 +22,11 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "mlbench-operator"
 #: On dataset fetch Jobs and their pods: the dataset's (sanitised) name.
 LABEL_DATASET = f"{GROUP}/dataset"
-#: Full sha256 and destination of a fetch Job (annotations: a label value holds only 63 characters).
+#: Full sha256 of a fetch Job's source (an annotation: a label value holds only 63 characters).
 ANNOTATION_DATASET_SHA256 = f"{GROUP}/dataset-sha256"
-ANNOTATION_DATASET_PATH = f"{GROUP}/dataset-path"
+#: On dataset fetch Jobs: the store folder it fills (mlbench_api.datasets.store_name), and its key label.
+ANNOTATION_DATASET_STORE = f"{GROUP}/dataset-store"
+LABEL_DATASET_KEY = f"{GROUP}/dataset-key"
 #: On a run's results ConfigMap: the bundle format (mlbench_api.bundle.SCHEMA).
 ANNOTATION_RESULTS_SCHEMA = f"{GROUP}/results-schema"
 #: Set by the Job controller on a Job's pods.
@@ -97,10 +99,11 @@ def dns_label(text: str, limit: int) -> str:
     return out or "data"
 
 
-def dataset_key(sha256: str, path: str, unpack: bool, strip_components: int) -> str:
-    """What a fetch produces: the bytes (sha256) and where/how they land. The URL is not part of it: a
-    mirror with the same bytes is the same dataset. 10 hex digits of sha256 over the four."""
-    text = f"{sha256}\n{path}\n{int(unpack)}\n{strip_components}"
+def dataset_key(sha256: str, unpack: bool, strip_components: int, image: str) -> str:
+    """What a fetch produces and who produces it: the bytes (sha256), how they are laid out, and the pinned
+    fetch image (a new image is a new Job, never one an older operator made). Not the URL (a mirror with the
+    same bytes is the same dataset) nor the task's path (the data is stored by checksum). 10 hex digits."""
+    text = f"{sha256}\n{int(unpack)}\n{strip_components}\n{image}"
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 

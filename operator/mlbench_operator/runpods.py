@@ -9,6 +9,7 @@ from datetime import datetime
 
 from mlbench_api import contract
 from mlbench_api.common import MAX_INT32
+from mlbench_operator import datastore
 from mlbench_operator import naming as n
 from mlbench_operator import podgroup as pg
 from mlbench_operator.podscheduling import gang, gang_scheduler, pod_scheduling, worker_pod_settings
@@ -159,7 +160,7 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
         if dataset is not None and dataset.source is not None:  # fetched into the namespace's dataset volume
             claim = {"claimName": ctx.dataset_claim, "readOnly": True}
             volumes.append({"name": "data", "persistentVolumeClaim": claim})
-            mounts.append({"name": "data", "mountPath": contract.DATA_DIR, "readOnly": True})
+            mounts += datastore.worker_mounts(*datastore.sourced(dataset))  # its store entry and marker only
         elif dataset is not None and dataset.volume:
             volumes.append({**dataset.volume, "name": "data"})  # the task model refuses a name of its own
             mounts.append({"name": "data", "mountPath": contract.DATA_DIR, "readOnly": True})

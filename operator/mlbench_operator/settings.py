@@ -17,7 +17,7 @@ from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
 from mlbench_operator import egress
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
-from mlbench_operator.policy import AdmissionPolicy
+from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE, AdmissionPolicy
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
 #: Kubernetes' quantity grammar, the one the CRDs check (``+20Gi``, ``.5Gi`` and ``1e9`` are quantities too).
@@ -45,6 +45,9 @@ class DatasetSettings:
     #: ``MLBENCH_FETCH_EGRESS_CIDRS``: where a fetch Job may connect besides DNS (its NetworkPolicy's egress);
     #: None (unset): every address but the link-local metadata blocks. Nothing may connect to a fetch Job either way.
     egress_cidrs: tuple[str, ...] | None = None
+    #: ``MLBENCH_FETCH_IMAGE`` (default: ``MLBENCH_RUNNER_IMAGE``'s): the image every fetch Job runs, pinned by
+    #: the operator; never a run's own image (the Job writes the volume every run of the namespace reads).
+    fetch_image: str = DEFAULT_RUNNER_IMAGE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DatasetSettings:
@@ -71,6 +74,7 @@ class DatasetSettings:
             job_ttl_seconds=integer(env, "MLBENCH_DATASET_JOB_TTL_SECONDS", d.job_ttl_seconds),
             backoff_limit=integer(env, "MLBENCH_DATASET_BACKOFF_LIMIT", d.backoff_limit, minimum=0),
             egress_cidrs=fetch_egress_cidrs(env),
+            fetch_image=fetch_image(env),
         )
 
 
@@ -86,6 +90,16 @@ def fetch_egress_cidrs(env: Mapping[str, str]) -> tuple[str, ...] | None:
                 "which a fetch Job may never reach"
             )
     return blocks
+
+
+def fetch_image(env: Mapping[str, str]) -> str:
+    """``MLBENCH_FETCH_IMAGE``, else ``MLBENCH_RUNNER_IMAGE``, else the default runner image; a pattern or a list
+    is refused (:class:`SettingsError` naming the variable)."""
+    name = "MLBENCH_FETCH_IMAGE" if env.get("MLBENCH_FETCH_IMAGE", "").strip() else "MLBENCH_RUNNER_IMAGE"
+    image = env.get(name, "").strip() or DEFAULT_RUNNER_IMAGE
+    if any(c in image for c in "*?[ ,"):
+        raise SettingsError(f"{name}: expected an image reference, got {image!r}")
+    return image
 
 
 def metrics_linger_seconds(env: Mapping[str, str]) -> int:

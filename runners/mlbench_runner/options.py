@@ -92,6 +92,15 @@ TRACE_GOSSIP = Knob(
     values="a directory",
 )
 
+DATASET_VERIFY = Knob(
+    "MLBENCH_DATASET_VERIFY",
+    None,
+    "what each rank checks of a fetched dataset against its manifest before loading: every file's size, or "
+    "also its sha256 (rereads the whole dataset from the volume on every rank)",
+    default="sizes",
+    choices=("sizes", "sha256"),
+)
+
 KNOBS: tuple[Knob, ...] = (
     Knob(
         "MLBENCH_DTYPE",
@@ -198,6 +207,7 @@ KNOBS: tuple[Knob, ...] = (
         values="seconds ≥ 0",
     ),
     TRACE_GOSSIP,
+    DATASET_VERIFY,
 )
 
 

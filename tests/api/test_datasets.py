@@ -15,7 +15,7 @@ from mlbench_api.datasets import EXIT_FOR_REASON, FetchFailure, FetchReason, red
 from mlbench_api.dataspec import DatasetSpec, path_under_data_root
 from mlbench_api.errors import format_errors
 from mlbench_api.run import BenchmarkRun, BenchmarkRunSpec
-from mlbench_api.task import BenchmarkTaskSpec
+from mlbench_api.task import BenchmarkTaskSpec, Division
 
 SHA = "0493b9c94c62a5e8a6b98a28016b4eebed4fa9aac8154143eead5d26fc94fabb"
 CIFAR_SHA = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
@@ -153,3 +153,33 @@ def test_a_failure_message_never_carries_a_secret_either_way() -> None:
     read = FetchFailure.parse(unredacted)
     assert read is not None
     assert read.message == "GET https://h/c.tgz?…: HTTP 404 Not Found"
+
+
+@pytest.mark.parametrize(
+    ("path", "word"),
+    [
+        (f"/data/sha256-{SHA}", "store"),
+        (f"/data/sha256-{SHA}-x1/data_batch_1", "store"),
+        ("/data/cifar10.mlbench-dataset.json", "marker"),
+        ("/data/cifar10.mlbench-dataset.json/x", "marker"),
+    ],
+)
+def test_a_sourced_path_may_not_name_the_store_or_a_marker(path: str, word: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        DatasetSpec.model_validate(
+            {"name": "d", "format": "npz", "path": path, "source": {"url": "https://e.x/x.npz", "sha256": SHA}}
+        )
+    (error,) = format_errors(info.value)
+    assert error.startswith(f"path: {path} names ")
+    assert word in error
+
+
+def test_an_open_override_naming_the_store_is_refused_naming_the_run_field() -> None:
+    tasks = load_catalog()
+    task = tasks["cifar10-resnet20"].spec.model_copy(update={"division": Division.OPEN})
+    with pytest.raises(ValueError, match=r"^spec\.overrides\.dataset: /data/sha256-.* names the dataset store"):
+        apply_overrides(task, run_with({"dataset": f"/data/sha256-{CIFAR_SHA}-x1"}, "cifar10-resnet20"))
+    with pytest.raises(ValueError, match=r"^spec\.overrides\.dataset: .* names a dataset marker"):
+        apply_overrides(task, run_with({"dataset": "/data/cifar10/cifar-10-batches-py.mlbench-dataset.json"}, "x"))
+    plain = apply_overrides(task, run_with({"dataset": "/data/mine"}, "cifar10-resnet20"))
+    assert plain.dataset.path == "/data/mine"

@@ -8,6 +8,7 @@ podFailurePolicy and the PV binder are the real ones.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
 from mlbench_operator import conditions as c
 from mlbench_operator import fetchjob
 from mlbench_operator.run import admission
+from mlbench_operator.settings import DatasetSettings, fetch_image
 from tests.cluster.plugin import KubeCluster, wait_for
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, TEST_BACKOFF_LIMIT, TEST_STORAGE_CLASS, Runs
@@ -61,7 +63,7 @@ def volume(kube_cluster: KubeCluster, namespace: str) -> Iterator[str]:
 def job_name() -> str:
     ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
     assert not isinstance(ctx, admission.Rejection)
-    return fetchjob.fetch_job_name(ctx[0].task.dataset)
+    return fetchjob.fetch_job_name(ctx[0].task.dataset, fetch_image(os.environ))  # the operator's env
 
 
 def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -217,6 +219,41 @@ def test_restricted_namespace_admits_every_pod(
     status = runs.wait_phase(name, "Running", timeout=90)  # workers, then the launcher, admitted
     assert set(runs.pods(name)) == {f"{name}-worker-0", f"{name}-worker-1", f"{name}-launcher"}
     assert "CreateFailed" not in json.dumps(status["conditions"])
+
+
+def test_a_job_squatting_the_fetch_jobs_name_is_a_name_conflict_never_trusted(
+    runs: Runs, sourced_task: str, volume: str
+) -> None:
+    """Issue 33: a namespace user's Job under the fetch Job's name, with the operator's labels and checksum
+    annotation but another image and command, is never taken for the fetch (nor deleted); the run says why.
+    Short (kwok, no real pod): about as long as the other tests here."""
+    job = job_name()
+    ctx = admission.admit(h.run(), h.sourced_task(SOURCED_TASK))
+    assert not isinstance(ctx, admission.Rejection)
+    ours = fetchjob.fetch_job(ctx[0], DatasetSettings(fetch_image=fetch_image(os.environ)))
+    squatter = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job, "labels": ours["metadata"]["labels"], "annotations": ours["metadata"]["annotations"]},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": ours["metadata"]["labels"]},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "fetch", "image": "registry.invalid/forged:1", "command": ["true"]}],
+                },
+            },
+        },
+    }
+    runs.apply(squatter)
+    uid = (runs.get("job", job) or {})["metadata"]["uid"]
+    name = "squatted"
+    runs.apply(h.run(name, workers=1, task_name=sourced_task))
+    status = runs.wait_status(name, lambda s: dataset_reason(s) == "False/NameConflict" and s, what="NameConflict")
+    assert "another image or command" in cond(status, c.DATASET_READY)["message"]
+    assert runs.pods(name) == {}  # no worker reads data the operator did not fetch
+    assert (runs.get("job", job) or {})["metadata"]["uid"] == uid  # reported, not deleted
 
 
 def test_a_job_squatting_the_fetch_job_s_name_is_a_name_conflict(runs: Runs, sourced_task: str, volume: str) -> None:

@@ -13,6 +13,7 @@ from mlbench_operator import fetchjob, runpods
 from mlbench_operator import naming as n
 from mlbench_operator.datasets import FetchAction, FetchState, fetch_state
 from mlbench_operator.env import SettingsError
+from mlbench_operator.policy import DEFAULT_IMAGE_REPO, DEFAULT_RUNNER_IMAGE
 from mlbench_operator.run import admission, lifecycle
 from mlbench_operator.runcontext import RunContext
 from mlbench_operator.settings import DatasetSettings
@@ -20,6 +21,7 @@ from tests.operator import helpers as h
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 JOB = "mlbench-dataset-cifar10-jpeg-0123456789"
+IMAGE = DatasetSettings().fetch_image
 
 
 def ctx_for(task: dict[str, Any] | None = None, **kwargs: Any) -> RunContext:
@@ -258,7 +260,7 @@ def test_fetch_job() -> None:
     ctx = ctx_for(namespace="team-a")
     settings = DatasetSettings(volume_name="team-data", backoff_limit=2, job_ttl_seconds=600)
     job_ = fetchjob.fetch_job(ctx, settings)
-    assert job_["metadata"]["name"] == fetchjob.fetch_job_name(ctx.task.dataset)
+    assert job_["metadata"]["name"] == fetchjob.fetch_job_name(ctx.task.dataset, settings.fetch_image)
     assert job_["metadata"]["name"].startswith("mlbench-dataset-cifar10-jpeg-")
     assert job_["metadata"]["namespace"] == "team-a"
     assert "ownerReferences" not in job_["metadata"]  # shared by every run that needs the data
@@ -280,7 +282,7 @@ def test_fetch_job() -> None:
         "--sha256",
         h.JPEG_SHA256,
         "--dest",
-        "/data/cifar10/cifar10-jpeg.tar.gz",
+        f"/data/sha256-{h.JPEG_SHA256}",  # content-addressed: the task's path is only where workers see it
         "--volume",
         "team-data",
     ]
@@ -289,18 +291,19 @@ def test_fetch_job() -> None:
 
 def test_unpack_adds_its_flags_and_changes_the_job() -> None:
     task = h.sourced_task()
-    plain = fetchjob.fetch_job_name(ctx_for(task).task.dataset)
+    plain = fetchjob.fetch_job_name(ctx_for(task).task.dataset, IMAGE)
     task["spec"]["dataset"]["source"].update(unpack=True, stripComponents=1)
     ctx = ctx_for(task)
     cmd = fetchjob.fetch_command(ctx.task.dataset, "v")
     assert cmd[-5:] == ["--unpack", "--strip-components", "1", "--volume", "v"]
-    assert fetchjob.fetch_job_name(ctx.task.dataset) != plain  # other bytes on the volume: another Job
+    assert cmd[cmd.index("--dest") + 1] == f"/data/sha256-{h.JPEG_SHA256}-x1"  # another layout, another entry
+    assert fetchjob.fetch_job_name(ctx.task.dataset, IMAGE) != plain  # other bytes on the volume: another Job
 
 
 def test_a_mirror_shares_the_job() -> None:
     one = ctx_for(h.sourced_task(url="http://a.example/x.tgz"))
     two = ctx_for(h.sourced_task(url="https://mirror.example/y.tgz"))
-    assert fetchjob.fetch_job_name(one.task.dataset) == fetchjob.fetch_job_name(two.task.dataset)
+    assert fetchjob.fetch_job_name(one.task.dataset, IMAGE) == fetchjob.fetch_job_name(two.task.dataset, IMAGE)
 
 
 def test_job_names_fit_a_label_value() -> None:
@@ -315,7 +318,19 @@ def test_workers_mount_the_dataset_volume_read_only() -> None:
         "volumes"
     ]
     mounts = pod_["spec"]["containers"][0]["volumeMounts"]
-    assert {"name": "data", "mountPath": "/data", "readOnly": True} in mounts
+    data = [m for m in mounts if m["name"] == "data"]
+    entry = f"sha256-{h.JPEG_SHA256}"
+    assert data == [  # only its own store entry and marker, read-only, where the task reads them; never all of /data
+        {"name": "data", "mountPath": "/data/cifar10/cifar10-jpeg.tar.gz", "subPath": entry, "readOnly": True},
+        {
+            "name": "data",
+            "mountPath": "/data/cifar10/cifar10-jpeg.tar.gz.mlbench-dataset.json",
+            "subPath": entry + ".mlbench-dataset.json",
+            "readOnly": True,
+        },
+    ]
+    launcher = runpods.launcher_pod(ctx, 0)
+    assert all(m["name"] != "data" for m in launcher["spec"]["containers"][0]["volumeMounts"])
 
 
 def test_dataset_pvc() -> None:
@@ -374,3 +389,82 @@ def test_refused_creates() -> None:
     assert "(HTTP 403): persistentvolumeclaims" in quota.message
     invalid = refused(422, "spec.storageClassName: Invalid value", "v", JOB)
     assert (invalid.action, invalid.reason.value) == (FetchAction.FAIL, "DatasetFetchFailed")
+
+
+# -- content-addressed store, pinned image, trusted Jobs (issue 33, data integrity) -----------------------------
+def test_a_run_of_another_path_shares_the_store_entry_and_the_job() -> None:
+    """The path is only where the workers see the data: an open-division run that names the closed task's path
+    (or any other) writes nothing there; the fetch goes to the entry named by the checksum."""
+    task = h.sourced_task()
+    closed = ctx_for(task)
+    task["spec"]["dataset"]["path"] = "/data/elsewhere/x.tgz"
+    other = ctx_for(task)
+    assert fetchjob.fetch_command(closed.task.dataset, "v") == fetchjob.fetch_command(other.task.dataset, "v")
+    assert fetchjob.fetch_job_name(closed.task.dataset, IMAGE) == fetchjob.fetch_job_name(other.task.dataset, IMAGE)
+    forged = h.sourced_task()
+    forged["spec"]["dataset"]["source"]["sha256"] = "f" * 64
+    theirs = fetchjob.fetch_command(ctx_for(forged).task.dataset, "v")
+    assert theirs[theirs.index("--dest") + 1] == "/data/sha256-" + "f" * 64  # other bytes, never the closed entry
+
+
+def test_the_fetch_job_runs_the_pinned_image_not_the_runs() -> None:
+    ctx = ctx_for(image=f"{DEFAULT_IMAGE_REPO}/mlbench-runner:the-authors-own")
+    settings = DatasetSettings(fetch_image="registry.example/mlbench-runner@sha256:" + "a" * 64)
+    job_ = fetchjob.fetch_job(ctx, settings)
+    (container,) = job_["spec"]["template"]["spec"]["containers"]
+    assert ctx.image == f"{DEFAULT_IMAGE_REPO}/mlbench-runner:the-authors-own"
+    assert container["image"] == settings.fetch_image
+    # another pinned image is another Job: never one an older operator (or another image) made
+    assert job_["metadata"]["name"] != fetchjob.fetch_job(ctx, DatasetSettings())["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("env", "image"),
+    [
+        ({}, DEFAULT_RUNNER_IMAGE),
+        ({"MLBENCH_RUNNER_IMAGE": "r.example/runner:2"}, "r.example/runner:2"),
+        (
+            {"MLBENCH_RUNNER_IMAGE": "r.example/runner:2", "MLBENCH_FETCH_IMAGE": "r.example/fetch:1"},
+            "r.example/fetch:1",
+        ),
+    ],
+)
+def test_fetch_image_setting(env: dict[str, str], image: str) -> None:
+    assert DatasetSettings.from_env(env).fetch_image == image
+
+
+def test_a_fetch_image_pattern_is_refused_naming_the_variable() -> None:
+    with pytest.raises(SettingsError, match="MLBENCH_FETCH_IMAGE: expected an image reference"):
+        DatasetSettings.from_env({"MLBENCH_FETCH_IMAGE": "r.example/*"})
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/data/sha256-{h.JPEG_SHA256}",  # the closed task's store entry
+        f"/data/sha256-{h.JPEG_SHA256}.mlbench-dataset.json",  # its marker
+        "/data/cifar10/cifar10-jpeg.tar.gz.mlbench-dataset.json",  # a marker of the old path-named layout
+        "/data/x/sha256-abc/y",
+    ],
+)
+def test_an_override_naming_the_store_or_a_marker_is_rejected_naming_the_field(path: str) -> None:
+    result = admission.admit(h.run(overrides={"dataset": path}), h.sourced_task())
+    assert isinstance(result, admission.Rejection)
+    assert result.reason == c.Reason.INVALID_CONFIG
+    assert "spec.overrides.dataset: " in result.message
+    assert "store" in result.message or "marker" in result.message
+
+
+def test_an_ordinary_override_path_is_admitted() -> None:
+    assert not isinstance(
+        admission.admit(h.run(overrides={"dataset": "/data/mine/c.tgz"}), h.sourced_task()), admission.Rejection
+    )
+
+
+def test_a_task_naming_the_store_is_invalid() -> None:
+    task = h.sourced_task()
+    task["spec"]["dataset"]["path"] = f"/data/sha256-{h.JPEG_SHA256}"
+    result = admission.admit(h.run(), task)
+    assert isinstance(result, admission.Rejection)
+    assert result.reason == c.Reason.INVALID_TASK
+    assert "path: /data/sha256-" in result.message

@@ -1,12 +1,14 @@
 """A PVC or Job squatting on a name the operator uses for a run's dataset (issue 33): reported as ``NameConflict``
 on DatasetReady, never used, replaced or retried in silence. The shared objects are owned by no run, so what marks
-them the operator's is their labels and annotations (:func:`ownership.shared_not_ours`). No cluster needed; the
+them the operator's is their labels and annotations, and a fetch Job's pod template (image, command, volumes:
+:func:`ownership.shared_not_ours`). No cluster needed; the
 same against the API server: tests/operator/test_cluster_datasets.py (cluster-marked)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,24 +59,66 @@ def _owned(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize(
-    ("existing", "wanted", "why"),
-    [
-        (_pvc(), _pvc(), None),
-        (_with(_pvc(), "labels", "extra", "yes"), _pvc(), None),  # more marks than the operator's are fine
-        (_with(_pvc(), "labels", n.LABEL_MANAGED_BY, None), _pvc(), f"it has no {n.LABEL_MANAGED_BY}"),
-        (_with(_pvc(), "labels", n.LABEL_MANAGED_BY, "helm"), _pvc(), "is 'helm', not 'mlbench-operator'"),
-        ({"metadata": {}}, _pvc(), "it has no"),
-        (_job(), _job(), None),
-        (_owned(_job()), _job(), "its controller is CronJob nightly"),
-        (_with(_job(), "annotations", n.ANNOTATION_DATASET_SHA256, "0" * 64), _job(), n.ANNOTATION_DATASET_SHA256),
-        (_with(_job(), "annotations", n.ANNOTATION_DATASET_PATH, None), _job(), f"no {n.ANNOTATION_DATASET_PATH}"),
-        (_with(_job(), "labels", n.LABEL_DATASET, "other"), _job(), n.LABEL_DATASET),
-    ],
-)
-def test_shared_not_ours(existing: dict[str, Any], wanted: dict[str, Any], why: str | None) -> None:
+def _changed(obj: dict[str, Any], change: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    change(out)
+    return out
+
+
+def _container(job: dict[str, Any]) -> dict[str, Any]:
+    return dict(job["spec"]["template"]["spec"]["containers"][0])
+
+
+def _complete(job: dict[str, Any]) -> None:
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+
+
+def _image(job: dict[str, Any]) -> None:
+    _complete(job)
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = "x.example/f:1"
+
+
+def _command(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "cp e /data/x"]
+
+
+def _sidecar(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["containers"].append(_container(job))
+
+
+def _host_path(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["volumes"] = [{"name": "data", "hostPath": {"path": "/"}}]
+
+
+#: (the object found under the name, the operator's, what the refusal says; None: it is the operator's)
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+    ("pvc", _pvc(), _pvc(), None),
+    ("pvc extra label", _with(_pvc(), "labels", "extra", "yes"), _pvc(), None),  # more marks than ours are fine
+    ("pvc no managed-by", _with(_pvc(), "labels", n.LABEL_MANAGED_BY, None), _pvc(), f"it has no {n.LABEL_MANAGED_BY}"),
+    ("pvc helm", _with(_pvc(), "labels", n.LABEL_MANAGED_BY, "helm"), _pvc(), "is 'helm', not 'mlbench-operator'"),
+    ("pvc bare", {"metadata": {}}, _pvc(), "it has no"),
+    ("job", _job(), _job(), None),
+    ("job extra label, complete", _changed(_with(_job(), "labels", "x", "y"), _complete), _job(), None),
+    ("job owned", _owned(_job()), _job(), "its controller is CronJob nightly"),
+    ("job no labels", _changed(_job(), lambda j: j["metadata"].pop("labels")), _job(), f"no {n.LABEL_MANAGED_BY}"),
+    ("job no annotations", _changed(_job(), lambda j: j["metadata"].pop("annotations")), _job(), "it has no"),
+    ("job sha256", _with(_job(), "annotations", n.ANNOTATION_DATASET_SHA256, "0" * 64), _job(), "dataset-sha256 is"),
+    ("job store", _with(_job(), "annotations", n.ANNOTATION_DATASET_STORE, "sha256-0"), _job(), "dataset-store is"),
+    ("job no store", _with(_job(), "annotations", n.ANNOTATION_DATASET_STORE, None), _job(), "no mlbench.io/dataset-"),
+    ("job managed-by", _with(_job(), "labels", n.LABEL_MANAGED_BY, "someone"), _job(), "managed-by is 'someone'"),
+    ("job dataset", _with(_job(), "labels", n.LABEL_DATASET, "other"), _job(), f"{n.LABEL_DATASET} is 'other'"),
+    ("job key", _with(_job(), "labels", n.LABEL_DATASET_KEY, "0" * 10), _job(), f"{n.LABEL_DATASET_KEY} is '0000"),
+    ("job image, complete", _changed(_job(), _image), _job(), "another image or command"),
+    ("job command", _changed(_job(), _command), _job(), "another image or command"),
+    ("job sidecar", _changed(_job(), _sidecar), _job(), "another image or command"),
+    ("job volumes", _changed(_job(), _host_path), _job(), "other volumes"),
+]
+
+
+@pytest.mark.parametrize(("what", "existing", "wanted", "why"), CASES, ids=[case[0] for case in CASES])
+def test_shared_not_ours(what: str, existing: dict[str, Any], wanted: dict[str, Any], why: str | None) -> None:
     got = ownership.shared_not_ours(existing, wanted)
-    assert (got is None) if why is None else (got is not None and why in got), got
+    assert (got is None) if why is None else (got is not None and why in got), (what, got)
 
 
 def test_the_reason_is_the_api_s_name_conflict() -> None:
@@ -141,14 +185,22 @@ def test_a_squatted_fetch_job_is_a_name_conflict_never_replaced(monkeypatch: pyt
     assert not any(call[:2] == ("create", "Job") for call in kube.calls)
 
 
-def test_a_complete_squatted_fetch_job_is_not_taken_for_fetched_data(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "change",
+    [lambda j: j["metadata"]["labels"].pop(n.LABEL_MANAGED_BY), _image],
+    ids=["without the operator's label", "the operator's marks, another image"],
+)
+def test_a_complete_squatted_fetch_job_is_not_taken_for_fetched_data(
+    change: Callable[[dict[str, Any]], object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     kube = _Kube()
-    job = _with(_job(), "labels", n.LABEL_MANAGED_BY, None)
+    job = _changed(_job(), change)
     job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     kube.existing[("Job", job["metadata"]["name"])] = job
     rec, wait = _ensure(kube, monkeypatch)
     assert wait is not None  # not ready: the workers wait
     assert _dataset_ready(rec)["reason"] == "NameConflict"
+    assert not any(call[0] in ("delete_job", "list_pods") for call in kube.calls)  # reported, never replaced
 
 
 def test_the_operator_s_own_volume_and_job_are_used(monkeypatch: pytest.MonkeyPatch) -> None:

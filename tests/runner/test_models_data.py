@@ -19,6 +19,7 @@ import torch
 
 from mlbench_api.dataspec import DatasetSpec, SyntheticData
 from mlbench_api.model import ModelSpec
+from mlbench_runner import manifest
 from mlbench_runner.data import load_dataset
 from mlbench_runner.data.tabular import parse_libsvm, synthetic_epsilon
 from mlbench_runner.rank.augment import crop_flip
@@ -132,13 +133,13 @@ def test_synthetic_epsilon_shape() -> None:
 @pytest.mark.parametrize(
     ("marker", "refused"),
     [
-        ({"sha256": "a" * 64, "unpack": True, "stripComponents": 0}, False),  # this task's fetch
-        ({"sha256": "b" * 64, "unpack": True, "stripComponents": 0}, True),  # another source's fetch replaced it
-        (None, False),  # put there by hand: nothing to compare
+        ({"sha256": "a" * 64, "unpack": True, "stripComponents": 0}, None),  # this task's fetch
+        ({"sha256": "b" * 64, "unpack": True, "stripComponents": 0}, r"another source \(sha256 b{64}\)"),
+        (None, "no readable fetch marker"),  # at the declared path (the operator's mount) a marker is required
     ],
 )
 def test_a_sourced_dataset_is_the_source_the_marker_says(
-    tmp_path: Path, marker: dict[str, Any] | None, refused: bool
+    tmp_path: Path, marker: dict[str, Any] | None, refused: str | None
 ) -> None:
     folder = write_cifar_python(tmp_path / "data", n_train=20, n_test=10)
     spec = DatasetSpec.model_validate(
@@ -150,9 +151,10 @@ def test_a_sourced_dataset_is_the_source_the_marker_says(
         }
     ).model_copy(update={"path": str(folder)})  # the volume's path, here
     if marker is not None:
-        folder.with_name(folder.name + ".mlbench-dataset.json").write_text(json.dumps(marker))
+        record = {**marker, "files": manifest.build(folder)}
+        folder.with_name(folder.name + ".mlbench-dataset.json").write_text(json.dumps(record))
     if refused:
-        with pytest.raises(ValueError, match=r"dataset\.source\.sha256: .* another source \(sha256 b{64}\)"):
+        with pytest.raises(ValueError, match=r"dataset\.source(\.sha256)?: .*" + refused):
             load_dataset(spec)
     else:
         assert load_dataset(spec).x_train.shape == (20, 3, 32, 32)

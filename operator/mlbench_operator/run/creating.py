@@ -221,7 +221,8 @@ class Creating(RunDaemon):
         look while it is fetched, or -1 when the fetch failed (the run's final status is written).
         """
         settings = self.datasets
-        name = fetchjob.fetch_job_name(ctx.task.dataset)
+        built = fetchjob.fetch_job(ctx, settings)
+        name = built["metadata"]["name"]
         admitted = c.parse_time(self.status.get("startTime"))
         try:
             held = None
@@ -229,7 +230,7 @@ class Creating(RunDaemon):
                 held = await self.ensure_dataset_volume(fetchjob.dataset_pvc(self.namespace, settings))
                 self.pvc_ensured = held is None
             job = await self.kube.run(self.kube.get, "Job", self.namespace, name)
-            held = held or self.held_name(job, fetchjob.fetch_job(ctx, settings))
+            held = held or self.held_name(job, built)
             job_pods: list[dict[str, Any]] = []
             if job is not None and held is None:
                 job_pods = await self.kube.run(self.kube.list_pods, self.namespace, f"{n.LABEL_JOB_NAME}={name}")
@@ -238,7 +239,7 @@ class Creating(RunDaemon):
             if state.action is datasets.FetchAction.CREATE:  # 409: another run's, shared
                 policy = netpol.fetch_network_policy(name, self.namespace, ctx.task.dataset.name, settings.egress_cidrs)
                 await self.kube.run(self.kube.create, policy)
-                await self.kube.run(self.kube.create, fetchjob.fetch_job(ctx, settings))
+                await self.kube.run(self.kube.create, built)
         except ApiError as err:
             if err.status not in (403, 422):
                 raise

@@ -43,10 +43,19 @@ def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
     return None
 
 
+def _template(obj: Mapping[str, Any]) -> tuple[list[tuple[Any, Any]], Any]:
+    """A Job's pod template as the trust check compares it: (image, command) of every container, and the volumes
+    (both immutable once the Job exists); empty for an object without a pod template (a PVC)."""
+    spec = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    return [(x.get("image"), x.get("command")) for x in spec.get("containers") or []], spec.get("volumes")
+
+
 def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
     """Why ``obj`` is not the shared object the operator creates as ``wanted`` (the namespace's dataset volume, a
     fetch Job: owned by no run); None when it is. Such an object has no controller and carries every label and
-    annotation the operator gives it (for a fetch Job: the dataset, the source's SHA-256 and the path)."""
+    annotation the operator gives it (for a fetch Job: the dataset, its key, the source's SHA-256 and the store
+    entry); a fetch Job's pod template also runs the operator's image and command and mounts only its volumes: a
+    Job made by anyone else, or for other data, is never trusted, whatever its name and ``Complete`` say."""
     ref = _controller(obj)
     if ref is not None:
         return f"its controller is {ref.get('kind', '?')} {ref.get('name', '?')}"
@@ -56,6 +65,11 @@ def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | 
         for key, value in sorted((want.get(part) or {}).items()):
             if have.get(key) != value:
                 return f"its {part[:-1]} {key} is {have[key]!r}, not {value!r}" if key in have else f"it has no {key}"
+    (containers, volumes), (want_containers, want_volumes) = _template(obj), _template(wanted)
+    if containers != want_containers:
+        return "its pod template runs another image or command than the operator's"
+    if volumes != want_volumes:
+        return "its pod template mounts other volumes than the operator's"
     return None
 
 

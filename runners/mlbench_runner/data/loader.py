@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from mlbench_api.contract import ENV_DATA_DIR
-from mlbench_api.datasets import MARKER_SUFFIX
 from mlbench_api.dataspec import DatasetFormat, DatasetSpec
+from mlbench_runner import manifest
 from mlbench_runner.data import cifar, tabular
 from mlbench_runner.data.base import TensorDataset
+from mlbench_runner.options import DATASET_VERIFY
 
 
 def resolve_path(path: str | None) -> Path:
@@ -32,30 +33,50 @@ def resolve_path(path: str | None) -> Path:
     raise FileNotFoundError(f"dataset.path: {path} does not exist (nor under $MLBENCH_DATA_DIR)")
 
 
-def check_fetched(spec: DatasetSpec, path: Path) -> None:
-    """Refuse data at a sourced dataset's path that the marker says came from another source.
+def check_fetched(spec: DatasetSpec, path: Path, required: bool = True) -> None:
+    """Refuse data at a sourced dataset's path that its marker and manifest do not vouch for.
 
-    The operator fetches a source once per namespace and path and records its sha256 in a marker beside
-    the data; a task of another source that names the same path (another author's, a mistake) fetches
-    over it. Without a marker (data put there by hand, a local copy) there is nothing to compare."""
+    The operator fetches a source into a folder named by its checksum and mounts it, with its marker, read-only
+    at ``dataset.path``; the marker records the sha256 (and unpacking) it was verified against and a per-file
+    manifest (:mod:`mlbench_runner.manifest`). A missing or unreadable marker, another source's, a marker
+    without a manifest, or files that differ from it (sizes; sha256 with ``MLBENCH_DATASET_VERIFY=sha256``)
+    fail the run naming the field. ``required=False`` (a local copy found through ``$MLBENCH_DATA_DIR``):
+    without a marker there is nothing to compare; one that is there is checked all the same."""
     if spec.source is None:
         return
+    marker = manifest.marker_of(path)
     try:
-        record = json.loads(path.with_name(path.name + MARKER_SUFFIX).read_text())
-    except (OSError, ValueError):
-        return
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError) as exc:
+        if not required and not marker.exists():
+            return
+        raise ValueError(
+            f"dataset.source: the data at {path} has no readable fetch marker {marker.name} "
+            f"({type(exc).__name__}): it was not fetched and verified by the operator"
+        ) from exc
     found = record.get("sha256") if isinstance(record, dict) else None
     if found != spec.source.sha256:
         raise ValueError(
             f"dataset.source.sha256: the data at {path} was fetched from another source (sha256 {found}), not "
             f"this task's ({spec.source.sha256}): a task with another source names the same dataset.path"
         )
+    layout = (record.get("unpack"), record.get("stripComponents"))
+    if layout != (spec.source.unpack, spec.source.strip_components):
+        raise ValueError(
+            f"dataset.source.unpack: the data at {path} was laid out as (unpack, stripComponents) = {layout}, "
+            f"this task asks for {(spec.source.unpack, spec.source.strip_components)}"
+        )
+    try:
+        manifest.check(path, record, hashes=DATASET_VERIFY.read() == manifest.SHA256)
+    except (manifest.ManifestError, OSError) as exc:
+        raise ValueError(f"dataset.source: the data at {path} is not what was fetched: {exc}") from exc
 
 
 def fetched_path(spec: DatasetSpec) -> Path:
-    """The dataset's path, resolved and checked against its fetch marker (:func:`check_fetched`)."""
+    """The dataset's path, resolved and checked against its fetch marker (:func:`check_fetched`): required at
+    the declared path (the operator's mount), optional for a copy found through ``$MLBENCH_DATA_DIR``."""
     path = resolve_path(spec.path)
-    check_fetched(spec, path)
+    check_fetched(spec, path, required=spec.path is not None and path == Path(spec.path).expanduser())
     return path
 
 

@@ -2,8 +2,12 @@
 
 Runs in the operator's fetch Job with the namespace's dataset PVC mounted read-write at /data:
 
+* content-addressed: the operator names the destination after the source's checksum
+  (``/data/sha256-<digest>[-x<strip>]``, :func:`mlbench_api.datasets.store_name`), so no path a task or
+  run chooses names another dataset's files;
 * idempotent: a marker file next to the data (``<dest>.mlbench-dataset.json``) records the sha256
-  it was verified against; when it matches, the fetch is a no-op (N runs, one download);
+  it was verified against and a per-file manifest (:mod:`mlbench_runner.manifest`: path, size, sha256, written after
+  unpacking); when both match what is on the volume, the fetch is a no-op (N runs, one download);
 * streaming: the body is hashed while it is written to a temporary file in the destination's
   folder (same filesystem), then renamed into place, so readers never see half a file and a
   checksum mismatch leaves nothing behind;
@@ -41,8 +45,16 @@ from typing import Any
 
 from mlbench_api import atomic
 from mlbench_api.contract import TERMINATION_LOG
-from mlbench_api.datasets import EXIT_FOR_REASON, MARKER_SUFFIX, FetchFailure, FetchReason, redact_urls
-from mlbench_runner import stopping
+from mlbench_api.datasets import (
+    EXIT_FOR_REASON,
+    MANIFEST_KEY,
+    STORE_PREFIX,
+    FetchFailure,
+    FetchReason,
+    redact_urls,
+    store_name,
+)
+from mlbench_runner import manifest, stopping
 
 CHUNK = 1 << 20
 TIMEOUT_SECONDS = 60.0
@@ -81,11 +93,12 @@ class FetchRequest:
 
 def marker_path(dest: Path) -> Path:
     """The marker lives next to the data (not inside: a plain file has no inside)."""
-    return dest.with_name(dest.name + MARKER_SUFFIX)
+    return manifest.marker_of(dest)
 
 
 def already_there(req: FetchRequest) -> bool:
-    """The data is complete and was verified against this sha256 (the marker is written last)."""
+    """The data is complete and was verified against this sha256 (the marker is written last), and the files
+    are still the manifest's (a marker is not trusted alone: files changed or removed since mean fetch again)."""
     try:
         record = json.loads(req.marker.read_text())
     except (OSError, ValueError):
@@ -93,7 +106,14 @@ def already_there(req: FetchRequest) -> bool:
     if not isinstance(record, dict):
         return False
     wanted = req.marker_record()
-    return all(record.get(k) == v for k, v in wanted.items()) and req.dest.exists()
+    if not all(record.get(k) == v for k, v in wanted.items()) or not req.dest.exists():
+        return False
+    try:
+        manifest.check(req.dest, record)
+    except (manifest.ManifestError, OSError) as exc:
+        print(json.dumps({"event": "dataset_manifest_mismatch", "dest": str(req.dest), "error": str(exc)}), flush=True)
+        return False
+    return True
 
 
 # -- download ----------------------------------------------------------------------------------------------
@@ -325,9 +345,15 @@ def _replace(src: Path, dest: Path) -> None:
         os.replace(src, dest)
 
 
-def _write_marker(req: FetchRequest) -> None:
-    """The marker, last and whole (:mod:`mlbench_api.atomic`): its presence is what says the data is complete."""
-    record = {**req.marker_record(), "url": req.url, "fetchedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+def _write_marker(req: FetchRequest, files: list[dict[str, Any]]) -> None:
+    """The marker, last and whole (:mod:`mlbench_api.atomic`): its presence is what says the data is complete;
+    ``files`` is the manifest of the data as it lies in place."""
+    record = {
+        **req.marker_record(),
+        "url": req.url,
+        "fetchedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        MANIFEST_KEY: files,
+    }
     try:
         atomic.write_text(req.marker, json.dumps(record, indent=1) + "\n")  # removes its temporary file on failure
     except OSError as exc:
@@ -367,7 +393,12 @@ def only_fetch_of(dest: Path) -> Iterator[None]:
 def fetch(req: FetchRequest, timeout: float = TIMEOUT_SECONDS) -> bool:
     """Make ``req.dest`` hold the verified data. Returns False when it was already there.
 
-    Under :func:`only_fetch_of`, so what earlier fetches of the path left beside it is removed first."""
+    Under :func:`only_fetch_of`, so what earlier fetches of the path left beside it is removed first. A store
+    entry (``sha256-*``) is only ever filled with the data its name says (:func:`mlbench_api.datasets.store_name`).
+    """
+    wanted = store_name(req.sha256, req.unpack, req.strip_components)
+    if req.dest.name.startswith(STORE_PREFIX) and req.dest.name != wanted:
+        raise FetchError(FetchReason.FETCH_FAILED, f"{req.dest} is a store entry of other data (this is {wanted})")
     if already_there(req):
         return False
     parent = req.dest.parent
@@ -401,10 +432,12 @@ def _fetch_alone(req: FetchRequest, timeout: float) -> bool:
             tree.mkdir()
             unpack(req, archive, tree)
             archive.unlink()
+        made = tree if req.unpack else archive
+        files = manifest.build(made, None if req.unpack else req.sha256)  # after unpacking: what ranks will read
         # only now, with the new data verified, is the old data (and its marker) given up
         req.marker.unlink(missing_ok=True)
-        _replace(tree if req.unpack else archive, req.dest)
-        _write_marker(req)
+        _replace(made, req.dest)
+        _write_marker(req, files)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise _volume_full(req, req.dest) from exc
