@@ -12,7 +12,7 @@ import sys
 import kopf
 from prometheus_client import start_http_server
 
-from mlbench_operator import handlers, leader, logs
+from mlbench_operator import handlers, leader, leadersettings, leaseapi, logs
 from mlbench_operator import metrics as m
 from mlbench_operator.env import SettingsError
 from mlbench_operator.settings import OperatorConfig
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:  # a bad MLBENCH_* stops the operator here, named, not at the first run's PVC
         config = OperatorConfig.from_env(os.environ)
-        election = leader.LeaderSettings.from_env(os.environ, enabled=args.leader_elect)
+        election = leadersettings.LeaderSettings.from_env(os.environ, enabled=args.leader_elect)
     except SettingsError as err:
         print(f"mlbench-operator: {err}", file=sys.stderr)
         return 2
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_operator())
     except KeyboardInterrupt:
         return 130
-    except leader.LeaseNamespaceMissing as err:  # no replica could ever lead: said, not stood by in silence
+    except leaseapi.LeaseNamespaceMissing as err:  # no replica could ever lead: said, not stood by in silence
         log.error("leader_election_failed", error=str(err), namespace=err.namespace)
         print(f"mlbench-operator: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 One PodGroup (``scheduling.x-k8s.io/v1alpha1``) per run, named like the run and owned by it, reused by every
 attempt (as mpi-operator does: ``minMember`` is ``spec.workers``, which never changes, and a gang restart deletes
 the old attempt's pods before the new ones exist). Its members are the workers only: the launcher is created
-after every worker is Ready (:mod:`.run.policies`), so counting it would hold the gang for a pod that cannot
+after every worker is Ready (:mod:`.run.progressing`), so counting it would hold the gang for a pod that cannot
 exist yet. Each worker names the group (label :data:`POD_GROUP_LABEL`) and the scheduler that runs the plugin.
 
 Written against the published CRD only; no coscheduling scheduler runs on the test cluster (docs/operator.md,

@@ -234,7 +234,7 @@ def _default_results_wait() -> float:
 class OperatorConfig:
     """Everything the handlers are configured with, parsed once (``from_env``) and then only read.
 
-    Not here: the leader election's settings (:class:`mlbench_operator.leader.LeaderSettings`), which only
+    Not here: the leader election's settings (:class:`mlbench_operator.leadersettings.LeaderSettings`), which only
     :mod:`.main` uses.
     """
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import socket
 import threading
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,73 +14,75 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from mlbench_operator import leader as le
+from mlbench_operator import elector as el
+from mlbench_operator import leader, leaderprobe, leadersettings, leaseapi
+from mlbench_operator import leasedecision as ld
 from mlbench_operator.env import SettingsError
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
-S = le.LeaderSettings(identity="me", lease_duration=15, renew_deadline=10, retry_period=2)
+S = leadersettings.LeaderSettings(identity="me", lease_duration=15, renew_deadline=10, retry_period=2)
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def record(holder: str, renewed: datetime = T0, duration: int = 15, transitions: int = 3) -> le.LeaseRecord:
-    return le.LeaseRecord(
+def record(holder: str, renewed: datetime = T0, duration: int = 15, transitions: int = 3) -> ld.LeaseRecord:
+    return ld.LeaseRecord(
         holder=holder,
         lease_duration_seconds=duration,
-        acquire_time=le.micro_time(T0 - timedelta(hours=1)),
-        renew_time=le.micro_time(renewed),
+        acquire_time=ld.micro_time(T0 - timedelta(hours=1)),
+        renew_time=ld.micro_time(renewed),
         transitions=transitions,
         resource_version="42",
     )
 
 
-def seen(rec: le.LeaseRecord, since: float) -> le.Observed:
-    return le.Observed(rec, at(since))
+def seen(rec: ld.LeaseRecord, since: float) -> ld.Observed:
+    return ld.Observed(rec, at(since))
 
 
 # -- the decision table -------------------------------------------------------------------------------
 NOW = 100.0
-CASES: list[tuple[str, le.Observed | None, le.Action, str]] = [
-    ("free: no Lease yet", None, le.Action.ACQUIRE, "no-lease"),
-    ("held by me", seen(record("me"), NOW - 1), le.Action.RENEW, "held-by-me"),
-    ("held by me, unrenewed past its duration", seen(record("me"), NOW - 60), le.Action.RENEW, "held-by-me"),
-    ("held by other, fresh", seen(record("other"), NOW - 5), le.Action.STANDBY, "held-by-other"),
-    ("held by other, just short of expiry", seen(record("other"), NOW - 14.999), le.Action.STANDBY, "held-by-other"),
-    ("held by other, expired (exactly)", seen(record("other"), NOW - 15), le.Action.ACQUIRE, "expired"),
-    ("held by other, expired", seen(record("other"), NOW - 16), le.Action.ACQUIRE, "expired"),
+CASES: list[tuple[str, ld.Observed | None, ld.Action, str]] = [
+    ("free: no Lease yet", None, ld.Action.ACQUIRE, "no-lease"),
+    ("held by me", seen(record("me"), NOW - 1), ld.Action.RENEW, "held-by-me"),
+    ("held by me, unrenewed past its duration", seen(record("me"), NOW - 60), ld.Action.RENEW, "held-by-me"),
+    ("held by other, fresh", seen(record("other"), NOW - 5), ld.Action.STANDBY, "held-by-other"),
+    ("held by other, just short of expiry", seen(record("other"), NOW - 14.999), ld.Action.STANDBY, "held-by-other"),
+    ("held by other, expired (exactly)", seen(record("other"), NOW - 15), ld.Action.ACQUIRE, "expired"),
+    ("held by other, expired", seen(record("other"), NOW - 16), ld.Action.ACQUIRE, "expired"),
     (
         "held by other with a longer lease",
         seen(record("other", duration=60), NOW - 30),
-        le.Action.STANDBY,
+        ld.Action.STANDBY,
         "held-by-other",
     ),
-    ("released (no holder)", seen(record(""), NOW), le.Action.ACQUIRE, "released"),
-    ("released, as client-go writes it (1 s)", seen(record("", duration=1), NOW), le.Action.ACQUIRE, "released"),
+    ("released (no holder)", seen(record(""), NOW), ld.Action.ACQUIRE, "released"),
+    ("released, as client-go writes it (1 s)", seen(record("", duration=1), NOW), ld.Action.ACQUIRE, "released"),
     # clock skew: the holder's renewTime is never compared with our clock, only our own observations are
     (
         "skew: holder's clock 1 h ahead, unchanged for 16 s",
         seen(record("other", renewed=at(NOW + 3600)), NOW - 16),
-        le.Action.ACQUIRE,
+        ld.Action.ACQUIRE,
         "expired",
     ),
     (
         "skew: holder's clock 1 h behind, just renewed",
         seen(record("other", renewed=at(NOW - 3600)), NOW - 1),
-        le.Action.STANDBY,
+        ld.Action.STANDBY,
         "held-by-other",
     ),
 ]
 
 
 @pytest.mark.parametrize(("observed", "action", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_decide(observed: le.Observed | None, action: le.Action, reason: str) -> None:
+def test_decide(observed: ld.Observed | None, action: ld.Action, reason: str) -> None:
     now = at(NOW)
-    d = le.decide(observed, "me", now, S)
+    d = ld.decide(observed, "me", now, S)
     assert (d.action, d.reason) == (action, reason)
-    stamp = le.micro_time(now)
-    if action is le.Action.STANDBY:
+    stamp = ld.micro_time(now)
+    if action is ld.Action.STANDBY:
         assert d.spec is None
         assert d.holder == "other"
         return
@@ -92,7 +96,7 @@ def test_decide(observed: le.Observed | None, action: le.Action, reason: str) ->
         return
     assert not d.create
     assert d.resource_version == "42"  # optimistic concurrency: the write is at the version read
-    if action is le.Action.RENEW:  # acquireTime and transitions kept
+    if action is ld.Action.RENEW:  # acquireTime and transitions kept
         assert d.spec["acquireTime"] == observed.record.acquire_time
         assert d.spec["leaseTransitions"] == 3
     else:  # a new term
@@ -102,21 +106,21 @@ def test_decide(observed: le.Observed | None, action: le.Action, reason: str) ->
 
 
 def test_micro_time() -> None:
-    assert le.micro_time(datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC)) == "2025-01-02T03:04:05.000006Z"
+    assert ld.micro_time(datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC)) == "2025-01-02T03:04:05.000006Z"
     plus_two = datetime(2025, 1, 2, 5, 4, 5, tzinfo=UTC).astimezone(timezone(timedelta(hours=2)))
-    assert le.micro_time(plus_two) == "2025-01-02T05:04:05.000000Z"
+    assert ld.micro_time(plus_two) == "2025-01-02T05:04:05.000000Z"
 
 
 def test_observe_moves_only_on_a_change() -> None:
-    first = le.observe(None, record("other"), at(0))
+    first = ld.observe(None, record("other"), at(0))
     assert first.since == at(0)
-    same = le.observe(first, replace(record("other"), resource_version="43"), at(10))
+    same = ld.observe(first, replace(record("other"), resource_version="43"), at(10))
     assert same.since == at(0)  # unchanged record: still counting from the first sight
     assert same.record.resource_version == "43"
-    renewed = le.observe(same, record("other", renewed=at(12)), at(12))
+    renewed = ld.observe(same, record("other", renewed=at(12)), at(12))
     assert renewed.since == at(12)
-    assert le.expiry(renewed, S) == at(27)
-    assert le.expiry(le.Observed(replace(record("x"), lease_duration_seconds=0), at(0)), S) == at(15)
+    assert ld.expiry(renewed, S) == at(27)
+    assert ld.expiry(ld.Observed(replace(record("x"), lease_duration_seconds=0), at(0)), S) == at(15)
 
 
 def test_record_from_lease() -> None:
@@ -124,32 +128,32 @@ def test_record_from_lease() -> None:
         "metadata": {"name": "l", "resourceVersion": "7"},
         "spec": {"holderIdentity": "a", "leaseDurationSeconds": 4, "renewTime": "t", "leaseTransitions": 2},
     }
-    assert le.LeaseRecord.from_lease(lease) == le.LeaseRecord("a", 4, None, "t", 2, "7")
-    assert le.LeaseRecord.from_lease({"metadata": {}}) == le.LeaseRecord()  # a Lease with no spec: free
+    assert ld.LeaseRecord.from_lease(lease) == ld.LeaseRecord("a", 4, None, "t", 2, "7")
+    assert ld.LeaseRecord.from_lease({"metadata": {}}) == ld.LeaseRecord()  # a Lease with no spec: free
 
 
 def test_release_spec() -> None:
     mine = seen(record("me"), 0)
-    assert le.release_spec(mine, "me", at(5)) == {
+    assert ld.release_spec(mine, "me", at(5)) == {
         "holderIdentity": "",
         "leaseDurationSeconds": 1,
-        "acquireTime": le.micro_time(at(5)),
-        "renewTime": le.micro_time(at(5)),
+        "acquireTime": ld.micro_time(at(5)),
+        "renewTime": ld.micro_time(at(5)),
         "leaseTransitions": 3,
     }
-    assert le.release_spec(seen(record("other"), 0), "me", at(5)) is None
-    assert le.release_spec(None, "me", at(5)) is None
+    assert ld.release_spec(seen(record("other"), 0), "me", at(5)) is None
+    assert ld.release_spec(None, "me", at(5)) is None
 
 
 # -- settings -----------------------------------------------------------------------------------------
 def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(le.socket, "gethostname", lambda: "host")
-    s = le.LeaderSettings.from_env({})
-    assert s == le.LeaderSettings(
+    monkeypatch.setattr(socket, "gethostname", lambda: "host")
+    s = leadersettings.LeaderSettings.from_env({})
+    assert s == leadersettings.LeaderSettings(
         enabled=True,
         name="mlbench-operator",
         namespace="mlbench-system",
-        identity=f"host_{le.os.getpid()}",
+        identity=f"host_{os.getpid()}",
         lease_duration=15,
         renew_deadline=10.0,
         retry_period=2.0,
@@ -166,13 +170,13 @@ def test_settings_from_env() -> None:
         "MLBENCH_LEADER_ELECTION_RENEW_DEADLINE_SECONDS": "3",
         "MLBENCH_LEADER_ELECTION_RETRY_PERIOD_SECONDS": "0.5",
     }
-    s = le.LeaderSettings.from_env(env)
-    assert s == le.LeaderSettings(False, "op-abc", "ops", "mlbench-operator-7d9-x2", 4, 3.0, 0.5)
+    s = leadersettings.LeaderSettings.from_env(env)
+    assert s == leadersettings.LeaderSettings(False, "op-abc", "ops", "mlbench-operator-7d9-x2", 4, 3.0, 0.5)
     # the explicit namespace wins over the pod's; the --[no-]leader-elect flag wins over the environment
-    s = le.LeaderSettings.from_env({**env, "MLBENCH_LEADER_ELECTION_NAMESPACE": "elsewhere"}, enabled=True)
+    s = leadersettings.LeaderSettings.from_env({**env, "MLBENCH_LEADER_ELECTION_NAMESPACE": "elsewhere"}, enabled=True)
     assert (s.enabled, s.namespace) == (True, "elsewhere")
-    assert not le.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": " OFF "}).enabled
-    assert le.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": "yes"}).enabled
+    assert not leadersettings.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": " OFF "}).enabled
+    assert leadersettings.LeaderSettings.from_env({"MLBENCH_LEADER_ELECT": "yes"}).enabled
 
 
 @pytest.mark.parametrize(
@@ -199,7 +203,7 @@ def test_settings_from_env() -> None:
 )
 def test_settings_errors_name_the_variable(env: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=None) as err:
-        le.LeaderSettings.from_env(env)
+        leadersettings.LeaderSettings.from_env(env)
     assert named in str(err.value)
 
 
@@ -282,9 +286,9 @@ class Clock:
         return at(self.t)
 
 
-def elector(leases: FakeLeases, identity: str, clock: Clock, **durations: float) -> le.Elector:
+def elector(leases: FakeLeases, identity: str, clock: Clock, **durations: float) -> el.Elector:
     settings = replace(S, identity=identity, **durations)  # type: ignore[arg-type]
-    return le.Elector(leases, settings, clock=clock, jitter=lambda: 0.0)
+    return el.Elector(leases, settings, clock=clock, jitter=lambda: 0.0)
 
 
 def gauge() -> float | None:
@@ -296,22 +300,22 @@ def test_one_of_two_acquires_then_the_standby_waits_for_expiry() -> None:
     a, b = elector(leases, "a", clock), elector(leases, "b", clock)
 
     async def scenario() -> None:
-        assert (await a.try_acquire_or_renew()).action is le.Action.ACQUIRE
-        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        assert (await a.try_acquire_or_renew()).action is ld.Action.ACQUIRE
+        assert (await b.try_acquire_or_renew()).action is ld.Action.STANDBY
         clock.t = 10
-        assert (await a.try_acquire_or_renew()).action is le.Action.RENEW  # a renews: b counts afresh
+        assert (await a.try_acquire_or_renew()).action is ld.Action.RENEW  # a renews: b counts afresh
         clock.t = 20
-        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        assert (await b.try_acquire_or_renew()).action is ld.Action.STANDBY
         clock.t = 24.9  # a stopped renewing at 10; b saw that record at 20 and waits a full lease from then
-        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        assert (await b.try_acquire_or_renew()).action is ld.Action.STANDBY
         clock.t = 35
         d = await b.try_acquire_or_renew()
-        assert (d.action, d.reason, d.holder) == (le.Action.ACQUIRE, "expired", "a")
+        assert (d.action, d.reason, d.holder) == (ld.Action.ACQUIRE, "expired", "a")
         assert leases.holder == "b"
         assert leases.lease is not None
         assert leases.lease["spec"]["leaseTransitions"] == 1
         # a comes back: the Lease is b's now
-        assert (await a.try_acquire_or_renew()).action is le.Action.STANDBY
+        assert (await a.try_acquire_or_renew()).action is ld.Action.STANDBY
 
     asyncio.run(scenario())
 
@@ -324,13 +328,13 @@ def test_simultaneous_writes_one_wins_the_other_gets_a_conflict() -> None:
         a, b = elector(leases, "a", clock), elector(leases, "b", clock)
         leases.barrier = threading.Barrier(2)
 
-        async def both(a: le.Elector = a, b: le.Elector = b) -> list[le.Decision]:
+        async def both(a: el.Elector = a, b: el.Elector = b) -> list[ld.Decision]:
             return list(await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew()))
 
         decisions = asyncio.run(both())
-        assert sorted(d.action for d in decisions) == [le.Action.ACQUIRE, le.Action.STANDBY], start
-        assert [d.reason for d in decisions if d.action is le.Action.STANDBY] == ["conflict"]
-        winner = next(e for e, d in zip((a, b), decisions, strict=True) if d.action is le.Action.ACQUIRE)
+        assert sorted(d.action for d in decisions) == [ld.Action.ACQUIRE, ld.Action.STANDBY], start
+        assert [d.reason for d in decisions if d.action is ld.Action.STANDBY] == ["conflict"]
+        winner = next(e for e, d in zip((a, b), decisions, strict=True) if d.action is ld.Action.ACQUIRE)
         assert leases.holder == winner.identity
         assert leases.writes == (1 if start == "create" else 2)
 
@@ -338,8 +342,8 @@ def test_simultaneous_writes_one_wins_the_other_gets_a_conflict() -> None:
 def test_acquire_renew_release_and_the_gauge() -> None:
     leases = FakeLeases()
     fast = {"lease_duration": 2, "renew_deadline": 0.5, "retry_period": 0.05}
-    a = le.Elector(leases, replace(S, identity="a", **fast))  # type: ignore[arg-type]
-    b = le.Elector(leases, replace(S, identity="b", **fast))  # type: ignore[arg-type]
+    a = el.Elector(leases, replace(S, identity="a", **fast))  # type: ignore[arg-type]
+    b = el.Elector(leases, replace(S, identity="b", **fast))  # type: ignore[arg-type]
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -365,7 +369,7 @@ def test_acquire_renew_release_and_the_gauge() -> None:
 
 def test_renewals_failing_past_the_deadline_lose_the_lease() -> None:
     leases = FakeLeases()
-    a = le.Elector(leases, replace(S, identity="a", lease_duration=2, renew_deadline=0.3, retry_period=0.05))
+    a = el.Elector(leases, replace(S, identity="a", lease_duration=2, renew_deadline=0.3, retry_period=0.05))
     lost: list[bool] = []
 
     async def scenario() -> None:
@@ -386,7 +390,7 @@ def test_renewals_failing_past_the_deadline_lose_the_lease() -> None:
 
 def test_a_lease_taken_by_another_is_lost_at_once() -> None:
     leases = FakeLeases()
-    a = le.Elector(leases, replace(S, identity="a", lease_duration=20, renew_deadline=10, retry_period=0.05))
+    a = el.Elector(leases, replace(S, identity="a", lease_duration=20, renew_deadline=10, retry_period=0.05))
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -421,7 +425,7 @@ def test_run_elected(outcome: str) -> None:
         stop = asyncio.Event()
         if outcome == "standby":  # SIGTERM while standing by
             asyncio.get_running_loop().call_later(0.3, stop.set)
-        return await le.run_elected(operator, settings, client=leases, stop=stop)
+        return await leader.run_elected(operator, settings, client=leases, stop=stop)
 
     code = asyncio.run(scenario())
     if outcome == "stopped":
@@ -447,11 +451,11 @@ NOT_FOUND = (
 )
 
 
-def _lease_api(monkeypatch: pytest.MonkeyPatch, answer: Any) -> le.LeaseApi:
+def _lease_api(monkeypatch: pytest.MonkeyPatch, answer: Any) -> leaseapi.LeaseApi:
     """A LeaseApi whose transport answers ``answer`` (a response, or the client's ApiException raised)."""
     from kubernetes import client as k8s
 
-    api = le.LeaseApi("mlbench-system", "mlbench-operator", 5, configuration=k8s.Configuration())
+    api = leaseapi.LeaseApi("mlbench-system", "mlbench-operator", 5, configuration=k8s.Configuration())
 
     def call_api(*_args: Any, **_kw: Any) -> Any:
         if isinstance(answer, BaseException):
@@ -472,7 +476,7 @@ def test_a_lease_create_answered_404_names_the_missing_namespace(monkeypatch: py
     )
     api = _lease_api(monkeypatch, answer)
     assert api.get() is None  # a GET's 404: no Lease yet, as before
-    with pytest.raises(le.LeaseNamespaceMissing, match="namespace 'mlbench-system' does not exist") as err:
+    with pytest.raises(leaseapi.LeaseNamespaceMissing, match="namespace 'mlbench-system' does not exist") as err:
         api.create({"holderIdentity": "me"})
     assert isinstance(err.value, SettingsError)
     assert "MLBENCH_LEADER_ELECTION_NAMESPACE" in str(err.value)
@@ -501,7 +505,7 @@ def test_other_lease_errors_are_raised_with_their_status(monkeypatch: pytest.Mon
 class _NoNamespace(FakeLeases):
     def create(self, spec: dict[str, Any]) -> dict[str, Any] | None:
         self.writes += 1
-        raise le.LeaseNamespaceMissing("mlbench-system")
+        raise leaseapi.LeaseNamespaceMissing("mlbench-system")
 
 
 def test_a_missing_lease_namespace_stops_the_operator_instead_of_standing_by() -> None:
@@ -515,9 +519,9 @@ def test_a_missing_lease_namespace_stops_the_operator_instead_of_standing_by() -
         ran.append("kopf")
 
     async def scenario() -> int:
-        return await asyncio.wait_for(le.run_elected(operator, settings, client=leases), 5)
+        return await asyncio.wait_for(leader.run_elected(operator, settings, client=leases), 5)
 
-    with pytest.raises(le.LeaseNamespaceMissing, match="'mlbench-system'"):
+    with pytest.raises(leaseapi.LeaseNamespaceMissing, match="'mlbench-system'"):
         asyncio.run(scenario())
     assert ran == []
     assert leases.writes == 1  # not retried in a loop
@@ -527,7 +531,7 @@ def test_main_exits_2_naming_the_namespace(monkeypatch: pytest.MonkeyPatch, caps
     from mlbench_operator import main as entry
 
     async def refused(*_args: Any, **_kw: Any) -> int:
-        raise le.LeaseNamespaceMissing("mlbench-system")
+        raise leaseapi.LeaseNamespaceMissing("mlbench-system")
 
     monkeypatch.setattr(entry.leader, "run_elected", refused)
     monkeypatch.setattr(entry, "start_http_server", lambda *_: None)
@@ -537,14 +541,14 @@ def test_main_exits_2_naming_the_namespace(monkeypatch: pytest.MonkeyPatch, caps
 
 def test_a_standby_says_whom_it_waits_for_and_until_when(caplog: pytest.LogCaptureFixture) -> None:
     leases, clock = FakeLeases(), Clock()
-    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(0))})
+    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": ld.micro_time(at(0))})
     b = elector(leases, "b", clock)
     with caplog.at_level("INFO", logger="mlbench_operator.leader"):
-        assert asyncio.run(b.try_acquire_or_renew()).action is le.Action.STANDBY
+        assert asyncio.run(b.try_acquire_or_renew()).action is ld.Action.STANDBY
     (record,) = [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == "leader_standby"]
     assert record["holder"] == "other"
     assert record["lease"] == "mlbench-system/mlbench-operator"
-    assert record["expires"] == le.micro_time(at(15))  # the holder's claim, unless it renews
+    assert record["expires"] == ld.micro_time(at(15))  # the holder's claim, unless it renews
 
 
 @pytest.mark.parametrize(
@@ -559,7 +563,7 @@ def test_a_standby_says_whom_it_waits_for_and_until_when(caplog: pytest.LogCaptu
 )
 def test_standby_report_due(reported: tuple[str, float] | None, holder: str, seconds: float, due: bool) -> None:
     last = None if reported is None else (reported[0], at(reported[1]))
-    assert le.standby_report_due(last, holder, at(seconds)) is due
+    assert el.standby_report_due(last, holder, at(seconds)) is due
 
 
 def _waiting_for(holder: str) -> float | None:
@@ -570,7 +574,7 @@ def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: py
     """Issue 33: a standby says whom it waits for (log, rate-limited; a gauge at every attempt) and when that
     holder last renewed; the gauge goes once this replica leads."""
     leases, clock = FakeLeases(), Clock()
-    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(0))})
+    leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": ld.micro_time(at(0))})
     b = elector(leases, "b", clock)
 
     def standby_logs() -> list[dict[str, Any]]:
@@ -578,8 +582,8 @@ def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: py
 
     async def renewed_by_other(t: float) -> None:
         clock.t = t
-        leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": le.micro_time(at(t))})
-        assert (await b.try_acquire_or_renew()).action is le.Action.STANDBY
+        leases._store({"holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": ld.micro_time(at(t))})
+        assert (await b.try_acquire_or_renew()).action is ld.Action.STANDBY
 
     async def scenario() -> None:
         for t in (0, 2, 4, 30, 61):
@@ -588,7 +592,7 @@ def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: py
     with caplog.at_level("INFO", logger="mlbench_operator.leader"):
         asyncio.run(scenario())
     logged = standby_logs()
-    assert [r["renew_time"] for r in logged] == [le.micro_time(at(0)), le.micro_time(at(61))]
+    assert [r["renew_time"] for r in logged] == [ld.micro_time(at(0)), ld.micro_time(at(61))]
     assert {r["holder"] for r in logged} == {"other"}
     assert _waiting_for("other") == at(61).timestamp()  # the last attempt's renewTime, not the last log's
     clock.t = 200  # the holder stopped renewing: b takes over, and waits for no one
@@ -602,7 +606,7 @@ def test_a_standby_reports_the_holder_and_its_renew_time_rate_limited(caplog: py
     ids=["standing by", "syncing", "at the limit", "sync too long"],
 )
 def test_syncing_verdict(since: float | None, now: float, alive: bool) -> None:
-    assert (le.syncing_verdict(since, now, limit=300.0) is None) is alive
+    assert (leaderprobe.syncing_verdict(since, now, limit=300.0) is None) is alive
 
 
 def test_the_probe_is_answered_through_the_first_sync_until_handed_over() -> None:
@@ -635,7 +639,7 @@ def test_the_probe_is_answered_through_the_first_sync_until_handed_over() -> Non
         await handed[0]()  # the startup handler's handover
         answers.append(await loop.run_in_executor(None, probe))  # the port is free for kopf
 
-    code = asyncio.run(le.run_elected(operator, settings, url, client=leases, handover=handed.append))
+    code = asyncio.run(leader.run_elected(operator, settings, url, client=leases, handover=handed.append))
     assert code == 0
     assert answers[0] == {"leader": True, "holder": None, "lease": "mlbench-system/mlbench-operator"}
     assert answers[1] == "URLError"

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from mlbench_operator import conditions as c
 from mlbench_operator import podview, runcontext, runpods, runtime
 from mlbench_operator.podview import PodView
-from mlbench_operator.run import admission, lifecycle, policies
+from mlbench_operator.run import admission, finishing, holding, lifecycle, planinput, policies, progressing, restarting
 from mlbench_operator.run import status as run_status
 from mlbench_operator.run.nodes import NodeState
 from tests import factories
@@ -966,7 +966,7 @@ Pod = Callable[[runcontext.RunContext], PodView]
 
 
 def decide(
-    policy: policies.Policy,
+    policy: planinput.Policy,
     world: World,
     *,
     run_policy: dict[str, Any] | None = None,
@@ -974,13 +974,13 @@ def decide(
     conditions: dict[str, tuple[str, str]] | None = None,
     now: datetime = T0,
     nodes: dict[str, NodeState] | None = None,
-) -> tuple[run_status.Plan | None, policies.PlanInput]:
+) -> tuple[run_status.Plan | None, planinput.PlanInput]:
     """One policy on its own, over an admitted 2-worker run with ``restarts`` and the given old conditions."""
     body, ctx = admitted(h.run(runPolicy=run_policy) if run_policy else h.run())
     status = {**body["status"], "restarts": restarts}
     for type_, (value, reason) in (conditions or {}).items():
         status["conditions"] = c.set_condition(status["conditions"], type_, value, reason, f"{reason} before", now=T0)
-    inp = policies.PlanInput.of({**body, "status": status}, ctx, world(ctx), now, nodes=nodes)
+    inp = planinput.PlanInput.of({**body, "status": status}, ctx, world(ctx), now, nodes=nodes)
     return policy(inp), inp
 
 
@@ -1074,7 +1074,7 @@ def test_the_policies_and_their_order() -> None:
     ],
 )
 def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | None) -> None:
-    plan, _ = decide(policies.launcher_succeeded, world)
+    plan, _ = decide(finishing.launcher_succeeded, world)
     assert outcome(plan) == expected
     if plan is None or expected is None:
         return
@@ -1098,7 +1098,7 @@ def test_policy_launcher_succeeded(world: World, expected: tuple[str, str] | Non
     ],
 )
 def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None) -> None:
-    plan, _ = decide(policies.launcher_aborted, world)
+    plan, _ = decide(finishing.launcher_aborted, world)
     assert outcome(plan) == expected
     if plan is None:
         return
@@ -1120,7 +1120,7 @@ def test_policy_launcher_aborted(world: World, expected: tuple[str, str] | None)
 )
 def test_policy_deadline_exceeded(deadline: int | None, elapsed: float, expected: tuple[str, str] | None) -> None:
     policy = {"activeDeadlineSeconds": deadline} if deadline else None
-    plan, _ = decide(policies.deadline_exceeded, running, run_policy=policy, now=T0 + timedelta(seconds=elapsed))
+    plan, _ = decide(finishing.deadline_exceeded, running, run_policy=policy, now=T0 + timedelta(seconds=elapsed))
     assert outcome(plan) == expected
     if plan is not None:
         assert "activeDeadlineSeconds=60" in plan.status["message"]
@@ -1143,7 +1143,7 @@ def test_policy_deadline_exceeded(deadline: int | None, elapsed: float, expected
     ],
 )
 def test_policy_root_cause_hold(world: World, expected: float | None) -> None:
-    plan, _ = decide(policies.root_cause_hold, world)
+    plan, _ = decide(holding.root_cause_hold, world)
     if expected is None:
         assert plan is None
         return
@@ -1173,7 +1173,7 @@ ON_NODES = (worker(0, node="node-a"), worker(1, node="node-b"))
 def test_policy_root_cause_hold_waits_for_a_late_node(
     world: World, nodes: dict[str, NodeState], expected: float | None
 ) -> None:
-    plan, _ = decide(policies.root_cause_hold, world, nodes=nodes)
+    plan, _ = decide(holding.root_cause_hold, world, nodes=nodes)
     assert (plan.requeue_after if plan is not None else None) == (pytest.approx(expected) if expected else None)
 
 
@@ -1189,7 +1189,7 @@ def test_a_launcher_failure_on_a_silent_node_is_a_disruption(
 ) -> None:
     """mpirun fails when a node is lost, before the node lifecycle controller marks it NotReady: what the node's
     Lease says decides whether the restart spends maxRestarts."""
-    plan, _ = decide(policies.gang_failure, launcher_failed_at(-30, *ON_NODES), nodes=nodes)
+    plan, _ = decide(restarting.gang_failure, launcher_failed_at(-30, *ON_NODES), nodes=nodes)
     assert outcome(plan) == expected
     assert plan is not None
     st = plan.status
@@ -1232,7 +1232,7 @@ def test_a_launcher_failure_on_a_silent_node_is_a_disruption(
 def test_policy_gang_failure(world: World, restarts: int, was_running: bool, expected: tuple[str, str] | None) -> None:
     conditions = {"Running": ("True", "LauncherRunning")} if was_running else None
     plan, inp = decide(
-        policies.gang_failure, world, run_policy={"maxRestarts": 1}, restarts=restarts, conditions=conditions
+        restarting.gang_failure, world, run_policy={"maxRestarts": 1}, restarts=restarts, conditions=conditions
     )
     assert outcome(plan) == expected
     if plan is None or expected is None:
@@ -1264,7 +1264,7 @@ def test_policy_gang_failure(world: World, restarts: int, was_running: bool, exp
     ],
 )
 def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, str] | None, waiting_for: int) -> None:
-    plan, _ = decide(policies.stale_attempt, world, restarts=restarts)
+    plan, _ = decide(restarting.stale_attempt, world, restarts=restarts)
     if deleted is None:
         assert plan is None
         return
@@ -1339,7 +1339,7 @@ def test_policy_stale_attempt(world: World, restarts: int, deleted: dict[str, st
 def test_policy_make_progress(
     world: World, conditions: dict[str, tuple[str, str]] | None, expected: tuple[str, str, str, list[int], bool]
 ) -> None:
-    plan, _ = decide(policies.make_progress, world, conditions=conditions)
+    plan, _ = decide(progressing.make_progress, world, conditions=conditions)
     assert plan is not None
     wr, run = cond(plan.status, "WorkersReady"), cond(plan.status, "Running")
     assert (plan.status["phase"], wr["reason"], run["reason"], plan.create_workers, plan.create_launcher) == expected
@@ -1383,7 +1383,7 @@ def test_plan_input_sorts_the_pods_once() -> None:
     beyond = dataclasses.replace(new[1], name="r1-worker-2", rank=2)
     launcher = pod(runpods.launcher_pod(ctx, 1))
     other = dataclasses.replace(new[0], name="r1-worker-9", rank=9, owner_uid="someone-else")
-    inp = policies.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
+    inp = planinput.PlanInput.of(body, ctx, [*old, *new, beyond, launcher, other], T0)
     assert inp.restarts == 1
     assert [p.name for p in inp.stale] == ["r1-worker-0", "r1-worker-1"]
     assert {p.attempt for p in inp.current} == {1}

@@ -14,7 +14,7 @@ from mlbench_api.runpolicy import CleanPodPolicy, RunPolicy
 from mlbench_operator import conditions as c
 from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
-from mlbench_operator.run import admission, lifecycle, policies, startup
+from mlbench_operator.run import admission, lifecycle, planinput, policies, restarting, startup
 from mlbench_operator.run.status import Plan
 from tests.operator import helpers as h
 
@@ -253,13 +253,13 @@ def test_an_attempt_that_has_run_is_past_the_clock() -> None:
     startup timeout (however long ago its pods were created)."""
     body, ctx = _admitted(startupDeadlineSeconds=60)
     late = T0 + timedelta(seconds=3600)
-    inp = policies.PlanInput.of(body, ctx, _world(ctx), late)
+    inp = planinput.PlanInput.of(body, ctx, _world(ctx), late)
     assert inp.startup_left == -3540.0
     running = c.set_condition(body["status"]["conditions"], c.RUNNING, "True", Reason.LAUNCHER_RUNNING, "", now=T0)
     body["status"] = {**body["status"], "conditions": running}
-    inp = policies.PlanInput.of(body, ctx, _world(ctx), late)
+    inp = planinput.PlanInput.of(body, ctx, _world(ctx), late)
     assert inp.startup_left is None
-    assert policies.startup_deadline(inp) is None
+    assert restarting.startup_deadline(inp) is None
 
 
 def test_workers_never_created_say_why() -> None:

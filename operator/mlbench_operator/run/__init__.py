@@ -1,1 +1,1 @@
-"""The BenchmarkRun wing: admission, status, policies, lifecycle, outcome, results, executor, handlers."""
+"""The BenchmarkRun wing: admission, status, policies (by family), lifecycle, outcome, results, executor, handlers."""

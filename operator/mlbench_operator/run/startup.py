@@ -2,7 +2,7 @@
 ``waitForPodsReady``, JobSet's startup policy).
 
 An attempt has started once every worker is Ready and its launcher runs (or has already ended). Until then its
-clock counts from the creation of its first pod; past the deadline :mod:`.policies` releases the attempt's pods
+clock counts from the creation of its first pod; past the deadline :mod:`.restarting` releases the attempt's pods
 and either starts a new attempt after :func:`backoff` or fails the run. This module only answers the questions:
 when did the attempt's clock start (:func:`clock_start`), how long is left (:func:`left`), why are its pods
 not ready (:func:`blockers`), how long to wait before the next attempt (:func:`backoff`).
