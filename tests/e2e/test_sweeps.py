@@ -144,7 +144,7 @@ def test_a_sweep_on_the_closed_data_path_runs_in_real_pods_and_survives_an_opera
     for run in (first, f"{name}-s2"):
         st = e2e.status(run)
         assert st.get("phase") == "Succeeded", f"{run}: {json.dumps(st)[:2000]}\n{e2e.debug(run)}"
-        assert st["result"]["bestAccuracy"] >= 0.3, st["result"]  # chance is 0.1; the colours are learnable
+        assert st["result"]["goalReached"], st["result"]  # the learning itself is test_runs.py's to check
         assert st.get("restarts", 0) == 0, st
         assert e2e.get("benchmarkrun", run)["metadata"]["labels"][LABEL_SWEEP] == name
         assert len(ledger.uids[(run, naming.ROLE_LAUNCHER)]) == 1, ledger.uids  # one launcher, never a second
