@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from tests.dashboard_queries import GRAFANA, expand, panel_queries
-from tests.monitoring.test_rules import promtool
+from tests.monitoring.promql import evaluate
 
 RUNNER = GRAFANA / "dashboards" / "mlbench-runner.json"
 TITLE = "GPU utilisation per worker"
@@ -56,31 +54,12 @@ def gpu_query() -> str:
 
 
 def promtool_eval(tmp_path: Path, expr: str) -> subprocess.CompletedProcess[str]:
-    case: dict[str, Any] = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in SERIES.items()],
-                "promql_expr_test": [
-                    {"expr": expand(expr, "team-a", "r1"), "eval_time": "5m", "exp_samples": EXPECTED},
-                    {
-                        "expr": expand(expr, ["team-a", "team-b"], "r1"),
-                        "eval_time": "5m",
-                        "exp_samples": [
-                            *EXPECTED,
-                            {"labels": '{namespace="team-b",pod="r1-worker-0",gpu="3"}', "value": 95},
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
-    (tmp_path / "gpu_test.yaml").write_text(yaml.safe_dump(case, sort_keys=False))
-    return subprocess.run(
-        [promtool(), "test", "rules", "gpu_test.yaml"], check=False, cwd=tmp_path, capture_output=True, text=True
-    )
+    both = [*EXPECTED, {"labels": '{namespace="team-b",pod="r1-worker-0",gpu="3"}', "value": 95}]
+    cases = [
+        (expand(expr, "team-a", "r1"), "5m", EXPECTED),
+        (expand(expr, ["team-a", "team-b"], "r1"), "5m", both),
+    ]
+    return evaluate(tmp_path, SERIES, cases)
 
 
 @pytest.mark.multiproc
