@@ -21,7 +21,7 @@ import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import mlbench_operator.metrics  # noqa: F401 - registers the operator's metrics on the default registry
-from mlbench_runner.metrics import LateGauge, RunnerMetrics
+from mlbench_runner.metrics import COLLECTIVE_METRIC_NAMES, METRIC_NAMES, CollectiveMetrics, LateGauge, RunnerMetrics
 from tests.dashboard_queries import DASHBOARDS, GRAFANA, expand, panel_queries, panels
 
 ROOT = GRAFANA.parent
@@ -58,7 +58,8 @@ def _exported() -> set[str]:
     for gauge in vars(runner).values():  # absent until first set: as a run has set them by its first evaluation
         if isinstance(gauge, LateGauge):
             gauge.set(1.0)
-    return _sample_names(runner.registry) | _sample_names(REGISTRY)
+    collectives = CollectiveMetrics("r", "t", "gloo", world_size=2, rank=0)
+    return _sample_names(runner.registry) | _sample_names(collectives.registry) | _sample_names(REGISTRY)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -200,6 +201,10 @@ def _has_phase_mappings(panel: dict[str, Any]) -> bool:
 #: matches a panel applies; a panel no row matches fails, so new panels need a rule.
 UNIT_RULES: list[tuple[str, set[str | None], Callable[[dict[str, Any]], bool]]] = [
     ("mlbench_operator_run_status_phase", {None, "none"}, _has_phase_mappings),
+    ("mlbench_collective_.*bandwidth_bytes_per_second", {"Bps", "binBps"}, lambda p: True),
+    ("mlbench_collective_latency_seconds", {"s"}, lambda p: True),
+    (r"uncompressed_bytes_per_step\{[^}]*\}\)\s*/", {"none"}, lambda p: "ratio" in p["title"].lower()),
+    ("_bytes_per_step", {"bytes"}, lambda p: True),
     ("mlbench_goal_reached", {None, "none"}, lambda p: _mapping_texts(p) == {"0": "No", "1": "Yes"}),
     (r"histogram_quantile\(.*_seconds_bucket", {"s"}, lambda p: True),
     ("container_cpu_usage_seconds_total", {"none"}, lambda p: "cores" in p["title"]),
@@ -251,6 +256,48 @@ def test_a_stacked_panel_stacks_one_runs_series_only(path: Path) -> None:
             assert not apart, f"{panel['title']}: stacks series kept apart by {sorted(apart)} (repeat over them)"
             if panel.get("repeat"):
                 assert f"${panel['repeat']}" in panel["title"], f"{panel['title']}: each repeat must say its value"
+
+
+def _row_metrics(path: Path, row_title: str) -> set[str]:
+    """The metric names the panels under a row (up to the next row) query."""
+    names: set[str] = set()
+    current = None
+    for panel in panels(_load(path)):
+        if panel["type"] == "row":
+            current = panel["title"]
+        elif current == row_title:
+            names |= {n for t in panel["targets"] for n in metric_names(t["expr"])}
+    return names
+
+
+def test_runner_metrics_on_the_runner_dashboard_are_the_runners() -> None:
+    """Every mlbench_ series the runner dashboard reads (operator series aside) is one the runner declares."""
+    declared = set(METRIC_NAMES) | set(COLLECTIVE_METRIC_NAMES)
+    suffixes = ("_bucket", "_sum", "_count")
+    for title, expr in panel_queries(RUNNER):
+        for name in metric_names(expr):
+            if name.startswith("mlbench_") and not name.startswith("mlbench_operator_"):
+                base = next((name.removesuffix(s) for s in suffixes if name.endswith(s)), name)
+                assert base in declared, f"{title}: {name} is not in the runner's METRIC_NAMES"
+
+
+def test_task_0a_has_a_collectives_row() -> None:
+    """Bus bandwidth by operation and size, latency percentiles: every gauge a collectives task serves."""
+    shown = _row_metrics(RUNNER, "Collectives (task 0a)")
+    assert shown == set(COLLECTIVE_METRIC_NAMES) - {"mlbench_run_info", "mlbench_steps_total"}
+    exprs = [t["expr"] for p in panels(_load(RUNNER)) if p["type"] != "row" for t in p["targets"]]
+    for quantile in ("0.5", "0.9", "0.99"):
+        assert any(f'quantile="{quantile}"' in e for e in exprs), f"no p{quantile} latency"
+    assert any("by (namespace, run, op, bytes)" in e for e in exprs), "bandwidth by operation and size"
+
+
+def test_the_algorithms_row_shows_bytes_and_compression() -> None:
+    shown = _row_metrics(RUNNER, "Gradient communication (algorithms)")
+    assert shown == {
+        "mlbench_communication_bytes_per_step",
+        "mlbench_communication_uncompressed_bytes_per_step",
+        "mlbench_communication_bytes_total",
+    }
 
 
 def test_runner_queries_filter_on_namespace_and_run() -> None:

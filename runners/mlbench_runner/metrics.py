@@ -24,6 +24,7 @@ METRIC_NAMES = (
     "mlbench_samples_per_second",
     "mlbench_goal_reached",
     "mlbench_communication_bytes_per_step",
+    "mlbench_communication_uncompressed_bytes_per_step",
     "mlbench_communication_bytes_total",
 )
 
@@ -100,6 +101,11 @@ class RunnerMetrics:
         self.bytes_per_step = Gauge(
             "mlbench_communication_bytes_per_step",
             "Payload bytes this rank hands to collectives per step, as the algorithm declares them.",
+            registry=r,
+        )
+        self.uncompressed_bytes_per_step = Gauge(
+            "mlbench_communication_uncompressed_bytes_per_step",
+            "Bytes of this rank's gradient per step before compression (over bytes_per_step: the compression ratio).",
             registry=r,
         )
         self.bytes_sent = Counter(

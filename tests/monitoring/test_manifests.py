@@ -108,6 +108,24 @@ def test_dashboards_are_listed() -> None:
     assert kustomization["labels"] == [{"pairs": RELEASE, "includeSelectors": False}]
 
 
+def test_the_stack_values_fit_the_layer() -> None:
+    """The chart values the docs install with: the sidecar searches the layer's namespace and reads its folder
+    annotation, and the documented release name is the layer's release label (each set in one place)."""
+    kustomization = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
+    values_file = MONITORING / "kube-prometheus-stack-values.yaml"
+    sidecar = yaml.safe_load(values_file.read_text())["grafana"]["sidecar"]["dashboards"]
+    searched = {ns.strip() for ns in str(sidecar["searchNamespace"]).split(",")}
+    assert "ALL" in searched or kustomization["namespace"] in searched
+    configmap = yaml.safe_load_all((MONITORING / "dashboards.yaml").read_text())
+    annotation = next(iter(next(c for c in configmap if c)["metadata"]["annotations"]))
+    assert sidecar["folderAnnotation"] == annotation
+    assert sidecar["provider"]["foldersFromFilesStructure"] is True
+    release = kustomization["labels"][0]["pairs"]["release"]
+    docs = (REPO / "docs" / "monitoring.md").read_text()
+    assert f"helm install {release} prometheus-community/kube-prometheus-stack" in docs
+    assert f"-f manifests/monitoring/{values_file.name}" in docs
+
+
 @pytest.mark.multiproc
 def test_with_monitoring_is_default_plus_monitoring(monitoring: list[Obj]) -> None:
     default = kustomize(REPO / "manifests" / "default")
@@ -141,6 +159,28 @@ def test_release_label_is_changed_by_an_overlay(tmp_path: Path) -> None:
     objs = kustomize(overlay)
     assert objs
     assert {o["metadata"]["labels"]["release"] for o in objs} == {"prom"}
+
+
+@pytest.mark.multiproc
+def test_runbook_urls_come_from_the_one_setting(monitoring: list[Obj], tmp_path: Path) -> None:
+    """kustomize writes runbooks.yaml's base into every alert's runbook_url; the setting itself is never applied."""
+    setting = yaml.safe_load((MONITORING / "runbooks.yaml").read_text())
+    assert setting["metadata"]["annotations"]["config.kubernetes.io/local-config"] == "true"
+    assert all(o["metadata"]["name"] != setting["metadata"]["name"] for o in monitoring)
+
+    def urls(objs: list[Obj]) -> dict[str, str]:
+        rules = [r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
+        return {r["alert"]: r["annotations"]["runbook_url"] for r in rules}
+
+    built = urls(monitoring)
+    assert built == {name: f"{setting['data']['base']}#{name.lower()}" for name in built}
+    copy = tmp_path / "monitoring"
+    shutil.copytree(MONITORING, copy)
+    mirror = "https://git.example.com/ml/mlbench/-/blob/v1/docs/monitoring.md"
+    (copy / "runbooks.yaml").write_text(
+        (MONITORING / "runbooks.yaml").read_text().replace(setting["data"]["base"], mirror)
+    )
+    assert urls(kustomize(copy)) == {name: f"{mirror}#{name.lower()}" for name in built}
 
 
 # --- what the PodMonitor selects -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULE = REPO / "manifests" / "monitoring" / "prometheusrule.yaml"
 CASES = Path(__file__).with_name("rules_test.yaml")
 DOCS = REPO / "docs" / "monitoring.md"
+RUNBOOKS = REPO / "manifests" / "monitoring" / "runbooks.yaml"
 ALERTS = {
     "MLBenchOperatorDown",
     "MLBenchOperatorNoLeader",
@@ -31,6 +32,18 @@ ALERTS = {
 }
 Obj = dict[str, Any]
 _LABEL_REF = re.compile(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def runbook_base() -> str:
+    """The one setting every alert's runbook_url starts with (kustomization.yaml's replacement copies it)."""
+    base: str = yaml.safe_load(RUNBOOKS.read_text())["data"]["base"]
+    return base
 
 
 def promtool() -> str:
@@ -113,10 +126,26 @@ def test_every_alert_is_labelled_documented_and_tested() -> None:
     assert tested == ALERTS, "every alert needs a case where it fires"
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
-        assert {"summary", "description", "runbook"} <= set(rule["annotations"]), name
-        anchor = rule["annotations"]["runbook"]
-        assert anchor == f"docs/monitoring.md#{name.lower()}", name
-        assert f"### {name}" in docs, f"docs/monitoring.md has no section for {name}"
+        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
+        url, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert (url, anchor) == (runbook_base(), name.lower()), f"{name}: runbook_url is <runbooks.yaml base>#<anchor>"
+        assert anchor in github_anchors(docs), f"docs/monitoring.md has no section (anchor #{anchor}) for {name}"
+
+
+@pytest.mark.parametrize(
+    ("markdown", "anchor"),
+    [
+        ("### MLBenchRunFailed\n", "mlbenchrunfailed"),
+        ("## Install with kube-prometheus-stack", "install-with-kube-prometheus-stack"),
+    ],
+)
+def test_github_anchors(markdown: str, anchor: str) -> None:
+    assert anchor in github_anchors(markdown)
+    assert anchor not in github_anchors(markdown.replace("#", "").replace("Failed", "Failing"))
+
+
+def test_the_runbook_base_points_at_the_rendered_doc() -> None:
+    assert re.fullmatch(r"https://github\.com/[^/]+/mlbench/blob/[^/]+/docs/monitoring\.md", runbook_base())
 
 
 @pytest.mark.multiproc

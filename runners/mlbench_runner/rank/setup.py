@@ -167,6 +167,7 @@ class TrainerSetup(RankSession):
         model = algorithm.prepare(model)
         plan = algorithm.plan(model)
         metrics.bytes_per_step.set(plan.bytes_per_step)
+        metrics.uncompressed_bytes_per_step.set(plan.uncompressed_bytes_per_step)
         batch = task.training.batch_size_per_worker
         timer = PhaseTimer(device, enabled=opts.phase_timing)
         autocast = opts.precision == "bf16" and device.type == "cuda"
