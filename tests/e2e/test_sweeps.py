@@ -105,6 +105,14 @@ def _sweep(e2e: E2E, name: str, task: str) -> None:
     e2e.apply({"apiVersion": "mlbench.io/v1alpha1", "kind": "BenchmarkSweep", "metadata": meta, "spec": spec})
 
 
+def _wait_created(e2e: E2E, run: str, timeout: float = 120) -> None:
+    """Until the sweep's operator has created ``run`` (the sweep is applied; its runs come after)."""
+    deadline = time.monotonic() + timeout
+    while e2e.kubectl("get", "benchmarkrun", run, "-n", e2e.namespace, check=False).returncode != 0:
+        assert time.monotonic() < deadline, f"the sweep did not create {run} in {timeout}s"
+        time.sleep(1)
+
+
 def _wait_sweep_ready(e2e: E2E, name: str, ledger: PodLedger, timeout: float = 900) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -124,6 +132,7 @@ def test_a_sweep_on_the_closed_data_path_runs_in_real_pods_and_survives_an_opera
     _sweep(e2e, name, _closed_data_task(e2e, e2e_task, tmp_path))
     ledger = PodLedger(e2e, name)
     first = f"{name}-s1"
+    _wait_created(e2e, first)
     e2e.wait_status(first, lambda s: s.get("phase") == "Running", 600, "the first run to start", every=ledger.look)
     wait_training(e2e, first)
     for worker in range(WORKERS):  # spec.pod.env reached each rank's process, not only its pod
