@@ -8,7 +8,7 @@ from mlbench_api.dataspec import DatasetSource, DatasetSpec
 from mlbench_operator import naming as n
 from mlbench_operator.podscheduling import pod_scheduling
 from mlbench_operator.runcontext import Obj, RunContext
-from mlbench_operator.runpods import container_security, pod_security
+from mlbench_operator.runpods import container_security, image_pull_secrets, pod_security
 from mlbench_operator.settings import DatasetSettings
 
 
@@ -114,6 +114,7 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(ctx),
+                    **image_pull_secrets(ctx),  # it pulls the run's image
                     **pod_scheduling(ctx),
                     "containers": [container],
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],
