@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 
 from mlbench_api import contract
-from mlbench_api.common import MAX_LABEL_VALUE, ApiModel, FreeForm, cel, re2_search
+from mlbench_api.common import MAX_LABEL_VALUE, ApiModel, FreeForm, Name, cel, re2_search
 
 #: An environment variable's name as a shell (and ``mpirun -x``) takes it: a C identifier.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -32,6 +32,8 @@ RESERVED_KEY_PREFIX = "mlbench.io/"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 MAX_ENV = 64
 MAX_KEYS = 32
+#: At most this many ``imagePullSecrets`` per run (the kubelet tries each in turn).
+MAX_PULL_SECRETS = 8
 
 
 def reserved_env(name: str) -> bool:
@@ -52,6 +54,13 @@ class EnvVar(ApiModel):
     """The variable's name, a C identifier (e.g. NCCL_SOCKET_IFNAME); not MLBENCH_* nor a name the pods rely on."""
     value: Annotated[str, Field(max_length=4096)] = ""
     """Its value (default empty)."""
+
+
+class SecretReference(ApiModel):
+    """A Secret of the run's namespace, by name (a core/v1 LocalObjectReference)."""
+
+    name: Name
+    """The Secret's name (a DNS-1123 subdomain), e.g. regcred: a kubernetes.io/dockerconfigjson Secret."""
 
 
 def _pod_rules(schema: dict[str, Any], cls: type[Any]) -> None:
@@ -122,6 +131,19 @@ class PodSettings(ApiModel):
     """A core/v1 Affinity for the worker pods; merged with what scheduling.placement adds (both hold)."""
     topology_spread_constraints: Annotated[list[FreeForm], Field(max_length=8)] | None = None
     """core/v1 TopologySpreadConstraints for the worker pods, after those of scheduling.placement."""
+    image_pull_secrets: (
+        Annotated[
+            list[SecretReference],
+            Field(
+                max_length=MAX_PULL_SECRETS,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            ),
+        ]
+        | None
+    ) = None
+    """Secrets of the run's namespace the kubelet pulls the image with (names only, unique), on the workers, the
+    launcher and the dataset fetch Job, for a private registry. Named here, they replace the imagePullSecrets of
+    the namespace's default service account (which apply when the run names none)."""
     host_network: bool | None = None
     """Workers in the node's network namespace (dnsPolicy ClusterFirstWithHostNet): only where the admin allows it."""
     host_ipc: bool | None = None
@@ -136,6 +158,10 @@ class PodSettings(ApiModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"env: {twice[0]!r} is set twice")
+        secrets = [s.name for s in self.image_pull_secrets or []]
+        repeated = sorted({s for s in secrets if secrets.count(s) > 1})
+        if repeated:
+            raise ValueError(f"imagePullSecrets: {repeated[0]!r} is named twice")
         for field, keys in (("annotations", self.annotations or {}), ("labels", self.labels or {})):
             for key in keys:
                 _check_key(field, key)

@@ -10,7 +10,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.datastore import sourced
 from mlbench_operator.podscheduling import pod_scheduling
 from mlbench_operator.runcontext import Obj, RunContext
-from mlbench_operator.runpods import container_security, pod_security
+from mlbench_operator.runpods import container_security, image_pull_secrets, pod_security
 from mlbench_operator.settings import DatasetSettings
 
 
@@ -116,6 +116,7 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(ctx),
+                    **image_pull_secrets(ctx),  # it pulls the run's image
                     **pod_scheduling(ctx),
                     "containers": [container],
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],

@@ -200,12 +200,20 @@ def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
     return meta
 
 
+def image_pull_secrets(ctx: RunContext) -> Obj:
+    """``spec.pod.imagePullSecrets`` as a pod spec's field, for every pod that pulls the run's image (none set:
+    nothing, and the namespace's default service account's imagePullSecrets apply)."""
+    secrets = ctx.spec.pod.image_pull_secrets if ctx.spec.pod is not None else None
+    return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
+
+
 def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
     spec: Obj = {
         "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": pod_security(ctx),
+        **image_pull_secrets(ctx),
         **pod_scheduling(ctx),
     }
     if deadline_seconds is not None:

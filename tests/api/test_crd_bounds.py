@@ -66,6 +66,14 @@ def unbounded(schema: dict[str, Any], path: str) -> Iterator[str]:
         yield path
     for name, sub in (schema.get("properties") or {}).items():
         yield from unbounded(sub, f"{path}.{name}")
+    for combinator in ("anyOf", "oneOf", "allOf"):  # a branch's own bounds, or its node's (as the API server reads)
+        for branch in schema.get(combinator) or []:
+            yield from unbounded({**_bounds(schema), **branch}, path)
+
+
+def _bounds(schema: dict[str, Any]) -> dict[str, Any]:
+    """The size bounds (and the enum or format) that a node holds for each of its anyOf/oneOf/allOf branches."""
+    return {k: v for k, v in schema.items() if k in {"maxLength", "maxItems", "maxProperties", "enum", "format"}}
 
 
 def test_every_string_array_and_map_a_tenant_sets_is_bounded() -> None:
@@ -90,6 +98,21 @@ def test_every_string_array_and_map_a_tenant_sets_is_bounded() -> None:
         ({"x-kubernetes-int-or-string": True, "maxLength": 9, "anyOf": [{"type": "string"}]}, []),
         ({"type": "object", "x-kubernetes-preserve-unknown-fields": True}, ["x"]),
         ({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}}}, ["x.a"]),
+        ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, ["x"]),
+        ({"maxLength": 5, "anyOf": [{"type": "integer"}, {"type": "string"}]}, []),
+        ({"oneOf": [{"type": "array", "items": {"type": "integer"}}]}, ["x"]),
+        ({"allOf": [{"properties": {"a": {"type": "string"}}}]}, ["x.a"]),
+        (
+            {
+                "type": "object",
+                "properties": {"p": {"type": "object", "properties": {"s": {"enum": ["A"], "type": "string"}}}},
+            },
+            [],
+        ),
+        (
+            {"type": "array", "maxItems": 1, "items": {"type": "object", "additionalProperties": {"type": "integer"}}},
+            ["x[]"],
+        ),
     ],
 )
 def test_the_walk_finds_what_is_unbounded(schema: dict[str, Any], expected: list[str]) -> None:
