@@ -116,7 +116,7 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(ctx),
-                    **image_pull_secrets(ctx),  # it pulls the run's image
+                    **image_pull_secrets(ctx),  # the pinned fetch image is usually in the runs' registry
                     **pod_scheduling(ctx),
                     "containers": [container],
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],
