@@ -292,8 +292,12 @@ inputs_revision() {
   echo "$rev"
 }
 
-# source_url: the images' org.opencontainers.image.source (MLBENCH_SOURCE_URL, else git's remote origin, if any).
-source_url() { echo "${MLBENCH_SOURCE_URL:-$(git config --get remote.origin.url 2>/dev/null || true)}"; }
+# source_url: the images' org.opencontainers.image.source (MLBENCH_SOURCE_URL, else git's remote origin, if any),
+# without its userinfo: a CI clone's remote often carries a token, and the label ships in every pushed image.
+source_url() {
+  echo "${MLBENCH_SOURCE_URL:-$(git config --get remote.origin.url 2>/dev/null || true)}" \
+    | sed -E 's#^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@#\1#'
+}
 
 # oci_args DOCKERFILE: the build arguments of its OCI labels, one a line.
 oci_args() { printf '%s\n' "VERSION=${VERSION}" "REVISION=$(inputs_revision "$1")" "SOURCE=$(source_url)"; }

@@ -77,6 +77,23 @@ def test_images_sh_reads_the_version_from_pyproject(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("given", "label"),
+    [
+        ("https://x-access-token:ghs_secret@github.com/o/mlbench.git", "https://github.com/o/mlbench.git"),
+        ("https://user@gitlab.example/o/mlbench", "https://gitlab.example/o/mlbench"),
+        ("git@github.com:o/mlbench.git", "git@github.com:o/mlbench.git"),  # scp form: a user name, no secret
+        ("https://github.com/o/mlbench", "https://github.com/o/mlbench"),
+    ],
+)
+def test_the_source_label_never_carries_credentials(given: str, label: str) -> None:
+    env = {**os.environ, "MLBENCH_SOURCE_URL": given}
+    cmd = ["bash", str(REPO / "hack" / "images.sh"), "oci-args", "Dockerfile.operator"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, check=True, timeout=60).stdout
+    assert f"SOURCE={label}" in out.split()
+
+
+@pytest.mark.multiproc
 def test_the_revision_is_the_last_commit_of_the_images_inputs() -> None:
     env = {**os.environ, "MLBENCH_SOURCE_URL": "https://example.com/mlbench.git"}
     out = subprocess.run(

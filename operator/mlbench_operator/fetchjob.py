@@ -49,11 +49,16 @@ def fetch_job_name(dataset: DatasetSpec, image: str) -> str:
     return n.dataset_job_name(dataset.name, fetch_key(dataset, image))
 
 
+#: The fetch command's source flag. The trust check leaves its value out: a mirror with the same bytes (the same
+#: ``--sha256``, verified by the fetcher) is the same fetch, as the Job's name says (``naming.dataset_job_name``).
+URL_FLAG = "--url"
+
+
 def fetch_command(dataset: DatasetSpec, volume: str) -> list[str]:
     """``mlbench-runner fetch-dataset`` for this dataset, into its store entry (named by checksum)."""
     source, _ = sourced(dataset)
     dest = datastore.fetch_dest(source)
-    cmd = ["mlbench-runner", "fetch-dataset", "--url", source.url, "--sha256", source.sha256, "--dest", dest]
+    cmd = ["mlbench-runner", "fetch-dataset", URL_FLAG, source.url, "--sha256", source.sha256, "--dest", dest]
     if source.unpack:
         cmd += ["--unpack", "--strip-components", str(source.strip_components)]
     return [*cmd, "--volume", volume]

@@ -82,6 +82,19 @@ def _command(job: dict[str, Any]) -> None:
     job["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "cp e /data/x"]
 
 
+def _mirror(job: dict[str, Any]) -> None:
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    command[command.index(fetchjob.URL_FLAG) + 1] = "https://mirror.example/cifar-10-python.tar.gz"
+
+
+def _init_container(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["initContainers"] = [{**_container(job), "command": ["sh", "-c", "echo > m"]}]
+
+
+def _env(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "http_proxy", "value": "http://evil:3128"}]
+
+
 def _sidecar(job: dict[str, Any]) -> None:
     job["spec"]["template"]["spec"]["containers"].append(_container(job))
 
@@ -111,6 +124,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
     ("job image, complete", _changed(_job(), _image), _job(), "another image or command"),
     ("job command", _changed(_job(), _command), _job(), "another image or command"),
     ("job sidecar", _changed(_job(), _sidecar), _job(), "another image or command"),
+    ("job mirror", _changed(_job(), _mirror), _job(), None),  # the same bytes from another URL: the same fetch
+    ("job init container", _changed(_job(), _init_container), _job(), "another image or command"),
+    ("job env", _changed(_job(), _env), _job(), "another image or command"),
     ("job volumes", _changed(_job(), _host_path), _job(), "other volumes"),
 ]
 

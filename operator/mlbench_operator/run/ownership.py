@@ -20,6 +20,7 @@ from typing import Any
 from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus, LauncherRecord
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
+from mlbench_operator.fetchjob import URL_FLAG
 from mlbench_operator.podview import PodView
 
 
@@ -43,11 +44,25 @@ def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
     return None
 
 
-def _template(obj: Mapping[str, Any]) -> tuple[list[tuple[Any, Any]], Any]:
-    """A Job's pod template as the trust check compares it: (image, command) of every container, and the volumes
-    (both immutable once the Job exists); empty for an object without a pod template (a PVC)."""
+def _without_url(command: Any) -> Any:
+    """A fetch command without its source URL's value (:data:`URL_FLAG`): a mirror's Job is the same fetch."""
+    if not isinstance(command, list) or URL_FLAG not in command:
+        return command
+    at = command.index(URL_FLAG)
+    return command[:at] + command[at + 2 :]
+
+
+def _template(obj: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], Any]:
+    """A Job's pod template as the trust check compares it: what every container and init container runs (image,
+    command without the source URL, args, env: fields the API server does not default), and the volumes (all
+    immutable once the Job exists); empty for an object without a pod template (a PVC)."""
     spec = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    return [(x.get("image"), x.get("command")) for x in spec.get("containers") or []], spec.get("volumes")
+    runs = [
+        (kind, x.get("image"), _without_url(x.get("command")), x.get("args"), x.get("env"))
+        for kind in ("initContainers", "containers")
+        for x in spec.get(kind) or []
+    ]
+    return runs, spec.get("volumes")
 
 
 def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
