@@ -32,15 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlbench_api.common import GROUP
+from mlbench_operator.fetchjob import DATASET_PVC_LABELS
+from mlbench_operator.naming import FINALIZER
+
 ROOT = Path(__file__).resolve().parents[1]
-GROUP = "mlbench.io"
-#: kopf's finalizer on runs and sweeps (mlbench_operator.handlers: settings.persistence.finalizer).
-FINALIZER = f"{GROUP}/operator"
 #: Deleted and waited for while the operator runs, in this order (a sweep creates runs: it goes first).
 WORKLOADS = ("benchmarksweeps", "benchmarkruns")
 CRDS = tuple(f"{plural}.{GROUP}" for plural in ("benchmarksweeps", "benchmarkruns", "benchmarktasks"))
-#: The dataset volumes the operator creates (mlbench_operator.fetchjob.dataset_pvc's labels).
-DATASET_SELECTOR = "app.kubernetes.io/managed-by=mlbench-operator,app.kubernetes.io/part-of=mlbench"
+#: The dataset volumes the operator creates.
+DATASET_SELECTOR = ",".join(f"{key}={value}" for key, value in DATASET_PVC_LABELS.items())
 Obj = dict[str, Any]
 #: Runs kubectl with these arguments; returns (exit status, stdout, stderr).
 Kubectl = Callable[[Sequence[str]], tuple[int, str, str]]

@@ -13,8 +13,11 @@ from mlbench_operator.runcontext import Obj, RunContext
 from mlbench_operator.runpods import container_security, image_pull_secrets, pod_security
 from mlbench_operator.settings import DatasetSettings
 
-
 # -- datasets ------------------------------------------------------------------------------------------------------
+#: The namespace's dataset volume's labels (what ``make uninstall`` selects it by).
+DATASET_PVC_LABELS = {n.LABEL_MANAGED_BY: n.MANAGER, "app.kubernetes.io/part-of": "mlbench"}
+
+
 def dataset_labels(dataset: str) -> dict[str, str]:
     return {n.LABEL_MANAGED_BY: n.MANAGER, n.LABEL_DATASET: n.dns_label(dataset, 63)}
 
@@ -33,7 +36,7 @@ def dataset_pvc(namespace: str, settings: DatasetSettings) -> Obj:
         "metadata": {
             "name": settings.volume_name,
             "namespace": namespace,
-            "labels": {n.LABEL_MANAGED_BY: n.MANAGER, "app.kubernetes.io/part-of": "mlbench"},
+            "labels": dict(DATASET_PVC_LABELS),
         },
         "spec": spec,
     }
@@ -79,7 +82,7 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
         "image": settings.fetch_image,  # pinned by the operator: never a run's own image
         "command": fetch_command(dataset, settings.volume_name),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-        "volumeMounts": [{"name": "data", "mountPath": contract.DATA_DIR}],
+        "volumeMounts": [{"name": datastore.VOLUME, "mountPath": contract.DATA_DIR}],
         "terminationMessagePath": contract.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(ctx),
@@ -124,7 +127,9 @@ def fetch_job(ctx: RunContext, settings: DatasetSettings) -> Obj:
                     **image_pull_secrets(ctx),  # the pinned fetch image is usually in the runs' registry
                     **pod_scheduling(ctx),
                     "containers": [container],
-                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": settings.volume_name}}],
+                    "volumes": [
+                        {"name": datastore.VOLUME, "persistentVolumeClaim": {"claimName": settings.volume_name}}
+                    ],
                 },
             },
         },

@@ -39,7 +39,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     config: OperatorConfig = memo.config
     settings.peering.standalone = True
     settings.scanning.disabled = True  # no CRD/namespace watching: less RBAC; CRDs exist before we start
-    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.finalizer = n.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"

@@ -12,6 +12,8 @@ import re
 from mlbench_api.common import GROUP
 
 # Labels on every object the operator creates.
+#: kopf's finalizer on runs and sweeps (handlers.configure: settings.persistence.finalizer).
+FINALIZER = f"{GROUP}/operator"
 LABEL_RUN = f"{GROUP}/run"
 LABEL_TASK = f"{GROUP}/task"
 LABEL_ROLE = f"{GROUP}/role"

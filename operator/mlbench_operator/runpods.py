@@ -159,11 +159,11 @@ def _volumes(ctx: RunContext, with_data: bool) -> tuple[list[Obj], list[Obj]]:
         dataset = ctx.task.dataset_spec  # None for a collectives task: no data volume
         if dataset is not None and dataset.source is not None:  # fetched into the namespace's dataset volume
             claim = {"claimName": ctx.dataset_claim, "readOnly": True}
-            volumes.append({"name": "data", "persistentVolumeClaim": claim})
+            volumes.append({"name": datastore.VOLUME, "persistentVolumeClaim": claim})
             mounts += datastore.worker_mounts(*datastore.sourced(dataset))  # its store entry and marker only
         elif dataset is not None and dataset.volume:
-            volumes.append({**dataset.volume, "name": "data"})  # the task model refuses a name of its own
-            mounts.append({"name": "data", "mountPath": contract.DATA_DIR, "readOnly": True})
+            volumes.append({**dataset.volume, "name": datastore.VOLUME})  # the task model refuses a name of its own
+            mounts.append({"name": datastore.VOLUME, "mountPath": contract.DATA_DIR, "readOnly": True})
     return volumes, mounts
 
 

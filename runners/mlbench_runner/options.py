@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlbench_api.contract import ENV_METRICS_LINGER_SECONDS
+from mlbench_runner import manifest
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +99,7 @@ DATASET_VERIFY = Knob(
     "what each rank checks of a fetched dataset against its manifest before loading: every file's size, or "
     "also its sha256 (rereads the whole dataset from the volume on every rank)",
     default="sizes",
-    choices=("sizes", "sha256"),
+    choices=(manifest.SIZES, manifest.SHA256),
 )
 
 KNOBS: tuple[Knob, ...] = (
