@@ -180,7 +180,10 @@ def test_an_unreachable_source_is_retried_then_fails(runs: Runs, sourced_task: s
     failure = FetchFailure(FetchReason.SOURCE_UNREACHABLE, message).termination_message()
     runs.fail_pod(fetch_pod(runs, job), int(FetchExit.SOURCE_UNREACHABLE), failure)
     status = runs.wait_status(
-        name, lambda s: "retry 1" in cond(s, c.DATASET_READY)["message"] and s, timeout=60, what="retry shown"
+        name,
+        lambda s: "retry 1" in (c.get(s.get("conditions"), c.DATASET_READY) or {}).get("message", "") and s,
+        timeout=60,
+        what="retry shown",
     )
     assert status["phase"] == "Pending"
     assert "last attempt: SourceUnreachable: " + message in cond(status, c.DATASET_READY)["message"]

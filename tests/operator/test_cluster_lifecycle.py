@@ -17,6 +17,11 @@ from tests.operator.conftest import SESSION, SESSION_LABEL, OperatorProcess, Run
 pytestmark = pytest.mark.cluster
 
 
+def has(status: dict, type_: str, reason: str) -> bool:
+    """For a wait's predicate: the condition is there with this reason (the run's first status may not be yet)."""
+    return (c.get(status.get("conditions"), type_) or {}).get("reason") == reason
+
+
 def cond(status: dict, type_: str) -> dict:
     found = c.get(status.get("conditions"), type_)
     assert found is not None, f"no {type_} condition in {status.get('conditions')}"
@@ -124,9 +129,7 @@ def test_launcher_waits_for_every_worker(runs: Runs, kube_cluster: object) -> No
     name = "gated"
     key = f"mlbench-test-{uuid.uuid4().hex[:6]}"
     runs.apply(h.run(name, workers=2, scheduling={"nodeSelector": {key: "yes"}}))
-    status = runs.wait_status(
-        name, lambda s: (cond(s, "WorkersReady")["reason"] == "Unschedulable") and s, what="Unschedulable"
-    )
+    status = runs.wait_status(name, lambda s: has(s, "WorkersReady", "Unschedulable") and s, what="Unschedulable")
     assert status["phase"] == "Pending"
     assert "cannot be scheduled" in cond(status, "WorkersReady")["message"]
     time.sleep(2)
