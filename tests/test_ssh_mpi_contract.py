@@ -250,7 +250,12 @@ class Cluster:
         pod = runpods.worker_pod(self.ctx, rank, attempt=0)
         name = pod["metadata"]["name"] + tag
         (container,) = pod["spec"]["containers"]
-        assert {m["mountPath"] for m in container["volumeMounts"]} == {*self.paths, "/dev/shm"}
+        # the ssh scratch (a memory emptyDir) lies under /tmp, which each played pod has of its own (below)
+        assert {m["mountPath"] for m in container["volumeMounts"]} == {
+            *self.paths,
+            "/dev/shm",
+            contract.SSH_SCRATCH_DIR,
+        }
         # the container's own Secret volume and /tmp; the ConfigMap and the output directory are shared
         pod_paths = {
             **self.paths,
@@ -437,7 +442,8 @@ def launch(cluster: Cluster, ssh_dir: Path, termination_log: Path) -> subprocess
     pod = runpods.launcher_pod(cluster.ctx, attempt=0)
     (container,) = pod["spec"]["containers"]
     assert container["terminationMessagePath"] == contract.TERMINATION_LOG
-    assert {m["mountPath"] for m in container["volumeMounts"]} == set(cluster.paths)
+    # and the ssh scratch under /tmp: MLBENCH_SSH_PRIVATE_DIR below gives the played launcher its own
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {*cluster.paths, contract.SSH_SCRATCH_DIR}
     paths = {**cluster.paths, contract.SSH_DIR: ssh_dir}
     env = launcher_env(cluster, container, pod, paths)
     for var in (contract.ENV_CONFIG, contract.ENV_HOSTFILE, contract.ENV_SSH_KEY, contract.ENV_SSH_KNOWN_HOSTS):
