@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +21,13 @@ from mlbench_runner.data.loader import load_dataset
 from mlbench_runner.pod.fetch import FetchError, FetchRequest, fetch, marker_path
 
 from .helpers import write_cifar_python
-from .test_fetch import Server, serve, sha
+from .test_fetch import Server, serve, server, sha
 
 MAGIC = b"not cifar at all"
 
 
-@pytest.fixture
-def http(tmp_path: Path) -> Iterator[Server]:
-    root = tmp_path / "served"
-    root.mkdir()
-    srv = Server(root)
-    try:
-        yield srv
-    finally:
-        srv.close()
+#: test_fetch's served folder, under the name these tests use
+http = server
 
 
 @pytest.fixture(autouse=True)
