@@ -127,4 +127,4 @@ def upgraded(cluster: KubeCluster, ns: str, watched: str) -> None:
     assert cluster.kubectl("get", "clusterrolebinding", OPERATOR).returncode != 0
     assert can(cluster, ns, "list", "benchmarkruns.mlbench.io", watched)
     assert not can(cluster, ns, "list", "benchmarkruns.mlbench.io", "default")
-    assert can(cluster, ns, "list", "benchmarktasks.mlbench.io", "default")  # cluster-scoped: mlbench-operator-cluster
+    assert can(cluster, ns, "get", "benchmarktasks.mlbench.io", "default")  # cluster-scoped: mlbench-operator-cluster

@@ -33,7 +33,7 @@ class Helm:
         dirs = {
             name: str(self.home / name.lower()) for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")
         }
-        path = {"PATH": "/usr/bin:/bin"}
+        path = {"PATH": "/usr/bin:/bin", "HOME": str(self.home)}  # client-go's discovery cache: $HOME/.kube
         return {**path, **dirs, **({"KUBECONFIG": str(self.kubeconfig)} if self.kubeconfig else {})}
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
