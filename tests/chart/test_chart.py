@@ -217,3 +217,11 @@ def test_bad_values_are_refused_naming_the_field(helm: Helm, sets: list[str], fi
     assert res.returncode != 0
     # the schema names a field by its JSON pointer (/rbac/scope), the chart's own checks by its dotted path
     assert field in res.stderr or "/" + field.replace(".", "/") in res.stderr, res.stderr
+
+
+def test_the_chart_is_fresh_and_versioned_from_pyproject() -> None:
+    """What `make lint` checks (hack/chart.py --check), and the chart's one version: pyproject.toml's."""
+    lines: list[str] = []
+    assert chart.main(["--check", "--kubectl", kubectl()], report=lines.append) == 0
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
