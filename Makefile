@@ -61,12 +61,13 @@ crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
 	$(VENV)/bin/mlbench crds
 
 .PHONY: lint
-lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps and namespaced RBAC fresh, grafana's dashboard-linter
+lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps, namespaced RBAC and the Helm chart fresh, grafana's dashboard-linter
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m mypy
 	$(PYTHON) hack/dashboards.py --check
 	$(PYTHON) hack/namespaced-rbac.py --check
+	$(PYTHON) hack/chart.py --check --kubectl "$(KUBECTL)"
 	@# built from its Go module (cached); where it cannot be built, say why and go on,
 	@# unless MLBENCH_REQUIRE_DASHBOARD_LINTER=1
 	@if linter=$$(hack/build-dashboard-linter.sh); then \
@@ -82,6 +83,14 @@ dashboards: $(PYTHON) ## regenerate manifests/monitoring/dashboards.yaml from gr
 .PHONY: namespaced-rbac
 namespaced-rbac: $(PYTHON) ## regenerate manifests/namespaced (Roles per watched namespace) from the operator's ClusterRole
 	$(PYTHON) hack/namespaced-rbac.py
+
+.PHONY: chart
+chart: $(PYTHON) ## regenerate charts/mlbench (the Helm chart) from the kustomize bases
+	$(PYTHON) hack/chart.py --kubectl "$(KUBECTL)"
+
+.PHONY: helm
+helm: ## build helm from its Go module into the cache (tests/cluster/build-helm.sh) and print its path
+	@echo "$$(tests/cluster/build-helm.sh)/bin/helm"
 
 .PHONY: fmt
 fmt: $(PYTHON) ## format and autofix
