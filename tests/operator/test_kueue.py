@@ -182,7 +182,7 @@ def test_finished_patch_is_an_apply_of_the_finished_condition() -> None:
     assert cond["lastTransitionTime"] == "2026-01-01T00:00:00Z"
 
 
-EVICTED = {
+EVICTED: dict[str, Any] = {
     "metadata": {"name": "wl", "resourceVersion": "42"},
     "status": {
         **ADMITTED["status"],
@@ -210,7 +210,10 @@ def test_an_evicted_workload_says_why_and_that_it_still_holds_its_quota() -> Non
 
 @pytest.mark.parametrize(("eviction", "requeued"), [("PodsReadyTimeout", "False"), ("Preempted", "True")])
 def test_release_patch_gives_the_quota_back_as_kueues_job_integrations_do(eviction: str, requeued: str) -> None:
-    workload = {**EVICTED, "status": {**EVICTED["status"], "conditions": list(EVICTED["status"]["conditions"])}}
+    workload: dict[str, Any] = {
+        **EVICTED,
+        "status": {**EVICTED["status"], "conditions": list(EVICTED["status"]["conditions"])},
+    }
     workload["status"]["conditions"][-1] = {**workload["status"]["conditions"][-1], "reason": eviction}
     patch = kueue.release_patch(workload, NOW)
     assert patch["metadata"] == {"resourceVersion": "42"}  # refused (409) if Kueue changed it meanwhile
