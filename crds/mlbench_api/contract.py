@@ -132,6 +132,9 @@ class Reason(StrEnum):
     #: True: the run's Kueue Workload waits for admission (Kueue's message: quota, a missing queue, too big)
     QUEUED = "Queued"
     ADMITTED = "Admitted"  #: False: Kueue admitted the run's Workload; its flavors' node labels go on the pods
+    #: True (also WorkersReady and Running False): Kueue evicted the run's Workload because its pods were not all
+    #: Ready within waitForPodsReady.timeout; the pods are released, the quota given back, Kueue requeues it
+    PODS_READY_TIMEOUT = "PodsReadyTimeout"
     RESUMED = "Resumed"  #: False: spec.suspend was set back to false; the run starts a new attempt
     # -- WorkersReady ------------------------------------------------------------------------------------------
     CREATING = "Creating"  #: False: just admitted, the first workers are being created

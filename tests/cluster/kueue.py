@@ -46,10 +46,16 @@ def build() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+#: ``waitForPodsReady.timeout``: short, so that a run whose pods never become Ready is evicted within a test
+#: (a run that starts, on kwok, has its launcher running a few seconds after its admission).
+PODS_READY_TIMEOUT_SECONDS = 10
+
+
 def config(health_port: int, webhook_port: int, cert_dir: Path) -> dict[str, Any]:
     """The manager's Configuration: no leader election, no metrics server, a webhook server nobody calls,
     the batch/job integration only (Kueue needs one; without the webhook it suspends nothing), no
-    waitForPodsReady (the operator's runs wait for their own pods), no visibility server."""
+    visibility server; ``waitForPodsReady`` on with a short timeout and a short requeuing backoff (the operator
+    writes its Workloads' ``PodsReady``; test_cluster_kueue.py shows both sides of it)."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -61,6 +67,11 @@ def config(health_port: int, webhook_port: int, cert_dir: Path) -> dict[str, Any
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["batch/job"]},
+        "waitForPodsReady": {
+            "timeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+            "blockAdmission": False,
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 2},
+        },
         # the visibility API server (pending workloads on demand) reads its certificate from /visibility and is
         # served through an APIService: not needed here
         "featureGates": {"VisibilityOnDemand": False},

@@ -2,13 +2,16 @@
 
 A ClusterQueue with 3 CPUs: two runs of 2 one-CPU workers (+ the launcher's 0.1) do not fit together, so one
 runs and the other waits Queued, with Kueue's message, until the first finishes; a run of 4 such workers never
-fits and says why. Neither waiting run has a single pod.
+fits and says why. Neither waiting run has a single pod. Two ResourceFlavors whose nodeLabels name kwok nodes of
+their own: a run that does not fit the first is admitted on the second and lands on its nodes. Kueue's
+waitForPodsReady: a run whose workers never become Ready is evicted and requeued; a started one is left alone.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +22,7 @@ from mlbench_operator import conditions as c
 from mlbench_operator.conditions import Reason
 from mlbench_operator.run import kueue as kq
 from tests import factories
-from tests.cluster.kueue import KueueManager, build
+from tests.cluster.kueue import PODS_READY_TIMEOUT_SECONDS, KueueManager, build
 from tests.cluster.plugin import KubeCluster
 from tests.operator import helpers as h
 from tests.operator.conftest import SESSION, Runs
@@ -41,51 +44,86 @@ def kueue_manager(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFa
         manager.stop()
 
 
-@pytest.fixture
-def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) -> Iterator[str]:
-    """A ResourceFlavor, a ClusterQueue with CPU_QUOTA CPUs and a LocalQueue in the test's namespace; named after
-    the namespace (Kueue may still hold a deleted ClusterQueue of the same name inactive for a while)."""
+def _queue(ns: str, flavors: list[tuple[str, dict[str, str], str]]) -> list[dict[str, Any]]:
+    """ResourceFlavors (name, nodeLabels, CPU quota), a ClusterQueue that offers them in this order and the
+    LocalQueue QUEUE in ``ns``; the ClusterQueue is named after the first flavor."""
     api = kq.API_VERSION
-    flavor = cluster_queue = f"mlbench-test-{SESSION}-{runs.ns}"[:63].rstrip("-")
-    objs: list[dict[str, Any]] = [
-        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+    cluster_queue = flavors[0][0]
+    offered = [
+        {"name": f, "resources": [{"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": "100Gi"}]}
+        for f, _, cpu in flavors
+    ]
+    return [
+        *(
+            {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": f}, "spec": {"nodeLabels": labels}}
+            for f, labels, _ in flavors
+        ),
         {
             "apiVersion": api,
             "kind": "ClusterQueue",
             "metadata": {"name": cluster_queue},
             "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": runs.ns}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [
-                            {
-                                "name": flavor,
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": CPU_QUOTA},
-                                    {"name": "memory", "nominalQuota": "100Gi"},
-                                ],
-                            }
-                        ],
-                    }
-                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": offered}],
             },
         },
         {
             "apiVersion": api,
             "kind": "LocalQueue",
-            "metadata": {"name": QUEUE, "namespace": runs.ns},
+            "metadata": {"name": QUEUE, "namespace": ns},
             "spec": {"clusterQueue": cluster_queue},
         },
     ]
+
+
+def _apply_queue(kube_cluster: KubeCluster, objs: list[dict[str, Any]]) -> Iterator[str]:
     kube_cluster.kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}), check=True
     )
     try:
         yield QUEUE
     finally:
-        for kind, name in (("clusterqueue", cluster_queue), ("resourceflavor", flavor)):
-            kube_cluster.kubectl("delete", f"{kind}.kueue.x-k8s.io", name, "--ignore-not-found", "--wait=false")
+        for obj in sorted(objs, key=lambda o: o["kind"] != "ClusterQueue"):  # the queue first: it holds the flavors
+            if obj["kind"] in ("ClusterQueue", "ResourceFlavor"):
+                kind, name = f"{obj['kind'].lower()}.kueue.x-k8s.io", obj["metadata"]["name"]
+                kube_cluster.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
+def _name(runs: Runs, suffix: str = "") -> str:
+    """A cluster-scoped name of the test's own (Kueue may still hold a deleted ClusterQueue of the same name
+    inactive for a while)."""
+    return f"mlbench-test-{SESSION}-{runs.ns}"[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+@pytest.fixture
+def queue(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager) -> Iterator[str]:
+    """A ResourceFlavor, a ClusterQueue with CPU_QUOTA CPUs and a LocalQueue in the test's namespace."""
+    yield from _apply_queue(kube_cluster, _queue(runs.ns, [(_name(runs), {}, CPU_QUOTA)]))
+
+
+#: The flavors' node label (allowed by the test operator's policy: mlbench-test-*), on kwok-cpu-0 (a) and -1 (b).
+FLAVOR_NODES = {"a": "kwok-cpu-0", "b": "kwok-cpu-1"}
+
+
+@pytest.fixture
+def flavor_key(runs: Runs, kube_cluster: KubeCluster) -> Iterator[str]:
+    """A node label of the test's own: ``a`` on one kwok node, ``b`` on another (removed afterwards)."""
+    key = f"mlbench-test-flavor-{uuid.uuid4().hex[:6]}"
+    try:
+        for value, node in FLAVOR_NODES.items():
+            kube_cluster.kubectl("label", "node", node, f"{key}={value}", "--overwrite", check=True)
+        yield key
+    finally:
+        for node in FLAVOR_NODES.values():
+            kube_cluster.kubectl("label", "node", node, f"{key}-")
+
+
+@pytest.fixture
+def two_flavors(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager, flavor_key: str) -> Iterator[str]:
+    """A ClusterQueue offering flavor a (exactly one run of 2 one-CPU workers + the launcher's 100m) before
+    flavor b (room for one more), each flavor's nodeLabels naming its kwok node."""
+    flavors = [(_name(runs, f"-{v}"), {flavor_key: v}, "2100m") for v in FLAVOR_NODES]
+    yield from _apply_queue(kube_cluster, _queue(runs.ns, flavors))
 
 
 def _queued(name: str, workers: int) -> dict[str, Any]:
@@ -201,3 +239,95 @@ def test_a_run_managed_by_another_controller_is_left_alone(runs: Runs) -> None:
     time.sleep(5)
     assert runs.status("elsewhere") == {}
     assert runs.pods("elsewhere") == {}
+
+
+def _node_selector_and_nodes(runs: Runs, run: str, key: str) -> set[tuple[str | None, str]]:
+    """(the pods' value of the flavor label in their nodeSelector, their node) of every pod of ``run``."""
+    pods = runs.pods(run).values()
+    return {((p["spec"].get("nodeSelector") or {}).get(key), p["spec"].get("nodeName", "")) for p in pods}
+
+
+def test_a_run_that_does_not_fit_the_first_flavor_is_admitted_on_the_second_and_lands_on_its_nodes(
+    runs: Runs, two_flavors: str, flavor_key: str
+) -> None:
+    runs.apply(_queued("first", 2))
+    runs.wait_phase("first", "Running", timeout=90)  # flavor a is now full
+    runs.apply(_queued("second", 2))
+    runs.wait_phase("second", "Running", timeout=90)
+    assert _node_selector_and_nodes(runs, "first", flavor_key) == {("a", FLAVOR_NODES["a"])}
+    assert _node_selector_and_nodes(runs, "second", flavor_key) == {("b", FLAVOR_NODES["b"])}
+    workload = _workload(runs, "second")
+    assignments = workload["status"]["admission"]["podSetAssignments"]
+    assert {a["name"]: a["flavors"]["cpu"] for a in assignments} == {
+        kq.WORKERS_POD_SET: _name(runs, "-b"),
+        kq.LAUNCHER_POD_SET: _name(runs, "-b"),
+    }
+    assert runs.run("second")["spec"].get("scheduling") is None  # the placement is on the pods, not the spec
+
+
+def _workload(runs: Runs, run: str) -> dict[str, Any]:
+    uid = runs.run(run)["metadata"]["uid"]
+    found = runs.get("workloads.kueue.x-k8s.io", kq.workload_name(run, uid))
+    assert found is not None
+    return found
+
+
+def _true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    cond = c.get((obj.get("status") or {}).get("conditions"), type_)
+    return cond if cond is not None and cond["status"] == "True" else None
+
+
+def test_kueue_evicts_a_run_whose_workers_never_become_ready_and_leaves_a_started_one_alone(
+    runs: Runs, queue: str
+) -> None:
+    """waitForPodsReady (tests/cluster/kueue.py: PODS_READY_TIMEOUT_SECONDS): the stuck run's worker can never
+    be scheduled (a node label no node has); Kueue evicts its Workload, the operator releases the pods, says why
+    and gives the quota back, and Kueue requeues it; meanwhile a run that started stays admitted. The operator's
+    own startup deadline (runPolicy.startupDeadlineSeconds, default 600) never fires."""
+    started = _queued("fine", 1)
+    stuck = _queued("stuck", 1)
+    stuck["spec"]["scheduling"] = {"nodeSelector": {f"mlbench-test-{uuid.uuid4().hex[:6]}": "nowhere"}}
+    runs.apply(started)
+    runs.apply(stuck)
+    runs.wait_phase("fine", "Running", timeout=60)
+
+    cond = runs.wait_status(
+        "stuck",
+        lambda s: (_suspended(s) or {}).get("reason") == Reason.PODS_READY_TIMEOUT and _suspended(s),
+        timeout=PODS_READY_TIMEOUT_SECONDS + 40,
+        what="stuck run evicted by Kueue's waitForPodsReady",
+    )
+    assert "PodsReady timeout" in cond["message"]  # Kueue's words
+    status = runs.status("stuck")
+    ready = c.get(status["conditions"], c.WORKERS_READY)
+    assert ready is not None
+    assert ready["reason"] == Reason.PODS_READY_TIMEOUT
+    assert "cannot be scheduled" in ready["message"]  # why the workers were not Ready (the scheduler's words)
+    assert status.get("startupTimeouts", 0) == 0  # Kueue acted, not the operator's startup deadline
+    assert status["disruptionRestarts"] >= 1  # not against maxRestarts
+
+    # the pods released, then the quota given back: Kueue requeues the Workload (backoff 1 s) and admits it again
+    wl = runs.wait_status(
+        "stuck",
+        lambda s: (w := _workload(runs, "stuck")).get("status", {}).get("requeueState", {}).get("count") and w,
+        timeout=30,
+        what="the stuck run's Workload requeued",
+    )
+    assert c.get(wl["status"]["conditions"], kq.REQUEUED) is not None
+    runs.wait_status(
+        "stuck",
+        lambda s: s.get("restarts", 0) >= 1 and runs.pods("stuck"),
+        timeout=60,
+        what="the requeued run admitted again with a new attempt's pods",
+    )
+
+    # the run that started: PodsReady True, never evicted, long past the timeout
+    fine = _workload(runs, "fine")
+    assert _true(fine, kq.PODS_READY) is not None
+    admitted_at = c.parse_time(_true(fine, kq.ADMITTED)["lastTransitionTime"])  # type: ignore[index]
+    assert admitted_at is not None
+    time.sleep(max(0.0, PODS_READY_TIMEOUT_SECONDS + 2 - (time.time() - admitted_at.timestamp())))
+    assert _true(_workload(runs, "fine"), kq.EVICTED) is None
+    status = runs.status("fine")
+    assert status["phase"] == "Running"
+    assert status.get("restarts", 0) == 0

@@ -111,6 +111,20 @@ ADMITTED = {
             "now",
             (),
         ),
+        (  # evicted while still admitted (waitForPodsReady's timeout): not admitted, whatever Admitted says
+            {
+                "status": {
+                    **ADMITTED["status"],
+                    "conditions": [
+                        *ADMITTED["status"]["conditions"],
+                        _cond("Evicted", "True", "Exceeded the PodsReady timeout ns/wl"),
+                    ],
+                }
+            },
+            False,
+            "Exceeded the PodsReady timeout",
+            (),
+        ),
         (  # finished: admitted no more
             {"status": {**ADMITTED["status"], "conditions": [_cond("Admitted", "True"), _cond("Finished", "True")]}},
             False,
@@ -166,3 +180,56 @@ def test_finished_patch_is_an_apply_of_the_finished_condition() -> None:
         "Succeeded",
     )
     assert cond["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+
+EVICTED: dict[str, Any] = {
+    "metadata": {"name": "wl", "resourceVersion": "42"},
+    "status": {
+        **ADMITTED["status"],
+        "conditions": [
+            *ADMITTED["status"]["conditions"],
+            {"type": "PodsReady", "status": "False", "reason": "WaitForStart", "message": ""},
+            {"type": "Evicted", "status": "True", "reason": "PodsReadyTimeout", "message": "Exceeded the timeout"},
+        ],
+    },
+}
+
+
+def test_an_evicted_workload_says_why_and_that_it_still_holds_its_quota() -> None:
+    got = kueue.admission(EVICTED, "wl", "q")
+    assert (got.admitted, got.evicted, got.reserved, got.pods_ready) == (False, "PodsReadyTimeout", True, False)
+    released = {"status": {"conditions": kueue.release_patch(EVICTED, NOW)["status"]["conditions"]}}
+    got = kueue.admission(released, "wl", "q")
+    assert (got.admitted, got.evicted, got.reserved) == (False, "PodsReadyTimeout", False)
+    ready = {
+        "status": {**ADMITTED["status"], "conditions": [*ADMITTED["status"]["conditions"], _cond("PodsReady", "True")]}
+    }
+    assert kueue.admission(ready, "wl", "q").pods_ready
+    assert not kueue.admission(ADMITTED, "wl", "q").pods_ready
+
+
+@pytest.mark.parametrize(("eviction", "requeued"), [("PodsReadyTimeout", "False"), ("Preempted", "True")])
+def test_release_patch_gives_the_quota_back_as_kueues_job_integrations_do(eviction: str, requeued: str) -> None:
+    workload: dict[str, Any] = {
+        **EVICTED,
+        "status": {**EVICTED["status"], "conditions": list(EVICTED["status"]["conditions"])},
+    }
+    workload["status"]["conditions"][-1] = {**workload["status"]["conditions"][-1], "reason": eviction}
+    patch = kueue.release_patch(workload, NOW)
+    assert patch["metadata"] == {"resourceVersion": "42"}  # refused (409) if Kueue changed it meanwhile
+    assert patch["status"]["admission"] is None
+    conds = {x["type"]: x for x in patch["status"]["conditions"]}
+    assert [x["type"] for x in patch["status"]["conditions"]].count("PodsReady") == 1
+    assert {t: conds[t]["status"] for t in ("QuotaReserved", "Admitted", "PodsReady", "Evicted")} == {
+        "QuotaReserved": "False",
+        "Admitted": "False",
+        "PodsReady": "False",
+        "Evicted": "True",  # Kueue's own, kept: it resets it when it reserves quota again
+    }
+    assert (conds["Requeued"]["status"], conds["Requeued"]["reason"]) == (requeued, eviction)
+    assert conds["QuotaReserved"]["message"] == "Exceeded the timeout"
+
+
+def test_pods_ready_patch_is_an_apply_of_pods_ready_true() -> None:
+    (cond,) = kueue.pods_ready_patch(NOW)["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodsReady", "True", "Started")

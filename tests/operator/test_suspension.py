@@ -37,12 +37,18 @@ def test_managed_by(managed_by: str | None, ours: bool) -> None:
         ({}, Admission(False, "queue q: insufficient quota"), Reason.QUEUED),
         ({}, Admission(True, "admitted"), None),
         ({"suspend": True}, Admission(True, "admitted"), Reason.SUSPENDED),  # the user's suspend wins
+        (
+            {},
+            Admission(False, "queue q: Exceeded the PodsReady timeout", evicted="PodsReadyTimeout"),
+            Reason.PODS_READY_TIMEOUT,
+        ),
+        ({}, Admission(False, "queue q: Preempted", evicted="Preempted"), Reason.QUEUED),
     ],
 )
 def test_gate(spec: dict[str, Any], queued: Admission | None, reason: Reason | None) -> None:
     held = suspension.gate(spec, queued)
     assert (held.reason if held else None) == reason
-    if queued is not None and reason == Reason.QUEUED:
+    if queued is not None and reason in (Reason.QUEUED, Reason.PODS_READY_TIMEOUT):
         assert held is not None
         assert held.message == queued.message
 
@@ -130,3 +136,43 @@ def test_scheduling_changed_while_suspended_meets_the_policy_again(
     if rejection is not None:
         assert rejection.reason == Reason.POLICY_VIOLATION
         assert "nodeSelector" in rejection.message  # names the field
+
+
+def test_a_pods_ready_timeout_keeps_why_the_workers_were_not_ready() -> None:
+    body = _running_run()
+    why = "1/2 workers not ready (Unschedulable: 1)"
+    body["status"] = {
+        "phase": "Pending",
+        "restarts": 0,
+        "conditions": [
+            {
+                "type": c.WORKERS_READY,
+                "status": "False",
+                "reason": Reason.UNSCHEDULABLE,
+                "message": why,
+                "lastTransitionTime": "2026-01-01T11:00:00Z",
+            }
+        ],
+    }
+    pods = [_pod("r1-worker-0", 0, phase=PodPhase.PENDING)]
+    held = suspension.Gate(Reason.PODS_READY_TIMEOUT, "queue q: Exceeded the PodsReady timeout")
+    plan = suspension.held_plan(body, "uid-r1", pods, held, NOW)
+    ready = c.get(plan.status["conditions"], c.WORKERS_READY)
+    assert ready is not None
+    assert ready["reason"] == Reason.PODS_READY_TIMEOUT
+    assert ready["message"].endswith(f"they were not Ready: {why}")
+    assert (plan.status["restarts"], plan.status["disruptionRestarts"]) == (1, 1)  # not against maxRestarts
+    body["status"] = plan.status  # the next pass (no pods left) keeps the story
+    again = c.get(suspension.held_plan(body, "uid-r1", [], held, NOW).status["conditions"], c.WORKERS_READY)
+    assert again is not None
+    assert again["message"] == ready["message"]
+
+
+def test_pods_gone_and_attempt_started() -> None:
+    launcher = _pod("r1-launcher", None, attempt=1, phase=PodPhase.RUNNING)
+    assert suspension.attempt_started([launcher], "uid-r1", 1)
+    assert not suspension.attempt_started([launcher], "uid-r1", 0)  # another attempt's launcher
+    assert not suspension.attempt_started([_pod("r1-launcher", None, attempt=1)], "uid-r1", 1)  # still Pending
+    assert not suspension.pods_gone([_pod("r1-worker-0", 0, terminating=True)], "uid-r1")
+    foreign = PodView(name="x", role="worker", rank=0, attempt=0, owner_uid="someone-else", uid="x")
+    assert suspension.pods_gone([foreign], "uid-r1")

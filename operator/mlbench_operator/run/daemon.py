@@ -99,6 +99,9 @@ class RunDaemon(ABC):
         self.results_wait = results.wait_for(self.config.results_wait_seconds, body["spec"].get("network"))
         self.pvc_ensured = False
         self.queue_released = False  #: a finished run's Kueue Workload is marked Finished
+        self.workload: dict[str, Any] | None = None  #: the run's Kueue Workload as last read
+        #: admitted by Kueue, its Workload's PodsReady not yet True: waitForPodsReady may evict it (looked at often)
+        self.awaiting_pods_ready = False
         #: The operator's pod index (memo.pods), told at once of the pods a cleanup deleted (see finished).
         self.index: PodIndex | None = None
 

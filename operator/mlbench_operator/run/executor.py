@@ -65,12 +65,11 @@ class RunReconciler(Observing, Creating, Keeping):
             return ctx.delay
         ready = await self.prepare(ctx, now, pods)
         if ready is not None:
-            return ready.delay
+            return self.kueue_recheck(ready.delay)
         volumes = await self.mount_failures(ctx, pods, now)
         states = await self.node_states(ctx, pods, now)
-        return await self.execute(
-            policies.plan(self.view(), ctx, pods, now, mounts=volumes, nodes=states), ctx, now, pods
-        )
+        plan = policies.plan(self.view(), ctx, pods, now, mounts=volumes, nodes=states)
+        return self.kueue_recheck(await self.execute(plan, ctx, now, pods))
 
     async def run_context(self, now: datetime, pods: list[PodView]) -> runcontext.RunContext | _Stop:
         """Admit the run (first pass: resolve its task, snapshot it, check the policy) or rebuild its
@@ -110,6 +109,7 @@ class RunReconciler(Observing, Creating, Keeping):
         and stops here; an admitted one gets its flavors' placement."""
         queue = kueue.queue_name(self.body)
         queued = await self.kueue_admission(ctx, queue) if queue else None
+        self.awaiting_pods_ready = self.awaiting_pods_ready and queued is not None
         held = suspension.gate(self.body["spec"], queued)
         if held is not None:
             plan = suspension.held_plan(self.view(), ctx.uid, pods, held, now)
@@ -117,6 +117,8 @@ class RunReconciler(Observing, Creating, Keeping):
             self.emit(plan)
             if plan.delete_stale:
                 await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
+            if queued is not None:
+                await self.tell_kueue(queued, started=False, pods_gone=suspension.pods_gone(pods, ctx.uid))
             return _Stop(QUEUE_POLL_SECONDS if queue else None)  # a Workload's change wakes nobody: look again
         held_before = self.status.get("phase") == Phase.SUSPENDED  # the parse below only then
         resumed = suspension.resumed_status(self.view(), queued, now) if held_before else None
@@ -128,6 +130,10 @@ class RunReconciler(Observing, Creating, Keeping):
         if resumed is not None:
             await self.patch(resumed)
             self.event("Normal", c.SUSPENDED, resumed.get("message", ""))
+        if queued is not None:
+            attempt = self.status.get("restarts") or 0
+            started = suspension.attempt_started(pods, ctx.uid, attempt)
+            await self.tell_kueue(queued, started=started, pods_gone=False)
         if queued is None or not queued.flavors:
             return ctx
         flavors = [await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors]

@@ -6,8 +6,11 @@ The operator plays the part Kueue's job integrations play for a Job or an MPIJob
 launcher, each with the requests of the pods the operator will create. Until Kueue admits the Workload
 (``Admitted`` True) the run is held as if suspended: no pods, condition ``Suspended`` True with reason
 ``Queued`` and Kueue's own message. Once admitted, the node labels and tolerations of the flavors Kueue
-assigned go on every pod of the run; if Kueue evicts the Workload (preemption) the run releases its pods
-again. When the run ends the Workload is marked ``Finished``, which releases its quota.
+assigned go on every pod of the run. Once the attempt has started (the launcher runs) the Workload's ``PodsReady``
+condition is set True, so that Kueue's ``waitForPodsReady`` leaves it alone. If Kueue evicts the Workload
+(preemption, or ``waitForPodsReady``'s timeout: ``PodsReadyTimeout``) the run releases its pods, and once they
+are gone the operator gives the quota back (:func:`release_patch`, as Kueue's job integrations do): Kueue
+requeues the Workload. When the run ends the Workload is marked ``Finished``, which releases its quota.
 
 Why not Kueue's plain-pod groups (``kueue.x-k8s.io/pod-group-name`` on every pod): they work only through
 Kueue's pod webhook (it gates each pod with a scheduling gate), which needs a webhook server with
@@ -40,6 +43,11 @@ LAUNCHER_POD_SET = "launcher"
 FIELD_MANAGER = "mlbench-operator"
 #: Workload conditions Kueue writes.
 ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
+PODS_READY, REQUEUED = "PodsReady", "Requeued"
+#: Kueue's eviction reason when an admitted Workload's ``PodsReady`` stayed unset past ``waitForPodsReady.timeout``.
+PODS_READY_TIMEOUT = "PodsReadyTimeout"
+#: Evictions after which Kueue's job integrations set ``Requeued`` True at once (others wait for a backoff).
+_REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 
 _POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "restartPolicy", "overhead")
 _CONTAINER_FIELDS = ("name", "image", "resources")
@@ -112,27 +120,45 @@ class Admission:
     admitted: bool
     message: str
     flavors: tuple[str, ...] = ()
+    #: Kueue's reason while the Workload's ``Evicted`` condition is True (e.g. ``PodsReadyTimeout``), else ""
+    evicted: str = ""
+    #: the Workload still holds its quota (evicted: the operator must release it once the pods are gone)
+    reserved: bool = False
+    #: the Workload's ``PodsReady`` condition is True
+    pods_ready: bool = False
 
 
 def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     return c.get((workload.get("status") or {}).get("conditions"), type_)
 
 
+def _true(workload: Mapping[str, Any], type_: str) -> bool:
+    cond = _condition(workload, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
 def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admission:
-    """Read a Workload (None: not created yet): admitted once ``Admitted`` is True and it is not finished;
-    else the most telling of Kueue's messages (an eviction, a quota that cannot reserve, a missing queue)."""
+    """Read a Workload (None: not created yet): admitted once ``Admitted`` is True and it is neither evicted nor
+    finished; else the most telling of Kueue's messages (an eviction, a quota that cannot reserve, a missing
+    queue)."""
     if workload is None:
         return Admission(False, f"creating Kueue Workload {name} in queue {queue}")
-    admitted = _condition(workload, ADMITTED)
-    if admitted is not None and admitted.get("status") == "True" and _condition(workload, FINISHED) is None:
-        assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    status = workload.get("status") or {}
+    evicted = _condition(workload, EVICTED) if _true(workload, EVICTED) else None
+    reserved = bool(status.get("admission")) or _true(workload, QUOTA_RESERVED)
+    ready = _true(workload, PODS_READY)
+    if _true(workload, ADMITTED) and evicted is None and _condition(workload, FINISHED) is None:
+        assignments = (status.get("admission") or {}).get("podSetAssignments") or []
         flavors = sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
-        return Admission(True, f"admitted by Kueue (queue {queue}, Workload {name})", tuple(flavors))
+        message = f"admitted by Kueue (queue {queue}, Workload {name})"
+        return Admission(True, message, tuple(flavors), reserved=reserved, pods_ready=ready)
+    why = str((evicted or {}).get("reason") or "")
     for type_ in (EVICTED, QUOTA_RESERVED, ADMITTED):
         cond = _condition(workload, type_)
-        if cond is not None and cond.get("message") and (type_ != EVICTED or cond.get("status") == "True"):
-            return Admission(False, f"queue {queue}, Workload {name}: {cond['message']}")
-    return Admission(False, f"queue {queue}, Workload {name}: waiting for Kueue")
+        if cond is not None and cond.get("message") and (type_ != EVICTED or evicted is not None):
+            text = f"queue {queue}, Workload {name}: {cond['message']}"
+            return Admission(False, text, evicted=why, reserved=reserved, pods_ready=ready)
+    return Admission(False, f"queue {queue}, Workload {name}: waiting for Kueue", evicted=why, reserved=reserved)
 
 
 def placement(flavors: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -182,4 +208,41 @@ def finished_patch(phase: str, now: datetime) -> dict[str, Any]:
                 }
             ]
         },
+    }
+
+
+def _kueue_condition(type_: str, status: bool, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": c.timestamp(now),
+    }
+
+
+def pods_ready_patch(now: datetime) -> dict[str, Any]:
+    """A server-side apply of the Workload's ``PodsReady`` True (``Started``: every worker Ready, the launcher
+    running): Kueue's ``waitForPodsReady`` no longer times the Workload out."""
+    cond = _kueue_condition(PODS_READY, True, "Started", "every worker is Ready and the launcher runs", now)
+    return {"apiVersion": API_VERSION, "kind": "Workload", "status": {"conditions": [cond]}}
+
+
+def release_patch(workload: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """A merge patch (guarded by the Workload's resourceVersion) that gives an evicted Workload's quota back once
+    the run's pods are gone, as Kueue's job integrations do: no admission, ``QuotaReserved`` and ``Admitted``
+    False, ``Requeued`` (True at once after a preemption; False with the eviction's reason otherwise, until
+    Kueue's requeuing backoff ends) and ``PodsReady`` False (the next admission waits for a fresh start)."""
+    evicted = _condition(workload, EVICTED) or {}
+    reason, message = str(evicted.get("reason") or EVICTED), str(evicted.get("message") or "evicted")
+    replaced = {
+        QUOTA_RESERVED: _kueue_condition(QUOTA_RESERVED, False, "Pending", message, now),
+        ADMITTED: _kueue_condition(ADMITTED, False, "NoReservation", "the quota was released", now),
+        REQUEUED: _kueue_condition(REQUEUED, reason in _REQUEUED_AT_ONCE, reason, message, now),
+        PODS_READY: _kueue_condition(PODS_READY, False, "WaitForStart", "the run's pods were released", now),
+    }
+    kept = [x for x in (workload.get("status") or {}).get("conditions") or [] if x.get("type") not in replaced]
+    return {
+        "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+        "status": {"admission": None, "conditions": kept + list(replaced.values())},
     }

@@ -78,7 +78,32 @@ class Observing(RunDaemon):
             )
             await self.kube.run(queueing.create_workload, self.kube, obj)
             self.log.info("workload_created", workload=name, queue=queue)
-        return kueue.admission(found, name, queue)
+        self.workload = found
+        queued = kueue.admission(found, name, queue)
+        self.awaiting_pods_ready = queued.admitted and not queued.pods_ready
+        return queued
+
+    def kueue_recheck(self, delay: float | None) -> float | None:
+        """The next pass at most :data:`QUEUE_POLL_SECONDS` away while Kueue's ``waitForPodsReady`` may evict the
+        run's Workload (admitted, not started): a Workload's change wakes nobody."""
+        if not self.awaiting_pods_ready:
+            return delay
+        return QUEUE_POLL_SECONDS if delay is None else min(delay, QUEUE_POLL_SECONDS)
+
+    async def tell_kueue(self, queued: kueue.Admission, *, started: bool, pods_gone: bool) -> None:
+        """What Kueue's job integrations write on a Workload: ``PodsReady`` True once the attempt ``started``
+        (``waitForPodsReady``); an evicted Workload's quota given back once its pods are gone (Kueue requeues it)."""
+        if self.workload is None:
+            return
+        name, now = self.workload["metadata"]["name"], daemon.clock()
+        if queued.admitted and started and not queued.pods_ready:
+            patch = kueue.pods_ready_patch(now)
+            await self.kube.run(queueing.apply_workload_status, self.kube, self.namespace, name, patch)
+            self.log.info("workload_pods_ready", workload=name)
+        elif queued.evicted and queued.reserved and pods_gone:
+            patch = kueue.release_patch(self.workload, now)
+            await self.kube.run(queueing.release_workload, self.kube, self.namespace, name, patch)
+            self.log.info("workload_released", workload=name, evicted=queued.evicted)
 
     async def release_queue(self) -> None:
         """A finished run's Workload is marked Finished once (Kueue releases its quota)."""
@@ -87,6 +112,6 @@ class Observing(RunDaemon):
             return
         name = kueue.workload_name(self.name, self.body["metadata"].get("uid", ""))
         await self.kube.run(
-            queueing.finish_workload, self.kube, self.namespace, name, kueue.finished_patch(phase, daemon.clock())
+            queueing.apply_workload_status, self.kube, self.namespace, name, kueue.finished_patch(phase, daemon.clock())
         )
         self.queue_released = True

@@ -44,8 +44,9 @@ def get_flavor(kube: Kube, name: str) -> dict[str, Any]:
         raise
 
 
-def finish_workload(kube: Kube, namespace: str, name: str, patch: dict[str, Any]) -> None:
-    """Apply the Workload's Finished condition (server-side apply, the operator's own field manager)."""
+def apply_workload_status(kube: Kube, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    """Apply conditions of the Workload (``Finished``, ``PodsReady``: server-side apply, the operator's own
+    field manager)."""
     path = kueue.WORKLOADS.format(namespace=namespace)
     try:
         kube.request(
@@ -58,4 +59,21 @@ def finish_workload(kube: Kube, namespace: str, name: str, patch: dict[str, Any]
         )
     except ApiError as err:
         if err.status != 404:
+            raise
+
+
+def release_workload(kube: Kube, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    """Give an evicted Workload's quota back (a merge patch guarded by its resourceVersion: 409, it changed
+    meanwhile, and 404, it is gone, are left to the next pass)."""
+    path = kueue.WORKLOADS.format(namespace=namespace)
+    try:
+        kube.request(
+            "PATCH",
+            f"{path}/{quote(name)}/status",
+            patch,
+            content_type="application/merge-patch+json",
+            resource=f"{RESOURCE}/status",
+        )
+    except ApiError as err:
+        if err.status not in (404, 409):
             raise

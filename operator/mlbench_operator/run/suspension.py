@@ -18,10 +18,12 @@ from typing import Any
 from mlbench_api.run import MANAGED_BY_OPERATOR
 from mlbench_api.runstatus import Phase
 from mlbench_operator import conditions as c
+from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodView
-from mlbench_operator.run.kueue import Admission
+from mlbench_operator.run.kueue import PODS_READY_TIMEOUT, Admission
 from mlbench_operator.run.lifecycle import _deletable, _own
+from mlbench_operator.run.startup import started
 from mlbench_operator.run.status import Plan, _Status
 
 
@@ -43,8 +45,25 @@ def gate(spec: Mapping[str, Any], queued: Admission | None) -> Gate | None:
     if spec.get("suspend"):
         return Gate(Reason.SUSPENDED, "spec.suspend is true: the run has no pods until it is set to false")
     if queued is not None and not queued.admitted:
-        return Gate(Reason.QUEUED, queued.message)
+        timed_out = queued.evicted == PODS_READY_TIMEOUT
+        return Gate(Reason.PODS_READY_TIMEOUT if timed_out else Reason.QUEUED, queued.message)
     return None
+
+
+def _not_ready(st: _Status, held: Gate) -> str:
+    """WorkersReady's message while held: for a PodsReadyTimeout, why the workers were not Ready (what the
+    condition said before the eviction, kept while the reason stays), else that a held run has no pods."""
+    gone = f"no pods while suspended ({held.reason})"
+    if held.reason != Reason.PODS_READY_TIMEOUT:
+        return gone
+    before = c.find(st.old.conditions, c.WORKERS_READY)
+    if before is None:
+        return gone
+    if before.reason == Reason.PODS_READY_TIMEOUT:
+        return before.message or gone
+    if before.status == "False" and before.message:
+        return f"pods released by Kueue; they were not Ready: {before.message}"
+    return f"pods released by Kueue; {gone}"
 
 
 def held_plan(body: Mapping[str, Any], uid: str, pods: Iterable[PodView], held: Gate, now: datetime) -> Plan:
@@ -59,13 +78,25 @@ def held_plan(body: Mapping[str, Any], uid: str, pods: Iterable[PodView], held: 
     st.new.phase = Phase.SUSPENDED
     st.cond(c.SUSPENDED, "True", held.reason, held.message)
     gone = f"no pods while suspended ({held.reason})"
-    st.cond(c.WORKERS_READY, "False", held.reason, gone)
+    st.cond(c.WORKERS_READY, "False", held.reason, _not_ready(st, held))
     st.cond(c.RUNNING, "False", held.reason, gone)
     st.in_progress()
     left = [p for p in own if not p.terminating]
     st.say(held.message if not left else f"{held.message}; deleting {len(left)} pods")
     events = [("Normal", str(held.reason), held.message)] if st.changed(c.SUSPENDED, message=True) else []
     return Plan(status=st.dump(), delete_stale=_deletable(own), events=events)
+
+
+def pods_gone(pods: Iterable[PodView], uid: str) -> bool:
+    """Whether the run has no pod left, not even a terminating one (an evicted Workload's quota may go back)."""
+    return not _own(pods, uid)[0]
+
+
+def attempt_started(pods: Iterable[PodView], uid: str, attempt: int) -> bool:
+    """Whether the attempt ``attempt`` of the run has started (its launcher left Pending: :mod:`.startup`)."""
+    own, _foreign = _own(pods, uid)
+    launcher = next((p for p in own if p.role == n.ROLE_LAUNCHER and p.attempt == attempt), None)
+    return started(launcher) and launcher is not None and not launcher.terminating
 
 
 def resumed_status(body: Mapping[str, Any], queued: Admission | None, now: datetime) -> dict[str, Any] | None:
