@@ -13,7 +13,8 @@ and each is shown to fail on a small made-up house before it is held against the
   is stated once: no other module of the API, the operator or the runner holds one of its values as a string
   literal of its own (``"MLBENCH_SSH_PORT"``, ``"/etc/mlbench/hostfile"``, ``"InvalidTask"``...).
 * docs/architecture.md draws the rooms as they are: every module its trees of the operator and the runner name
-  exists, and every module of a folder the tree lists modules of is named (a new module must be drawn).
+  exists, and every module of a folder the tree lists modules of is named (a new module must be drawn); and the
+  trip of one parameter names modules that exist and definitions that are in them (a renamed one must be redrawn).
 """
 
 from __future__ import annotations
@@ -217,6 +218,56 @@ def undrawn(package: Path, named: set[str]) -> tuple[list[str], list[str]]:
     return missing, sorted(modules - named)
 
 
+#: The heading of the doc's section that follows one parameter, and the first cell of its table's rows.
+TRIP = "## The trip of one parameter"
+
+
+def trip_rows(doc: str) -> list[tuple[str, list[str]]]:
+    """(module path from the checkout's root, the definitions named with it) of each row of the doc's trip table:
+    the rows whose second cell is one ```path.py``` (the third holds the definitions, each in backticks)."""
+    section = doc.split(TRIP, 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) > 2 and re.fullmatch(r"`[\w/]+\.py`", cells[1]):
+            rows.append((cells[1].strip("`"), re.findall(r"`([\w.]+)`", cells[2])))
+    return rows
+
+
+def _defines(node: ast.stmt) -> set[str]:
+    """The names a statement of a module's or a class's body defines."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def defined(source: str, dotted: str) -> bool:
+    """Whether ``dotted`` (``function``, ``CONSTANT``, ``Class.method``, ``Class.field``) is defined in ``source``."""
+    body: list[ast.stmt] = ast.parse(source).body
+    for name in dotted.split("."):
+        found = next((node for node in body if name in _defines(node)), None)
+        if found is None:
+            return False
+        body = found.body if isinstance(found, ast.ClassDef) else []
+    return True
+
+
+def untraveled(root: Path, rows: Iterable[tuple[str, list[str]]]) -> list[str]:
+    """The rows' modules that do not exist, and their definitions that the module does not define."""
+    wrong = []
+    for path, names in rows:
+        if not (root / path).is_file():
+            wrong.append(path)
+            continue
+        source = (root / path).read_text()
+        wrong += [f"{path}: {name}" for name in names if not defined(source, name)]
+    return wrong
+
+
 # -- each check fails where it should ------------------------------------------------------------------
 def _house(tmp_path: Path, files: Mapping[str, str]) -> dict[str, str]:
     for name, text in files.items():
@@ -366,6 +417,44 @@ def test_a_module_the_doc_does_not_draw_is_found(tmp_path: Path) -> None:
         (tmp_path / name).write_text("")
     (tmp_path / "c.py").unlink()
     assert undrawn(tmp_path, drawn(MADE_UP_DOC, "pkg/")) == (["c.py"], ["d.py", "w/new.py"])
+
+
+MADE_UP_TRIP = f"""
+{TRIP}: x
+
+| # | module | definitions | named | what happens |
+|---|---|---|---|---|
+| 1 | `pkg/a.py` | `run`, `Spec.workers`, `LIMIT` | `workers` | read |
+| 2 | `pkg/a.py` | `Spec.gone`, `missing`, `Spec.run.inner` | `n` | renamed since |
+| 3 | `pkg/b.py` | `anything` | `n` | moved since |
+| 4 | words | `not/a/row.py` | | |
+
+## The next section
+| 5 | `pkg/later.py` | `x` | | |
+"""
+
+
+def test_a_trip_through_a_module_or_a_definition_that_is_not_there_is_found(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(
+        "LIMIT = 3\n\ndef run() -> None:\n    missing = 1\n\nclass Spec:\n    workers: int = 1\n"
+        "    def run(self) -> None:\n        inner = 2\n"
+    )
+    rows = trip_rows(MADE_UP_TRIP)
+    assert [path for path, _ in rows] == ["pkg/a.py", "pkg/a.py", "pkg/b.py"]
+    assert untraveled(tmp_path, rows) == [
+        "pkg/a.py: Spec.gone",
+        "pkg/a.py: missing",  # a function's local is no definition
+        "pkg/a.py: Spec.run.inner",
+        "pkg/b.py",
+    ]
+
+
+def test_the_trip_of_one_parameter_names_what_there_is() -> None:
+    rows = trip_rows(DOC.read_text())
+    assert len(rows) >= 10  # the table was read
+    assert {path.split("/")[0] for path, _ in rows} == {"crds", "operator", "runners"}
+    assert untraveled(ROOT, rows) == []
 
 
 @pytest.mark.parametrize(

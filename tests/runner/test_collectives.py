@@ -523,6 +523,21 @@ def test_the_sweep_serves_its_metrics(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [r.bytes for r in summary.collectives.rows] == [4, 16, 64]
 
 
+@pytest.mark.parametrize(
+    ("task", "match"),
+    [
+        (collectives_task(operations=["all-reduce"], maxBytes=64), "worldSize: the config says 2 ranks but 1 were"),
+        (logreg_task(), "collectives: task 'test-task' is a training task"),  # the task's section is asked first
+    ],
+)
+def test_a_wrong_world_or_task_stops_before_the_event_log(tmp_path: Path, task: dict[str, Any], match: str) -> None:
+    """In process: the rank session (as a training rank's) refuses a world of another size, before it opens rank
+    0's event log; a training task is refused before that."""
+    with pytest.raises(ValueError, match=match):
+        coll.run_collectives(make_config(task, tmp_path / "out", 2), World(0, 1, 0, 1, "127.0.0.1", 0, "single"))
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("variable", "value"), [("MLBENCH_THREADS", "0"), ("MLBENCH_METRICS_LINGER_SECONDS", "soon")])
 def test_a_bad_knob_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str

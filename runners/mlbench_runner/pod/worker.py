@@ -30,10 +30,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from mlbench_api.contract import TERMINATION_LOG
 from mlbench_runner import stopping
+from mlbench_runner.processtable import Process, descendants, process_table
 
 #: Where cgroup v2 and v1 keep the memory controller's OOM-kill counter (the container's own cgroup).
 OOM_COUNTERS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
@@ -43,7 +43,6 @@ POLL_SECONDS = 0.5
 EXIT_OOM = 137  # 128 + SIGKILL: what a shell reports for an OOM-killed process
 #: How long a stopped worker waits for the processes below it (the pod's grace period is 30 s by default).
 STOP_WAIT_SECONDS = 20.0
-PROC = Path("/proc")
 
 
 def parse_oom_kills(text: str) -> int | None:
@@ -90,57 +89,9 @@ def oom_message(worker: str, kills: int, limit: int | None) -> str:
     )
 
 
-class Process(NamedTuple):
-    """One line of the process table: what runs, its state (``Z``: a zombie, ended) and its parent."""
-
-    command: str
-    state: str
-    parent: int
-
-
 #: The processes between the worker and a rank (``/proc/PID/stat``'s command names): sshd and its sessions, the
 #: shell a session runs a command in, and Open MPI's per-node daemon (orted; prted from Open MPI 5).
 CARRIERS = frozenset({"sshd", "sshd-session", "sh", "bash", "dash", "orted", "prted"})
-
-
-def parse_stat(text: str) -> Process | None:
-    """``/proc/PID/stat``'s command, state and parent pid; None if malformed. The command, in parentheses, may
-    hold spaces and parentheses itself, so the other fields are read after its last ``)``."""
-    head, _, rest = text.rpartition(")")
-    fields = rest.split()
-    if not head or len(fields) < 2 or not fields[1].isdigit():
-        return None
-    return Process(head.partition("(")[2], fields[0], int(fields[1]))
-
-
-def process_table(proc: Path = PROC) -> dict[int, Process]:
-    """Every process visible here by pid; empty without a /proc."""
-    table: dict[int, Process] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            entry = parse_stat(stat.read_text())
-        except OSError:  # the process ended meanwhile
-            continue
-        if entry is not None:
-            table[int(stat.parent.name)] = entry
-    return table
-
-
-def descendants(table: Mapping[int, Process], root: int) -> list[int]:
-    """Every live (not zombie) process below ``root`` in ``table``, parents before their children."""
-    children: dict[int, list[int]] = {}
-    for pid, entry in table.items():
-        children.setdefault(entry.parent, []).append(pid)
-    found: list[int] = []
-    todo, seen = [root], {root}
-    while todo:
-        for pid in sorted(children.get(todo.pop(0), [])):
-            if pid not in seen:
-                seen.add(pid)
-                todo.append(pid)
-                if table[pid].state != "Z":
-                    found.append(pid)
-    return found
 
 
 def ranks_below(table: Mapping[int, Process], root: int) -> list[int]:

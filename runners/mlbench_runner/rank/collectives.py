@@ -37,7 +37,6 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -57,10 +56,10 @@ from mlbench_runner.comm import Communicator, close_quietly, make_communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.metrics import CollectiveMetrics
 from mlbench_runner.options import Options
-from mlbench_runner.rank.session import available_cpus
+from mlbench_runner.rank.session import RankSession
 from mlbench_runner.rank.setup import pick_device
 from mlbench_runner.rank.summary import device_description
-from mlbench_runner.world import World, detect_world
+from mlbench_runner.world import World
 
 #: The float32 buffers' element type.
 DTYPE = torch.float32
@@ -354,16 +353,14 @@ def device_name(device: torch.device) -> str:
     return device_description(device)
 
 
-def _sweep_spec(config: RunConfig, world: World) -> CollectiveBenchmark:
-    """The task's sweep, for as many ranks as were started; raises ValueError (a training task, another size)."""
+def _sweep_spec(config: RunConfig) -> CollectiveBenchmark:
+    """The task's sweep; raises ValueError for a training task (the world's size is the rank session's check)."""
     spec = config.task.collectives
     if spec is None:
         raise ValueError(
             f"collectives: task {config.task_name!r} is a training task (no collectives section); "
             "run it with mlbench-runner train"
         )
-    if config.world_size != world.size:
-        raise ValueError(f"worldSize: the config says {config.world_size} ranks but {world.size} were started")
     return spec
 
 
@@ -389,15 +386,12 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
     """Time this rank's part of the sweep; rank 0 writes and returns the RunSummary (others return None).
 
     ``opts`` (default: the ``MLBENCH_*`` knobs of the environment) gives the threads and the metrics linger.
+    A :class:`~mlbench_runner.rank.session.RankSession`, as a training rank's, detects the world, checks its size
+    against the config's, reads the knobs, sets the threads and opens the event log.
     """
-    start = time.perf_counter()
-    world = world or detect_world()
-    spec = _sweep_spec(config, world)
-    opts = opts or Options.from_env()
-    threads = opts.threads or max(1, available_cpus() // max(1, world.local_size))
-    torch.set_num_threads(threads)
-    out = Path(config.output_dir)
-    log = EventLog(world.rank, out)
+    spec = _sweep_spec(config)
+    session = RankSession(config, world, opts)
+    world, opts, out, log = session.world, session.opts, session.out, session.log
     comm: Communicator | None = None
     metrics: CollectiveMetrics | None = None
     ended = False  # the sweep ran to its end on this rank (the peers did too: it ends collectively)
@@ -434,7 +428,7 @@ def run_collectives(config: RunConfig, world: World | None = None, opts: Options
             warmup_iterations=spec.warmup_iterations,
             rows=rows,
         )
-        wall = time.perf_counter() - start
+        wall = session.clock.elapsed()
         summary = _summary(config, world, result, wall, sweep)
         stopping.hold()  # the sweep is done: a stop signal from now on must not turn it into a failure
         if world.rank == 0:

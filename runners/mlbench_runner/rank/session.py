@@ -1,5 +1,7 @@
-"""One training rank's state from its first line: who it is (world, options), its clock, event log and rank
-record, and what every rank agrees on after a one-time set-up (:meth:`RankSession._exclude_slower_setup`).
+"""One rank's state from its first line: who it is (world, options), its clock, event log and rank record, and
+what every rank agrees on after a one-time set-up (:meth:`RankSession._exclude_slower_setup`). A training rank and
+the collectives benchmark (:func:`~mlbench_runner.rank.collectives.run_collectives`) both start with it, so the
+world's size is checked against the config's here only.
 
 The layers of a training rank, each a class on the one before: :class:`RankSession` (here),
 :class:`~mlbench_runner.rank.setup.TrainerSetup` (everything built before the first step) and
@@ -77,8 +79,9 @@ def available_cpus() -> int:
 
 
 class RankSession:
-    """One training rank's own state before anything is built: its world, options, clock, event log and rank
-    record, the communicator once it exists; and the meeting every rank holds after a one-time set-up."""
+    """One rank's own state before anything is built (a training rank's, or the collectives sweep's): its world
+    (its size checked against the config's), options, clock, event log and rank record, the communicator once it
+    exists; and the meeting every training rank holds after a one-time set-up."""
 
     def __init__(self, config: RunConfig, world: World | None = None, options: Options | None = None) -> None:
         self.clock = WallClock()  # MLPerf: the clock starts before any data is touched

@@ -1,6 +1,7 @@
 """A local run's processes (the ranks, or the launcher and its mpirun): started in groups of their own, their
 output merged line by line (:class:`Streams`), and stopped with every descendant however the command ends
-(:func:`stopped_on_exit`, :func:`stop_processes`; the tree from /proc: :func:`process_tree`)."""
+(:func:`stopped_on_exit`, :func:`stop_processes`; the tree from /proc: :func:`process_tree`, through
+:mod:`mlbench_runner.processtable`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import mlbench_runner
 from mlbench_api.task import RUNNER_ENTRYPOINT
 from mlbench_runner import stopping
 from mlbench_runner.pod.launch import launcher_command, rank_command
+from mlbench_runner.processtable import descendants, process_table, read_process
 from mlbench_runner.world import free_port
 
 
@@ -167,40 +169,20 @@ def _wait_all(procs: Sequence[subprocess.Popen[str]], seconds: float, cut: threa
 ProcessId = tuple[int, int]
 
 
-def _stat_fields(pid: int | str) -> list[str] | None:
-    """/proc/<pid>/stat after the command name (which may hold spaces and parentheses): state, ppid, ..."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
 def process_tree(procs: Sequence[subprocess.Popen[str]]) -> set[ProcessId]:
     """Every live descendant of the running ``procs`` (Linux /proc; a reaped one's pid may be another process's
     by now). Neither the process group nor the parent reaches them all: mpirun gives each rank a group of its
     own, and a child whose parent died is re-parented to init, so the tree is taken while the parents live."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(entry.name)) is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            started[int(entry.name)] = int(fields[19])
-    found: set[ProcessId] = set()
-    todo = [p.pid for p in procs if p.returncode is None]  # unreaped (a zombie keeps its pid): still ours
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if (child, started[child]) not in found:
-                found.add((child, started[child]))
-                todo.append(child)
-    return found
+    table = process_table()
+    roots = [p.pid for p in procs if p.returncode is None]  # unreaped (a zombie keeps its pid): still ours
+    return {(pid, table[pid].started) for root in roots for pid in descendants(table, root)}
 
 
 def kill_tree(tree: set[ProcessId]) -> None:
     """SIGKILL each process of ``tree`` that still runs as the same process (its start time unchanged)."""
     for pid, start in tree:
-        fields = _stat_fields(pid)
-        if fields is not None and int(fields[19]) == start:
+        now = read_process(pid)
+        if now is not None and now.started == start:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
