@@ -291,14 +291,16 @@ def test_kueue_evicts_a_run_whose_workers_never_become_ready_and_leaves_a_starte
     runs.apply(stuck)
     runs.wait_phase("fine", "Running", timeout=60)
 
-    cond = runs.wait_status(
+    # one snapshot: Kueue requeues within 1-2 s, and the next attempt rewrites WorkersReady
+    status = runs.wait_status(
         "stuck",
-        lambda s: (_suspended(s) or {}).get("reason") == Reason.PODS_READY_TIMEOUT and _suspended(s),
+        lambda s: (_suspended(s) or {}).get("reason") == Reason.PODS_READY_TIMEOUT and s,
         timeout=PODS_READY_TIMEOUT_SECONDS + 40,
         what="stuck run evicted by Kueue's waitForPodsReady",
     )
+    cond = _suspended(status)
+    assert cond is not None
     assert "PodsReady timeout" in cond["message"]  # Kueue's words
-    status = runs.status("stuck")
     ready = c.get(status["conditions"], c.WORKERS_READY)
     assert ready is not None
     assert ready["reason"] == Reason.PODS_READY_TIMEOUT
