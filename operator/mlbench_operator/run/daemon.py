@@ -57,11 +57,12 @@ class _Refused(Exception):
 
 
 class _Conflict(Exception):
-    """A name the run needs is held by an object the operator did not create for the run."""
+    """A name the run needs is held by an object the operator did not create for the run; ``final``: the run fails
+    (a launcher that answered the operator's create with 409: :func:`.ownership.held_launcher`), else it waits."""
 
-    def __init__(self, kind: str, name: str, why: str) -> None:
+    def __init__(self, kind: str, name: str, why: str, final: bool = False) -> None:
         super().__init__(kind, name, why)
-        self.kind, self.name, self.why = kind, name, why
+        self.kind, self.name, self.why, self.final = kind, name, why, final
 
 
 class StatusRefused(kopf.TemporaryError):
