@@ -11,8 +11,10 @@ This deletes in the order that lets the operator finish its own work first:
    finalizer is removed from it (``--no-force``: stop there instead, exit 1, having deleted nothing else); what
    another finalizer still holds is named and stops the uninstall (exit 1): it is not this tool's to remove;
 3. the task catalog (BenchmarkTasks), the admission policy, the operator (its namespace, RBAC, Deployment), then
-   the CRDs;
-4. the namespaces' dataset volumes (PVC ``mlbench-datasets``, whatever was fetched into them) only with
+   (after step 4) the CRDs;
+4. the fetch Jobs and their NetworkPolicies in every namespace (owned by no run: they outlive the runs; selected
+   by the operator's labels), once the operator that creates them is gone;
+5. the namespaces' dataset volumes (PVC ``mlbench-datasets``, whatever was fetched into them) only with
    ``--delete-datasets``: by default they stay, and the last line says which and how to delete them.
 
 Usage: hack/uninstall.py [--kubectl PATH] [--timeout SECONDS] [--delete-datasets] [--no-force]
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench_api.common import GROUP
-from mlbench_operator.fetchjob import DATASET_PVC_LABELS
+from mlbench_operator.fetchjob import DATASET_PVC_LABELS, FETCH_SELECTOR
 from mlbench_operator.naming import FINALIZER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +44,8 @@ WORKLOADS = ("benchmarksweeps", "benchmarkruns")
 CRDS = tuple(f"{plural}.{GROUP}" for plural in ("benchmarksweeps", "benchmarkruns", "benchmarktasks"))
 #: The dataset volumes the operator creates.
 DATASET_SELECTOR = ",".join(f"{key}={value}" for key, value in DATASET_PVC_LABELS.items())
+#: What the operator creates per namespace and dataset, owned by no run (the runs' own objects go with them).
+FETCH_OBJECTS = ("jobs", "networkpolicies")
 Obj = dict[str, Any]
 #: Runs kubectl with these arguments; returns (exit status, stdout, stderr).
 Kubectl = Callable[[Sequence[str]], tuple[int, str, str]]
@@ -65,12 +69,16 @@ def delete_workloads(present: set[str]) -> list[Step]:
 
 
 def delete_the_rest(present: set[str], delete_datasets: bool) -> list[Step]:
-    """Step 3 and 4: the catalog, the policy, the operator, the CRDs; the dataset volumes only if asked."""
+    """Steps 3 to 5: the catalog, the policy, the operator, the fetch Jobs and their NetworkPolicies, the CRDs;
+    the dataset volumes only if asked."""
     steps = []
     if f"benchmarktasks.{GROUP}" in present:
         steps.append(Step(("delete", "benchmarktasks", "--all", "--wait=true"), "the catalog, before its CRD"))
     for base, why in (("manifests/policy", "the admission policy"), ("manifests/operator", "the operator")):
         steps.append(Step(("delete", "-k", str(ROOT / base), "--ignore-not-found", "--wait=true"), why))
+    for kind in FETCH_OBJECTS:
+        args = ("delete", kind, "--all-namespaces", "-l", FETCH_SELECTOR, "--ignore-not-found", "--wait=false")
+        steps.append(Step(args, "the dataset fetches' (no run owns them), once no operator makes more"))
     if present:
         steps.append(Step(("delete", "crd", *sorted(present), "--ignore-not-found", "--wait=true"), "the CRDs last"))
     if delete_datasets:

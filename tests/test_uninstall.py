@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from mlbench_operator import fetchjob
+from mlbench_operator import fetchjob, netpol
+from mlbench_operator import naming as n
 from mlbench_operator.settings import DatasetSettings
+from tests.operator.test_datasets import ctx_for
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +38,8 @@ class FakeCluster:
         self.operator_running = operator_running
         self.crds = set(crds)
         self.objects = {plural: objects.get(plural, []) for plural in KINDS}
+        #: Objects no finalizer holds, by plural: deleted by label selector (``delete <plural> -A -l ...``).
+        self.labelled: dict[str, list[Obj]] = {}
         self.calls: list[tuple[str, ...]] = []
 
     def settle(self) -> None:
@@ -66,6 +70,9 @@ class FakeCluster:
             self.settle()
         elif verb == "delete" and args[1:3] == ("-k", str(REPO / "manifests" / "operator")):
             self.operator_running = False
+        elif verb == "delete" and what in self.labelled:
+            selector = args[args.index("-l") + 1]
+            self.labelled[what] = [o for o in self.labelled[what] if not selects(selector, o)]
         elif verb == "delete" and what == "crd":
             left = [o for items in self.objects.values() for o in items]
             assert not left, f"deleting the CRDs would hang on {left}"
@@ -87,6 +94,13 @@ class FakeCluster:
         return out
 
 
+def selects(selector: str, obj: Obj) -> bool:
+    """Whether a kubectl label selector of ``key=value`` and ``key`` (exists) terms selects ``obj``."""
+    labels = obj["metadata"].get("labels") or {}
+    terms = [term.partition("=") for term in selector.split(",")]
+    return all(key in labels and (not eq or labels[key] == value) for key, eq, value in terms)
+
+
 def uninstall(cluster: FakeCluster, force: bool = True, delete_datasets: bool = False) -> tuple[int, str]:
     out = io.StringIO()
     rc = u.Uninstall(cluster, sleep=lambda _: None, out=out).run(10.0, force, delete_datasets)
@@ -99,6 +113,8 @@ ORDER = [
     "delete benchmarktasks",
     "delete -k manifests/policy",
     "delete -k manifests/operator",
+    "delete jobs",
+    "delete networkpolicies",
     "delete crd benchmarkruns.mlbench.io",
 ]
 
@@ -157,7 +173,7 @@ def test_without_crds_the_operator_still_goes() -> None:
     cluster = FakeCluster(True, crds=())
     rc, _ = uninstall(cluster)
     assert rc == 0
-    assert cluster.verbs() == ["delete -k manifests/policy", "delete -k manifests/operator"]
+    assert cluster.verbs() == ["delete -k manifests/policy", "delete -k manifests/operator", *ORDER[-3:-1]]
 
 
 @pytest.mark.parametrize(
@@ -181,3 +197,25 @@ def test_finalizer_patches_remove_only_the_operators(finalizers: list[str], patc
 def test_the_dataset_selector_is_the_operators_pvc_labels() -> None:
     labels = fetchjob.dataset_pvc("team", DatasetSettings())["metadata"]["labels"]
     assert dict(kv.split("=") for kv in u.DATASET_SELECTOR.split(",")).items() <= labels.items()
+
+
+def test_the_fetch_jobs_and_their_network_policies_go_the_runs_objects_are_not_selected() -> None:
+    """Issue 33: a dataset's fetch Job and its NetworkPolicy are owned by no run (they outlive the runs): uninstall
+    deletes them in every namespace by the operator's labels, after the operator (which would make more). A run's
+    own objects are not selected (they go with the run); nor is anyone else's Job."""
+    ctx = ctx_for(namespace="team-a")
+    job = fetchjob.fetch_job(ctx, DatasetSettings())
+    policy = netpol.fetch_network_policy(job["metadata"]["name"], "team-a", ctx.task.dataset.name, None)
+    runs_policy = netpol.network_policy(ctx, (), ())
+    others = {"metadata": {"name": "backup", "labels": {n.LABEL_MANAGED_BY: "helm", n.LABEL_DATASET: "x"}}}
+    cluster = FakeCluster(True)
+    cluster.labelled = {"jobs": [job, others], "networkpolicies": [policy, runs_policy]}
+    rc, _ = uninstall(cluster)
+    assert rc == 0
+    assert cluster.verbs() == ORDER
+    assert cluster.labelled == {"jobs": [others], "networkpolicies": [runs_policy]}
+    deletes = [c for c in cluster.calls if c[:2] in (("delete", "jobs"), ("delete", "networkpolicies"))]
+    assert len(deletes) == 2
+    for call in deletes:
+        assert "--all-namespaces" in call
+        assert call[call.index("-l") + 1] == fetchjob.FETCH_SELECTOR

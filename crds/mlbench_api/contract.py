@@ -152,7 +152,8 @@ class Reason(StrEnum):
     #: Failed: a 422
     CREATE_FAILED = "CreateFailed"
     #: WorkersReady/Running False: a pod, Service, ConfigMap or Secret with the run's name has another owner
-    #: (DatasetReady False: the dataset volume or the fetch Job, :attr:`DatasetReason.NAME_CONFLICT`)
+    #: (DatasetReady False: the dataset volume or the fetch Job, :attr:`DatasetReason.NAME_CONFLICT`); Failed: the
+    #: operator's create of the launcher was answered 409 by a pod with the run's marks that it did not create
     NAME_CONFLICT = "NameConflict"
     RESTARTING = "Restarting"  #: WorkersReady/Running False during a gang restart (also its Event)
     #: WorkersReady/Running False after the startup deadline released the attempt's pods, until the next attempt

@@ -19,7 +19,13 @@ DATASET_PVC_LABELS = {n.LABEL_MANAGED_BY: n.MANAGER, "app.kubernetes.io/part-of"
 
 
 def dataset_labels(dataset: str) -> dict[str, str]:
+    """The labels of a dataset's fetch Job and its NetworkPolicy (owned by no run: :data:`FETCH_SELECTOR`)."""
     return {n.LABEL_MANAGED_BY: n.MANAGER, n.LABEL_DATASET: n.dns_label(dataset, 63)}
+
+
+#: Selects the fetch Jobs and their NetworkPolicies, of every dataset (what the operator's Job watch and
+#: ``make uninstall`` select them by): the operator's, with a dataset label (:func:`dataset_labels`).
+FETCH_SELECTOR = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_DATASET}"
 
 
 def dataset_pvc(namespace: str, settings: DatasetSettings) -> Obj:

@@ -13,6 +13,7 @@ from mlbench_api.common import GROUP
 from mlbench_operator import __version__, liveness, logs
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError
+from mlbench_operator.fetchjob import FETCH_SELECTOR
 from mlbench_operator.kube import PAGE_SIZE, Kube
 from mlbench_operator.podview import PodIndex
 from mlbench_operator.podwatch import PodWatch
@@ -45,7 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix=GROUP, key="last-handled-configuration"
     )
     # Server-side filtering: watch only the operator's Jobs (and pods: PodWatch), not every one in the cluster.
-    settings.watching.label_selectors["batch", "jobs"] = f"{n.LABEL_MANAGED_BY}={n.MANAGER},{n.LABEL_DATASET}"
+    settings.watching.label_selectors["batch", "jobs"] = FETCH_SELECTOR
     # Optional: serve only runs matching a label selector (e.g. one test session on a shared cluster).
     run_selector = config.run_selector
     if run_selector:

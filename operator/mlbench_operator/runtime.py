@@ -3,19 +3,20 @@ one status write.
 
 A run's daemon (:mod:`.run.handlers`) and a sweep's (:mod:`.sweep.handlers`) are the same loop: a pass,
 an error recorded and backed off, a sleep until woken (:func:`daemon`); and write their status the same way,
-as a merge patch of the top-level keys that changed (:func:`status_patch`, :func:`write_status`).
+as a merge patch of the top-level keys that changed (:func:`status_patch`, :func:`write_status`), fenced by the
+resourceVersion it was planned from (:func:`write_fenced`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
 from mlbench_operator import metrics as m
-from mlbench_operator.kube import Kube
+from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodIndex, PodView, RunKey
 from mlbench_operator.settings import OperatorConfig
 
@@ -163,3 +164,47 @@ def fence_version(known: str, body: Mapping[str, Any], ours: Mapping[str, Any]) 
     if seen and _set(body.get("status") or {}) == _set(ours):
         return seen
     return known or seen
+
+
+class Fenced(Protocol):
+    """What :func:`write_fenced` reads and keeps: a daemon of one object (a run's, a sweep's)."""
+
+    #: The resourceVersion the status was last written or read at (the fence of the next write).
+    version: str
+    #: The object's status as read after a refused (409) write: what the daemon's ``recover`` trusts.
+    reread: Mapping[str, Any] | None
+
+    @property
+    def kube(self) -> Kube: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def body(self) -> Mapping[str, Any]: ...  # the object as the watch last delivered it
+    @property
+    def status(self) -> Mapping[str, Any]: ...  # the status the pass planned from
+    @property
+    def log(self) -> Any: ...
+
+
+async def write_fenced(
+    owner: Fenced, write: Callable[..., Any], read: Callable[[str, str], Any], changes: dict[str, Any]
+) -> None:
+    """One status write of ``owner``'s object at :func:`fence_version` (``write``: its status writer of
+    :class:`Kube`). The version written at is kept; a 409 (the object changed since: a deposed leader's late
+    write) reads the object again (``read(namespace, name)``), keeps its version and status (``reread``) and
+    raises :class:`StatusConflict`: the next pass plans from what was read."""
+    version = fence_version(owner.version, owner.body, owner.status)
+    try:
+        written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, version)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+        live = await owner.kube.run(read, owner.namespace, owner.name) or {}
+        owner.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
+        owner.reread = dict(live.get("status") or {})
+        owner.log.info("status_conflict", version=version, current=owner.version, keys=sorted(changes))
+        raise StatusConflict(f"the status write at resourceVersion {version} was refused (409): read again") from err
+    if written:
+        owner.version = str(written)

@@ -1076,7 +1076,7 @@ def test_a_deposed_leaders_late_status_write_is_refused_and_the_run_read_again(m
     since (the new leader wrote version 7; this replica planned from 5): the API server refuses it with 409,
     nothing of the stale pass lands, the run is read again and the next pass plans from that and writes at 7."""
     from mlbench_operator import runpods
-    from mlbench_operator.run.daemon import StatusConflict
+    from mlbench_operator.runtime import StatusConflict
     from tests.operator.test_reconcile import terminated, workers
 
     body, ctx, _ = _running("All")

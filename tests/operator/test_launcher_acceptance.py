@@ -15,7 +15,7 @@ from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_operator import runcontext, runpods
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import results
-from mlbench_operator.run.ownership import launcher_refused
+from mlbench_operator.run.ownership import held_launcher, launcher_refused
 from tests import factories
 from tests.operator import helpers as h
 from tests.operator.test_handlers import FakeKube, _reconciler
@@ -97,3 +97,93 @@ def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monk
     assert ("create", "Pod", "r1-launcher") in kube.calls
     assert rec.status["launcher"] == {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}
     assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}} in kube.patches()
+
+
+def _taken(ctx: runcontext.RunContext, uid: str) -> dict[str, Any]:
+    """A pod under the launcher's name with the run's ownerReference and labels, created once the workers were Ready
+    (between WorkersReady and the operator's create): only its UID tells it from the operator's."""
+    obj = runpods.launcher_pod(ctx, 0)
+    meta = {**obj["metadata"], "uid": uid, "creationTimestamp": (T0 + timedelta(seconds=1)).strftime(ISO)}
+    return {**obj, "metadata": meta, "status": {"phase": "Succeeded"}}
+
+
+def test_a_forged_launcher_that_answers_the_operator_s_create_with_409_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: a namespace editor creates ``<run>-launcher`` with the run's marks after WorkersReady, before the
+    operator's create (answered 409). No record names it: the run fails with NameConflict naming the pod, and the
+    pod neither runs the run nor gives its results, in that pass or a later one."""
+    body, ctx = admitted(h.run())
+    body = _ready_status(ctx, body)
+    kube = FakeKube()
+    kube.existing[("Pod", "r1-launcher")] = _taken(ctx, "u-forged")
+    kube.log = "\n"
+    rec = _reconciler(body, kube, monkeypatch)
+    rec.service_ensured = True
+    asyncio.run(rec.step(workers(ctx)))
+    assert ("create", "Pod", "r1-launcher") in kube.calls
+    assert rec.status["phase"] == "Failed"
+    failed = cond(rec.status, "Failed")
+    assert failed["reason"] == "NameConflict"
+    assert failed["message"].startswith("Pod r1-launcher already exists and was not created by the operator")
+    assert "uid u-forged, none recorded" in failed["message"]
+    assert ("Warning", "Failed", failed["message"]) in rec.events
+    assert "launcher" not in rec.status
+    forged = _launcher(ctx, "u-forged", (T0 + timedelta(seconds=1)).strftime(ISO), phase="Succeeded", ready=False)
+    assert results.launcher([forged], "", rec.status) is None  # its log is never the run's results
+    assert not any(call[0] == "read_log" for call in kube.calls)
+    assert rec.status["results"]["message"].startswith("no launcher ran")
+
+
+def test_the_operator_s_recorded_launcher_answering_its_create_with_409_is_the_run_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The legitimate 409: the operator created the launcher and recorded its UID, then (restarted, its pod watch
+    behind) asked again: the recorded pod is accepted, the run goes on."""
+    body, ctx = admitted(h.run())
+    body = _ready_status(ctx, body)
+    body = {**body, "status": {**body["status"], "launcher": {"uid": "u-op", "attempt": 0}}}
+    kube = FakeKube()
+    kube.existing[("Pod", "r1-launcher")] = _taken(ctx, "u-op")
+    rec = _reconciler(body, kube, monkeypatch)
+    rec.service_ensured = True
+    asyncio.run(rec.step(workers(ctx)))
+    assert ("create", "Pod", "r1-launcher") in kube.calls
+    assert rec.status["phase"] not in ("Failed", "Succeeded")
+    assert cond(rec.status, "Running")["reason"] == "CreatingLauncher"
+    assert rec.status["launcher"] == {"uid": "u-op", "attempt": 0}
+    mine = _launcher(ctx, "u-op", (T0 + timedelta(seconds=1)).strftime(ISO))
+    _, plan = step(rec.view(), ctx, [*workers(ctx), mine])
+    assert plan.status["phase"] == "Running"
+    assert cond(plan.status, "Running")["reason"] == "LauncherRunning"
+
+
+@pytest.mark.parametrize(
+    ("record", "uid", "held"),
+    [
+        ({"uid": "u-op", "attempt": 0}, "u-op", None),
+        ({"uid": "u-op", "attempt": 0}, "u-forged", "(uid u-forged, recorded u-op)"),
+        ({"uid": "u-op", "attempt": 1}, "u-op", "(uid u-op, none recorded)"),  # another attempt's record
+        (None, "u-any", "(uid u-any, none recorded)"),
+    ],
+)
+def test_held_launcher(record: dict[str, Any] | None, uid: str, held: str | None) -> None:
+    body, ctx = admitted(h.run())
+    status = BenchmarkRunStatus.model_validate({**_ready_status(ctx, body)["status"], "launcher": record})
+    why = held_launcher(_taken(ctx, uid), status, 0)
+    assert (why is None) if held is None else (why is not None and held in why), why
+
+
+def test_a_run_failed_on_a_taken_launcher_name_accepts_no_unrecorded_launcher() -> None:
+    """Without the Failed/NameConflict check the pod would pass: no record, created after WorkersReady, before
+    the run ended."""
+    body, ctx = admitted(h.run())
+    status = _ready_status(ctx, body)["status"]
+    late = (T0 + timedelta(seconds=1)).strftime(ISO)
+    conflict = {"type": "Failed", "status": "True", "reason": "NameConflict", "lastTransitionTime": late}
+    other = {**conflict, "reason": "CreateFailed"}
+    ready = [x for x in status["conditions"] if x["type"] not in ("Failed", "Running")]
+    pod_ = _launcher(ctx, "u-forged", late)
+    for failed, refused in ((conflict, True), (other, False)):
+        model = BenchmarkRunStatus.model_validate({**status, "conditions": [*ready, failed]})
+        assert (launcher_refused(pod_, model, 0) is not None) is refused

@@ -542,7 +542,7 @@ def test_a_deposed_leaders_late_sweep_status_is_refused_and_read_again(monkeypat
     body["metadata"]["resourceVersion"] = "3"
     kube.live = {"metadata": {**body["metadata"], "resourceVersion": "9"}, "status": {"message": "new leader"}}
     rec = _reconciler(body, kube, monkeypatch)
-    with pytest.raises(StatusConflict, match="resourceVersion 3 was refused"):
+    with pytest.raises(StatusConflict, match=r"resourceVersion 3 was refused \(409\): read again"):
         asyncio.run(rec.step())
     assert kube.live["status"] == {"message": "new leader"}  # the stale write did not land
     rec.recover()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mlbench_api.datasets import FetchExit, FetchFailure, FetchReason
+from mlbench_api.datasets import OMITTED, FetchExit, FetchFailure, FetchReason, redact_url
 from mlbench_runner.cli import main
 from mlbench_runner.pod import fetch as fetch_module
 from mlbench_runner.pod.fetch import (
@@ -127,8 +127,22 @@ def test_fetches_a_file_verifies_it_and_writes_the_marker(server: Server, tmp_pa
     assert dest.read_bytes() == data
     marker = json.loads(marker_path(dest).read_text())
     assert marker["sha256"] == sha(data)
-    assert marker["url"] == req.url
+    assert marker["url"] == req.url  # nothing to redact
     assert leftovers(dest.parent) == []
+
+
+def test_the_marker_keeps_the_source_url_redacted(server: Server, tmp_path: Path) -> None:
+    """Issue 33: the marker is mounted into every worker; a presigned URL's signature (a token in its query
+    string) stays out of it, as out of every failure message (:func:`redact_url`)."""
+    data = b"signed" * 100
+    url = serve(server, "x.bin", data) + "?X-Amz-Signature=s3cr3t-token&X-Amz-Expires=60#part"
+    dest = tmp_path / "data" / "x.bin"
+    assert fetch(FetchRequest(url=url, sha256=sha(data), dest=dest)) is True
+    text = marker_path(dest).read_text()
+    assert "s3cr3t-token" not in text
+    assert json.loads(text)["url"] == redact_url(url) == server.url("x.bin") + OMITTED
+    assert fetch(FetchRequest(url=url, sha256=sha(data), dest=dest)) is False  # the marker still vouches for it
+    assert server.gets == 1
 
 
 def test_a_second_fetch_is_a_no_op_without_any_request(server: Server, tmp_path: Path) -> None:

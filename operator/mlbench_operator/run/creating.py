@@ -21,9 +21,7 @@ from mlbench_operator.run import (
     ownership,
 )
 from mlbench_operator.run.daemon import RunDaemon, _Conflict, _Refused, _Stop
-from mlbench_operator.run.status import (
-    Plan,
-)
+from mlbench_operator.run.status import Plan, StoredStatus
 
 #: While a dataset is fetched: look again this often even without a Job event.
 DATASET_POLL_SECONDS = 10.0
@@ -58,7 +56,7 @@ class Creating(RunDaemon):
                     refused.append((f"pod {obj['metadata']['name']}", res.status, res.detail))
         if refused:
             return refused
-        await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid)
+        await self.check_held([obj for obj, res in zip(todo, outcomes, strict=True) if res is False], ctx.uid, attempt)
         await self.record_launcher(todo, outcomes, attempt)
         if errors:
             delay = 5.0
@@ -93,20 +91,36 @@ class Creating(RunDaemon):
                 # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
                 await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt, "imageId": None}})
 
-    async def check_held(self, objs: list[dict[str, Any]], uid: str) -> None:
+    async def check_held(self, objs: list[dict[str, Any]], uid: str, attempt: int) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
         create for this run (an unlabelled pod under a worker's name is invisible to the planner: without this
-        it would be created again every pass, in silence); one gone since is created again by the next pass."""
+        it would be created again every pass, in silence); one gone since is created again by the next pass.
+        The launcher must also be the one the operator recorded creating (:func:`ownership.held_launcher`):
+        another with the run's marks fails the run (``final``)."""
+        launcher = n.launcher_name(self.name)
         for obj in objs:
             kind, name = obj["kind"], obj["metadata"]["name"]
             read = self.kube.get_pod if kind == "Pod" else functools.partial(self.kube.get, kind)
             existing = await self.kube.run(read, self.namespace, name)
-            why = None if existing is None else ownership.not_ours(existing, self.name, uid)
+            if existing is None:
+                continue
+            why = ownership.not_ours(existing, self.name, uid)
             if why is not None:
                 raise _Conflict(kind, name, why)
+            if name == launcher:
+                why = ownership.held_launcher(existing, StoredStatus.parse(self.status, report=False).model, attempt)
+                if why is not None:
+                    raise _Conflict(kind, name, why, final=True)
 
-    async def name_conflict(self, held: _Conflict, now: datetime) -> float:
-        """Report a held name (:func:`lifecycle.object_conflict`) and look again later."""
+    async def name_conflict(self, held: _Conflict, now: datetime, pods: list[PodView] | None = None) -> float | None:
+        """Report a held name (:func:`lifecycle.object_conflict`) and look again later; a ``final`` one fails the
+        run (:func:`lifecycle.launcher_taken`)."""
+        if held.final:
+            failed = lifecycle.launcher_taken(self.view(), held.name, held.why, now)
+            await self.patch(failed.status)
+            self.emit(failed)
+            self.log.warning("run_failed_name_conflict", object=held.name, why=held.why)
+            return await self.finished(now, pods or [])
         launcher = held.kind == "Pod" and held.name == n.launcher_name(self.name)
         condition = c.RUNNING if launcher else c.WORKERS_READY
         plan = lifecycle.object_conflict(self.view(), held.kind, held.name, held.why, now, condition=condition)

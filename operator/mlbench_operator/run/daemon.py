@@ -30,7 +30,7 @@ from mlbench_operator.run.status import (
     kept_after_failure,
     unstorable_status,
 )
-from mlbench_operator.runtime import DEFAULT_CONFIG, StatusConflict, fence_version, status_patch, write_status
+from mlbench_operator.runtime import DEFAULT_CONFIG, status_patch, write_fenced
 from mlbench_operator.settings import OperatorConfig
 
 log = logs.get_logger()
@@ -57,11 +57,12 @@ class _Refused(Exception):
 
 
 class _Conflict(Exception):
-    """A name the run needs is held by an object the operator did not create for the run."""
+    """A name the run needs is held by an object the operator did not create for the run; ``final``: the run fails
+    (a launcher that answered the operator's create with 409: :func:`.ownership.held_launcher`), else it waits."""
 
-    def __init__(self, kind: str, name: str, why: str) -> None:
+    def __init__(self, kind: str, name: str, why: str, final: bool = False) -> None:
         super().__init__(kind, name, why)
-        self.kind, self.name, self.why = kind, name, why
+        self.kind, self.name, self.why, self.final = kind, name, why, final
 
 
 class StatusRefused(kopf.TemporaryError):
@@ -118,24 +119,8 @@ class RunDaemon(ABC):
         self.status = dict(kept_after_failure(self.status, live_status or {}))
 
     async def _write(self, changes: dict[str, Any]) -> None:
-        """One status write at :func:`fence_version`; a 409 reads the run again and raises :class:`StatusConflict`."""
-        version = fence_version(self.version, self.body, self.status)
-        try:
-            written = await write_status(
-                self.kube, self.kube.patch_run_status, self.namespace, self.name, changes, version
-            )
-        except ApiError as err:
-            if err.status != 409:
-                raise
-            live = await self.kube.run(self.kube.get_run, self.namespace, self.name) or {}
-            self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
-            self.reread = dict(live.get("status") or {})
-            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
-            raise StatusConflict(
-                f"the status write at resourceVersion {version} was refused (409): read again"
-            ) from err
-        if written:
-            self.version = str(written)
+        """One status write, fenced (:func:`write_fenced`: a 409 reads the run again, raises StatusConflict)."""
+        await write_fenced(self, self.kube.patch_run_status, self.kube.get_run, changes)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         kopf.event(self.body, type=type_, reason=reason, message=c.clean(message)[:1024])

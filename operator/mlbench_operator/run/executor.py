@@ -195,7 +195,7 @@ class RunReconciler(Observing, Creating, Keeping):
         try:
             refused = await self.create_pods(plan, ctx, now)
         except _Conflict as held:
-            return await self.name_conflict(held, now)
+            return await self.name_conflict(held, now, pods)
         if refused:
             return await self.creation_refused(refused, now, pods)
         if ready_now:

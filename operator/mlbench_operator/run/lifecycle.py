@@ -308,3 +308,14 @@ def object_conflict(
     st.say(text)
     changed = st.changed(condition, message=True)
     return Plan(status=st.dump(), events=[("Warning", Reason.NAME_CONFLICT, text)] if changed else [])
+
+
+def launcher_taken(body: Mapping[str, Any], name: str, why: str, now: datetime) -> Plan:
+    """The operator's create of the launcher was answered 409 by a pod it did not create but that carries the run's
+    ownerReference and labels (:func:`.ownership.held_launcher`): the run fails with ``NameConflict`` naming it.
+    Waiting would not do: that pod passes every check but the operator's record, and whatever it prints is not
+    the run's result (only a run that failed so is checked for it: :func:`.ownership.launcher_refused`)."""
+    st = _Status.of(body, now)
+    text = conflict_text("Pod", name, why, "the run failed: its launcher's name was taken")
+    st.fail(Reason.NAME_CONFLICT, text)
+    return Plan(status=st.dump(), events=[("Warning", Phase.FAILED, text)])

@@ -88,11 +88,9 @@ def shared_not_ours(obj: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | 
     return None
 
 
-def conflict_text(kind: str, name: str, why: str) -> str:
+def conflict_text(kind: str, name: str, why: str, doing: str = "waiting for it to be deleted") -> str:
     """The ``NameConflict`` message: the object, why it is not the run's, and what the operator does."""
-    return f"{kind} {name} already exists and was not created by the operator for this run ({why}); " + (
-        "waiting for it to be deleted"
-    )
+    return f"{kind} {name} already exists and was not created by the operator for this run ({why}); {doing}"
 
 
 def launcher_refused(pod: PodView, status: BenchmarkRunStatus, attempt: int) -> str | None:
@@ -102,13 +100,17 @@ def launcher_refused(pod: PodView, status: BenchmarkRunStatus, attempt: int) -> 
     (``status.launcher``): only that pod is accepted. Without a record for the attempt (a run admitted by an
     older operator, or one that stopped between the create and the record) the pod is accepted only if it
     was created once the attempt's workers were all Ready (WorkersReady True), as the operator creates it:
-    a launcher put there earlier, with whatever ownerReference and labels, is not the run's.
+    a launcher put there earlier, with whatever ownerReference and labels, is not the run's; nor, once the run
+    failed with ``NameConflict`` (one answered the operator's create with 409: :func:`held_launcher`), any.
     """
     record = status.launcher
     if record is not None and record.attempt == attempt:
         if pod.uid == record.uid:
             return None
         return f"it is not the launcher the operator created (uid {pod.uid or 'none'}, recorded {record.uid})"
+    failed = c.find(status.conditions, c.FAILED)
+    if failed is not None and failed.status == "True" and failed.reason == c.Reason.NAME_CONFLICT:
+        return "the run failed because a pod the operator did not create held the launcher's name"
     return _unrecorded_refused(pod, status)
 
 
@@ -127,6 +129,22 @@ def _unrecorded_refused(pod: PodView, status: BenchmarkRunStatus) -> str | None:
     if ready.status == "True" and created < ready.last_transition_time.replace(microsecond=0):
         return "it was created before the attempt's workers were all Ready"
     return None
+
+
+def held_launcher(existing: Mapping[str, Any], status: BenchmarkRunStatus, attempt: int) -> str | None:
+    """Why the pod that answered the operator's create of attempt ``attempt``'s launcher with 409 is not the run's
+    launcher; None when it is the one the operator recorded creating (``status.launcher``: an earlier pass's
+    create, e.g. before a restart, that the pod watch had not shown yet).
+
+    Without that record the pod is never the run's, whatever its ownerReference, labels and creation time: the
+    operator records every launcher it creates, and one put under the name between WorkersReady and the
+    operator's create would otherwise pass :func:`launcher_refused` as created after the workers were Ready."""
+    record = status.launcher
+    uid = (existing.get("metadata") or {}).get("uid") or "none"
+    if record is not None and record.attempt == attempt and record.uid == uid:
+        return None
+    recorded = f"recorded {record.uid}" if record is not None and record.attempt == attempt else "none recorded"
+    return f"the operator's create of the launcher was answered 409 by a pod it did not create (uid {uid}, {recorded})"
 
 
 def accepted_launcher(pods: Iterable[PodView], uid: str, status: BenchmarkRunStatus) -> PodView | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -90,7 +91,7 @@ class SweepReconciler:
         #: The resourceVersion our status was last written or read at (the fence: :func:`.runtime.fence_version`).
         self.version: str = str(body["metadata"].get("resourceVersion") or "")
         #: The sweep's status as read after a refused (409) write: what :meth:`recover` trusts.
-        self.reread: dict[str, Any] | None = None
+        self.reread: Mapping[str, Any] | None = None
         self.log = log.bind(sweep=self.name, namespace=self.namespace)
 
     def view(self) -> dict[str, Any]:
@@ -176,22 +177,10 @@ class SweepReconciler:
         return problems, created, fresh
 
     async def patch(self, new: dict[str, Any]) -> None:
+        """Write the status' changes, fenced (:func:`.runtime.write_fenced`: a 409 reads the sweep again)."""
         changes = runtime.status_patch(self.status, new)
-        version = runtime.fence_version(self.version, self.body, self.status)
-        try:
-            written = await runtime.write_status(
-                self.kube, self.kube.patch_sweep_status, self.namespace, self.name, changes, version
-            )
-        except ApiError as err:
-            if err.status != 409:
-                raise
-            live = await self.kube.run(self.kube.get, "BenchmarkSweep", self.namespace, self.name) or {}
-            self.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
-            self.reread = dict(live.get("status") or {})
-            self.log.info("status_conflict", version=version, current=self.version, keys=sorted(changes))
-            raise runtime.StatusConflict(f"the status write at resourceVersion {version} was refused (409)") from err
-        if written:
-            self.version = str(written)
+        read = functools.partial(self.kube.get, "BenchmarkSweep")
+        await runtime.write_fenced(self, self.kube.patch_sweep_status, read, changes)
         self.status = {**self.status, **changes}
 
 

@@ -51,6 +51,7 @@ from mlbench_api.datasets import (
     STORE_PREFIX,
     FetchFailure,
     FetchReason,
+    redact_url,
     redact_urls,
     store_name,
 )
@@ -347,10 +348,11 @@ def _replace(src: Path, dest: Path) -> None:
 
 def _write_marker(req: FetchRequest, files: list[dict[str, Any]]) -> None:
     """The marker, last and whole (:mod:`mlbench_api.atomic`): its presence is what says the data is complete;
-    ``files`` is the manifest of the data as it lies in place."""
+    ``files`` is the manifest of the data as it lies in place. The source URL is kept redacted (it is only
+    shown: :func:`already_there` and the loader compare the sha256, the layout and the manifest)."""
     record = {
         **req.marker_record(),
-        "url": req.url,
+        "url": redact_url(req.url),  # mounted into every worker: no token or signature of the URL's
         "fetchedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         MANIFEST_KEY: files,
     }
