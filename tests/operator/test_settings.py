@@ -189,7 +189,11 @@ def test_main_passes_the_config_in_the_memo(no_kopf: dict[str, Any], clean_env: 
         namespaces=("team-a",),  # for the pod watches, as kopf's namespaces
     )
     assert memo.metrics_started is False
-    assert no_kopf["namespaces"] == ["team-a"]
+    # kopf itself watches no namespace (a pattern none matches); the gate (nsgate) hands it the readable ones
+    assert no_kopf["namespaces"] == [main.NO_NAMESPACE]
+    assert not main.NO_NAMESPACE.search("team-a")
+    assert no_kopf["insights"] is memo.insights
+    assert not memo.insights.namespaces
 
 
 def test_main_flags_win_over_the_environment(no_kopf: dict[str, Any], clean_env: pytest.MonkeyPatch) -> None:
@@ -211,6 +215,7 @@ class _SyncedWatch:
     def __init__(self, *args: Any, namespace: str | None, timeout_seconds: int) -> None:
         self.namespace = namespace
         self.synced = asyncio.Event()
+        self.error: int | None = None  # the latest failure's HTTP status (nsgate reads it)
 
     def start(self) -> None:
         _SyncedWatch.started.append(self.namespace)
