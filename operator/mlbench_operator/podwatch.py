@@ -90,9 +90,9 @@ class PodWatch:
         while not self._stop.is_set():
             try:
                 changes, version = self._list()
+                self.error = None  # before the loop hears of the listing: synced and no error, at once
                 self._hand(changes, listing=True)
                 failures = 0
-                self.error = None
                 while not self._stop.is_set():  # the server ends a watch after timeout_seconds: resume it
                     version = self._follow(version)
             except _Expired:
