@@ -15,6 +15,7 @@ from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError
 from mlbench_operator.fetchjob import FETCH_SELECTOR
 from mlbench_operator.kube import PAGE_SIZE, Kube
+from mlbench_operator.nsgate import NamespaceGate
 from mlbench_operator.podview import PodIndex
 from mlbench_operator.podwatch import PodWatch
 from mlbench_operator.run import handlers as run_handlers
@@ -73,7 +74,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     for watch in memo.pod_watches:
         watch.start()
     # kopf starts watching runs once the startup handlers are done: their daemons find every pod listed
-    await asyncio.gather(*(watch.synced.wait() for watch in memo.pod_watches))
+    if config.namespaces:  # each namespace within a bound; kopf watches only the readable ones (nsgate)
+        gate = NamespaceGate(
+            memo.kube, memo.pod_watches, memo.get("insights"), memo.get("reporter"), config.namespace_sync_seconds
+        )
+        await gate.settle()
+        memo.namespace_gate = asyncio.create_task(gate.run(), name="namespace gate")
+    else:
+        await asyncio.gather(*(watch.synced.wait() for watch in memo.pod_watches))
     port = config.metrics_port
     if port and not memo.get("metrics_started"):
         start_http_server(port)
@@ -85,6 +93,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    gate = memo.get("namespace_gate")
+    if gate is not None:
+        gate.cancel()
     for watch in memo.get("pod_watches") or ():
         watch.stop()
     kube = memo.get("kube")

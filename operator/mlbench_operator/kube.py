@@ -368,6 +368,16 @@ class Kube:
         finally:
             stream.release_conn()
 
+    def probe_runs(self, namespace: str) -> None:
+        """List at most one BenchmarkRun of ``namespace``: raises :class:`ApiError` when the operator may not."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/benchmarkruns"
+        self.request("GET", path, query=[("limit", "1")], resource="benchmarkruns")
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        """Create a core/v1 Event (in its metadata's namespace)."""
+        namespace = quote(event["metadata"]["namespace"])
+        self.request("POST", f"/api/v1/namespaces/{namespace}/events", event, resource="events")
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector`` (a fetch Job's pods: they are not in the run's pod index)."""
         return self._list(f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", selector)], "pods")

@@ -7,12 +7,14 @@ import asyncio
 import dataclasses
 import functools
 import os
+import re
 import sys
 
 import kopf
+from kopf._cogs.structs import references  # Insights: the namespaces kopf watches (no public name for it)
 from prometheus_client import start_http_server
 
-from mlbench_operator import handlers, leader, leadersettings, leaseapi, logs
+from mlbench_operator import handlers, leader, leadersettings, leaseapi, logs, nsready
 from mlbench_operator import metrics as m
 from mlbench_operator.env import SettingsError
 from mlbench_operator.settings import OperatorConfig
@@ -57,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 log = logs.get_logger()
 
+#: kopf's namespaces in the namespaced install: a pattern no namespace matches, so that kopf itself watches none
+#: (with scanning off, it lists no namespaces to match it against); the gate (:mod:`.nsgate`) hands it the
+#: readable ones through ``memo.insights``.
+NO_NAMESPACE = re.compile(r"(?!)")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -80,17 +87,21 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(config.metrics_port)
     # The handlers read their configuration from here (memo.config), not from os.environ; kopf gives
     # every resource's memo a shallow copy of this one.
-    memo = kopf.Memo(metrics_started=bool(config.metrics_port), config=config)
+    lease = (election.namespace, election.name) if election.enabled else None
+    pod = (os.environ.get("POD_NAMESPACE", ""), os.environ.get("POD_NAME", ""))
+    memo = kopf.Memo(metrics_started=bool(config.metrics_port), config=config, reporter=nsready.reporter(lease, pod))
 
     async def run_operator(stop_flag: asyncio.Event | None = None) -> None:
         """kopf.operator(), spelled out: with a stop flag, SIGTERM raises the flag instead of going to
         kopf's own handler, which would leave kopf's waiter for the flag hanging (5 s) at the exit."""
         current = asyncio.current_task()
         existing = {t for t in asyncio.all_tasks() if t is not current}
+        memo.insights = references.Insights()  # what kopf watches: with --namespace, the gate's to fill
         tasks = await kopf.spawn_tasks(
             standalone=True,
             clusterwide=not args.namespace,
-            namespaces=list(args.namespace),
+            namespaces=[NO_NAMESPACE] if args.namespace else [],
+            insights=memo.insights,
             liveness_endpoint=args.liveness or None,
             stop_flag=stop_flag,
             memo=memo,

@@ -47,6 +47,12 @@ RUN_SERVES_METRICS = Gauge(
     "(no metrics asked of it: the rank alerts leave it alone); set once the run is admitted, gone with the run.",
     ["namespace", "run"],
 )
+NAMESPACE_READY = Gauge(
+    "mlbench_operator_namespace_ready",
+    "With --namespace (the namespaced install): 1 while the operator serves a watched namespace, 0 while it cannot "
+    "read it (its RoleBinding deleted, the namespace missing, or no listing within MLBENCH_NAMESPACE_SYNC_SECONDS).",
+    ["namespace"],
+)
 RESTARTS = Counter("mlbench_operator_gang_restarts_total", "Gang restarts of a run's world after a failure.")
 LEADER = Gauge(
     "mlbench_operator_leader",

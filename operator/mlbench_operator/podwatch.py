@@ -67,6 +67,9 @@ class PodWatch:
         self.timeout_seconds = timeout_seconds
         #: Set (on the loop) once the first listing is in the index.
         self.synced = asyncio.Event()
+        #: The HTTP status of the latest failed listing or watch (0: no answer), None once a listing succeeds
+        #: again: a namespace's health (:func:`.nsready.health`). Written on the thread, read on the loop.
+        self.error: int | None = None
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True)
@@ -87,6 +90,7 @@ class PodWatch:
         while not self._stop.is_set():
             try:
                 changes, version = self._list()
+                self.error = None  # before the loop hears of the listing: synced and no error, at once
                 self._hand(changes, listing=True)
                 failures = 0
                 while not self._stop.is_set():  # the server ends a watch after timeout_seconds: resume it
@@ -97,6 +101,7 @@ class PodWatch:
                 if self._stop.is_set():
                     return
                 failures += 1
+                self.error = err.status if isinstance(err, ApiError) else 0
                 delay = min(POD_WATCH_BACKOFF[0] * 2 ** (failures - 1), POD_WATCH_BACKOFF[1])
                 log.warning("pod_watch_failed", namespace=self.namespace, error=str(err)[:500], retry_in=delay)
                 self._stop.wait(delay)

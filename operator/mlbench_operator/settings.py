@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mlbench_api import bundle, contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
-from mlbench_operator import egress
+from mlbench_operator import egress, nsready
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE, AdmissionPolicy
@@ -267,6 +267,9 @@ class OperatorConfig:
     #: ``--namespace`` (repeatable): the namespaces the operator serves; () = cluster-wide. Not from the
     #: environment: kopf's flag, which main.py passes to kopf and, through here, to the pod watches.
     namespaces: tuple[str, ...] = ()
+    #: ``MLBENCH_NAMESPACE_SYNC_SECONDS``: with ``namespaces``, how long the start waits for one's first pod listing
+    #: before it serves the others without it (:mod:`.nsready`).
+    namespace_sync_seconds: float = nsready.SYNC_SECONDS
     resync_seconds: float = RESYNC_SECONDS
     debounce_seconds: float = DEBOUNCE_SECONDS
     progress_seconds: float = PROGRESS_SECONDS
@@ -288,6 +291,7 @@ class OperatorConfig:
             scratch=ScratchLimits.from_env(env),
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
+            namespace_sync_seconds=seconds(env, "MLBENCH_NAMESPACE_SYNC_SECONDS", nsready.SYNC_SECONDS, positive=True),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
             debounce_seconds=seconds(env, "MLBENCH_DEBOUNCE_SECONDS", DEBOUNCE_SECONDS),
             progress_seconds=seconds(env, "MLBENCH_PROGRESS_SECONDS", PROGRESS_SECONDS, positive=True),

@@ -24,6 +24,7 @@ RUNBOOKS = REPO / "manifests" / "monitoring" / "runbooks.yaml"
 ALERTS = {
     "MLBenchOperatorDown",
     "MLBenchOperatorNoLeader",
+    "MLBenchNamespaceUnavailable",
     "MLBenchReconcileErrors",
     "MLBenchGangRestarts",
     "MLBenchRunStalled",
@@ -181,6 +182,8 @@ _MIN_THEN_MERGED = f"max by (namespace, run) (min_over_time({_PHASE}[10m]))"
         ("MLBenchRunStalled", _MERGED_THEN_MIN, _MIN_THEN_MERGED, "a leader change cuts the 10 minutes short"),
         ("MLBenchWorkerUnreachable", "and on (namespace, run)", "or on (namespace, run)", "fires outside Running"),
         ("MLBenchOperatorDown", "== 0", "== 1", "a healthy operator alerts"),
+        ("MLBenchNamespaceUnavailable", "== 0", "== 1", "a served namespace alerts"),
+        ("MLBenchNamespaceUnavailable", "max by (namespace, job)", "max by (job)", "which namespace is lost"),
         ("MLBenchReconcileErrors", "[5m]", "[30m]", "a single error alerts"),
         ("MLBenchRunFailed", 'phase="Failed"', 'phase="Succeeded"', "the wrong phase"),
     ],

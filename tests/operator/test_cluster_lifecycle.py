@@ -323,6 +323,44 @@ def test_operator_killed_and_restarted(runs: Runs, operator: OperatorProcess) ->
         runs.kubectl("delete", "benchmarktask", task["metadata"]["name"], "--wait=false", check=False)
 
 
+def test_a_restart_reads_a_running_runs_objects_and_writes_none_of_them(runs: Runs, operator: OperatorProcess) -> None:
+    """A restarted operator resumes an unfinished run with reads: its ssh Secret, hostfile ConfigMap and
+    NetworkPolicy are read and reused, not generated again and created (no POST answered 409 for each run,
+    counted in mlbench_operator_api_requests_total), and they are the same objects afterwards."""
+    name = "reuse"
+    runs.apply(h.run(name, workers=2))
+    runs.wait_phase(name, "Running")
+    kept = {"secret": f"{name}-ssh", "configmap": f"{name}-config", "networkpolicy": name}
+
+    def identity() -> dict[str, tuple[str, str]]:
+        out = {}
+        for kind, obj_name in kept.items():
+            obj = runs.get(kind, obj_name)
+            assert obj is not None, f"{kind} {obj_name} is gone"
+            out[kind] = (obj["metadata"]["uid"], obj["metadata"]["resourceVersion"])
+        return out
+
+    before = identity()
+    operator.stop(kill=True)
+    operator.start()
+    resources = ("secrets", "configmaps", "networkpolicies")
+
+    def looked() -> bool:  # the resumed daemon's pass over the run's objects, whichever way it went
+        return all(operator.metric("mlbench_operator_api_requests_total", resource=r) >= 1 for r in resources)
+
+    wait_for(looked, timeout=60, what="the restarted operator's pass over the run's objects")
+    time.sleep(1)  # a create that would follow the reads
+    posts = {r: operator.metric("mlbench_operator_api_requests_total", verb="POST", resource=r) for r in resources}
+    assert posts == dict.fromkeys(resources, 0.0), operator.log_tail(40)
+    gets = {
+        r: operator.metric("mlbench_operator_api_requests_total", verb="GET", resource=r, code="200") for r in resources
+    }
+    assert all(v >= 1 for v in gets.values()), gets
+    assert identity() == before
+    runs.finish_launcher(name, 0, factories.summary(name, world_size=2).termination_message())
+    runs.wait_phase(name, "Succeeded", timeout=60)
+
+
 def test_cleanup_interrupted_by_a_restart_is_finished(runs: Runs, operator: OperatorProcess) -> None:
     """The final status was written but the operator died before deleting the pods: the restarted
     operator finishes the cleanup from the cluster's state and leaves the result alone."""

@@ -1183,3 +1183,80 @@ def test_pod_creates_slow_start_after_a_429_and_grow_back(monkeypatch: pytest.Mo
     asyncio.run(rec.step([]))
     assert kube.rounds[1:] == [1, 2, 4, 8, 1]  # 16 workers, then the launcher, in growing batches
     assert rec.pacing.batch == 32
+
+
+# -- an operator restart: the run's objects are read and reused, not generated and created again -----------------
+def _no_keygen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """ssh-keygen replaced: records each call (a restarted operator must not make new keys for a run that has them)."""
+    from mlbench_operator import sshkeys
+
+    made: list[str] = []
+
+    def keygen(comment: str) -> Any:
+        made.append(comment)
+        return sshkeys.RunKeys("client-private", "client-public", "host-private", "host-public")
+
+    monkeypatch.setattr(sshkeys, "generate_keypair", keygen)
+    return made
+
+
+@pytest.mark.parametrize("missing", [(), ("Secret",), ("ConfigMap", "NetworkPolicy")])
+def test_a_restarted_operator_reuses_the_runs_objects(
+    monkeypatch: pytest.MonkeyPatch, missing: tuple[str, ...]
+) -> None:
+    """A run admitted before the operator (re)started: its ConfigMap, Secret and NetworkPolicy are read; those
+    that exist and are the run's are reused (no create answered 409 for each, no new keys), only the missing
+    ones are built and created."""
+    from tests.operator.test_reconcile import admitted
+
+    keygen = _no_keygen(monkeypatch)
+    body, _ = admitted(h.run())
+    kube = FakeKube()
+    objects = {("ConfigMap", "r1-config"), ("Secret", "r1-ssh"), ("NetworkPolicy", "r1")}
+    for key in objects:
+        if key[0] not in missing:
+            kube.existing[key] = ours()
+    rec = _reconciler(body, kube, monkeypatch, ensured=False)
+    asyncio.run(rec.step([]))
+    assert rec.ensured
+    read = {call[1:] for call in kube.calls if call[0] == "get"}
+    assert objects <= read
+    created = {call[1:] for call in kube.calls if call[0] == "create" and call[1] != "Pod"}
+    assert created == {key for key in objects if key[0] in missing}
+    assert len(keygen) == ("Secret" in missing)
+    assert [call for call in kube.calls if call[:2] == ("create", "Pod")]  # and the pass goes on to the workers
+
+
+@pytest.mark.parametrize(
+    ("status", "may_exist"),
+    [
+        ({}, False),  # a new run: admitted by this daemon, its objects created without reading first
+        ({"phase": "Pending"}, False),
+        ({"phase": "Running", "taskSnapshot": {"model": {}}}, True),
+        ({"phase": "Suspended", "taskSnapshot": {"model": {}}}, True),
+    ],
+)
+def test_objects_may_exist(status: dict[str, Any], may_exist: bool) -> None:
+    from mlbench_operator.run import ownership
+
+    assert ownership.objects_may_exist(status) is may_exist
+
+
+@pytest.mark.parametrize(
+    ("existing", "create", "held"),
+    [
+        ({}, ["ConfigMap", "Secret"], None),
+        ({"ConfigMap": ours()}, ["Secret"], None),
+        ({"ConfigMap": ours(), "Secret": ours()}, [], None),
+        ({"ConfigMap": ours(uid="uid-old")}, [], "ConfigMap"),  # a deleted run's: a NameConflict, nothing created
+        ({"Secret": ours(run="other")}, [], "Secret"),
+    ],
+)
+def test_to_create(existing: dict[str, Any], create: list[str], held: str | None) -> None:
+    from mlbench_operator.run import ownership
+
+    wanted = [("ConfigMap", "r1-config"), ("Secret", "r1-ssh")]
+    found = {key: existing.get(key[0]) for key in wanted}
+    missing, conflict = ownership.to_create(wanted, found, "r1", "uid-r1")
+    assert [kind for kind, _ in missing] == create
+    assert (conflict[0] if conflict else None) == held

@@ -205,3 +205,33 @@ def test_a_cluster_wide_watch_lists_every_namespace() -> None:
 
     asyncio.run(scenario())
     assert kube.calls[0] == ("list", "/api/v1/pods")
+
+
+def test_a_refused_listing_is_the_watchs_error_until_a_listing_succeeds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The namespace gate (nsgate) reads ``error``: a 403 (the namespace's RoleBinding missing) is kept, and the
+    first listing that succeeds again clears it."""
+    from mlbench_operator.kube import ApiError
+
+    monkeypatch.setattr(podwatch, "POD_WATCH_BACKOFF", (0.05, 0.05))
+    watch_class: Any = podwatch.PodWatch
+    kube = _ScriptedKube(listings=[ApiError(403, "GET", "/pods", "forbidden"), ([], "7")], watches=[])
+
+    async def scenario() -> list[int | None]:
+        watch = watch_class(kube, PodIndex(), _Wakeups(), asyncio.get_running_loop(), namespace="team-b")
+        seen: list[int | None] = [watch.error]
+        watch.start()
+        for _ in range(100):
+            if watch.error is not None:
+                break
+            await asyncio.sleep(0.005)
+        seen.append(watch.error)
+        await asyncio.wait_for(watch.synced.wait(), 5)
+        seen.append(watch.error)
+        watch.stop()
+        kube.released.set()
+        watch._thread.join(5)
+        return seen
+
+    assert asyncio.run(scenario()) == [None, 403, None]

@@ -51,6 +51,7 @@ VARIABLES = (
     "MLBENCH_RUN_SELECTOR",
     "MLBENCH_METRICS_PORT",
     "MLBENCH_RESYNC_SECONDS",
+    "MLBENCH_NAMESPACE_SYNC_SECONDS",
     "MLBENCH_DEBOUNCE_SECONDS",
     "MLBENCH_SHM_SIZE_LIMIT",
     "MLBENCH_OUTPUT_SIZE_LIMIT",
@@ -90,9 +91,11 @@ def test_from_env() -> None:
             "MLBENCH_RUN_SELECTOR": " team=a ",
             "MLBENCH_METRICS_PORT": "0",
             "MLBENCH_RESYNC_SECONDS": "60",
+            "MLBENCH_NAMESPACE_SYNC_SECONDS": "5",
             "MLBENCH_DEBOUNCE_SECONDS": "0",
         }
     )
+    assert config.namespace_sync_seconds == 5.0
     assert config.datasets.access_mode == "ReadWriteMany"
     assert (config.metrics_linger_seconds, config.results_wait_seconds) == (0, 1.0)
     assert config.policy.allow_control_plane
@@ -120,6 +123,7 @@ BAD = [
     ({"MLBENCH_METRICS_PORT": "http"}, "MLBENCH_METRICS_PORT='http' is not an integer"),
     ({"MLBENCH_METRICS_PORT": "70000"}, "MLBENCH_METRICS_PORT=70000 is not a TCP port"),
     ({"MLBENCH_RESYNC_SECONDS": "0"}, "MLBENCH_RESYNC_SECONDS='0' must be greater than 0"),
+    ({"MLBENCH_NAMESPACE_SYNC_SECONDS": "0"}, "MLBENCH_NAMESPACE_SYNC_SECONDS='0' must be greater than 0"),
     ({"MLBENCH_RESYNC_SECONDS": "inf"}, "MLBENCH_RESYNC_SECONDS='inf' must be greater than 0"),
     ({"MLBENCH_DEBOUNCE_SECONDS": "-0.1"}, "MLBENCH_DEBOUNCE_SECONDS='-0.1' must be at least 0"),
     ({"MLBENCH_DEBOUNCE_SECONDS": "short"}, "MLBENCH_DEBOUNCE_SECONDS='short' is not a number of seconds"),
@@ -189,7 +193,11 @@ def test_main_passes_the_config_in_the_memo(no_kopf: dict[str, Any], clean_env: 
         namespaces=("team-a",),  # for the pod watches, as kopf's namespaces
     )
     assert memo.metrics_started is False
-    assert no_kopf["namespaces"] == ["team-a"]
+    # kopf itself watches no namespace (a pattern none matches); the gate (nsgate) hands it the readable ones
+    assert no_kopf["namespaces"] == [main.NO_NAMESPACE]
+    assert not main.NO_NAMESPACE.search("team-a")
+    assert no_kopf["insights"] is memo.insights
+    assert not memo.insights.namespaces
 
 
 def test_main_flags_win_over_the_environment(no_kopf: dict[str, Any], clean_env: pytest.MonkeyPatch) -> None:
@@ -211,6 +219,7 @@ class _SyncedWatch:
     def __init__(self, *args: Any, namespace: str | None, timeout_seconds: int) -> None:
         self.namespace = namespace
         self.synced = asyncio.Event()
+        self.error: int | None = None  # the latest failure's HTTP status (nsgate reads it)
 
     def start(self) -> None:
         _SyncedWatch.started.append(self.namespace)

@@ -3,6 +3,7 @@ volume and fetch Job; names held by another owner and refused creates, reported.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from datetime import datetime
@@ -146,19 +147,42 @@ class Creating(RunDaemon):
 
     async def ensure_objects(self, ctx: runcontext.RunContext, now: datetime) -> bool:
         """ConfigMap, the SSH Secret, the NetworkPolicy and a gang run's PodGroup, before any pod (the Service
-        comes with the launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`)."""
-        keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
-        objs = [
-            runobjects.config_map(ctx),
-            runobjects.ssh_secret(ctx, keys),
-            netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs),
-        ]
+        comes with the launcher: :meth:`ensure_service`); False on a NameConflict (see :meth:`create_owned`).
+
+        A run admitted before this daemon started (an operator restart) has them already: they are read, and
+        only the missing ones are built and created (no new keys, no create answered 409 for each run)."""
         group = runobjects.pod_group(ctx)  # spec.scheduling.gang: before any worker names it
+        wanted = [("ConfigMap", n.config_map_name(ctx.name)), ("Secret", n.ssh_secret_name(ctx.name))]
+        wanted.append(("NetworkPolicy", ctx.name))
         if group is not None:
-            objs.append(group)
-        self.ensured = await self.create_owned(objs, ctx, now)
+            wanted.append(("PodGroup", ctx.name))
+        existing = await self.read_objects(wanted) if self.resumed else {}
+        missing, held = ownership.to_create(wanted, existing, self.name, ctx.uid)
+        if held is not None:
+            await self.name_conflict(_Conflict(*held), now)
+            return False
+        objs = [await self.build_object(kind, ctx, group) for kind, _ in missing]
+        self.ensured = await self.create_owned(objs, ctx, now) if objs else True
         self.pod_group_ensured = self.ensured and group is not None
         return self.ensured
+
+    async def read_objects(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:
+        """The run's objects as they are (None: missing), read in parallel."""
+        found = await asyncio.gather(
+            *(self.kube.run(self.kube.get, kind, self.namespace, name) for kind, name in wanted)
+        )
+        return dict(zip(wanted, found, strict=True))
+
+    async def build_object(self, kind: str, ctx: runcontext.RunContext, group: dict[str, Any] | None) -> dict[str, Any]:
+        """One of the run's objects, built (the Secret with fresh keys: ssh-keygen, on the API pool)."""
+        if kind == "Secret":
+            keys = await self.kube.run(sshkeys.generate_keypair, f"mlbench-{ctx.namespace}-{ctx.name}")
+            return runobjects.ssh_secret(ctx, keys)
+        if kind == "ConfigMap":
+            return runobjects.config_map(ctx)
+        if kind == "PodGroup" and group is not None:
+            return group
+        return netpol.network_policy(ctx, self.config.scraper_namespaces, self.config.scraper_cidrs)
 
     async def ensure_service(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The headless Service that gives the workers their DNS names, right before the launcher (the

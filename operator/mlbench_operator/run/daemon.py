@@ -22,6 +22,7 @@ from mlbench_operator.kube import ApiError, Kube
 from mlbench_operator.podview import PodIndex, PodView
 from mlbench_operator.run import (
     lifecycle,
+    ownership,
     results,
 )
 from mlbench_operator.run.status import (
@@ -91,6 +92,8 @@ class RunDaemon(ABC):
         self.log = log.bind(run=self.name, namespace=self.namespace)
         self.kopf_logger = logger
         self.ensured = False  #: the ConfigMap, Secret and NetworkPolicy exist
+        #: admitted before this daemon started (an operator restart): its objects are read before any is created
+        self.resumed = ownership.objects_may_exist(self.status)
         #: a gang run's PodGroup exists (spec.scheduling.gang may be set while suspended, after the others exist)
         self.pod_group_ensured = False
         self.service_ensured = False  #: the headless Service exists (created with the launcher: see ensure_service)

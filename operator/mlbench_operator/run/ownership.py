@@ -44,6 +44,32 @@ def not_ours(obj: Mapping[str, Any], run: str, uid: str) -> str | None:
     return None
 
 
+def objects_may_exist(status: Mapping[str, Any]) -> bool:
+    """Whether a run's objects (ConfigMap, Secret, NetworkPolicy, PodGroup) may exist already, from its status as
+    a new daemon finds it: they are created only after admission, which writes ``taskSnapshot``. True after an
+    operator restart (or a daemon spawned again): they are read first, not generated and created again."""
+    return bool(status.get("taskSnapshot"))
+
+
+def to_create(
+    wanted: Iterable[tuple[str, str]], existing: Mapping[tuple[str, str], Mapping[str, Any] | None], run: str, uid: str
+) -> tuple[list[tuple[str, str]], tuple[str, str, str] | None]:
+    """Of the run's ``wanted`` objects ``(kind, name)``, those to create (not in ``existing``, or read as missing),
+    and the first held by another owner ``(kind, name, why)`` (:func:`not_ours`; nothing is created then). One
+    that exists and is the run's is reused as it is: the ConfigMap and the Secret are immutable, and the run's
+    world (its hostfile, its keys) never changes."""
+    missing: list[tuple[str, str]] = []
+    for key in wanted:
+        obj = existing.get(key)
+        if obj is None:
+            missing.append(key)
+            continue
+        why = not_ours(obj, run, uid)
+        if why is not None:
+            return [], (*key, why)
+    return missing, None
+
+
 def _without_url(command: Any) -> Any:
     """A fetch command without its source URL's value (:data:`URL_FLAG`): a mirror's Job is the same fetch."""
     if not isinstance(command, list) or URL_FLAG not in command:
