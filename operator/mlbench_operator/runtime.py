@@ -194,7 +194,9 @@ async def write_fenced(
     """One status write of ``owner``'s object at :func:`fence_version` (``write``: its status writer of
     :class:`Kube`). The version written at is kept; a 409 (the object changed since: a deposed leader's late
     write) reads the object again (``read(namespace, name)``), keeps its version and status (``reread``) and
-    raises :class:`StatusConflict`: the next pass plans from what was read."""
+    raises :class:`StatusConflict`: the next pass plans from what was read. When what was read has the status
+    the pass planned from (only metadata or spec moved, e.g. kopf's finalizer patch the watch had not delivered
+    yet: :func:`fence_version`'s rule), the write is made once more at the version read instead."""
     version = fence_version(owner.version, owner.body, owner.status)
     try:
         written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, version)
@@ -202,9 +204,15 @@ async def write_fenced(
         if err.status != 409:
             raise
         live = await owner.kube.run(read, owner.namespace, owner.name) or {}
-        owner.version = str((live.get("metadata") or {}).get("resourceVersion") or "")
-        owner.reread = dict(live.get("status") or {})
-        owner.log.info("status_conflict", version=version, current=owner.version, keys=sorted(changes))
-        raise StatusConflict(f"the status write at resourceVersion {version} was refused (409): read again") from err
+        current = str((live.get("metadata") or {}).get("resourceVersion") or "")
+        if current and _set(live.get("status") or {}) == _set(owner.status):
+            owner.log.info("status_refenced", version=version, current=current)
+            written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, current)
+        else:
+            owner.version = current
+            owner.reread = dict(live.get("status") or {})
+            owner.log.info("status_conflict", version=version, current=current, keys=sorted(changes))
+            message = f"the status write at resourceVersion {version} was refused (409): read again"
+            raise StatusConflict(message) from err
     if written:
         owner.version = str(written)
