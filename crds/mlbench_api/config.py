@@ -20,12 +20,13 @@ from mlbench_api.contract import METRICS_PORT, OUTPUT_DIR
 from mlbench_api.datasets import reserved_path
 from mlbench_api.errors import format_errors
 from mlbench_api.goal import Goal, GoalMode
+from mlbench_api.model import ModelName
 from mlbench_api.network import NetworkConditions
 from mlbench_api.parameters import AlgorithmParameters
 from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides
 from mlbench_api.schedule import AlphaForWorkers, LearningRate, Schedule
-from mlbench_api.task import BenchmarkTaskSpec, Division
-from mlbench_api.training import Algorithm
+from mlbench_api.task import TRANSLATION_MODELS, BenchmarkTaskSpec, Division
+from mlbench_api.training import LANGUAGE_MODEL_ALGORITHMS, TRANSLATION_ALGORITHMS, Algorithm
 
 
 class OverrideNotAllowed(ValueError):
@@ -195,6 +196,34 @@ def check_algorithm(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
         )
 
 
+def kind_algorithms(task: BenchmarkTaskSpec) -> tuple[Algorithm, ...] | None:
+    """The algorithms the task's kind trains with (translation, language model), or None: every one (the
+    image-classification and tabular Trainer runs the whole registry)."""
+    model = task.model_spec
+    if model is None:
+        return None
+    if model.name.value in TRANSLATION_MODELS:
+        return TRANSLATION_ALGORITHMS
+    if model.name is ModelName.AWD_LSTM:
+        return LANGUAGE_MODEL_ALGORITHMS
+    return None
+
+
+def check_kind_algorithm(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
+    """Raise :class:`AlgorithmNotAllowed` when the (effective) task's kind has no loop for the run's algorithm, in
+    either division: a rule of the runner, not of the seeds or the page (which close 4a, 4b and 3a to all-reduce
+    in the closed division only; the catalog's ``algorithms`` says that)."""
+    allowed = kind_algorithms(task)
+    if allowed is None or run.spec.algorithm in allowed:
+        return
+    model = task.model_spec
+    assert model is not None
+    raise AlgorithmNotAllowed(
+        f"spec.algorithm: {run.spec.algorithm.value} has no training loop for a {model.name.value} task "
+        f"(this kind runs: {', '.join(a.value for a in allowed)})"
+    )
+
+
 def _check_closed(task: BenchmarkTaskSpec, overrides: RunOverrides, names: list[str]) -> None:
     """A closed-division task's limits on its overrides: only the fields it names, a variant of its model, a
     mirror of its data; raises :class:`OverrideNotAllowed`."""
@@ -331,6 +360,7 @@ def effective_config(
     spec = run.spec
     check_algorithm(task, run)
     effective = apply_overrides(task, run)
+    check_kind_algorithm(effective, run)
     world = spec.workers * spec.slots_per_worker
     target: float | None = None
     budget: int | None = None

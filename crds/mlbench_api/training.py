@@ -36,6 +36,20 @@ class Algorithm(StrEnum):
 #: The algorithms that compute the reference's update (synchronous averaged-gradient SGD): what a closed task
 #: allows unless it lists others in ``algorithms``.
 REFERENCE_ALGORITHMS = (Algorithm.ALLREDUCE_SGD, Algorithm.DDP)
+#: The algorithms the translation kind's loop runs (models transformer and gnmt; docs/tasks-translation.md): its own
+#: fused all-reduce of the accumulated gradient with the token count (allreduce-sgd; centralized-adam is the same
+#: step, the recipe's Adam on the averaged gradient), the compressed ones and gossip through the runner's registry.
+#: Not ddp: DDP's reducer all-reduces inside backward, per micro-batch, past the loop's one step per accumulation.
+TRANSLATION_ALGORITHMS = (
+    Algorithm.ALLREDUCE_SGD,
+    Algorithm.CENTRALIZED_ADAM,
+    Algorithm.POWERSGD,
+    Algorithm.SIGN_SGD,
+    Algorithm.SPARSIFIED_SGD,
+    Algorithm.DECENTRALIZED_SGD,
+)
+#: The language-modelling kind's loop (awd-lstm) all-reduces its gradient itself: allreduce-sgd only.
+LANGUAGE_MODEL_ALGORITHMS = (Algorithm.ALLREDUCE_SGD,)
 
 
 class LossScaling(ApiModel):

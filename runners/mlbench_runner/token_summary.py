@@ -138,11 +138,15 @@ class RankStart:
     metrics: RunnerMetrics
 
 
-def start_rank(config: RunConfig, world: World, kind: str) -> RankStart:
-    """Refuse any algorithm but allreduce-sgd (``kind`` names the task kind in the message), pick the device, make
-    the output folder, open the event log, serve the metrics and log ``run_start``."""
-    if config.algorithm is not Algorithm.ALLREDUCE_SGD:
-        raise ValueError(f"algorithm: {kind} task runs allreduce-sgd only, not {config.algorithm.value}")
+def start_rank(
+    config: RunConfig, world: World, kind: str, algorithms: Sequence[Algorithm] = (Algorithm.ALLREDUCE_SGD,)
+) -> RankStart:
+    """Refuse any algorithm but ``algorithms`` (``kind`` names the task kind in the message; admission refuses them
+    first: ``mlbench_api.config.check_kind_algorithm``), pick the device, make the output folder, open the event
+    log, serve the metrics and log ``run_start``."""
+    if config.algorithm not in algorithms:
+        runs = ", ".join(a.value for a in algorithms)
+        raise ValueError(f"algorithm: {kind} task runs {runs} only, not {config.algorithm.value}")
     use_gpu = config.backend.value == "nccl" or (config.gpus_per_worker > 0 and torch.cuda.is_available())
     device = torch.device("cuda", world.local_rank % torch.cuda.device_count()) if use_gpu else torch.device("cpu")
     out = Path(config.output_dir)

@@ -5,6 +5,7 @@ scaler's ceiling (single process; the two-rank smoke run is in test_translation_
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -152,11 +153,41 @@ def test_gnmts_coverage_penalty() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gnmt_beam_search_with_beam_one_is_greedy(seed: int) -> None:
     model = tiny_gnmt(seed)
-    kwargs = {"bos": 1, "eos": 2, "max_length": 9}
+    kwargs: dict[str, Any] = {"bos": 1, "eos": 2, "max_length": 9}
     expected = greedy(model, sources(), **kwargs)
     beam = beam_search(model, sources(), beam=1, length_penalty=0.6, length_const=5.0, coverage=0.1, **kwargs)
     assert beam == expected
     assert any(len(h) > 0 for h in expected)
+
+
+def test_gnmt_decoding_one_token_at_a_time_is_decoding_the_whole_prefix() -> None:
+    """decode_step from the state the earlier tokens left gives the whole prefix's logits and attention, step by
+    step; reorder picks the rows' states."""
+    model = tiny_gnmt(4)
+    memory, padding = model.encode(sources())
+    previous = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 4]])
+    logits, weights = model.decode_attention(previous, memory, padding)
+    state = None
+    for t in range(previous.shape[1]):
+        step_logits, step_weights, state = model.decode_step(previous[:, t : t + 1], memory, padding, state)
+        torch.testing.assert_close(step_logits[:, 0], logits[:, t], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(step_weights[:, 0], weights[:, t], rtol=1e-5, atol=1e-6)
+    assert state is not None
+    swapped = model.reorder(state, torch.tensor([1, 0]))
+    assert len(swapped) == len(state) == 3  # the attention LSTM and the two decoder layers
+    for (h, c), (h0, c0) in zip(swapped, state, strict=True):
+        assert torch.equal(h[:, 0], h0[:, 1])
+        assert torch.equal(c[:, 1], c0[:, 0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gnmt_incremental_beam_search_finds_what_the_whole_prefix_search_finds(seed: int) -> None:
+    model = tiny_gnmt(seed)
+    kwargs: dict[str, Any] = {"bos": 1, "eos": 2, "max_length": 9, "beam": 5, "length_penalty": 0.6}
+    for coverage in (0.0, 0.1):
+        whole = beam_search(model, sources(), length_const=5.0, coverage=coverage, incremental=False, **kwargs)
+        assert beam_search(model, sources(), length_const=5.0, coverage=coverage, **kwargs) == whole
+        assert any(len(h) > 0 for h in whole)
 
 
 def test_gnmt_beam_search_with_coverage_returns_one_hypothesis_per_sentence() -> None:

@@ -15,6 +15,7 @@ import torch
 
 from mlbench_api.catalog import get_task
 from mlbench_api.results import RunSummary
+from mlbench_api.training import Algorithm
 from mlbench_runner.comm import Communicator, LocalCommunicator, TorchCommunicator, close_quietly
 from mlbench_runner.language.corpus import batchify, read_corpus, write_synthetic
 from mlbench_runner.language.loop import SMOKE, LanguageRecipe, Trainee, train_language, train_window
@@ -146,6 +147,9 @@ def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_
 
 
 def test_another_algorithm_is_refused_by_name(tmp_path: Path) -> None:
-    config = make_config(get_task("synthetic-awd-lstm-smoke").spec.to_api(), tmp_path / "out", 1, algorithm="powersgd")
+    """Admission refuses it (tests/runner/test_translation_algorithms.py); a config that got past it anyway is
+    refused by the runner too."""
+    config = make_config(get_task("synthetic-awd-lstm-smoke").spec.to_api(), tmp_path / "out", 1)
+    config = config.model_copy(update={"algorithm": Algorithm.POWERSGD})
     with pytest.raises(ValueError, match="algorithm: an awd-lstm task runs allreduce-sgd only, not powersgd"):
         run_language(config)

@@ -5,12 +5,14 @@ A hypothesis's score is the sum of its tokens' log-probabilities (eos included) 
 ``length ** length_penalty`` (fairseq's ``--lenpen``; 1.0 is the mean per token, 0.0 the raw sum), or with a
 ``length_const`` c GNMT's ``((c + length) / (c + 1)) ** length_penalty``; GNMT's coverage penalty adds
 ``coverage * sum_j log(min(1, attention on source token j summed over the steps))`` (a log of 0 counts 0, as the
-reference). Each step runs the decoder over the whole prefix (no incremental state): simple, and exact.
+reference). Each step runs the decoder over the whole prefix, or, for a model with a recurrent decoder state
+(:class:`Stepping`: GNMT), over the last token only from the state the prefix left, the survivors' states reordered
+as the beam is (``incremental``, the default: the same scores up to rounding, without the quadratic cost).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -32,6 +34,48 @@ class Attending(Seq2Seq, Protocol):
     def decode_attention(
         self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class Stepping(Seq2Seq, Protocol):
+    """A model whose decoder carries its prefix in a state (GNMT's LSTMs): one token at a time, the attention too."""
+
+    def decode_step(
+        self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]: ...
+
+    def reorder(self, state: Any, rows: torch.Tensor) -> Any: ...
+
+
+class Scorer:
+    """The next token's log-probabilities for every live hypothesis, and the attention each has paid per source
+    token so far when the coverage penalty needs it: over the whole prefix, or one step from a :class:`Stepping`
+    model's state (:meth:`survivors` then carries the state and the attention sums into the next step)."""
+
+    def __init__(
+        self, model: Seq2Seq, memory: torch.Tensor, padding: torch.Tensor, coverage: float, incremental: bool
+    ) -> None:
+        self.model, self.memory, self.padding, self.coverage = model, memory, padding, coverage
+        self.stepping = model if incremental and isinstance(model, Stepping) else None
+        self.state: Any = None
+        self.covered: torch.Tensor | None = None  #: (rows, source length): attention summed over the steps
+
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.stepping is None:
+            return scored_step(self.model, tokens, self.memory, self.padding, self.coverage)
+        logits, attention, self.state = self.stepping.decode_step(tokens[:, -1:], self.memory, self.padding, self.state)
+        step = attention[:, 0].float()
+        self.covered = step if self.covered is None else self.covered + step
+        logp = torch.log_softmax(masked_last(logits, self.model.pad, int(tokens[0, 0])), dim=-1)
+        return logp, self.covered.unsqueeze(1) if self.coverage else None
+
+    def survivors(self, rows: list[int]) -> None:
+        """Keep the state of hypotheses ``rows`` (each next row's origin), in that order."""
+        if self.stepping is None or self.covered is None:
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self.covered.device)
+        self.state = self.stepping.reorder(self.state, index)
+        self.covered = self.covered.index_select(0, index)
 
 
 def masked_last(logits: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
@@ -109,6 +153,7 @@ def beam_search(
     length_penalty: float = 1.0,
     length_const: float | None = None,
     coverage: float = 0.0,
+    incremental: bool = True,
 ) -> list[list[int]]:
     """The best hypothesis per sentence among ``beam`` kept at each step; eos is not returned.
 
@@ -116,8 +161,8 @@ def beam_search(
     as fairseq, so that ``beam`` survive when some end); a candidate among the best ``beam`` that ends in eos is
     finished with its normalised score, the best ``beam`` others go on. A sentence is done once it has ``beam``
     finished hypotheses (fairseq's default early stop); at ``max_length`` the best live ones finish as they are.
-    ``length_const`` and ``coverage`` are GNMT's length normalisation and coverage penalty (module docstring).
-    The caller puts the model in eval mode.
+    ``length_const`` and ``coverage`` are GNMT's length normalisation and coverage penalty (module docstring);
+    ``incremental`` decodes a :class:`Stepping` model one token at a time. The caller puts the model in eval mode.
     """
     batch = source.shape[0]
     memory, padding = model.encode(source)
@@ -127,8 +172,10 @@ def beam_search(
     scores = torch.zeros(batch, beam, device=source.device)
     scores[:, 1:] = float("-inf")  # all beams start equal: keep one, or the first step picks one token beam times
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    scorer = Scorer(model, memory, padding, coverage, incremental)
     for length in range(1, max_length + 1):
-        logp, attention = scored_step(model, tokens, memory, padding, coverage)
+        logp, attention = scorer(tokens)
+        origins: list[int] = []
         vocab = logp.shape[-1]
         total = (scores.view(-1, 1) + logp).view(batch, beam * vocab)
         top, flat = total.topk(2 * beam, dim=1)
@@ -151,11 +198,14 @@ def beam_search(
                     continue
                 if kept < beam:
                     next_tokens.append(torch.cat([row, row.new_tensor([w])]))
+                    origins.append(b * beam + o)
                     next_scores[b, kept] = score
                     kept += 1
             for _ in range(kept, beam):  # a sentence with fewer live hypotheses: dead padding rows
                 next_tokens.append(torch.cat([tokens[b * beam], tokens.new_tensor([eos])]))
+                origins.append(b * beam)
         if all(len(f) >= beam for f in finished):
             break
         tokens, scores = torch.stack(next_tokens), next_scores
+        scorer.survivors(origins)
     return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]

@@ -19,6 +19,8 @@ from torch import nn
 
 #: The reference's uniform initialisation range.
 INIT = 0.1
+#: The decoder's LSTMs' (h, c), each (1, batch, hidden): the attention LSTM's first, then each decoder layer's.
+LstmStates = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,30 @@ class Gnmt(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (batch, length, vocab) for each next target token given the ``previous`` ones, and the attention
         weights (batch, length, source length) that produced them."""
-        x, _ = self.attention_rnn(self.dropout(self.embed_target(previous)))
+        logits, weights, _ = self.decode_step(previous, memory, padding, None)
+        return logits, weights
+
+    def decode_step(
+        self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor, state: LstmStates | None
+    ) -> tuple[torch.Tensor, torch.Tensor, LstmStates]:
+        """:meth:`decode_attention` of the tokens ``previous`` that follow a prefix whose decoder ``state`` (each
+        LSTM's (h, c), None: the empty prefix, the zero state) is given, and the state after them. The decoder's
+        only memory of the prefix is that state, so decoding one token at a time is decoding the whole prefix."""
+        old: LstmStates | list[None] = state if state is not None else [None] * len(self.decoder) + [None]
+        x, first = self.attention_rnn(self.dropout(self.embed_target(previous)), old[0])
         context, weights = self.attention(x, memory, padding)
-        x, _ = self.decoder[0](torch.cat([self.dropout(x), context], dim=2))
-        for layer in self.decoder[1:]:
+        new = [first]
+        for i, layer in enumerate(self.decoder):
             residual = x
-            x, _ = layer(torch.cat([self.dropout(x), context], dim=2))
-            x = x + residual
-        return self.classifier(x), weights
+            x, kept = layer(torch.cat([self.dropout(x), context], dim=2), old[i + 1])
+            x = x + residual if i > 0 else x  # residual from the decoder's second LSTM (the third layer) on
+            new.append(kept)
+        return self.classifier(x), weights, new
+
+    @staticmethod
+    def reorder(state: LstmStates, rows: torch.Tensor) -> LstmStates:
+        """The decoder state of batch rows ``rows`` (a beam's survivors, in their new order)."""
+        return [(h.index_select(1, rows), c.index_select(1, rows)) for h, c in state]
 
     def decode(self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
         return self.decode_attention(previous, memory, padding)[0]

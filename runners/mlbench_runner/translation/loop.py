@@ -15,16 +15,20 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from mlbench_api.goal import Goal, GoalMetric, GoalMode
-from mlbench_runner.comm import Communicator
+from mlbench_api.results import CommunicationRecord
+from mlbench_runner.algorithms.base import CommunicationPlan, DistributedAlgorithm
+from mlbench_runner.comm import Communicator, CountingCommunicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
 from mlbench_runner.metrics import RunnerMetrics
 from mlbench_runner.schedule import warmup_inverse_sqrt
+from mlbench_runner.translation.algorithm_step import algorithm_step
 from mlbench_runner.translation.bleu import corpus_bleu
 from mlbench_runner.translation.corpus import (
     ParallelText,
@@ -40,6 +44,7 @@ from mlbench_runner.translation.gnmt import Gnmt, GnmtShape
 from mlbench_runner.translation.optim import (
     LossScaler,
     MicroBatch,
+    StepOutcome,
     accumulated_step,
     exponential_warmup_step_decay,
     label_smoothed_loss,
@@ -153,17 +158,18 @@ SMOKE = TranslationRecipe(
 )
 
 #: The GNMT smoke size (NOT task 4a): 4a's rule on a 2 + 2-layer, 256-wide GNMT without dropout on the synthetic pair,
-#: 64 sentences per step, peak 3e-3 after 20 steps, the first halving after 80 % of 12 epochs, goal 8 BLEU (GNMT
-#: learns the pair's alignment far more slowly than the Transformer: about 11 BLEU after 10 epochs on 2 ranks).
+#: 64 sentences per step, peak 6e-3 after 20 steps, the first halving after 80 % of 12 epochs, decoding at most 16
+#: tokens (the pair's sentences have at most 12), goal 8 BLEU (GNMT learns the pair's alignment far more slowly than
+#: the Transformer: about 13 BLEU after 5 epochs on 2 ranks).
 SMOKE_GNMT = dataclasses.replace(
     RECIPE_4A,
     shape=GnmtShape(hidden=256, layers=2, dropout=0.0),
     sentences_per_step=64,
     max_sentences=32,
-    peak_lr=3e-3,
+    peak_lr=6e-3,
     warmup=20,
     max_length=24,
-    test_max_length=32,
+    test_max_length=16,
     max_epochs=12,
     decay=StepDecay(start=0.8),
     goal=bleu_goal(8.0),
@@ -192,7 +198,15 @@ class TranslationResult:
     compute_seconds: float = 0.0
     communication_seconds: float = 0.0
     signature: str = ""  #: sacrebleu's
+    plan: CommunicationPlan | None = None  #: a registry algorithm's declared collectives and bytes per step
+    algorithm_bytes: int = 0  #: what the registry algorithm handed its communicator in the steps (this rank)
     hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
+
+    def communication(self) -> CommunicationRecord | None:
+        """The registry algorithm's declared bytes per step next to those counted in the steps (None: fused)."""
+        if self.plan is None:
+            return None
+        return self.plan.record(self.algorithm_bytes / self.steps if self.steps else None)
 
 
 def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Module:
@@ -309,6 +323,61 @@ def gather_hypotheses(
     return ordered
 
 
+def one_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[MicroBatch],
+    comm: Communicator,
+    scaler: LossScaler,
+    *,
+    algorithm: DistributedAlgorithm | None,
+    result: TranslationResult,
+    options: dict[str, Any],
+) -> StepOutcome:
+    """The fused step, or the registry algorithm's (its bytes counted into ``result``)."""
+    if algorithm is None:
+        return accumulated_step(model, optimizer, batches, comm, scaler, **options)
+    sent = counted_bytes(algorithm)
+    outcome = algorithm_step(model, optimizer, batches, comm, scaler, algorithm=algorithm, **options)
+    result.algorithm_bytes += counted_bytes(algorithm) - sent
+    return outcome
+
+
+def counted_bytes(algorithm: DistributedAlgorithm) -> int:
+    """What the algorithm's communicator has counted so far (0 when it does not count, e.g. ddp's)."""
+    comm = algorithm.comm
+    return comm.bytes if isinstance(comm, CountingCommunicator) and algorithm.counted else 0
+
+
+def evaluate(
+    model: nn.Module,
+    test: ParallelText,
+    vocab: Vocabulary,
+    recipe: TranslationRecipe,
+    *,
+    comm: Communicator,
+    result: TranslationResult,
+    algorithm: DistributedAlgorithm | None = None,
+) -> tuple[float, float | None]:
+    """The test split's mean NLL, and BLEU when the goal is BLEU (its hypotheses and signature into ``result``);
+    under ``algorithm``, of the model it evaluates (gossip: the ranks' average, put back afterwards)."""
+    device = next(model.parameters()).device
+    mine_rows = list(range(comm.rank, len(test.source), comm.size))
+    if algorithm is not None:
+        algorithm.before_evaluation(model)
+    nll = mean_test_nll(model, test, mine_rows, vocab, comm)
+    mine = translate(model, test, mine_rows, vocab, recipe) if recipe.goal.metric is GoalMetric.BLEU else None
+    if algorithm is not None:
+        algorithm.after_evaluation(model)
+    if mine is None:
+        return nll, None
+    ids = gather_hypotheses(comm, mine, len(test.source), recipe.longest_test + 1, device)
+    result.hypotheses = [merge_bpe(vocab.decode(h)) for h in ids]
+    scored = corpus_bleu(result.hypotheses, test.references)
+    result.signature = scored.signature
+    return nll, scored.score
+
+
 def train_translation(
     root: Path,
     recipe: TranslationRecipe,
@@ -321,10 +390,13 @@ def train_translation(
     device: torch.device | None = None,
     metrics: RunnerMetrics | None = None,
     log: EventLog | None = None,
+    algorithm: DistributedAlgorithm | None = None,
 ) -> TranslationResult:
     """Train on ``root``'s ``train`` split to the recipe's goal on the ``test`` split: time-to-accuracy stops at
     the first evaluation that meets it; accuracy-after-time trains until the budget is spent (checked every
-    BUDGET_EVERY steps) and is judged by its last evaluation. Either way at most ``max_epochs``."""
+    BUDGET_EVERY steps) and is judged by its last evaluation. Either way at most ``max_epochs``. Each step is the
+    fused all-reduce (:func:`~.optim.accumulated_step`), or with ``algorithm`` (a registry algorithm over ``comm``)
+    :func:`~.algorithm_step.algorithm_step`, which evaluates the ranks' consensus model as the Trainer does."""
     clock = time.perf_counter()
     goal = recipe.goal
     budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
@@ -334,29 +406,30 @@ def train_translation(
     torch.manual_seed(seed)  # the same initial model on every rank
     device = device or torch.device("cpu")
     model = build_model(recipe.shape, vocab).to(device)
+    if algorithm is not None:
+        model = algorithm.prepare(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=recipe.betas, eps=recipe.eps)
     scaler = LossScaler(recipe.initial_scale, recipe.scale_factor, recipe.scale_window, recipe.max_scale)
     lengths = [max(len(s), len(t)) for s, t in zip(train.source, train.target, strict=True)]
     batches, freq = rank_batches(lengths, recipe, comm.size)
     total_steps = len(batches) // (comm.size * freq) * recipe.max_epochs
-    result = TranslationResult(update_freq=freq)
+    result = TranslationResult(update_freq=freq, plan=algorithm.plan(model) if algorithm is not None else None)
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
         for rows in step_plan(batches, world=comm.size, rank=comm.rank, freq=freq, seed=seed, epoch=epoch):
             lr = recipe.rate(result.steps, total_steps)
-            outcome = accumulated_step(
-                model,
-                optimizer,
-                [micro_batch(train, r, vocab, device) for r in rows],
-                comm,
-                scaler,
-                lr=lr,
-                pad=vocab.pad,
-                smoothing=recipe.smoothing,
-                autocast=autocast,
-                per_sentence=recipe.sentences_per_step is not None,
-                clip_norm=recipe.clip_norm,
+            options = {
+                "lr": lr,
+                "pad": vocab.pad,
+                "smoothing": recipe.smoothing,
+                "autocast": autocast,
+                "per_sentence": recipe.sentences_per_step is not None,
+                "clip_norm": recipe.clip_norm,
+            }
+            batches_now = [micro_batch(train, r, vocab, device) for r in rows]
+            outcome = one_step(
+                model, optimizer, batches_now, comm, scaler, algorithm=algorithm, result=result, options=options
             )
             result.steps += 1
             result.tokens += outcome.tokens
@@ -374,15 +447,7 @@ def train_translation(
                 out_of_time = True
                 break
         result.skipped_steps = scaler.skipped
-        mine_rows = list(range(comm.rank, len(test.source), comm.size))
-        nll = mean_test_nll(model, test, mine_rows, vocab, comm)
-        bleu = None
-        if goal.metric is GoalMetric.BLEU:
-            mine = translate(model, test, mine_rows, vocab, recipe)
-            ids = gather_hypotheses(comm, mine, len(test.source), recipe.longest_test + 1, device)
-            result.hypotheses = [merge_bpe(vocab.decode(h)) for h in ids]
-            scored = corpus_bleu(result.hypotheses, test.references)
-            bleu, result.signature = scored.score, scored.signature
+        nll, bleu = evaluate(model, test, vocab, recipe, comm=comm, result=result, algorithm=algorithm)
         score = epoch_score(goal.metric, 0.0, nll, bleu)
         elapsed = time.perf_counter() - clock
         record = EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed)

@@ -3,8 +3,10 @@ in, rank 0's RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.
 
 The task's sections become a :class:`~.loop.TranslationRecipe` (:func:`recipe_for`); the data is the task's
 ``parallel-text`` folder, or the synthetic pair (NOT WMT) generated into this rank's output folder for format
-``synthetic``. Only the reference algorithm runs it (allreduce-sgd: one all-reduce of the summed gradients per
-optimizer step).
+``synthetic``. allreduce-sgd and centralized-adam run the loop's fused step (one all-reduce of the summed
+gradients and the token count per optimizer step); powersgd, sign-sgd, sparsified-sgd and decentralized-sgd run
+through the runner's algorithm registry (:mod:`~.algorithm_step`), their declared and counted bytes per step in the
+summary's ``communication``; ddp is refused (``mlbench_api.training.TRANSLATION_ALGORITHMS``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_api.model import ModelSpec
 from mlbench_api.results import RunSummary
 from mlbench_api.schedule import Schedule
-from mlbench_api.training import Training
-from mlbench_runner.comm import close_quietly, make_communicator
+from mlbench_api.training import TRANSLATION_ALGORITHMS, Training
+from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
+from mlbench_runner.comm import CountingCommunicator, close_quietly, make_communicator
 from mlbench_runner.token_summary import finish, record_rank, start_rank, summary_of
+from mlbench_runner.translation.algorithm_step import FUSED
 from mlbench_runner.translation.corpus import write_synthetic
 from mlbench_runner.translation.gnmt import GnmtShape
 from mlbench_runner.translation.loop import StepDecay, TranslationRecipe, train_translation
@@ -109,17 +113,26 @@ def data_folder(dataset: DatasetSpec, out: Path, rank: int) -> Path:
     return Path(dataset.path)
 
 
+def registry_algorithm(config: RunConfig, comm: CountingCommunicator) -> DistributedAlgorithm | None:
+    """The run's algorithm from the runner's registry over ``comm``, or None for the loop's fused step."""
+    name = config.algorithm.value
+    if name in FUSED:
+        return None
+    return make_algorithm(name, comm, config.bucketing.value, config.algorithm_parameters, config.seed)
+
+
 def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     """Train this rank of a translation task; rank 0 writes and returns the RunSummary."""
     started = time.perf_counter()
     world = world or detect_world()
     recipe = recipe_for(config)
-    rank = start_rank(config, world, f"a {config.task.model.name.value}")
+    rank = start_rank(config, world, f"a {config.task.model.name.value}", TRANSLATION_ALGORITHMS)
     extra = config.task.training.translation
     autocast = PRECISIONS[extra.precision] if extra is not None and rank.device.type == "cuda" else None
     root = data_folder(config.task.dataset, rank.out, world.rank)
     rank.log.event("hyperparameters", task=config.task_name, recipe=str(recipe), data=str(root))
     comm = make_communicator(world, config.backend.value)
+    algorithm = registry_algorithm(config, CountingCommunicator(comm))
     try:
         result = train_translation(
             root,
@@ -130,6 +143,7 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
             device=rank.device,
             metrics=rank.metrics,
             log=rank.log,
+            algorithm=algorithm,
         )
     finally:
         close_quietly(comm, orderly=True)
@@ -147,5 +161,6 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
         bleu_signature=result.signature or None,
         skipped_steps=result.skipped_steps,
         update_freq=result.update_freq,
+        communication=result.communication(),
     )
     return finish(rank, summary)
