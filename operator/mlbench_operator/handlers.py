@@ -56,7 +56,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 300
     settings.watching.chunk_size = PAGE_SIZE  # kopf's initial listings (runs, sweeps, Jobs) in pages too
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
-    memo.kube = memo.get("kube") or Kube()
+    memo.kube = memo.get("kube") or Kube(create_slots=config.create_slots)
     memo.wakeups = Wakeups()
     memo.pods = PodIndex()
     loop = asyncio.get_running_loop()

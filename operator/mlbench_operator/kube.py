@@ -23,6 +23,8 @@ from kubernetes import config as k8s_config
 from mlbench_api.common import GROUP, VERSION
 from mlbench_operator import __version__
 from mlbench_operator import metrics as m
+from mlbench_operator import naming as n
+from mlbench_operator.fairshare import CREATE_SLOTS, FairSlots, Owner
 from mlbench_operator.liveness import Progress
 
 T = TypeVar("T")
@@ -117,13 +119,24 @@ def page_query(query: list[tuple[str, str]], limit: int, token: str) -> list[tup
     return [*query, ("limit", str(limit)), *([("continue", token)] if token else [])]
 
 
+def create_owner(obj: Mapping[str, Any]) -> Owner:
+    """Whose turn a create is (:mod:`.fairshare`): (its namespace, its run's label, else its own name)."""
+    meta = obj.get("metadata") or {}
+    run = (meta.get("labels") or {}).get(n.LABEL_RUN) or meta.get("name")
+    return str(meta.get("namespace") or ""), str(run or "")
+
+
 class Kube:
     """Thread-safe, counted API access for the reconciler."""
 
-    def __init__(self, configuration: k8s.Configuration | None = None, concurrency: int = 16) -> None:
+    def __init__(
+        self, configuration: k8s.Configuration | None = None, concurrency: int = 16, create_slots: int = CREATE_SLOTS
+    ) -> None:
         self.api = k8s.ApiClient(configuration or load_configuration())
         self.api.user_agent = USER_AGENT
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        #: Creates in flight, shared fairly between namespaces and runs (:mod:`.fairshare`, ``MLBENCH_CREATE_SLOTS``).
+        self.creates = FairSlots(create_slots)
         #: Calls in and out of the pool: what the liveness probe judges (:func:`.liveness.verdict`).
         self.progress = Progress()
 
@@ -214,11 +227,17 @@ class Kube:
     async def create_many(self, objs: Iterable[dict[str, Any]]) -> list[BaseException | bool | str]:
         """Create objects in parallel on the pool; per-object outcome (the UID or True, False, or the error).
 
+        Each create holds one of :attr:`creates`' slots, given in turn to the namespaces and runs that wait
+        (:func:`create_owner`): one run's thousand creates do not queue ahead of another tenant's few.
         A coroutine, not a blocking call run on the pool: a pool thread that waited for other pool
         tasks would deadlock once every thread waits (16 runs fanning out at once).
         """
-        results = await asyncio.gather(*(self.run(self.create, o) for o in objs), return_exceptions=True)
+        results = await asyncio.gather(*(self._create_fairly(o) for o in objs), return_exceptions=True)
         return [r if isinstance(r, (BaseException, str)) else bool(r) for r in results]
+
+    async def _create_fairly(self, obj: dict[str, Any]) -> bool | str:
+        async with self.creates.hold(create_owner(obj)):
+            return await self.run(self.create, obj)
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """An object of a kind in ``_PLURALS`` (e.g. Service, Job); None when it does not exist."""

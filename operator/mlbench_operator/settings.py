@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mlbench_api import bundle, contract
 from mlbench_api.common import DNS1123_SUBDOMAIN, QUANTITY
-from mlbench_operator import egress, nsready
+from mlbench_operator import egress, fairshare, nsready
 from mlbench_operator import naming as n
 from mlbench_operator.env import SettingsError, cidrs, integer, port, seconds
 from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE, AdmissionPolicy
@@ -270,6 +270,9 @@ class OperatorConfig:
     #: ``MLBENCH_NAMESPACE_SYNC_SECONDS``: with ``namespaces``, how long the start waits for one's first pod listing
     #: before it serves the others without it (:mod:`.nsready`).
     namespace_sync_seconds: float = nsready.SYNC_SECONDS
+    #: ``MLBENCH_CREATE_SLOTS``: creates in flight at once, all runs together, handed out in turn to the
+    #: namespaces, then the runs, that wait (:mod:`.fairshare`).
+    create_slots: int = fairshare.CREATE_SLOTS
     resync_seconds: float = RESYNC_SECONDS
     debounce_seconds: float = DEBOUNCE_SECONDS
     progress_seconds: float = PROGRESS_SECONDS
@@ -292,6 +295,7 @@ class OperatorConfig:
             run_selector=env.get("MLBENCH_RUN_SELECTOR", "").strip(),
             metrics_port=port(env, "MLBENCH_METRICS_PORT", METRICS_PORT),
             namespace_sync_seconds=seconds(env, "MLBENCH_NAMESPACE_SYNC_SECONDS", nsready.SYNC_SECONDS, positive=True),
+            create_slots=integer(env, "MLBENCH_CREATE_SLOTS", fairshare.CREATE_SLOTS),
             resync_seconds=seconds(env, "MLBENCH_RESYNC_SECONDS", RESYNC_SECONDS, positive=True),
             debounce_seconds=seconds(env, "MLBENCH_DEBOUNCE_SECONDS", DEBOUNCE_SECONDS),
             progress_seconds=seconds(env, "MLBENCH_PROGRESS_SECONDS", PROGRESS_SECONDS, positive=True),

@@ -67,7 +67,8 @@ def _gang(name: str, workers: int) -> dict[str, Any]:
 
 
 def _all_created(runs: Runs, run: str, workers: int) -> dict[str, dict[str, Any]] | None:
-    pods = runs.pods(run)
+    """The run's workers once all exist (a plain run's launcher may already follow them: kwok makes them Ready)."""
+    pods = {name: pod for name, pod in runs.pods(run).items() if not name.endswith("-launcher")}
     return pods if len(pods) == workers else None
 
 

@@ -53,6 +53,7 @@ VARIABLES = (
     "MLBENCH_RESYNC_SECONDS",
     "MLBENCH_NAMESPACE_SYNC_SECONDS",
     "MLBENCH_DEBOUNCE_SECONDS",
+    "MLBENCH_CREATE_SLOTS",
     "MLBENCH_SHM_SIZE_LIMIT",
     "MLBENCH_OUTPUT_SIZE_LIMIT",
 )
@@ -75,6 +76,7 @@ def test_defaults_are_an_empty_environment() -> None:
     assert config.metrics_linger_seconds == contract.METRICS_LINGER_SECONDS
     assert (config.metrics_port, config.run_selector) == (8080, "")
     assert (config.resync_seconds, config.debounce_seconds) == (300.0, 0.3)
+    assert config.create_slots == 16
     assert config.scraper_namespaces == ("mlbench-system", "monitoring")
 
 
@@ -93,8 +95,10 @@ def test_from_env() -> None:
             "MLBENCH_RESYNC_SECONDS": "60",
             "MLBENCH_NAMESPACE_SYNC_SECONDS": "5",
             "MLBENCH_DEBOUNCE_SECONDS": "0",
+            "MLBENCH_CREATE_SLOTS": "3",
         }
     )
+    assert config.create_slots == 3
     assert config.namespace_sync_seconds == 5.0
     assert config.datasets.access_mode == "ReadWriteMany"
     assert (config.metrics_linger_seconds, config.results_wait_seconds) == (0, 1.0)
@@ -126,6 +130,8 @@ BAD = [
     ({"MLBENCH_NAMESPACE_SYNC_SECONDS": "0"}, "MLBENCH_NAMESPACE_SYNC_SECONDS='0' must be greater than 0"),
     ({"MLBENCH_RESYNC_SECONDS": "inf"}, "MLBENCH_RESYNC_SECONDS='inf' must be greater than 0"),
     ({"MLBENCH_DEBOUNCE_SECONDS": "-0.1"}, "MLBENCH_DEBOUNCE_SECONDS='-0.1' must be at least 0"),
+    ({"MLBENCH_CREATE_SLOTS": "0"}, "MLBENCH_CREATE_SLOTS='0' must be at least 1"),
+    ({"MLBENCH_CREATE_SLOTS": "many"}, "MLBENCH_CREATE_SLOTS='many' is not an integer"),
     ({"MLBENCH_DEBOUNCE_SECONDS": "short"}, "MLBENCH_DEBOUNCE_SECONDS='short' is not a number of seconds"),
 ]
 
