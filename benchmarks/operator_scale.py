@@ -133,6 +133,60 @@ def requests_delta(before: dict[str, float], after: dict[str, float], least: int
     return {k: v for k, v in sorted(grown.items()) if v >= least}
 
 
+def bare_worker_pods(
+    namespace: str, count: int, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """``count`` pods of the shape of a run's workers (as the operator builds them), with no run behind them:
+    no ownerReference, ``labels`` instead of the operator's (None: keep the operator's), ``annotations`` added."""
+    body = h.run("floor", namespace, workers=count, resources={"cpu": "10m", "memory": "16Mi"})
+    admitted = admission.admit(body, h.task())
+    assert not isinstance(admitted, admission.Rejection), admitted
+    pods = []
+    for rank in range(count):
+        pod = runpods.worker_pod(admitted[0], rank, 0)
+        pod["metadata"].pop("ownerReferences", None)  # no run behind them
+        if labels is not None:
+            pod["metadata"]["labels"] = dict(labels)
+        if annotations:
+            pod["metadata"]["annotations"] = {**(pod["metadata"].get("annotations") or {}), **annotations}
+        pods.append(pod)
+    return pods
+
+
+def start_operator(
+    kubeconfig: Path, port: int, selector: str, log: Path, wrapper: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """The operator of this checkout as a process (the only replica, no liveness server) that reconciles the runs
+    labelled ``selector``, its log appended to ``log``; ``wrapper`` goes before the command (e.g. ``prlimit``, which
+    execs it: the pid is the operator's); returns once its /metrics answer."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PYTHONPATH": os.pathsep.join(str(REPO / s) for s in ("crds", "operator", "runners", "")),
+    }
+    argv = [
+        *wrapper,
+        sys.executable,
+        "-m",
+        "mlbench_operator.main",
+        f"--metrics-port={port}",
+        "--liveness=",
+        f"--selector={selector}",  # leave other runs on the cluster alone
+        "--no-leader-elect",  # the only replica
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            operator_requests(port)
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"operator did not start; see {log}") from None
+            time.sleep(0.3)
+
+
 # -- CPU accounting ------------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (``/proc/<pid>/stat``); 0.0 when it is gone."""
@@ -393,17 +447,8 @@ class Bench:
         straight to the API server by a plain ``threads``-thread client; seconds until all are Running."""
         ns = f"floor-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", ns)
-        body = h.run("floor", ns, workers=workers, resources={"cpu": "10m", "memory": "16Mi"})
-        admitted = admission.admit(body, h.task())
-        assert not isinstance(admitted, admission.Rejection), admitted
-        ctx = admitted[0]
-        pods = []
-        for rank in range(workers):
-            pod = runpods.worker_pod(ctx, rank, 0)
-            pod["metadata"].pop("ownerReferences", None)  # no run behind them
-            # not the operator's labels: its pod watch must not see (or slow) the floor
-            pod["metadata"]["labels"] = {"mlbench.io/run": "floor", "mlbench.io/role": "worker"}
-            pods.append(pod)
+        # not the operator's labels: its pod watch must not see (or slow) the floor
+        pods = bare_worker_pods(ns, workers, {"mlbench.io/run": "floor", "mlbench.io/role": "worker"})
         selector = "mlbench.io/run=floor,mlbench.io/role=worker"
         watch = self.watch(ns, selector)
         api0 = apiserver_metrics(self.kube)
@@ -615,37 +660,10 @@ def main(argv: list[str] | None = None) -> int:
         bench.profile, bench.py_spy = args.profile, args.py_spy
         bench.kubectl("apply", "-f", "-", input=json.dumps(h.task()))
         port = free_port()
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(kubeconfig),
-            "PYTHONPATH": os.pathsep.join(str(REPO / s) for s in ("crds", "operator", "runners", "")),
-        }
         log = Path(tempfile.gettempdir()) / "mlbench-operator-scale.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mlbench_operator.main",
-                    f"--metrics-port={port}",
-                    "--liveness=",
-                    "--selector=mlbench.io/benchmark=operator-scale",  # leave other runs on the cluster alone
-                    "--no-leader-elect",  # the only replica
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        log.unlink(missing_ok=True)
+        proc = start_operator(kubeconfig, port, "mlbench.io/benchmark=operator-scale", log)
         print(f"operator pid {proc.pid}, log {log}", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                operator_requests(port)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"operator did not start; see {log}") from None
-                time.sleep(0.3)
         results = []
         for n in args.workers:
             for _ in range(args.repeat):

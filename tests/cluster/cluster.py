@@ -437,6 +437,21 @@ class LocalCluster:
             return None
         return pid
 
+    def restart_component(self, component: str, timeout: float = 120.0) -> float:
+        """Stop one running control-plane component (SIGTERM, as a kubelet restarting a static pod) and start
+        it again with the same command line; returns the seconds until it was back (the kube-apiserver:
+        ``/readyz`` answers)."""
+        pid = self._pid_alive(component)
+        if pid is None:
+            raise RuntimeError(f"{component} is not running in {self.root}")
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        t0 = time.monotonic()
+        self._stop_component(component, grace=10.0)
+        self._spawn(component, argv)
+        if component == "kube-apiserver":
+            self._wait(lambda: self._get_ok(f"{self.state()['server']}/readyz"), t0 + timeout, component)
+        return time.monotonic() - t0
+
     def _stop_component(self, component: str, grace: float) -> None:
         """Stop one component; a process this object spawned is forgotten too, so that waits that watch for
         components exiting (``_wait``) no longer count it."""
