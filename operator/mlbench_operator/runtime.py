@@ -198,17 +198,20 @@ async def write_fenced(
     the pass planned from (only metadata or spec moved, e.g. kopf's finalizer patch the watch had not delivered
     yet: :func:`fence_version`'s rule), the write is made once more at the version read instead."""
     version = fence_version(owner.version, owner.body, owner.status)
-    try:
-        written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, version)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-        live = await owner.kube.run(read, owner.namespace, owner.name) or {}
-        current = str((live.get("metadata") or {}).get("resourceVersion") or "")
-        if current and _set(live.get("status") or {}) == _set(owner.status):
-            owner.log.info("status_refenced", version=version, current=current)
-            written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, current)
-        else:
+    written: Any = None
+    for refence in (True, False):
+        try:
+            written = await write_status(owner.kube, write, owner.namespace, owner.name, changes, version)
+            break
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            live = await owner.kube.run(read, owner.namespace, owner.name) or {}
+            current = str((live.get("metadata") or {}).get("resourceVersion") or "")
+            if refence and current and _set(live.get("status") or {}) == _set(owner.status):
+                owner.log.info("status_refenced", version=version, current=current)
+                version = current
+                continue
             owner.version = current
             owner.reread = dict(live.get("status") or {})
             owner.log.info("status_conflict", version=version, current=current, keys=sorted(changes))

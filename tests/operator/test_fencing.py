@@ -82,6 +82,24 @@ def test_a_version_moved_by_metadata_only_is_written_at_again() -> None:
     assert (owner.version, owner.reread) == ("5", None)
 
 
+def test_a_second_refusal_after_the_refence_is_a_conflict() -> None:
+    """The version read moved again before the second write (another writer, or kopf once more): no third try;
+    the object is read again and the pass ends in a StatusConflict, its reread kept for the next pass."""
+
+    class _Busy(_Kube):
+        def read(self, namespace: str, name: str) -> dict[str, Any]:
+            body = super().read(namespace, name)
+            self.version = str(int(self.version) + 1)  # moved again right after this read
+            return body
+
+    kube = _Busy("4", status={"phase": "Running"})
+    owner = _Owner(kube, "3")
+    with pytest.raises(runtime.StatusConflict, match=r"resourceVersion 4 was refused \(409\): read again"):
+        asyncio.run(runtime.write_fenced(owner, kube.write, kube.read, {"phase": "Succeeded"}))
+    assert len(kube.reads) == 2
+    assert (owner.version, owner.reread) == ("5", {"phase": "Running"})
+
+
 def test_an_empty_change_writes_nothing() -> None:
     kube = _Kube("9")
     owner = _Owner(kube, "3")
