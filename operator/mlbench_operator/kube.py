@@ -84,6 +84,16 @@ def transient(err: BaseException) -> bool:
     return isinstance(err, OSError | urllib3.exceptions.HTTPError)  # TimeoutError is an OSError
 
 
+def may_have_applied(err: BaseException) -> bool:
+    """Whether a write that failed with ``err`` may have been applied all the same: no answer (a timeout, a reset
+    connection: the request may have reached the API server) or a 5xx (a 504 says the API server may still be
+    processing it; a 500 may be etcd's timeout of a commit that went through). A 4xx (429 included: rejected
+    before it was processed) was not applied; an error of ours sent nothing."""
+    if isinstance(err, ApiError):
+        return err.status >= 500
+    return isinstance(err, OSError | urllib3.exceptions.HTTPError)
+
+
 #: The API server's whole answer to a JSON patch it cannot apply: a ``test`` operation that failed, or a
 #: path that is missing. The apiserver's patch handler answers 422 through apimachinery's
 #: ``NewGenericServerResponse``, which drops the patch library's own words ("testing value ... failed")

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import timedelta
+import math
+from datetime import datetime, timedelta
 from typing import Any
 
+import kopf
 import pytest
+import urllib3
 
 from mlbench_api.runstatus import BenchmarkRunStatus
 from mlbench_operator import runcontext, runpods
+from mlbench_operator.kube import ApiError, may_have_applied
 from mlbench_operator.podview import PodView
-from mlbench_operator.run import results
-from mlbench_operator.run.ownership import held_launcher, launcher_refused
+from mlbench_operator.run import daemon, results
+from mlbench_operator.run.ownership import (
+    UNANSWERED_KEPT,
+    UnansweredCreate,
+    held_launcher,
+    launcher_refused,
+    remember_unanswered,
+)
 from tests import factories
 from tests.operator import helpers as h
 from tests.operator.test_handlers import FakeKube, _reconciler
@@ -99,11 +109,11 @@ def test_the_operator_records_the_uid_its_launcher_create_was_answered_with(monk
     assert {"launcher": {"uid": "uid-r1-launcher", "attempt": 0, "imageId": None}} in kube.patches()
 
 
-def _taken(ctx: runcontext.RunContext, uid: str) -> dict[str, Any]:
+def _taken(ctx: runcontext.RunContext, uid: str, created: datetime = T0 + timedelta(seconds=1)) -> dict[str, Any]:
     """A pod under the launcher's name with the run's ownerReference and labels, created once the workers were Ready
     (between WorkersReady and the operator's create): only its UID tells it from the operator's."""
     obj = runpods.launcher_pod(ctx, 0)
-    meta = {**obj["metadata"], "uid": uid, "creationTimestamp": (T0 + timedelta(seconds=1)).strftime(ISO)}
+    meta = {**obj["metadata"], "uid": uid, "creationTimestamp": created.strftime(ISO)}
     return {**obj, "metadata": meta, "status": {"phase": "Succeeded"}}
 
 
@@ -187,3 +197,95 @@ def test_a_run_failed_on_a_taken_launcher_name_accepts_no_unrecorded_launcher() 
     for failed, refused in ((conflict, True), (other, False)):
         model = BenchmarkRunStatus.model_validate({**status, "conditions": [*ready, failed]})
         assert (launcher_refused(pod_, model, 0) is not None) is refused
+
+
+#: An unanswered create of attempt 0's launcher: sent at T0 + 10 s, given up 30 s later.
+SENT = T0 + timedelta(seconds=10)
+UNANSWERED = UnansweredCreate(0, SENT, SENT + timedelta(seconds=30))
+
+
+@pytest.mark.parametrize(
+    ("created", "unanswered", "held"),
+    [
+        (SENT + timedelta(seconds=5), [UNANSWERED], None),  # created while the create was under way
+        (T0 + timedelta(seconds=10), [UNANSWERED], None),  # as it was sent
+        (T0 + timedelta(seconds=40), [UNANSWERED], None),  # as it was given up
+        (T0 + timedelta(seconds=9), [UNANSWERED], None),  # a second's margin before
+        (T0 + timedelta(seconds=41), [UNANSWERED], None),  # a second's margin after
+        (T0 + timedelta(seconds=8), [UNANSWERED], "(uid u-any, none recorded)"),  # before the create was sent
+        (T0 + timedelta(seconds=42), [UNANSWERED], "(uid u-any, none recorded)"),  # after it was given up
+        (SENT + timedelta(seconds=5), [], "(uid u-any, none recorded)"),  # no unanswered create
+        (SENT + timedelta(seconds=5), [dataclasses.replace(UNANSWERED, attempt=1)], "none recorded"),  # another attempt
+        (SENT + timedelta(seconds=5), [dataclasses.replace(UNANSWERED, attempt=1), UNANSWERED], None),
+    ],
+)
+def test_held_launcher_made_by_an_unanswered_create(
+    created: datetime, unanswered: list[UnansweredCreate], held: str | None
+) -> None:
+    body, ctx = admitted(h.run())
+    status = BenchmarkRunStatus.model_validate(_ready_status(ctx, body)["status"])
+    why = held_launcher(_taken(ctx, "u-any", created), status, 0, unanswered)
+    assert (why is None) if held is None else (why is not None and held in why), why
+
+
+def test_remember_unanswered_keeps_the_attempt_s_last_few() -> None:
+    kept: tuple[UnansweredCreate, ...] = ()
+    for i in range(UNANSWERED_KEPT + 2):
+        kept = remember_unanswered(kept, dataclasses.replace(UNANSWERED, sent=SENT + timedelta(seconds=i)))
+    assert [u.sent for u in kept] == [SENT + timedelta(seconds=i) for i in range(2, UNANSWERED_KEPT + 2)]
+    assert remember_unanswered(kept, dataclasses.replace(UNANSWERED, attempt=1)) == (
+        dataclasses.replace(UNANSWERED, attempt=1),
+    )  # a new attempt forgets the earlier one's
+
+
+@pytest.mark.parametrize(
+    ("err", "unknown"),
+    [
+        (TimeoutError("timed out"), True),
+        (ConnectionResetError("reset"), True),
+        (urllib3.exceptions.ReadTimeoutError(None, "/api", "read timed out"), True),  # type: ignore[arg-type]
+        (ApiError(504, "POST", "/pods", '{"message": "Timeout: request did not complete"}'), True),
+        (ApiError(500, "POST", "/pods", '{"message": "etcdserver: request timed out"}'), True),
+        (ApiError(429, "POST", "/pods", '{"message": "too many requests"}'), False),
+        (ApiError(403, "POST", "/pods", '{"message": "exceeded quota"}'), False),
+        (ValueError("a bug of ours"), False),
+    ],
+)
+def test_may_have_applied(err: BaseException, unknown: bool) -> None:
+    assert may_have_applied(err) is unknown
+
+
+@pytest.mark.parametrize(("late", "fails"), [(0, False), (1, False), (-5, True), (5, True)])
+def test_a_launcher_create_that_timed_out_is_the_run_s_when_a_later_create_is_answered_409(
+    monkeypatch: pytest.MonkeyPatch, late: int, fails: bool
+) -> None:
+    """The create reached the API server but its answer did not come back (a timeout): no UID to record. The pod
+    watch lags, so the next pass asks again and is answered 409. The pod made while the create was under way is
+    the run's, recorded now; one made before it was sent, or after it was given up (at once here), still fails
+    the run (NameConflict)."""
+    body, ctx = admitted(h.run())
+    body = _ready_status(ctx, body)
+    sent = T0 + timedelta(seconds=20)
+    monkeypatch.setattr(daemon, "clock", lambda: sent)
+    kube = FakeKube()
+    kube.create_error = TimeoutError("read timed out")
+    rec = _reconciler(body, kube, monkeypatch)
+    rec.service_ensured = True
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(rec.step(workers(ctx)))
+    assert "launcher" not in rec.status
+    kube.create_error = None
+    kube.existing[("Pod", "r1-launcher")] = _taken(ctx, "u-op", sent + timedelta(seconds=late))
+    rec.pacing.create_backoff_until = -math.inf  # the transient failure's backoff is over
+    asyncio.run(rec.step(workers(ctx)))
+    assert [c for c in kube.calls if c == ("create", "Pod", "r1-launcher")] == [("create", "Pod", "r1-launcher")] * 2
+    if fails:
+        assert rec.status["phase"] == "Failed"
+        assert cond(rec.status, "Failed")["reason"] == "NameConflict"
+        assert "launcher" not in rec.status
+        return
+    assert rec.status["phase"] not in ("Failed", "Succeeded")
+    assert rec.status["launcher"] == {"uid": "u-op", "attempt": 0, "imageId": None}
+    mine = _launcher(ctx, "u-op", (sent + timedelta(seconds=late)).strftime(ISO))
+    _, plan = step(rec.view(), ctx, [*workers(ctx), mine])
+    assert plan.status["phase"] == "Running"

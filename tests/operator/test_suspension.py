@@ -55,7 +55,8 @@ def test_gate(spec: dict[str, Any], queued: Admission | None, reason: Reason | N
 
 def _pod(name: str, rank: int | None, attempt: int = 0, **kw: Any) -> PodView:
     role = "worker" if rank is not None else "launcher"
-    return PodView(name=name, role=role, rank=rank, attempt=attempt, owner_uid="uid-r1", uid=f"pod-{name}", **kw)
+    kw.setdefault("uid", f"pod-{name}")
+    return PodView(name=name, role=role, rank=rank, attempt=attempt, owner_uid="uid-r1", **kw)
 
 
 def _running_run() -> dict[str, Any]:
@@ -168,11 +169,49 @@ def test_a_pods_ready_timeout_keeps_why_the_workers_were_not_ready() -> None:
     assert again["message"] == ready["message"]
 
 
-def test_pods_gone_and_attempt_started() -> None:
-    launcher = _pod("r1-launcher", None, attempt=1, phase=PodPhase.RUNNING)
-    assert suspension.attempt_started([launcher], "uid-r1", 1)
-    assert not suspension.attempt_started([launcher], "uid-r1", 0)  # another attempt's launcher
-    assert not suspension.attempt_started([_pod("r1-launcher", None, attempt=1)], "uid-r1", 1)  # still Pending
+def _started_status(restarts: int = 1, record: str | None = "pod-r1-launcher", ready: str | None = None) -> dict:
+    """A run in attempt ``restarts``: its launcher ``record`` (a UID) recorded, or none and WorkersReady True since
+    ``ready``."""
+    status: dict[str, Any] = {"phase": "Running", "restarts": restarts}
+    if record is not None:
+        status["launcher"] = {"uid": record, "attempt": restarts}
+    if ready is not None:
+        status["conditions"] = [
+            {"type": "WorkersReady", "status": "True", "reason": "AllReady", "lastTransitionTime": ready}
+        ]
+    return status
+
+
+RUNNING = PodPhase.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("launcher", "status", "started"),
+    [
+        (_pod("r1-launcher", None, attempt=1, phase=RUNNING), _started_status(), True),  # the recorded launcher
+        (_pod("r1-launcher", None, attempt=1, phase=RUNNING), _started_status(restarts=0), False),  # another attempt
+        (_pod("r1-launcher", None, attempt=1), _started_status(), False),  # still Pending
+        (_pod("r1-launcher", None, attempt=1, phase=RUNNING, terminating=True), _started_status(), False),
+        # a forged launcher (the run's marks, another UID) never tells Kueue the pods are ready
+        (_pod("r1-launcher", None, attempt=1, phase=RUNNING, uid="u-forged"), _started_status(), False),
+        # no record: created once the workers were Ready (as the operator does), or before (forged)
+        (
+            _pod("r1-launcher", None, attempt=1, phase=RUNNING, created="2026-01-01T12:00:05Z"),
+            _started_status(record=None, ready="2026-01-01T12:00:00Z"),
+            True,
+        ),
+        (
+            _pod("r1-launcher", None, attempt=1, phase=RUNNING, created="2026-01-01T11:59:00Z"),
+            _started_status(record=None, ready="2026-01-01T12:00:00Z"),
+            False,
+        ),
+    ],
+)
+def test_attempt_started(launcher: PodView, status: dict[str, Any], started: bool) -> None:
+    assert suspension.attempt_started([launcher], "uid-r1", status) is started
+
+
+def test_pods_gone() -> None:
     assert not suspension.pods_gone([_pod("r1-worker-0", 0, terminating=True)], "uid-r1")
     foreign = PodView(name="x", role="worker", rank=0, attempt=0, owner_uid="someone-else", uid="x")
     assert suspension.pods_gone([foreign], "uid-r1")

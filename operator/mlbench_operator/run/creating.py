@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
@@ -15,9 +15,10 @@ from mlbench_operator import conditions as c
 from mlbench_operator import datasets, fetchjob, netpol, runcontext, runobjects, runpods, sshkeys
 from mlbench_operator import naming as n
 from mlbench_operator import podgroup as pg
-from mlbench_operator.kube import ApiError, transient
+from mlbench_operator.kube import ApiError, may_have_applied, transient
 from mlbench_operator.podview import PodView
 from mlbench_operator.run import (
+    daemon,
     lifecycle,
     ownership,
 )
@@ -47,7 +48,10 @@ class Creating(RunDaemon):
             todo.append(runpods.launcher_pod(ctx, attempt, deadline))
         if not todo:
             return []
+        sent, started = daemon.clock(), time.monotonic()
         todo, outcomes = await self.create_in_batches(todo)
+        given_up = sent + timedelta(seconds=time.monotonic() - started)  # the span on the monotonic clock
+        self.remember_unanswered(todo, outcomes, ownership.UnansweredCreate(attempt, sent, given_up))
         errors = [r for r in outcomes if isinstance(r, BaseException)]
         refused: list[tuple[str, int, str]] = []
         for obj, res in zip(todo, outcomes, strict=True):
@@ -83,21 +87,38 @@ class Creating(RunDaemon):
             self.pacing.create_failed(obj["metadata"]["name"])
         return todo[: len(done)], done
 
+    def remember_unanswered(
+        self, todo: list[dict[str, Any]], outcomes: list[Any], create: ownership.UnansweredCreate
+    ) -> None:
+        """Remember the launcher's create as ``create`` when its outcome is unknown (:func:`may_have_applied`):
+        the pod may exist without a UID to record, and answer the next create with 409
+        (:func:`ownership.held_launcher`)."""
+        launcher = n.launcher_name(self.name)
+        for obj, res in zip(todo, outcomes, strict=True):
+            if obj["metadata"]["name"] == launcher and isinstance(res, BaseException) and may_have_applied(res):
+                self.unanswered = ownership.remember_unanswered(self.unanswered, create)
+                self.log.warning("launcher_create_unanswered", attempt=create.attempt, error=str(res)[:200])
+
     async def record_launcher(self, todo: list[dict[str, Any]], outcomes: list[Any], attempt: int) -> None:
         """``status.launcher``: the UID the API server answered the launcher's create with (only that pod is
         accepted as the attempt's launcher: :func:`ownership.launcher_refused`)."""
         launcher = n.launcher_name(self.name)
         for obj, res in zip(todo, outcomes, strict=True):
             if obj["metadata"]["name"] == launcher and isinstance(res, str):
-                # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
-                await self.patch({**self.status, "launcher": {"uid": res, "attempt": attempt, "imageId": None}})
+                await self.record_uid(res, attempt)
+
+    async def record_uid(self, uid: str, attempt: int) -> None:
+        """Write ``status.launcher`` for the operator's launcher of UID ``uid``."""
+        # imageId null: the status is a merge patch, and an earlier attempt's digest is not this launcher's
+        await self.patch({**self.status, "launcher": {"uid": uid, "attempt": attempt, "imageId": None}})
 
     async def check_held(self, objs: list[dict[str, Any]], uid: str, attempt: int) -> None:
         """Objects whose create was answered 409: raise :class:`_Conflict` for the first one the operator did not
         create for this run (an unlabelled pod under a worker's name is invisible to the planner: without this
         it would be created again every pass, in silence); one gone since is created again by the next pass.
-        The launcher must also be the one the operator recorded creating (:func:`ownership.held_launcher`):
-        another with the run's marks fails the run (``final``)."""
+        The launcher must also be the one the operator recorded creating, or one created while its create went
+        unanswered, recorded now (:func:`ownership.held_launcher`): another with the run's marks fails the run
+        (``final``)."""
         launcher = n.launcher_name(self.name)
         for obj in objs:
             kind, name = obj["kind"], obj["metadata"]["name"]
@@ -109,9 +130,19 @@ class Creating(RunDaemon):
             if why is not None:
                 raise _Conflict(kind, name, why)
             if name == launcher:
-                why = ownership.held_launcher(existing, StoredStatus.parse(self.status, report=False).model, attempt)
-                if why is not None:
-                    raise _Conflict(kind, name, why, final=True)
+                await self.check_held_launcher(existing, attempt)
+
+    async def check_held_launcher(self, existing: dict[str, Any], attempt: int) -> None:
+        """The launcher-named pod with the run's marks that answered the create with 409: the run's (recorded now
+        if it was not: made by an unanswered create), or :class:`_Conflict` (``final``)."""
+        status = StoredStatus.parse(self.status, report=False).model
+        why = ownership.held_launcher(existing, status, attempt, self.unanswered)
+        if why is not None:
+            raise _Conflict("Pod", n.launcher_name(self.name), why, final=True)
+        pod_uid = existing["metadata"]["uid"]
+        if not ownership.recorded(status, attempt, pod_uid):
+            self.log.info("launcher_create_answered_late", attempt=attempt, uid=pod_uid)
+            await self.record_uid(pod_uid, attempt)
 
     async def name_conflict(self, held: _Conflict, now: datetime, pods: list[PodView] | None = None) -> float | None:
         """Report a held name (:func:`lifecycle.object_conflict`) and look again later; a ``final`` one fails the

@@ -97,6 +97,9 @@ class RunDaemon(ABC):
         #: a gang run's PodGroup exists (spec.scheduling.gang may be set while suspended, after the others exist)
         self.pod_group_ensured = False
         self.service_ensured = False  #: the headless Service exists (created with the launcher: see ensure_service)
+        #: this daemon's launcher creates of the attempt that got no answer (the pod's UID unknown, so unrecorded):
+        #: a pod made while one was under way answers a later create's 409 as the run's (ownership.held_launcher)
+        self.unanswered: tuple[ownership.UnansweredCreate, ...] = ()
         self.pacing = pc.Pacing(resync_seconds=self.config.resync_seconds)  # fed time.monotonic()
         self.datasets = self.config.datasets
         self.linger = self.config.metrics_linger_seconds

@@ -131,8 +131,7 @@ class RunReconciler(Observing, Creating, Keeping):
             await self.patch(resumed)
             self.event("Normal", c.SUSPENDED, resumed.get("message", ""))
         if queued is not None:
-            attempt = self.status.get("restarts") or 0
-            started = suspension.attempt_started(pods, ctx.uid, attempt)
+            started = suspension.attempt_started(pods, ctx.uid, self.status)
             await self.tell_kueue(queued, started=started, pods_gone=False)
         if queued is None or not queued.flavors:
             return ctx

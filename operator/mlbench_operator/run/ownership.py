@@ -15,6 +15,8 @@ object the operator creates for a run has all three: :mod:`mlbench_operator.runc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from mlbench_api.runstatus import TERMINAL, BenchmarkRunStatus, LauncherRecord
@@ -157,20 +159,67 @@ def _unrecorded_refused(pod: PodView, status: BenchmarkRunStatus) -> str | None:
     return None
 
 
-def held_launcher(existing: Mapping[str, Any], status: BenchmarkRunStatus, attempt: int) -> str | None:
+#: How far outside the operator's own measure of an unanswered launcher create a pod's ``creationTimestamp`` may
+#: lie and still be its: the timestamp has whole seconds (truncated), from the API server's clock.
+UNANSWERED_MARGIN = timedelta(seconds=1)
+#: Unanswered launcher creates a daemon remembers for the attempt (one a pass at most, paced by the backoff).
+UNANSWERED_KEPT = 8
+
+
+@dataclass(frozen=True)
+class UnansweredCreate:
+    """The operator's create of attempt ``attempt``'s launcher that failed without saying whether it was applied
+    (:func:`mlbench_operator.kube.may_have_applied`): sent at ``sent``, given up at ``given_up`` (the operator's
+    wall clock; the span measured on the monotonic one)."""
+
+    attempt: int
+    sent: datetime
+    given_up: datetime
+
+
+def remember_unanswered(kept: Iterable[UnansweredCreate], new: UnansweredCreate) -> tuple[UnansweredCreate, ...]:
+    """The unanswered creates to remember after ``new``: those of its attempt, the last :data:`UNANSWERED_KEPT`."""
+    return (*(u for u in kept if u.attempt == new.attempt), new)[-UNANSWERED_KEPT:]
+
+
+def sent_unanswered(existing: Mapping[str, Any], unanswered: Iterable[UnansweredCreate], attempt: int) -> bool:
+    """Whether the launcher-named pod ``existing`` may be the one an unanswered create of attempt ``attempt``
+    made: it was created (``creationTimestamp``) while that create was under way, give or take
+    :data:`UNANSWERED_MARGIN`. A pod made by anyone else during that span passes too: that is the price of
+    not failing the run on the operator's own pod."""
+    created = c.parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return False
+    return any(
+        u.attempt == attempt and u.sent - UNANSWERED_MARGIN <= created <= u.given_up + UNANSWERED_MARGIN
+        for u in unanswered
+    )
+
+
+def recorded(status: BenchmarkRunStatus, attempt: int, uid: str) -> bool:
+    """Whether ``status.launcher`` names the pod of UID ``uid`` as attempt ``attempt``'s launcher."""
+    record = status.launcher
+    return record is not None and record.attempt == attempt and record.uid == uid
+
+
+def held_launcher(
+    existing: Mapping[str, Any], status: BenchmarkRunStatus, attempt: int, unanswered: Iterable[UnansweredCreate] = ()
+) -> str | None:
     """Why the pod that answered the operator's create of attempt ``attempt``'s launcher with 409 is not the run's
     launcher; None when it is the one the operator recorded creating (``status.launcher``: an earlier pass's
-    create, e.g. before a restart, that the pod watch had not shown yet).
+    create, e.g. before a restart, that the pod watch had not shown yet), or one created while an earlier create
+    of the attempt by this daemon went unanswered (:func:`sent_unanswered`: its UID was never known, so never
+    recorded; the caller records it).
 
-    Without that record the pod is never the run's, whatever its ownerReference, labels and creation time: the
+    Otherwise the pod is never the run's, whatever its ownerReference, labels and creation time: the
     operator records every launcher it creates, and one put under the name between WorkersReady and the
     operator's create would otherwise pass :func:`launcher_refused` as created after the workers were Ready."""
     record = status.launcher
     uid = (existing.get("metadata") or {}).get("uid") or "none"
-    if record is not None and record.attempt == attempt and record.uid == uid:
+    if recorded(status, attempt, uid) or (uid != "none" and sent_unanswered(existing, unanswered, attempt)):
         return None
-    recorded = f"recorded {record.uid}" if record is not None and record.attempt == attempt else "none recorded"
-    return f"the operator's create of the launcher was answered 409 by a pod it did not create (uid {uid}, {recorded})"
+    which = f"recorded {record.uid}" if record is not None and record.attempt == attempt else "none recorded"
+    return f"the operator's create of the launcher was answered 409 by a pod it did not create (uid {uid}, {which})"
 
 
 def accepted_launcher(pods: Iterable[PodView], uid: str, status: BenchmarkRunStatus) -> PodView | None:

@@ -18,13 +18,13 @@ from typing import Any
 from mlbench_api.run import MANAGED_BY_OPERATOR
 from mlbench_api.runstatus import Phase
 from mlbench_operator import conditions as c
-from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.podview import PodView
+from mlbench_operator.run import ownership
 from mlbench_operator.run.kueue import PODS_READY_TIMEOUT, Admission
 from mlbench_operator.run.lifecycle import _deletable, _own
 from mlbench_operator.run.startup import started
-from mlbench_operator.run.status import Plan, _Status
+from mlbench_operator.run.status import Plan, StoredStatus, _Status
 
 
 def managed_here(spec: Mapping[str, Any]) -> bool:
@@ -92,10 +92,12 @@ def pods_gone(pods: Iterable[PodView], uid: str) -> bool:
     return not _own(pods, uid)[0]
 
 
-def attempt_started(pods: Iterable[PodView], uid: str, attempt: int) -> bool:
-    """Whether the attempt ``attempt`` of the run has started (its launcher left Pending: :mod:`.startup`)."""
-    own, _foreign = _own(pods, uid)
-    launcher = next((p for p in own if p.role == n.ROLE_LAUNCHER and p.attempt == attempt), None)
+def attempt_started(pods: Iterable[PodView], uid: str, status: Mapping[str, Any]) -> bool:
+    """Whether the run's current attempt (``status.restarts``) has started: its launcher left Pending
+    (:mod:`.startup`). Only the launcher the operator accepts as the attempt's counts
+    (:func:`.ownership.accepted_launcher`): a pod of that name put there by anyone else, with whatever marks,
+    never makes the operator tell Kueue that the run's pods are ready."""
+    launcher = ownership.accepted_launcher(pods, uid, StoredStatus.parse(status, report=False).model)
     return started(launcher) and launcher is not None and not launcher.terminating
 
 
