@@ -6,8 +6,9 @@ control plane (tests/cluster) and reports
 * ``pods_running_s``: apply -> every worker pod ``Running`` (as an independent observer sees it),
 * ``status_ready_s``: apply -> ``status.workers.ready == N`` (what ``kubectl get br`` shows),
 * ``launcher_running_s``: apply -> ``status.phase == Running`` (launcher created after all Ready),
-* ``operator_requests``: API requests the operator's reconciler made for this run, by verb/resource
-  (from its own ``mlbench_operator_api_requests_total``; kopf's watch streams are not counted),
+* ``operator_requests``: API requests the operator's reconciler made for this run, by verb, resource and
+  status code (``by_kind``: ``"POST pods 201"``, ``"POST pods 409"``; from its own
+  ``mlbench_operator_api_requests_total``; kopf's watch streams are not counted),
 * ``gang_restart_s`` / ``restart_requests``: worker 0 then fails (kwok exit code 1); time until the
   whole world was deleted, recreated and is Running again, and the requests that took,
 * ``floor_s`` / ``ratio``: right before each run, the same number of bare pods of the workers' shape
@@ -86,10 +87,12 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def operator_metric(port: int, name: str, *labels: str) -> dict[str, float]:
-    """One counter of the operator's /metrics, summed by ``labels`` (joined by a space)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+#: How requests are counted: by verb, resource and status code ("POST pods 409": a create of a pod that existed).
+REQUEST_LABELS = ("verb", "resource", "code")
+
+
+def metric_sums(text: str, name: str, *labels: str) -> dict[str, float]:
+    """One counter of a Prometheus text exposition, summed by ``labels`` (their values joined by a space)."""
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -99,8 +102,14 @@ def operator_metric(port: int, name: str, *labels: str) -> dict[str, float]:
     return out
 
 
+def operator_metric(port: int, name: str, *labels: str) -> dict[str, float]:
+    """One counter of the operator's /metrics, summed by ``labels`` (joined by a space)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return metric_sums(resp.read().decode(), name, *labels)
+
+
 def operator_requests(port: int) -> dict[str, float]:
-    return operator_metric(port, "mlbench_operator_api_requests_total", "verb", "resource")
+    return operator_metric(port, "mlbench_operator_api_requests_total", *REQUEST_LABELS)
 
 
 def operator_events(port: int) -> float:
@@ -115,14 +124,15 @@ def apiserver_metrics(kube: Kube) -> str:
 
 
 def apiserver_requests(text: str) -> dict[str, float]:
-    """Every client's requests the API server has served (its ``apiserver_request_total``), by verb and
-    resource ("POST pods", "PATCH pods/status"); watches count once, when they start."""
+    """Every client's requests the API server has served (its ``apiserver_request_total``), by verb, resource
+    and status code ("POST pods 201", "POST pods 409", "PATCH pods/status 200"); watches count once, when
+    they start."""
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "apiserver_request_total" and s.labels.get("resource"):
                 sub = f"/{s.labels['subresource']}" if s.labels.get("subresource") else ""
-                key = f"{s.labels['verb']} {s.labels['resource']}{sub}"
+                key = f"{s.labels['verb']} {s.labels['resource']}{sub} {s.labels.get('code', '')}"
                 out[key] = out.get(key, 0.0) + s.value
     return out
 

@@ -16,8 +16,9 @@ On the local kwok control plane (tests/cluster; ``MLBENCH_TEST_KUBECONFIG`` for 
    the operator SIGKILLed again once half of them have;
 
 and reports: each run's final phase, the seconds until all were final, the operator's exits that the bench did
-not cause (a crash loop: any), its peak memory against the limit, and the API requests by verb and resource
-(the operator's own counter summed over its lives, and the API server's for every client, summed over its two).
+not cause (a crash loop: any), its peak memory against the limit, and the API requests by verb, resource and
+status code, e.g. ``"POST pods 409"`` (the operator's own counter summed over its lives, and the API server's for
+every client, summed over its two), with the pod creates by code beside them (``pod_creates``).
 
 Usage::
 
@@ -294,11 +295,23 @@ class TenantLoad:
             "restarts_max": max((s.get("restarts") or 0 for s in st.values()), default=0),
             "chaos": events,
             "apiserver_requests": {k: int(v) for k, v in sorted(api_counts.items()) if v >= 5},
+            "apiserver_pod_creates": by_code(api_counts, "POST pods"),
         }
 
     def cleanup(self) -> None:
         for ns in self.tenants + self.noise_namespaces:
             self.bench.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def by_code(requests: dict[str, float], what: str) -> dict[str, int]:
+    """The requests of ``what`` (a verb and resource: "POST pods") by status code, from the counts keyed
+    "verb resource code"."""
+    out: dict[str, int] = {}
+    for key, value in requests.items():
+        head, _, code = key.rpartition(" ")
+        if head == what:
+            out[code] = out.get(code, 0) + int(value)
+    return dict(sorted(out.items()))
 
 
 def by_verb(requests: dict[str, float]) -> dict[str, int]:
@@ -348,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 "unexpected_exits": op.unexpected_exits,
                 "start_to_metrics_s": op.starts_s,
                 "requests_by_verb": by_verb(requests),
+                "pod_creates": by_code(requests, "POST pods"),
                 "requests": {k: int(v) for k, v in sorted(requests.items())},
             }
         }

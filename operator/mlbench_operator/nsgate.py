@@ -58,13 +58,14 @@ class NamespaceGate:
         """Judge every namespace again; the verdicts that are news (:func:`.nsready.changed`)."""
         now, news = self.clock(), []
         for ns, watch in self.watches.items():
-            error = self.probe_errors.get(ns, watch.error)
-            verdict = r.health(ns, watch.synced.is_set(), error, now - self.since[ns], self.bound)
+            error, before = self.probe_errors.get(ns, watch.error), self.verdicts[ns]
+            served = before is not None and before.ready
+            verdict = r.health(ns, watch.synced.is_set(), error, now - self.since[ns], self.bound, served=served)
             if verdict is not None and verdict.ready:
                 self.since[ns] = now
             if verdict is None:
                 continue
-            if r.changed(self.verdicts[ns], verdict):
+            if r.changed(before, verdict):
                 news.append(verdict)
             m.NAMESPACE_READY.labels(ns).set(1 if verdict.ready else 0)
             self.verdicts[ns] = verdict

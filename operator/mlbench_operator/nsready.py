@@ -4,7 +4,8 @@ A namespace whose RoleBinding was deleted (or that does not exist: its RoleBindi
 request with 403. kopf stops the whole operator when one of its watch streams meets a 403, and the operator's
 start waited for every namespace's first pod listing: one such namespace stopped every other. So kopf watches
 only the namespaces whose pods were listed (:func:`served`), each namespace's first sync has a time bound
-(:func:`health`), and a namespace that cannot be read is reported (metric, Event, log) and looked at again.
+(:func:`health`), and a namespace that cannot be read is reported (metric, Event, log) and looked at again. A
+namespace once served stays served through an API server's outage, however long: only a refusal un-serves it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-#: ``MLBENCH_NAMESPACE_SYNC_SECONDS`` default: how long the start waits for a namespace's first pod listing.
+#: ``MLBENCH_NAMESPACE_SYNC_SECONDS`` default: how long the start waits for a namespace's first pod listing (a
+#: namespace's first sync only: a served one is not timed).
 SYNC_SECONDS = 30.0
 #: How often a served namespace is asked whether it is still readable (a RoleBinding deleted while the
 #: operator runs), well inside the watches' 300 s, so that kopf stops watching it before its watch meets the 403.
@@ -34,10 +36,16 @@ class Health:
     message: str
 
 
-def health(namespace: str, synced: bool, error: int | None, waited: float, bound: float) -> Health | None:
+def health(
+    namespace: str, synced: bool, error: int | None, waited: float, bound: float, *, served: bool
+) -> Health | None:
     """The verdict on ``namespace`` from its pod watch: ``synced`` (its latest listing succeeded and no failure
     came after it), ``error`` (the HTTP status of its latest failure, 0 for no answer; None: none since), after
-    ``waited`` seconds of trying; None while there is no verdict yet (no answer, still inside ``bound``)."""
+    ``waited`` seconds of trying; None while there is no verdict yet (no answer, still inside ``bound``).
+
+    ``bound`` is for a namespace's first sync only. One already ``served`` is un-served by a refusal (401, 403,
+    404) alone: no answer, a 5xx or a 429 is the API server's trouble (an outage, a restart), which every
+    namespace meets alike; timed, an outage longer than ``bound`` un-served them all until it answered again."""
     if synced and error is None:
         return Health(namespace, True, AVAILABLE, f"namespace {namespace} is served")
     if error in (401, 403):
@@ -50,7 +58,7 @@ def health(namespace: str, synced: bool, error: int | None, waited: float, bound
         )
     if error == 404:
         return Health(namespace, False, UNAVAILABLE, f"namespace {namespace} does not exist (HTTP 404)")
-    if waited < bound:
+    if served or waited < bound:
         return None
     why = f"HTTP {error}" if error else "no answer"
     return Health(

@@ -5,8 +5,9 @@ world); this says *whether now* and *when to look again*. Its three rules each k
 refusing API server from being hammered, and each is about a gap between what we asked for and
 what we can see:
 
-* the create grace: a pod we asked for moments ago that the watch has not delivered yet is not
-  asked for again (the index lags the API server; re-creating would be a storm of 409s);
+* the create grace: a pod whose create was answered moments ago that the watch has not delivered yet is
+  not asked for again (the index lags the API server; re-creating would be a storm of 409s). It counts from
+  the answer, not the ask: a create may wait long for a fair slot (:mod:`.fairshare`);
 * the create backoff: pod creates refused with 403 (quota, policy), or failing transiently (429, 5xx, no
   answer: :func:`mlbench_operator.kube.transient`), wait 5 s, doubling to 120 s, and a pod event does
   not shorten the wait (a refused world still sends pod events);
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-#: Don't re-create a pod we asked for this recently but the watch has not shown yet.
+#: Don't re-create a pod whose create was answered this recently but that the watch has not shown yet.
 CREATE_GRACE_SECONDS = 30.0
 #: Don't delete a stale world again this soon after deleting it.
 DELETE_GRACE_SECONDS = 10.0
@@ -49,7 +50,7 @@ class Pacing:
     resync_seconds: float
     create_grace_seconds: float = CREATE_GRACE_SECONDS
     delete_grace_seconds: float = DELETE_GRACE_SECONDS
-    #: Pod name -> when we last asked to create it.
+    #: Pod name -> when its create was last asked for, then answered (the create grace counts from there).
     recent: dict[str, float] = field(default_factory=dict)
     #: When the last stale world was deleted (-inf: never).
     stale_deleted_at: float = -math.inf
@@ -87,6 +88,16 @@ class Pacing:
             return False
         self.recent[name] = now
         return True
+
+    def create_answered(self, name: str, now: float) -> None:
+        """The create of ``name`` was answered (created, or 409: there already): its grace counts from ``now``.
+
+        Counted from the ask (:meth:`may_create`), the grace ran out while the create waited for a fair slot
+        behind other tenants' creates (:mod:`.fairshare`), and the next pass, which a lagging watch had not shown
+        the pod yet, asked again: answered 409 (issue 33's tenant load: 2050 pod creates for 1050 pods). The ask's
+        stamp stays for a pass that ends without an answer (cancelled): then the grace counts from the ask.
+        """
+        self.recent[name] = now
 
     def create_failed(self, name: str) -> None:
         """The create of ``name`` failed: no pod is coming, so the grace must not hold back the retry."""

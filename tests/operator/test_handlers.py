@@ -332,6 +332,47 @@ def test_pod_creates_failing_with_429_or_5xx_back_off(monkeypatch: pytest.Monkey
     assert second.value.delay == 2 * info.value.delay
 
 
+class SlowSlotKube(FakeKube):
+    """Each pod create waits ``wait`` seconds (of ``clock``) for a fair create slot before it is answered."""
+
+    def __init__(self, clock: list[float], wait: float) -> None:
+        super().__init__()
+        self.clock, self.wait = clock, wait
+
+    async def create_many(self, objs: list[dict[str, Any]]) -> list[Any]:
+        if any(obj["kind"] == "Pod" for obj in objs):
+            self.clock[0] += self.wait
+        return self.create_many_now(objs)
+
+
+def test_a_create_that_waited_long_for_its_slot_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33's tenant load (2050 pod POSTs for 1050 pods): the create grace was stamped when the pass planned,
+    so creates answered after a 45 s wait for a fair slot had no grace left, and the next pass (woken before the
+    lagging watch showed the pods) asked for every one of them again (each answered 409)."""
+    from mlbench_operator.run import creating, executor
+    from tests.operator.test_reconcile import admitted
+
+    clock = [1000.0]
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock[0])
+    monkeypatch.setattr(creating, "time", fake_time)
+    monkeypatch.setattr(executor, "time", fake_time)
+    body, _ = admitted(h.run())
+    kube = SlowSlotKube(clock, wait=45.0)
+    rec = _reconciler(body, kube, monkeypatch)
+
+    def pod_creates() -> list[str]:
+        return [call[2] for call in kube.calls if call[:2] == ("create", "Pod")]
+
+    asyncio.run(rec.step([]))
+    assert pod_creates() == ["r1-worker-0", "r1-worker-1"]
+    clock[0] += 1.0  # the next pass, woken by the run's own status event; the watch has shown no pod yet
+    asyncio.run(rec.step([]))
+    assert pod_creates() == ["r1-worker-0", "r1-worker-1"]
+    clock[0] += 30.0  # 31 s after the answer and still not shown: the creates were lost, asked again
+    asyncio.run(rec.step([]))
+    assert pod_creates() == ["r1-worker-0", "r1-worker-1"] * 2
+
+
 @pytest.mark.parametrize(("code", "terminal"), [(403, False), (422, True)])
 def test_refused_pod_creates_are_visible(monkeypatch: pytest.MonkeyPatch, code: int, terminal: bool) -> None:
     """Defect 5: 403/422 from a pod create -> condition + Warning Event; 422 fails, 403 backs off."""

@@ -33,7 +33,36 @@ from mlbench_operator.nsgate import NamespaceGate
     ],
 )
 def test_health(synced: bool, error: int | None, waited: float, ready: bool | None, says: str | None) -> None:
-    verdict = r.health("team-b", synced, error, waited, 30.0)
+    """A namespace's first sync (not served yet): the bound applies."""
+    _check(r.health("team-b", synced, error, waited, 30.0, served=False), ready, says)
+
+
+@pytest.mark.parametrize(
+    ("synced", "error", "waited", "ready", "says"),
+    [
+        (True, None, 0.0, True, "is served"),
+        # an API server that does not answer or fails (an outage, a restart) fails every namespace alike: the
+        # namespace stays served however long it lasts (no verdict), as the operator's other namespaces do
+        (True, 0, 31.0, None, None),
+        (True, 0, 3600.0, None, None),
+        (True, 500, 600.0, None, None),
+        (True, 503, 31.0, None, None),
+        (True, 429, 31.0, None, None),
+        (False, 0, 600.0, None, None),
+        # only a refusal un-serves it, at once: the RoleBinding deleted, the namespace gone
+        (True, 403, 0.0, False, "RoleBinding"),
+        (True, 401, 0.0, False, "HTTP 401"),
+        (True, 404, 0.0, False, "does not exist"),
+    ],
+)
+def test_health_of_a_served_namespace(
+    synced: bool, error: int | None, waited: float, ready: bool | None, says: str | None
+) -> None:
+    """Issue 33: an API-server outage longer than the bound (30 s) un-served every namespace until it answered."""
+    _check(r.health("team-b", synced, error, waited, 30.0, served=True), ready, says)
+
+
+def _check(verdict: r.Health | None, ready: bool | None, says: str | None) -> None:
     if ready is None:
         assert verdict is None
         return
@@ -86,7 +115,7 @@ def test_reporter_and_event() -> None:
     assert r.reporter(None, ("mlbench-system", "op-0")) == r.Reporter("v1", "Pod", "mlbench-system", "op-0")
     assert r.reporter(None, ("", "")) is None
     about = r.Reporter("coordination.k8s.io/v1", "Lease", "mlbench-system", "mlbench-operator")
-    verdict = r.health("team-b", False, 403, 0.0, 30.0)
+    verdict = r.health("team-b", False, 403, 0.0, 30.0, served=False)
     assert verdict is not None
     ev = r.event(about, verdict, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "mlbench-operator")
     assert ev["metadata"] == {"generateName": "mlbench-operator.", "namespace": "mlbench-system"}
@@ -115,11 +144,13 @@ class _Insights:
 
 
 class _Kube:
-    """Records Events; ``refused`` namespaces answer the probe with 403."""
+    """Records Events; ``refused`` namespaces answer the probe with 403; every probe fails with ``failing`` (an
+    outage: an ApiError or no answer) while it is set."""
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.refused: set[str] = set()
+        self.failing: Exception | None = None
 
     async def run(self, fn: Any, *args: Any) -> Any:
         return fn(*args)
@@ -128,6 +159,8 @@ class _Kube:
         self.events.append(event)
 
     def probe_runs(self, namespace: str) -> None:
+        if self.failing is not None:
+            raise self.failing
         if namespace in self.refused:
             raise ApiError(403, "GET", namespace, "forbidden")
 
@@ -172,5 +205,41 @@ def test_the_start_waits_for_a_silent_namespace_at_most_the_bound() -> None:
         await gate.step()
         assert gate.settled()
         assert gate.insights.namespaces == {"a"}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("outage", [ApiError(503, "GET", "runs", "unavailable"), ConnectionRefusedError("refused")])
+def test_an_api_server_outage_longer_than_the_bound_keeps_the_served_namespaces(outage: Exception) -> None:
+    """Issue 33: the bound is for a namespace's first sync. A served namespace whose watch and probe fail (no answer,
+    5xx) for longer stays served, and nothing is said; a refusal (403) still un-serves it at once."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        a, b = _Watch("a"), _Watch("b")  # b never answers: its first sync is bounded
+        kube, insights = _Kube(), _Insights()
+        about = r.Reporter("coordination.k8s.io/v1", "Lease", "mlbench-system", "op")
+        gate = NamespaceGate(kube, [a, b], insights, about, 30.0, clock=lambda: now[0])  # type: ignore[arg-type]
+        a.synced.set()
+        await gate.step()
+        now[0] = 30.0
+        await gate.settle()
+        assert insights.namespaces == {"a"}
+        assert [e["reason"] for e in kube.events] == [r.UNAVAILABLE]  # b's
+        kube.failing = outage  # the API server is down: the probe fails, the pod watch fails (no answer)
+        a.error = 0
+        for t in range(31, 31 + 10 * int(r.PROBE_SECONDS), 7):  # ten probes' worth: far past the bound
+            now[0] = float(t)
+            await gate.step()
+            assert insights.namespaces == {"a"}, t
+        assert [e["reason"] for e in kube.events] == [r.UNAVAILABLE]  # nothing said about a
+        assert gate.verdicts["a"] is not None
+        assert gate.verdicts["a"].ready
+        kube.failing, a.error = None, None  # back: the pod watch listed again
+        kube.refused.add("a")  # and then a's RoleBinding is deleted: a refusal un-serves at once
+        now[0] += r.PROBE_SECONDS
+        await gate.step()
+        assert insights.namespaces == set()
+        assert [e["reason"] for e in kube.events] == [r.UNAVAILABLE, r.UNAVAILABLE]
 
     asyncio.run(scenario())

@@ -49,6 +49,37 @@ def test_create_grace(asked_ago: float | None, allowed: bool, wake: float) -> No
     assert p.recent["r-worker-0"] == (T0 if allowed else T0 - (asked_ago or 0.0))  # a yes is recorded
 
 
+@pytest.mark.parametrize(
+    ("asked_ago", "answered_ago", "allowed", "wake"),
+    [
+        # the create waited 45 s for a fair slot and was answered just now: the watch has had no time yet
+        (45.0, 0.0, False, CREATE_GRACE_SECONDS + MARGIN_SECONDS),
+        (45.0, 1.0, False, CREATE_GRACE_SECONDS - 1.0 + MARGIN_SECONDS),
+        (90.0, 20.0, False, CREATE_GRACE_SECONDS - 20.0 + MARGIN_SECONDS),
+        (5.0, 4.0, False, CREATE_GRACE_SECONDS - 4.0 + MARGIN_SECONDS),  # a quick answer: as good as the ask
+        (90.0, CREATE_GRACE_SECONDS, True, RESYNC),  # the grace after the answer is over: the pod was lost
+        (400.0, 300.0, True, RESYNC),
+    ],
+)
+def test_create_grace_counts_from_the_answer(asked_ago: float, answered_ago: float, allowed: bool, wake: float) -> None:
+    """Issue 33: a create waits for a fair slot (fairshare) before it is sent; a grace counted from the ask ran
+    out during a long wait, and the next pass, its pod not shown by a lagging watch, asked again (409)."""
+    p = pacing()
+    assert p.may_create("r-worker-0", T0 - asked_ago)
+    p.create_answered("r-worker-0", T0 - answered_ago)
+    p.begin_pass()
+    assert p.may_create("r-worker-0", T0) is allowed
+    assert p.wake_in() == pytest.approx(wake)
+
+
+def test_an_answered_create_that_failed_is_retried_without_grace() -> None:
+    p = pacing()
+    assert p.may_create("w0", T0)
+    p.create_answered("w0", T0 + 40.0)
+    p.create_failed("w0")  # answered 500: no pod is coming
+    assert p.may_create("w0", T0 + 41.0)
+
+
 def test_create_grace_is_per_pod_and_keeps_the_earliest_wake_up() -> None:
     p = pacing()
     assert p.may_create("w0", T0)

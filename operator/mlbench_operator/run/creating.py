@@ -78,14 +78,23 @@ class Creating(RunDaemon):
         pass: their create grace is lifted)."""
         done: list[Any] = []
         while len(done) < len(todo):
-            size = self.pacing.batch or len(todo)
-            outcomes = await self.kube.create_many(todo[len(done) : len(done) + size])
+            batch = todo[len(done) : len(done) + (self.pacing.batch or len(todo))]
+            outcomes = await self.kube.create_many(batch)
+            self.answered(batch, outcomes)
             done.extend(outcomes)
             if not self.pacing.batch_done([_code(r) for r in outcomes]):
                 break
         for obj in todo[len(done) :]:
             self.pacing.create_failed(obj["metadata"]["name"])
         return todo[: len(done)], done
+
+    def answered(self, objs: list[dict[str, Any]], outcomes: list[Any]) -> None:
+        """The create grace of each pod whose create went through (created, or 409) counts from now, when its
+        batch was answered (:meth:`.pacing.Pacing.create_answered`), not from when the pass asked for it."""
+        now = time.monotonic()
+        for obj, res in zip(objs, outcomes, strict=True):
+            if not isinstance(res, BaseException):
+                self.pacing.create_answered(obj["metadata"]["name"], now)
 
     def remember_unanswered(
         self, todo: list[dict[str, Any]], outcomes: list[Any], create: ownership.UnansweredCreate
