@@ -10,6 +10,7 @@ import copy
 import functools
 import os
 import shutil
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,9 @@ def install(docs: Iterable[Obj] | None = None) -> list[Obj]:
     return [d for d in (kustomize(*release.BASES) if docs is None else docs) if d["kind"] != "Namespace"]
 
 
-def template(helm: Helm, *sets: str, namespace: str = NAMESPACE) -> list[Obj]:
+def template(helm: Helm, *sets: str, namespace: str = NAMESPACE, chart_ref: Path = CHART) -> list[Obj]:
     args = [a for s in sets for a in ("--set", s)]
-    res = helm("template", "mlbench", str(CHART), "--namespace", namespace, "--include-crds", *args)
+    res = helm("template", "mlbench", str(chart_ref), "--namespace", namespace, "--include-crds", *args)
     return [d for d in yaml.load_all(res.stdout, Loader=LOADER) if d]
 
 
@@ -225,3 +226,36 @@ def test_the_chart_is_fresh_and_versioned_from_pyproject() -> None:
     assert chart.main(["--check", "--kubectl", kubectl()], report=lines.append) == 0
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+
+
+def test_the_release_package_is_the_chart_at_the_releases_repository(helm: Helm, tmp_path: Path) -> None:
+    """``make release``'s dist/mlbench-<version>.tgz: the generated chart with image.repository defaulting to
+    IMAGE_REPO, whose ``helm template`` is dist/install.yaml (the Namespace aside) of the same release."""
+    repo = "registry.example.com/team"
+    argv = ["--package", str(tmp_path), "--version", VERSION, "--image-repo", repo + "/", "--helm", str(helm.binary)]
+    assert chart.main([*argv, "--kubectl", kubectl()], report=lambda _: None) == 0
+    package = tmp_path / f"mlbench-{VERSION}.tgz"
+    packed = {}
+    with tarfile.open(package) as tar:
+        for member in tar:
+            data = tar.extractfile(member)
+            if data is not None:
+                packed[member.name.removeprefix("mlbench/")] = data.read().decode()
+    want = chart.build(kubectl(), repo)
+    assert sorted(packed) == sorted(want)
+    meta = yaml.safe_load(packed.pop("Chart.yaml"))  # helm package writes Chart.yaml anew (no comments)
+    assert meta == yaml.safe_load(want.pop("Chart.yaml"))
+    assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+    assert packed == want
+    assert yaml.safe_load(packed["values.yaml"])["image"]["repository"] == repo
+    install_yaml = [d for d in yaml.load_all(release.release(VERSION, repo, kubectl()), Loader=LOADER) if d]
+    assert_same(template(helm, chart_ref=package), install(install_yaml))
+
+
+def test_a_release_package_without_helm_says_how_to_get_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--package", str(tmp_path), "--version", VERSION, "--helm", str(tmp_path / "helm"), "--kubectl", kubectl()]
+    assert chart.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "make helm" in err
+    assert not list(tmp_path.iterdir())
