@@ -227,7 +227,7 @@ def template_policy(t: Templater, policy: Obj) -> None:
     variables = [v for v in policy["spec"].get("variables", []) if v["name"] == "allowedImages"]
     if len(variables) != 1:
         raise ChartError("the admission policy has no allowedImages variable")
-    repo = f'(printf "%s/{RUNNER}" .Values.image.repository)'
+    repo = f'(include "mlbench.qualified" (printf "%s/{RUNNER}" .Values.image.repository))'
     variables[0]["expression"] = t.value(
         f"{{{{ printf {json.dumps(allowed_images_format())} {repo} {repo} | quote }}}}"
     )
@@ -495,6 +495,21 @@ def helpers(args: list[str], prefix: str) -> str:
 {{{{- $root := index . 0 -}}}}
 {{{{- $tag := $root.Values.image.tag | default $root.Chart.AppVersion -}}}}
 {{{{- printf "%s/%s:%s" $root.Values.image.repository (index . 1) $tag -}}}}
+{{{{- end }}}}
+
+{{{{/* a repository registry-qualified as the runtime resolves it, the rules of mlbench_operator.policy.normalize_image
+(what hack/release.py writes, tests/chart check them case by case): team/x -> docker.io/team/x */}}}}
+{{{{- define "mlbench.qualified" -}}}}
+{{{{- $first := index (splitList "/" .) 0 -}}}}
+{{{{- if not (contains "/" .) -}}}}
+{{{{- printf "docker.io/library/%s" . -}}}}
+{{{{- else if eq $first "index.docker.io" -}}}}
+{{{{- printf "docker.io/%s" (trimPrefix "index.docker.io/" .) -}}}}
+{{{{- else if or (contains "." $first) (contains ":" $first) (eq $first "localhost") -}}}}
+{{{{- . -}}}}
+{{{{- else -}}}}
+{{{{- printf "docker.io/%s" . -}}}}
+{{{{- end -}}}}
 {{{{- end }}}}
 
 {{{{/* the operator's arguments: one {prefix}<namespace> per watched namespace when rbac.scope is namespaced */}}}}

@@ -109,12 +109,30 @@ def test_crds_come_from_the_chart_crds_dir(helm: Helm) -> None:
     assert_same(crds, [d for d in install() if d["kind"] == "CustomResourceDefinition"])
 
 
-def test_image_repository_and_tag_are_release_retarget(helm: Helm) -> None:
-    """One IMAGE_REPO: the operator image, its runner image and the policy's allowedImages, as hack/release.py."""
-    repo, tag = "registry.example.com/team", "1.2.3"
+@pytest.mark.parametrize(
+    ("repo", "qualified"),
+    [
+        ("registry.example.com/team", "registry.example.com/team"),
+        ("registry.example.com:5000/team/sub", "registry.example.com:5000/team/sub"),
+        ("localhost/mlbench", "localhost/mlbench"),
+        ("localhost:5000/team", "localhost:5000/team"),
+        ("team", "docker.io/team"),  # Docker Hub, as the kubelet and containerd resolve it
+        ("team/sub", "docker.io/team/sub"),
+        ("docker.io/team", "docker.io/team"),
+        ("index.docker.io/team", "docker.io/team"),
+    ],
+)
+def test_image_repository_and_tag_are_release_retarget(helm: Helm, repo: str, qualified: str) -> None:
+    """One IMAGE_REPO: the operator image, its runner image and the policy's allowedImages, as hack/release.py; the
+    allowlist registry-qualified (mlbench_operator.policy.normalize_image), the images as given."""
+    tag = "1.2.3"
     got = template(helm, f"image.repository={repo}", f"image.tag={tag}")
     assert_same(got, release.retarget(install(), repo, tag))
     assert deployment(got)["spec"]["template"]["spec"]["containers"][0]["image"] == f"{repo}/mlbench-operator:{tag}"
+    policy = next(d for d in got if d["kind"] == "ValidatingAdmissionPolicy")
+    (images,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "allowedImages"]
+    runner = f"{qualified}/mlbench-runner"
+    assert images == f"['{runner}:*', '{runner}@sha256:*']"
 
 
 def test_release_namespace(helm: Helm) -> None:
