@@ -18,8 +18,13 @@ resources, nodeSelector, tolerations and the kube-prometheus-stack ``release`` l
 in the chart (Helm needs the release's namespace before it installs anything): ``helm install -n mlbench-system
 --create-namespace`` and label it for Pod Security as manifests/operator/namespace.yaml does (docs/install.md).
 
+``--package DIR`` writes the release's chart package instead, ``DIR/mlbench-<version>.tgz`` (``make release``): the
+chart generated with ``image.repository`` defaulting to ``--image-repo`` (IMAGE_REPO, as dist/install.yaml's images),
+packaged by ``helm package``; version and appVersion are pyproject.toml's (``--version`` must be it).
+
 Usage: hack/chart.py [--kubectl PATH]            regenerate (``make chart``)
        hack/chart.py --check [--kubectl PATH]    exit 1 when the chart is stale (``make lint``)
+       hack/chart.py --package DIR --version X.Y.Z [--image-repo REPO] [--helm PATH] [--kubectl PATH]
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +50,8 @@ from mlbench_operator.policy import repository_patterns
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "mlbench"
+BUILD_HELM = ROOT / "tests" / "cluster" / "build-helm.sh"
+NO_HELM = "no helm binary: `make helm` builds one from its Go module (tests/cluster/build-helm.sh); or HELM=PATH"
 
 
 def _load_release() -> ModuleType:
@@ -218,7 +227,7 @@ def template_policy(t: Templater, policy: Obj) -> None:
     variables = [v for v in policy["spec"].get("variables", []) if v["name"] == "allowedImages"]
     if len(variables) != 1:
         raise ChartError("the admission policy has no allowedImages variable")
-    repo = f'(printf "%s/{RUNNER}" .Values.image.repository)'
+    repo = f'(include "mlbench.qualified" (printf "%s/{RUNNER}" .Values.image.repository))'
     variables[0]["expression"] = t.value(
         f"{{{{ printf {json.dumps(allowed_images_format())} {repo} {repo} | quote }}}}"
     )
@@ -320,9 +329,12 @@ def split_install(src: dict[str, list[Obj]]) -> dict[str, list[Obj]]:
     return out
 
 
-def build(kubectl: str) -> dict[str, str]:
-    """Every file of the chart by its path in charts/mlbench."""
+def build(kubectl: str, image_repo: str = "") -> dict[str, str]:
+    """Every file of the chart by its path in charts/mlbench; ``image_repo``: the default ``image.repository``
+    (the images of the install retargeted there as hack/release.py does; empty: the bases' own)."""
     src = sources(kubectl)
+    if image_repo:
+        release.retarget(src["install"], image_repo, release.project_version())
     parts = split_install(src)
     source_ns = one(parts["namespace"], "Namespace")["metadata"]["name"]
     namespaces = namespaced_list()
@@ -485,6 +497,21 @@ def helpers(args: list[str], prefix: str) -> str:
 {{{{- printf "%s/%s:%s" $root.Values.image.repository (index . 1) $tag -}}}}
 {{{{- end }}}}
 
+{{{{/* a repository registry-qualified as the runtime resolves it, the rules of mlbench_operator.policy.normalize_image
+(what hack/release.py writes, tests/chart check them case by case): team/x -> docker.io/team/x */}}}}
+{{{{- define "mlbench.qualified" -}}}}
+{{{{- $first := index (splitList "/" .) 0 -}}}}
+{{{{- if not (contains "/" .) -}}}}
+{{{{- printf "docker.io/library/%s" . -}}}}
+{{{{- else if eq $first "index.docker.io" -}}}}
+{{{{- printf "docker.io/%s" (trimPrefix "index.docker.io/" .) -}}}}
+{{{{- else if or (contains "." $first) (contains ":" $first) (eq $first "localhost") -}}}}
+{{{{- . -}}}}
+{{{{- else -}}}}
+{{{{- printf "docker.io/%s" . -}}}}
+{{{{- end -}}}}
+{{{{- end }}}}
+
 {{{{/* the operator's arguments: one {prefix}<namespace> per watched namespace when rbac.scope is namespaced */}}}}
 {{{{- define "mlbench.args" -}}}}
 {{{{- $args := list {arg_list} -}}}}
@@ -518,13 +545,61 @@ def write(files: dict[str, str], chart: Path) -> None:
         (chart / path).write_text(text)
 
 
+def find_helm(explicit: str = "") -> str:
+    """``explicit`` (``--helm``), else $MLBENCH_HELM, else the one ``make helm`` built into the cache, else PATH's;
+    raises :class:`ChartError` (how to get one) when there is none."""
+    if explicit or os.environ.get("MLBENCH_HELM"):
+        named = explicit or os.environ["MLBENCH_HELM"]
+        if not shutil.which(named):
+            raise ChartError(f"{named}: not an executable; {NO_HELM}")
+        return named
+    cache = subprocess.run([str(BUILD_HELM), "--print-dir"], capture_output=True, text=True, check=False)
+    cached = Path(cache.stdout.strip()) / "bin" / "helm"
+    found = str(cached) if cache.returncode == 0 and os.access(cached, os.X_OK) else shutil.which("helm")
+    if not found:
+        raise ChartError(NO_HELM)
+    return found
+
+
+def package(files: dict[str, str], helm: str, dest: Path) -> Path:
+    """``helm package`` of the chart ``files`` into ``dest``; the package's path (``mlbench-<version>.tgz``)."""
+    version = yaml.safe_load(files["Chart.yaml"])["version"]
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        write(files, Path(tmp) / "mlbench")
+        res = subprocess.run(
+            [helm, "package", str(Path(tmp) / "mlbench"), "--destination", str(dest)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if res.returncode != 0:
+        raise ChartError(f"helm package failed: {res.stderr.strip()}")
+    return dest / f"mlbench-{version}.tgz"
+
+
+def release_package(args: argparse.Namespace) -> Path:
+    """What ``--package`` does: the version checked as ``make release`` checks it, helm found, the chart packaged."""
+    changelog = ROOT / "CHANGELOG.md"
+    release.check_version(args.version, release.project_version(), changelog.read_text())
+    helm = find_helm(args.helm)
+    return package(build(args.kubectl, args.image_repo.rstrip("/")), helm, args.package)
+
+
 def main(argv: Sequence[str] | None = None, report: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="fail if the chart differs from what would be written")
     parser.add_argument("--kubectl", default=os.environ.get("MLBENCH_KUBECTL") or shutil.which("kubectl") or "kubectl")
     parser.add_argument("--out", type=Path, default=CHART)
+    parser.add_argument("--package", type=Path, help="write the release's chart package into this folder")
+    parser.add_argument("--version", default="", help="with --package: the release's version (pyproject's)")
+    parser.add_argument("--image-repo", default="", help="with --package: the default image.repository")
+    parser.add_argument("--helm", default="", help="with --package: the helm binary")
     args = parser.parse_args(argv)
     try:
+        if args.package:
+            report(f"chart: wrote {release_package(args)}")
+            return 0
         files = build(args.kubectl)
     except (ChartError, release.ReleaseError) as err:
         print(f"chart: {err}", file=sys.stderr)

@@ -10,6 +10,7 @@ import copy
 import functools
 import os
 import shutil
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,9 @@ def install(docs: Iterable[Obj] | None = None) -> list[Obj]:
     return [d for d in (kustomize(*release.BASES) if docs is None else docs) if d["kind"] != "Namespace"]
 
 
-def template(helm: Helm, *sets: str, namespace: str = NAMESPACE) -> list[Obj]:
+def template(helm: Helm, *sets: str, namespace: str = NAMESPACE, chart_ref: Path = CHART) -> list[Obj]:
     args = [a for s in sets for a in ("--set", s)]
-    res = helm("template", "mlbench", str(CHART), "--namespace", namespace, "--include-crds", *args)
+    res = helm("template", "mlbench", str(chart_ref), "--namespace", namespace, "--include-crds", *args)
     return [d for d in yaml.load_all(res.stdout, Loader=LOADER) if d]
 
 
@@ -108,12 +109,30 @@ def test_crds_come_from_the_chart_crds_dir(helm: Helm) -> None:
     assert_same(crds, [d for d in install() if d["kind"] == "CustomResourceDefinition"])
 
 
-def test_image_repository_and_tag_are_release_retarget(helm: Helm) -> None:
-    """One IMAGE_REPO: the operator image, its runner image and the policy's allowedImages, as hack/release.py."""
-    repo, tag = "registry.example.com/team", "1.2.3"
+@pytest.mark.parametrize(
+    ("repo", "qualified"),
+    [
+        ("registry.example.com/team", "registry.example.com/team"),
+        ("registry.example.com:5000/team/sub", "registry.example.com:5000/team/sub"),
+        ("localhost/mlbench", "localhost/mlbench"),
+        ("localhost:5000/team", "localhost:5000/team"),
+        ("team", "docker.io/team"),  # Docker Hub, as the kubelet and containerd resolve it
+        ("team/sub", "docker.io/team/sub"),
+        ("docker.io/team", "docker.io/team"),
+        ("index.docker.io/team", "docker.io/team"),
+    ],
+)
+def test_image_repository_and_tag_are_release_retarget(helm: Helm, repo: str, qualified: str) -> None:
+    """One IMAGE_REPO: the operator image, its runner image and the policy's allowedImages, as hack/release.py; the
+    allowlist registry-qualified (mlbench_operator.policy.normalize_image), the images as given."""
+    tag = "1.2.3"
     got = template(helm, f"image.repository={repo}", f"image.tag={tag}")
     assert_same(got, release.retarget(install(), repo, tag))
     assert deployment(got)["spec"]["template"]["spec"]["containers"][0]["image"] == f"{repo}/mlbench-operator:{tag}"
+    policy = next(d for d in got if d["kind"] == "ValidatingAdmissionPolicy")
+    (images,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "allowedImages"]
+    runner = f"{qualified}/mlbench-runner"
+    assert images == f"['{runner}:*', '{runner}@sha256:*']"
 
 
 def test_release_namespace(helm: Helm) -> None:
@@ -225,3 +244,36 @@ def test_the_chart_is_fresh_and_versioned_from_pyproject() -> None:
     assert chart.main(["--check", "--kubectl", kubectl()], report=lines.append) == 0
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+
+
+def test_the_release_package_is_the_chart_at_the_releases_repository(helm: Helm, tmp_path: Path) -> None:
+    """``make release``'s dist/mlbench-<version>.tgz: the generated chart with image.repository defaulting to
+    IMAGE_REPO, whose ``helm template`` is dist/install.yaml (the Namespace aside) of the same release."""
+    repo = "registry.example.com/team"
+    argv = ["--package", str(tmp_path), "--version", VERSION, "--image-repo", repo + "/", "--helm", str(helm.binary)]
+    assert chart.main([*argv, "--kubectl", kubectl()], report=lambda _: None) == 0
+    package = tmp_path / f"mlbench-{VERSION}.tgz"
+    packed = {}
+    with tarfile.open(package) as tar:
+        for member in tar:
+            data = tar.extractfile(member)
+            if data is not None:
+                packed[member.name.removeprefix("mlbench/")] = data.read().decode()
+    want = chart.build(kubectl(), repo)
+    assert sorted(packed) == sorted(want)
+    meta = yaml.safe_load(packed.pop("Chart.yaml"))  # helm package writes Chart.yaml anew (no comments)
+    assert meta == yaml.safe_load(want.pop("Chart.yaml"))
+    assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+    assert packed == want
+    assert yaml.safe_load(packed["values.yaml"])["image"]["repository"] == repo
+    install_yaml = [d for d in yaml.load_all(release.release(VERSION, repo, kubectl()), Loader=LOADER) if d]
+    assert_same(template(helm, chart_ref=package), install(install_yaml))
+
+
+def test_a_release_package_without_helm_says_how_to_get_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--package", str(tmp_path), "--version", VERSION, "--helm", str(tmp_path / "helm"), "--kubectl", kubectl()]
+    assert chart.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "make helm" in err
+    assert not list(tmp_path.iterdir())

@@ -5,19 +5,28 @@ RBAC) applies them; ``helm uninstall`` leaves nothing of the release but the CRD
 The pods are not run (kwok nodes): that the operator image starts and runs the smoke task is the e2e's part. The
 admission policy is left off so that other tests' runs in the shared cluster are not judged by it meanwhile; its
 objects are compared with manifests/policy in test_chart.py. Objects of the chart that exist before (other tests
-apply the user roles or the catalog) are adopted with ``--take-ownership`` and put back afterwards."""
+apply the user roles or the catalog) are adopted with ``--take-ownership`` and put back afterwards.
+
+An upgrade with a run in flight keeps it (test_an_upgrade_keeps_a_run_in_flight): the operator runs as the chart's
+Deployment says (its ServiceAccount's token, its env values and arguments, in the release's namespace), as a
+process here since kwok nodes run no containers; the upgrade replaces it as a rolling update would."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests import factories
 from tests.cluster.helm import CHART, Helm
 from tests.cluster.plugin import KubeCluster, create_namespace
+from tests.operator import helpers as h
+from tests.operator.conftest import OperatorProcess, Runs, _operator_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -128,3 +137,106 @@ def upgraded(cluster: KubeCluster, ns: str, watched: str) -> None:
     assert can(cluster, ns, "list", "benchmarkruns.mlbench.io", watched)
     assert not can(cluster, ns, "list", "benchmarkruns.mlbench.io", "default")
     assert can(cluster, ns, "get", "benchmarktasks.mlbench.io", "default")  # cluster-scoped: mlbench-operator-cluster
+
+
+# -- an upgrade with a run in flight ---------------------------------------------------------------------------
+#: The Deployment's arguments the test process sets itself (a free port, no liveness server).
+OWN_ARGS = ("--metrics-port=", "--liveness=")
+
+
+def deployed_operator(
+    cluster: KubeCluster, ns: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, n: int
+) -> OperatorProcess:
+    """The operator as the release's Deployment describes it, started here: its ServiceAccount's token, its env
+    values, its arguments, its namespace (the Lease's, POD_NAMESPACE)."""
+    container = get(cluster, "deployment", OPERATOR, "-n", ns)["spec"]["template"]["spec"]["containers"][0]
+    for env in container.get("env", []):
+        if "value" in env:
+            monkeypatch.setenv(env["name"], env["value"])
+    monkeypatch.setenv("POD_NAMESPACE", ns)
+    monkeypatch.setenv("MLBENCH_LEADER_ELECTION_NAMESPACE", ns)
+    args = [a for a in container.get("args", []) if not a.startswith(OWN_ARGS)]
+    kubeconfig = _operator_kubeconfig(cluster, tmp / f"kubeconfig-{n}", service_account=(ns, OPERATOR))
+    proc = OperatorProcess(kubeconfig, tmp / f"operator-{n}.log", extra_args=args)
+    proc.start()
+    return proc
+
+
+def world(runs: Runs, name: str) -> dict[str, tuple[str, Any]]:
+    """The run's objects: (uid, content) of its Secret, ConfigMap and each pod (content: data, or the pod's phase)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for kind, obj_name in (("secret", f"{name}-ssh"), ("configmap", f"{name}-config")):
+        obj = runs.get(kind, obj_name)
+        assert obj is not None, f"{kind} {obj_name} is gone"
+        out[f"{kind}/{obj_name}"] = (obj["metadata"]["uid"], obj["data"])
+    for pod_name, pod in runs.pods(name).items():
+        out[f"pod/{pod_name}"] = (pod["metadata"]["uid"], pod["status"].get("phase"))
+    return out
+
+
+def release_run(runs: Runs, name: str) -> None:
+    """The run deleted; its finalizer removed by hand if no operator released it."""
+    runs.kubectl("delete", "benchmarkrun", name, "--wait=false", "--ignore-not-found", check=False)
+    if runs.get("benchmarkrun", name) is not None:
+        patch = json.dumps({"metadata": {"finalizers": None}})
+        runs.kubectl("patch", "benchmarkrun", name, "--type=merge", "-p", patch, check=False)
+
+
+def test_an_upgrade_keeps_a_run_in_flight(
+    kube_cluster: KubeCluster,
+    cluster_helm: Helm,
+    namespaces: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``helm upgrade`` (a new tag and resources, cluster-wide -> namespaced RBAC watching the run's namespace)
+    while a run's pods are Running: its Secret, ConfigMap and pods are the same objects after, its status is
+    kept, and the upgraded operator reconciles it to the end (Succeeded from the launcher's summary)."""
+    ns, watched = namespaces
+    task = f"upgrade-{uuid.uuid4().hex[:8]}"
+    upgrade_sets = sets(
+        "image.tag=9.9.9",
+        "operator.resources.limits.memory=2Gi",
+        "rbac.scope=namespaced",
+        f"rbac.namespaces={{{watched}}}",
+    )
+    rendered = "".join(
+        cluster_helm("template", RELEASE, str(CHART), "-n", ns, *s).stdout for s in (sets(), upgrade_sets)
+    )
+    before = present(kube_cluster, rendered)
+    runs, name = Runs(kube_cluster, watched), "inflight"
+    procs: list[OperatorProcess] = []
+    try:
+        cluster_helm("install", RELEASE, str(CHART), "-n", ns, "--take-ownership", *sets())
+        kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(h.task(task)), check=True)
+        procs.append(deployed_operator(kube_cluster, ns, tmp_path, monkeypatch, 1))
+        runs.apply(h.run(name, workers=2, task_name=task))
+        started = runs.wait_phase(name, "Running")
+        kept = world(runs, name)
+        pods = {k: phase for k, (_, phase) in kept.items() if k.startswith("pod/")}
+        assert set(pods) == {f"pod/{name}-launcher", f"pod/{name}-worker-0", f"pod/{name}-worker-1"}
+        assert set(pods.values()) == {"Running"}
+
+        cluster_helm("upgrade", RELEASE, str(CHART), "-n", ns, *upgrade_sets)
+        procs.pop().stop()  # the rolling update: the old pod goes, the new one starts with the new settings
+        upgraded(kube_cluster, ns, watched)
+        procs.append(deployed_operator(kube_cluster, ns, tmp_path, monkeypatch, 2))
+        assert world(runs, name) == kept
+
+        runs.finish_launcher(name, 0, factories.summary(name, world_size=2).termination_message())
+        done = runs.wait_phase(name, "Succeeded", timeout=90)
+        assert done["startTime"] == started["startTime"]
+        assert done["result"]["worldSize"] == 2
+        assert done.get("restarts", 0) == started.get("restarts", 0)
+        after = world(runs, name)
+        for key in (f"secret/{name}-ssh", f"configmap/{name}-config", f"pod/{name}-launcher"):
+            assert after[key][0] == kept[key][0], f"{key} was replaced"
+        assert after[f"secret/{name}-ssh"] == kept[f"secret/{name}-ssh"]
+        runs.kubectl("delete", "benchmarkrun", name, "--wait=true", "--timeout=60s")
+    finally:
+        release_run(runs, name)
+        for proc in procs:
+            proc.stop()
+        kube_cluster.kubectl("delete", "benchmarktask", task, "--ignore-not-found")
+        cluster_helm("uninstall", RELEASE, "-n", ns, "--wait", check=False)
+        restore(kube_cluster, before)

@@ -25,6 +25,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
         ("busybox:1.36", "docker.io/library/busybox:1.36"),
         ("registry.example.com:5000/team/runner@sha256:ab", "registry.example.com:5000/team/runner@sha256:ab"),
         ("localhost/runner:dev", "localhost/runner:dev"),
+        ("localhost:5000/team/runner:1", "localhost:5000/team/runner:1"),
+        ("team/sub/mlbench-runner:1", "docker.io/team/sub/mlbench-runner:1"),
     ],
 )
 def test_image_references_are_compared_registry_qualified(ref: str, normal: str) -> None:

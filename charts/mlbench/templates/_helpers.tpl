@@ -6,6 +6,21 @@
 {{- printf "%s/%s:%s" $root.Values.image.repository (index . 1) $tag -}}
 {{- end }}
 
+{{/* a repository registry-qualified as the runtime resolves it, the rules of mlbench_operator.policy.normalize_image
+(what hack/release.py writes, tests/chart check them case by case): team/x -> docker.io/team/x */}}
+{{- define "mlbench.qualified" -}}
+{{- $first := index (splitList "/" .) 0 -}}
+{{- if not (contains "/" .) -}}
+{{- printf "docker.io/library/%s" . -}}
+{{- else if eq $first "index.docker.io" -}}
+{{- printf "docker.io/%s" (trimPrefix "index.docker.io/" .) -}}
+{{- else if or (contains "." $first) (contains ":" $first) (eq $first "localhost") -}}
+{{- . -}}
+{{- else -}}
+{{- printf "docker.io/%s" . -}}
+{{- end -}}
+{{- end }}
+
 {{/* the operator's arguments: one --namespace=<namespace> per watched namespace when rbac.scope is namespaced */}}
 {{- define "mlbench.args" -}}
 {{- $args := list "--metrics-port=8080" "--liveness=http://0.0.0.0:8081/healthz" -}}
