@@ -92,6 +92,10 @@ chart: $(PYTHON) ## regenerate charts/mlbench (the Helm chart) from the kustomiz
 helm: ## build helm from its Go module into the cache (tests/cluster/build-helm.sh) and print its path
 	@echo "$$(tests/cluster/build-helm.sh)/bin/helm"
 
+.PHONY: kind
+kind: ## build kind from its Go module into the cache (tests/cluster/build-kind.sh) and print its path (docs/install.md, kind)
+	@echo "$$(tests/cluster/build-kind.sh)/bin/kind"
+
 .PHONY: fmt
 fmt: $(PYTHON) ## format and autofix
 	$(VENV)/bin/ruff format .
