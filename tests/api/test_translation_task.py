@@ -34,7 +34,7 @@ def test_task_4b_matches_the_page() -> None:
     assert x.tokens_per_step == 2**17
     assert (x.adam_betas, x.adam_eps, x.label_smoothing, x.precision) == ([0.9, 0.98], 1e-9, 0.1, "fp16")
     assert (x.loss_scaling.initial_scale, x.loss_scaling.factor, x.loss_scaling.window) == (2**7, 2, 2000)
-    assert (x.max_length, x.beam, x.length_penalty) == (80, 4, 0.6)
+    assert (x.max_length, x.beam, x.length_penalty, x.length_norm_const) == (80, 4, 0.6, 5.0)
     assert (s.goal.metric, s.goal.target, s.goal.light_target) == (GoalMetric.BLEU, 25.0, 20.0)
     assert [a.value for a in s.algorithms] == ["allreduce-sgd"]
     assert "no checksum" in s.description

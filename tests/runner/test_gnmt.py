@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mlbench_runner.comm import LocalCommunicator
-from mlbench_runner.translation.decoding import beam_search, coverage_penalty, greedy, normalized
+from mlbench_runner.translation.decoding import beam_search, coverage_penalty, greedy, nbest, normalized
 from mlbench_runner.translation.gnmt import Gnmt, GnmtShape
 from mlbench_runner.translation.optim import (
     LossScaler,
@@ -185,9 +185,12 @@ def test_gnmt_incremental_beam_search_finds_what_the_whole_prefix_search_finds(s
     model = tiny_gnmt(seed)
     kwargs: dict[str, Any] = {"bos": 1, "eos": 2, "max_length": 9, "beam": 5, "length_penalty": 0.6}
     for coverage in (0.0, 0.1):
-        whole = beam_search(model, sources(), length_const=5.0, coverage=coverage, incremental=False, **kwargs)
-        assert beam_search(model, sources(), length_const=5.0, coverage=coverage, **kwargs) == whole
-        assert any(len(h) > 0 for h in whole)
+        whole = nbest(model, sources(), length_const=5.0, coverage=coverage, incremental=False, **kwargs)
+        found = nbest(model, sources(), length_const=5.0, coverage=coverage, **kwargs)
+        assert [[ids for _, ids in s] for s in found] == [[ids for _, ids in s] for s in whole]
+        for sentence, reference in zip(found, whole, strict=True):
+            assert [score for score, _ in sentence] == pytest.approx([score for score, _ in reference], abs=1e-5)
+        assert any(ids for sentence in whole for _, ids in sentence)
 
 
 def test_gnmt_beam_search_with_coverage_returns_one_hypothesis_per_sentence() -> None:

@@ -5,9 +5,10 @@ A hypothesis's score is the sum of its tokens' log-probabilities (eos included) 
 ``length ** length_penalty`` (fairseq's ``--lenpen``; 1.0 is the mean per token, 0.0 the raw sum), or with a
 ``length_const`` c GNMT's ``((c + length) / (c + 1)) ** length_penalty``; GNMT's coverage penalty adds
 ``coverage * sum_j log(min(1, attention on source token j summed over the steps))`` (a log of 0 counts 0, as the
-reference). Each step runs the decoder over the whole prefix, or, for a model with a recurrent decoder state
-(:class:`Stepping`: GNMT), over the last token only from the state the prefix left, the survivors' states reordered
-as the beam is (``incremental``, the default: the same scores up to rounding, without the quadratic cost).
+reference). Each step runs the decoder over the whole prefix, or, for a model that carries its prefix in a
+decoder state (:class:`Stepping`: GNMT's LSTM states, the Transformer's cached attention keys and values), over the
+last token only from the state the prefix left, the survivors' states reordered as the beam is (``incremental``,
+the default: the same hypotheses and scores up to rounding, without re-running the decoder over the prefix).
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ class Attending(Seq2Seq, Protocol):
 
 @runtime_checkable
 class Stepping(Seq2Seq, Protocol):
-    """A model whose decoder carries its prefix in a state (GNMT's LSTMs): one token at a time, the attention too."""
+    """A model whose decoder carries its prefix in a state (GNMT's LSTMs, the Transformer's key/value cache): the
+    logits of the tokens after the prefix, their attention (batch, tokens, source length) when the model reports it
+    (GNMT; None: the Transformer), and the state after them. ``reorder`` keeps the state of the given rows."""
 
     def decode_step(
         self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]: ...
 
     def reorder(self, state: Any, rows: torch.Tensor) -> Any: ...
 
@@ -64,18 +67,23 @@ class Scorer:
         if self.stepping is None:
             return scored_step(self.model, tokens, self.memory, self.padding, self.coverage)
         logits, attention, self.state = self.stepping.decode_step(tokens[:, -1:], self.memory, self.padding, self.state)
+        logp = torch.log_softmax(masked_last(logits, self.model.pad, int(tokens[0, 0])), dim=-1)
+        if self.coverage == 0.0:
+            return logp, None
+        if attention is None:
+            raise ValueError("coverage penalty: the model does not report its attention (GNMT does)")
         step = attention[:, 0].float()
         self.covered = step if self.covered is None else self.covered + step
-        logp = torch.log_softmax(masked_last(logits, self.model.pad, int(tokens[0, 0])), dim=-1)
-        return logp, self.covered.unsqueeze(1) if self.coverage else None
+        return logp, self.covered.unsqueeze(1)
 
     def survivors(self, rows: list[int]) -> None:
         """Keep the state of hypotheses ``rows`` (each next row's origin), in that order."""
-        if self.stepping is None or self.covered is None:
+        if self.stepping is None:
             return
-        index = torch.tensor(rows, dtype=torch.long, device=self.covered.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.memory.device)
         self.state = self.stepping.reorder(self.state, index)
-        self.covered = self.covered.index_select(0, index)
+        if self.covered is not None:
+            self.covered = self.covered.index_select(0, index)
 
 
 def masked_last(logits: torch.Tensor, pad: int, bos: int) -> torch.Tensor:
@@ -155,7 +163,30 @@ def beam_search(
     coverage: float = 0.0,
     incremental: bool = True,
 ) -> list[list[int]]:
-    """The best hypothesis per sentence among ``beam`` kept at each step; eos is not returned.
+    """The best hypothesis per sentence (:func:`nbest`'s first; [] for none); eos is not returned."""
+    found = nbest(
+        model, source, bos=bos, eos=eos, max_length=max_length, beam=beam, length_penalty=length_penalty,
+        length_const=length_const, coverage=coverage, incremental=incremental,
+    )  # fmt: skip
+    return [hypotheses[0][1] if hypotheses else [] for hypotheses in found]
+
+
+@torch.no_grad()
+def nbest(
+    model: Seq2Seq,
+    source: torch.Tensor,
+    *,
+    bos: int,
+    eos: int,
+    max_length: int,
+    beam: int,
+    length_penalty: float = 1.0,
+    length_const: float | None = None,
+    coverage: float = 0.0,
+    incremental: bool = True,
+) -> list[list[tuple[float, list[int]]]]:
+    """Every finished hypothesis per sentence (at most ``beam``) with its normalised score, best first (ties in
+    the order they finished); eos is not returned.
 
     At each step every live hypothesis extends by its ``beam`` best tokens (``2 * beam`` candidates per sentence,
     as fairseq, so that ``beam`` survive when some end); a candidate among the best ``beam`` that ends in eos is
@@ -208,4 +239,4 @@ def beam_search(
             break
         tokens, scores = torch.stack(next_tokens), next_scores
         scorer.survivors(origins)
-    return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+    return [sorted(f, key=lambda h: h[0], reverse=True) for f in finished]

@@ -4,7 +4,9 @@ Built from torch's own layers (native LayerNorm and attention, as the public rec
 MLPerf's FusedLayerNorm): shared source/target/output embeddings over one joined vocabulary scaled by
 sqrt(d_model), sinusoidal positions, post-norm layers (fairseq's default; ``norm_first`` for pre-norm, with a
 final LayerNorm on each stack as fairseq's ``--encoder-normalize-before``). :data:`BASE` is the recipe's size;
-the smoke tasks use a small one.
+the smoke tasks use a small one. Training and :meth:`Transformer.decode` run the decoder over whole prefixes;
+the beam search decodes one token at a time from cached keys and values (:meth:`Transformer.decode_step`,
+``transformer_cache``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from mlbench_runner.translation.transformer_cache import DecoderCache, empty_cache, layer_step, source_mask
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,10 @@ class Transformer(nn.Module):
             norm=norm(),
         )
 
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Scaled embeddings plus the positions ``start``, ``start + 1``, ... of (batch, length) ``tokens``."""
         x = self.embed(tokens) * math.sqrt(self.shape.d_model)
-        return self.dropout(x + self.positions[: tokens.shape[1]].to(x.dtype))
+        return self.dropout(x + self.positions[start : start + tokens.shape[1]].to(x.dtype))
 
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's output for (batch, length) source ids, and the source's padding mask (True at pad)."""
@@ -103,6 +108,29 @@ class Transformer(nn.Module):
             tgt_is_causal=True,
         )
         return x @ self.embed.weight.t()  # the output projection shares the embedding (--share-all-embeddings)
+
+    def decode_step(
+        self, previous: torch.Tensor, memory: torch.Tensor, padding: torch.Tensor, state: DecoderCache | None
+    ) -> tuple[torch.Tensor, None, DecoderCache]:
+        """:meth:`decode` of the tokens ``previous`` (none of them pad) that follow a prefix whose ``state`` (each
+        layer's cached keys and values; None: the empty prefix) is given, and the state after them; no attention
+        weights (the Transformer's search has no coverage penalty). The beam search's one-token step
+        (:class:`~.decoding.Stepping`), as fairseq's incremental decoding."""
+        decoder_layers = [layer for layer in self.decoder.layers if isinstance(layer, nn.TransformerDecoderLayer)]
+        cache = state if state is not None else empty_cache(decoder_layers, memory)
+        x, mask = self._embed(previous, cache.length), source_mask(padding)
+        layers = []
+        for layer, kept in zip(decoder_layers, cache.layers, strict=True):
+            x, grown = layer_step(layer, x, kept, cache.length, mask)
+            layers.append(grown)
+        if self.decoder.norm is not None:
+            x = self.decoder.norm(x)
+        return x @ self.embed.weight.t(), None, DecoderCache(tuple(layers), cache.length + previous.shape[1])
+
+    @staticmethod
+    def reorder(state: DecoderCache, rows: torch.Tensor) -> DecoderCache:
+        """The decoder state of batch rows ``rows`` (a beam's survivors, in their new order)."""
+        return state.reorder(rows)
 
     def forward(self, source: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         memory, padding = self.encode(source)
