@@ -92,7 +92,7 @@ def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
     and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
     workers still resolve each other's Service names."""
     placement = worker_placement(ctx, attempt)
-    pod = ctx.spec.pod
+    pod = ctx.pod
     if pod is None:
         return placement
     out: Obj = {}

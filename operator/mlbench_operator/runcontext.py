@@ -9,11 +9,13 @@ creates can be checked in a unit test: names, owner references, labels, resource
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from mlbench_api import contract
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import RunConfig
+from mlbench_api.pod import PodSettings, merge
 from mlbench_api.run import BenchmarkRunSpec
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import naming as n
@@ -49,6 +51,12 @@ class RunContext:
     def task(self) -> BenchmarkTaskSpec:
         """The task as this run sees it: the snapshot with the run's overrides applied."""
         return self.config.task
+
+    @cached_property
+    def pod(self) -> PodSettings | None:
+        """The pod settings of the run's pods: the task's ``pod`` under the run's ``spec.pod``
+        (:func:`mlbench_api.pod.merge`)."""
+        return merge(self.task.pod, self.spec.pod)
 
     @property
     def image(self) -> str:
