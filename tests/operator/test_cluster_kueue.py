@@ -335,3 +335,25 @@ def test_kueue_evicts_a_run_whose_workers_never_become_ready_and_leaves_a_starte
     status = runs.status("fine")
     assert status["phase"] == "Running"
     assert status.get("restarts", 0) == 0
+
+
+def test_a_queued_run_whose_workload_is_deactivated_fails_with_kueues_message(runs: Runs, queue: str) -> None:
+    """An admin deactivates the Workload of a run that waits (spec.active false, as Kueue itself does once
+    waitForPodsReady's backoffLimitCount is spent): Kueue never admits it again, so the run ends Failed,
+    WorkloadDeactivated, in Kueue's words, instead of staying Suspended forever; its Workload is marked Finished."""
+    runs.apply(_queued("parked", 4))  # never fits the queue: it waits
+    runs.wait_status("parked", _kueues_word, timeout=60, what="parked run Queued, in Kueue's words")
+    uid = runs.run("parked")["metadata"]["uid"]
+    name = kq.workload_name("parked", uid)
+    runs.kubectl("patch", "workloads.kueue.x-k8s.io", name, "--type=merge", "-p", '{"spec": {"active": false}}')
+    status = runs.wait_phase("parked", "Failed", timeout=60)
+    failed = c.get(status["conditions"], c.FAILED)
+    assert failed is not None
+    assert failed["reason"] == Reason.WORKLOAD_DEACTIVATED
+    assert "The workload is deactivated" in failed["message"]  # Kueue's own words (its Evicted condition)
+    assert name in failed["message"]
+    assert runs.pods("parked") == {}
+    finished = runs.wait_status(
+        "parked", lambda s: _true(_workload(runs, "parked"), kq.FINISHED), timeout=30, what="the Workload Finished"
+    )
+    assert finished["reason"] == "Failed"

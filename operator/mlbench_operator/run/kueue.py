@@ -46,6 +46,9 @@ ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evic
 PODS_READY, REQUEUED = "PodsReady", "Requeued"
 #: Kueue's eviction reason when an admitted Workload's ``PodsReady`` stayed unset past ``waitForPodsReady.timeout``.
 PODS_READY_TIMEOUT = "PodsReadyTimeout"
+#: The start of Kueue's eviction reason for a Workload whose ``spec.active`` is false (``Deactivated``, or
+#: ``DeactivatedDueToRequeuingLimitExceeded`` once waitForPodsReady's ``backoffLimitCount`` is spent).
+DEACTIVATED = "Deactivated"
 #: Evictions after which Kueue's job integrations set ``Requeued`` True at once (others wait for a backoff).
 _REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 
@@ -126,6 +129,8 @@ class Admission:
     reserved: bool = False
     #: the Workload's ``PodsReady`` condition is True
     pods_ready: bool = False
+    #: Kueue deactivated the Workload (``spec.active`` false, and evicted): it is never admitted again
+    deactivated: bool = False
 
 
 def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -147,6 +152,9 @@ def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admi
     evicted = _condition(workload, EVICTED) if _true(workload, EVICTED) else None
     reserved = bool(status.get("admission")) or _true(workload, QUOTA_RESERVED)
     ready = _true(workload, PODS_READY)
+    if evicted is not None and (workload.get("spec") or {}).get("active") is False:
+        text = f"queue {queue}, Workload {name}: {deactivation_message(evicted)}"
+        return Admission(False, text, evicted=str(evicted.get("reason") or ""), reserved=reserved, deactivated=True)
     if _true(workload, ADMITTED) and evicted is None and _condition(workload, FINISHED) is None:
         assignments = (status.get("admission") or {}).get("podSetAssignments") or []
         flavors = sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
@@ -159,6 +167,16 @@ def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admi
             text = f"queue {queue}, Workload {name}: {cond['message']}"
             return Admission(False, text, evicted=why, reserved=reserved, pods_ready=ready)
     return Admission(False, f"queue {queue}, Workload {name}: waiting for Kueue", evicted=why, reserved=reserved)
+
+
+def deactivation_message(evicted: Mapping[str, Any]) -> str:
+    """Kueue's words for a deactivated Workload: its ``Evicted`` message (``Deactivated...``: "The workload is
+    deactivated due to exceeding the maximum number of re-queuing retries"), or, when Kueue had evicted it for
+    another reason before (it does not evict it again), that eviction's, said to be followed by deactivation."""
+    message = str(evicted.get("message") or "")
+    if str(evicted.get("reason") or "").startswith(DEACTIVATED):
+        return message or "The workload is deactivated"
+    return f"spec.active is false (deactivated) after Kueue evicted it: {message or evicted.get('reason')}"
 
 
 def placement(flavors: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
