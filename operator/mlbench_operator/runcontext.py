@@ -17,6 +17,7 @@ from mlbench_api.common import API_VERSION
 from mlbench_api.config import RunConfig
 from mlbench_api.pod import PodSettings, merge
 from mlbench_api.run import BenchmarkRunSpec
+from mlbench_api.scheduling import Scheduling
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import naming as n
 from mlbench_operator.settings import GANG_SCHEDULER_NAME, NODE_LOSS_SECONDS, SCRATCH_LIMITS, ScratchLimits
@@ -46,6 +47,9 @@ class RunContext:
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
     #: Size limits of ``/dev/shm`` and the output emptyDir (``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``).
     scratch: ScratchLimits = SCRATCH_LIMITS
+    #: The launcher's scheduling when it is not ``spec.scheduling``: the flavors Kueue assigned the launcher's pod
+    #: set (run.kueue.placed); None: ``spec.scheduling``, as every other pod of the run.
+    launcher_scheduling: Scheduling | None = None
 
     @property
     def task(self) -> BenchmarkTaskSpec:

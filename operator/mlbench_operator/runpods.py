@@ -210,14 +210,14 @@ def image_pull_secrets(ctx: RunContext) -> Obj:
     return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
 
 
-def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
+def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None, launcher: bool = False) -> Obj:
     spec: Obj = {
         "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": pod_security(ctx),
         **image_pull_secrets(ctx),
-        **pod_scheduling(ctx),
+        **pod_scheduling(ctx, launcher),
     }
     if deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = deadline_seconds
@@ -383,7 +383,7 @@ def launcher_pod(ctx: RunContext, attempt: int, deadline_seconds: int | None = N
         "kind": "Pod",
         "metadata": object_metadata(ctx, n.launcher_name(ctx.name), role=n.ROLE_LAUNCHER, attempt=attempt),
         "spec": {
-            **_pod_spec_common(ctx, deadline_seconds),
+            **_pod_spec_common(ctx, deadline_seconds, launcher=True),
             "initContainers": [wait],
             "containers": [container],
             "volumes": volumes,

@@ -138,9 +138,8 @@ class RunReconciler(Observing, Creating, Keeping):
             await self.tell_kueue(queued, started=started, pods_gone=False)
         if queued is None or not queued.flavors:
             return ctx
-        flavors = [await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors]
-        labels, tolerations = kueue.placement(flavors)
-        return dataclasses.replace(ctx, spec=kueue.with_placement(ctx.spec, labels, tolerations))
+        flavors = {f: await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors}
+        return kueue.placed(ctx, queued.assignments, flavors)
 
     async def end_deactivated(self, plan: Plan, now: datetime, pods: list[PodView]) -> float | None:
         """A run whose Workload Kueue deactivated: Failed, its unfinished pods deleted, then as any finished run."""
