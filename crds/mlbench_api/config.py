@@ -23,7 +23,8 @@ from mlbench_api.goal import Goal, GoalMode
 from mlbench_api.model import ModelName
 from mlbench_api.network import NetworkConditions
 from mlbench_api.parameters import AlgorithmParameters
-from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides
+from mlbench_api.pod import contradictions, merge
+from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides, host_network_problem
 from mlbench_api.schedule import AlphaForWorkers, LearningRate, Schedule
 from mlbench_api.task import TRANSLATION_MODELS, BenchmarkTaskSpec, Division
 from mlbench_api.training import LANGUAGE_MODEL_ALGORITHMS, TRANSLATION_ALGORITHMS, Algorithm
@@ -196,6 +197,26 @@ def check_algorithm(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
         )
 
 
+#: Why a closed-division run may not change its task's pod settings.
+CLOSED_POD_SETTINGS = (
+    "a closed-division task fixes the pod settings it sets (they are part of what it measures, e.g. NCCL_ALGO); "
+    "a run may add settings the task leaves unset (its cluster's NCCL_SOCKET_IFNAME, network attachment)"
+)
+
+
+def check_pod(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
+    """The run's ``spec.pod`` against its task's ``pod``: in the closed division it may not change a setting the
+    task sets (:class:`OverrideNotAllowed`, naming the field); the merged settings' hostNetwork needs what the run's
+    own does (a ValueError naming the field)."""
+    if task.division is Division.CLOSED:
+        changed = contradictions(task.pod, run.spec.pod)
+        if changed:
+            raise OverrideNotAllowed(f"{'; '.join(changed)}: {CLOSED_POD_SETTINGS}")
+    problem = host_network_problem(run.spec, merge(task.pod, run.spec.pod))
+    if problem:
+        raise ValueError(f"pod.hostNetwork (set by the task's pod): {problem}")
+
+
 def kind_algorithms(task: BenchmarkTaskSpec) -> tuple[Algorithm, ...] | None:
     """The algorithms the task's kind trains with (translation, language model), or None: every one (the
     image-classification and tabular Trainer runs the whole registry)."""
@@ -359,6 +380,7 @@ def effective_config(
     no goal target, no time budget and no learning-rate schedule)."""
     spec = run.spec
     check_algorithm(task, run)
+    check_pod(task, run)
     effective = apply_overrides(task, run)
     check_kind_algorithm(effective, run)
     world = spec.workers * spec.slots_per_worker

@@ -203,6 +203,9 @@ class Reason(StrEnum):
     WORKER_EXITED = "WorkerExited"  #: a worker exited 0 before the launcher finished
     #: the launcher's result is unusable, or the API server refused (422) to store the status
     INVALID_RESULT = "InvalidResult"
+    #: Kueue deactivated the run's Workload (spec.active false: waitForPodsReady's requeuing backoffLimitCount
+    #: spent, or an admin): it is never admitted again; Kueue's message, the run's unfinished pods deleted
+    WORKLOAD_DEACTIVATED = "WorkloadDeactivated"
 
 
 class DatasetReason(StrEnum):

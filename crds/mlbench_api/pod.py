@@ -178,3 +178,61 @@ def _check_key(field: str, key: str) -> None:
         raise ValueError(f"{field}: {key!r} is not a valid key ([prefix/]name)")
     if reserved_key(key):
         raise ValueError(f"{field}: {key!r}: {RESERVED_KEY_MESSAGE}")
+
+
+#: Settings given as one value (a run that sets one replaces the task's whole value).
+WHOLE_FIELDS = ("affinity", "topology_spread_constraints", "host_network", "host_ipc")
+#: Settings given as maps (by key) whose keys merge: the run's value wins on a shared key.
+KEYED_FIELDS = ("annotations", "labels", "extended_resources")
+
+
+def merge(task: PodSettings | None, run: PodSettings | None) -> PodSettings | None:
+    """The pod settings a run's pods get: its task's (``BenchmarkTask.spec.pod``) under its own (``spec.pod``).
+
+    Keyed settings merge by key (env by name, annotations, labels and extendedResources by key, imagePullSecrets
+    by name), the run's value winning on a shared key and the task's keys first; a setting given as one value
+    (affinity, topologySpreadConstraints, hostNetwork, hostIpc) is the run's when it sets it, else the task's.
+    In the closed division a run may not change what the task sets (:func:`contradictions`)."""
+    if task is None or run is None:
+        return run if task is None else task
+    update: dict[str, Any] = {f: getattr(run, f) for f in WHOLE_FIELDS if getattr(run, f) is not None}
+    for f in KEYED_FIELDS:
+        ours, theirs = getattr(task, f), getattr(run, f)
+        if ours is not None or theirs is not None:
+            update[f] = {**(ours or {}), **(theirs or {})}
+    given = {e.name: e for e in run.env or []}
+    env = [given.pop(e.name, e) for e in task.env or []] + list(given.values())
+    secrets = list(task.image_pull_secrets or [])
+    secrets += [s for s in run.image_pull_secrets or [] if s not in secrets]
+    update["env"] = env or None
+    update["image_pull_secrets"] = secrets or None
+    return task.model_copy(update=update)
+
+
+def _wire(field: str) -> str:
+    """A field's wire name (``extended_resources`` -> ``extendedResources``)."""
+    return PodSettings.model_fields[field].alias or field
+
+
+def contradictions(task: PodSettings | None, run: PodSettings | None) -> list[str]:
+    """Where ``run`` changes a pod setting ``task`` sets, each as ``spec.pod.<field>[<key>]: ...`` (empty: none).
+    Adding a key or a setting the task leaves unset is no contradiction; imagePullSecrets never contradict."""
+    if task is None or run is None:
+        return []
+    out = []
+    ours = {e.name: e.value for e in task.env or []}
+    for e in run.env or []:
+        if e.name in ours and ours[e.name] != e.value:
+            out.append(f"spec.pod.env[{e.name}]: the task sets {ours[e.name]!r}, the run {e.value!r}")
+    for f in KEYED_FIELDS:
+        mine, theirs = getattr(task, f) or {}, getattr(run, f) or {}
+        out += [
+            f"spec.pod.{_wire(f)}[{k}]: the task sets {mine[k]!r}, the run {v!r}"
+            for k, v in theirs.items()
+            if k in mine and mine[k] != v
+        ]
+    for f in WHOLE_FIELDS:
+        mine, theirs = getattr(task, f), getattr(run, f)
+        if mine is not None and theirs is not None and mine != theirs:
+            out.append(f"spec.pod.{_wire(f)}: the task sets {mine!r}, the run {theirs!r}")
+    return out

@@ -316,16 +316,21 @@ class BenchmarkRunSpec(ApiModel):
             raise ValueError(f"algorithmParameters.{misplaced[0]}: is for algorithm {owner} only")
         if gpus and self.slots_per_worker > gpus:
             raise ValueError("slotsPerWorker: more slots than GPUs per worker")
-        self._host_network_rules()
+        problem = host_network_problem(self, self.pod)
+        if problem:
+            raise ValueError(f"pod.hostNetwork: {problem}")
         return self
 
-    def _host_network_rules(self) -> None:
-        if self.pod is None or not self.pod.host_network:
-            return
-        if self.network is not None:
-            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_NOT_WITH_NETEM}")
-        if self.scheduling is None or self.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
-            raise ValueError(f"pod.hostNetwork: {HOST_NETWORK_ONE_PER_NODE}")
+
+def host_network_problem(spec: BenchmarkRunSpec, pod: PodSettings | None) -> str | None:
+    """What ``spec`` lacks for ``pod``'s hostNetwork (the run's own, or merged with its task's); None: nothing."""
+    if pod is None or not pod.host_network:
+        return None
+    if spec.network is not None:
+        return HOST_NETWORK_NOT_WITH_NETEM
+    if spec.scheduling is None or spec.scheduling.placement is not Placement.ONE_WORKER_PER_NODE:
+        return HOST_NETWORK_ONE_PER_NODE
+    return None
 
 
 class BenchmarkRun(ApiModel):

@@ -27,6 +27,7 @@ from mlbench_api.common import (
 from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_api.goal import Goal, GoalMetric
 from mlbench_api.model import ModelName, ModelSpec
+from mlbench_api.pod import PodSettings
 from mlbench_api.schedule import TRANSLATION_SCHEDULES, Schedule
 from mlbench_api.training import REFERENCE_ALGORITHMS, Algorithm, Optimizer, Training
 
@@ -303,6 +304,9 @@ class BenchmarkTaskSpec(ApiModel):
     ladder of message sizes (task 0a; docs/collectives.md). The runner command is then mlbench-runner collectives."""
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
     """The container that trains every rank (default: the operator's runner image, mlbench-runner train)."""
+    pod: PodSettings | None = None
+    """Pod settings of every run of the task, as a run's spec.pod, merged under it by name or key. Closed
+    division: a run may add settings, not change these (OverrideNotAllowed). Policy-checked as a run's."""
     overridable: Annotated[list[Overridable], Field(max_length=16)] = Field(
         default_factory=list,
         description="Hyperparameters a closed-division run may override; open-division runs may override any.",

@@ -32,8 +32,10 @@ def node_loss_tolerations(seconds: int | None, given: Sequence[Obj]) -> list[Obj
     ]
 
 
-def pod_scheduling(ctx: RunContext) -> Obj:
-    sched = ctx.spec.scheduling
+def pod_scheduling(ctx: RunContext, launcher: bool = False) -> Obj:
+    """Tolerations, nodeSelector and priority of the run's pods: ``spec.scheduling`` (the workers', with their
+    Kueue flavors' placement), or the launcher's own where Kueue gave its pod set other flavors."""
+    sched = ctx.launcher_scheduling if launcher and ctx.launcher_scheduling is not None else ctx.spec.scheduling
     out: Obj = {}
     given = [t.to_api() for t in sched.tolerations] if sched is not None and sched.tolerations else []
     tolerations = given + node_loss_tolerations(ctx.node_loss_seconds, given)
@@ -92,7 +94,7 @@ def worker_pod_settings(ctx: RunContext, attempt: int) -> Obj:
     and its host namespaces: with ``hostNetwork``, ``dnsPolicy: ClusterFirstWithHostNet`` so that the
     workers still resolve each other's Service names."""
     placement = worker_placement(ctx, attempt)
-    pod = ctx.spec.pod
+    pod = ctx.pod
     if pod is None:
         return placement
     out: Obj = {}

@@ -315,51 +315,57 @@ def check_network(network: Mapping[str, Any] | None, policy: AdmissionPolicy) ->
     ]
 
 
-def check_env(env: Iterable[Mapping[str, Any]] | None, policy: AdmissionPolicy) -> list[str]:
+#: Where a run's own pod settings are; a task's are named ``BenchmarkTask '<name>' spec.pod``.
+RUN_POD = "spec.pod"
+
+
+def check_env(env: Iterable[Mapping[str, Any]] | None, policy: AdmissionPolicy, at: str = RUN_POD) -> list[str]:
     """Every ``spec.pod.env`` name matches the admin's patterns (NCCL_*, UCX_*... by default)."""
     return [
-        f"spec.pod.env[{i}]: {var.get('name')!r} is not allowed (MLBENCH_ALLOWED_ENV: {_listed(policy.env_names)})"
+        f"{at}.env[{i}]: {var.get('name')!r} is not allowed (MLBENCH_ALLOWED_ENV: {_listed(policy.env_names)})"
         for i, var in enumerate(env or [])
         if not _matches(str(var.get("name", "")), policy.env_names)
     ]
 
 
-def check_pod_keys(keys: Iterable[str] | None, field: str, patterns: tuple[str, ...], variable: str) -> list[str]:
+def check_pod_keys(
+    keys: Iterable[str] | None, field: str, patterns: tuple[str, ...], variable: str, at: str = RUN_POD
+) -> list[str]:
     """Every annotation (or label) key of the worker pods matches the admin's patterns."""
     return [
-        f"spec.pod.{field}: key {key!r} is not allowed ({variable}: {_listed(patterns)})"
+        f"{at}.{field}: key {key!r} is not allowed ({variable}: {_listed(patterns)})"
         for key in keys or []
         if not _matches(key, patterns)
     ]
 
 
-def check_extended_resources(resources: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+def check_extended_resources(
+    resources: Mapping[str, Any] | None, policy: AdmissionPolicy, at: str = RUN_POD
+) -> list[str]:
     """Extended resources besides nvidia.com/gpu only where the admin lists them (RDMA devices, EFA adapters)."""
     allowed = _listed(policy.extended_resources)
     return [
-        f"spec.pod.extendedResources: {name!r} is not allowed (MLBENCH_ALLOWED_EXTENDED_RESOURCES: {allowed})"
+        f"{at}.extendedResources: {name!r} is not allowed (MLBENCH_ALLOWED_EXTENDED_RESOURCES: {allowed})"
         for name in resources or {}
         if name != GPU_RESOURCE and not _matches(name, policy.extended_resources)
     ]
 
 
-def check_host_namespaces(pod: Mapping[str, Any], policy: AdmissionPolicy) -> list[str]:
+def check_host_namespaces(pod: Mapping[str, Any], policy: AdmissionPolicy, at: str = RUN_POD) -> list[str]:
     """``hostNetwork`` and ``hostIPC`` share the node's namespaces (outside the baseline Pod Security level)."""
     out = []
     if pod.get("hostNetwork") and not policy.allow_host_network:
-        out.append(
-            "spec.pod.hostNetwork: the node's network namespace is not allowed (MLBENCH_ALLOW_HOST_NETWORK: false)"
-        )
+        out.append(f"{at}.hostNetwork: the node's network namespace is not allowed (MLBENCH_ALLOW_HOST_NETWORK: false)")
     if pod.get("hostIpc") and not policy.allow_host_ipc:
-        out.append("spec.pod.hostIpc: the node's IPC namespace is not allowed (MLBENCH_ALLOW_HOST_IPC: false)")
+        out.append(f"{at}.hostIpc: the node's IPC namespace is not allowed (MLBENCH_ALLOW_HOST_IPC: false)")
     return out
 
 
-def node_affinity_keys(affinity: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+def node_affinity_keys(affinity: Mapping[str, Any] | None, at: str = RUN_POD) -> list[tuple[str, str]]:
     """(field, key) of every node affinity requirement that selects nodes (operators In, Exists, Gt, Lt), in the
     required terms and the preferred ones; ``NotIn`` and ``DoesNotExist`` only narrow and are not listed."""
     node = (affinity or {}).get("nodeAffinity") or {}
-    at = "spec.pod.affinity.nodeAffinity"
+    at = f"{at}.affinity.nodeAffinity"
     required = (node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
     terms = [
         (f"{at}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", t)
@@ -379,10 +385,10 @@ def node_affinity_keys(affinity: Mapping[str, Any] | None) -> list[tuple[str, st
     ]
 
 
-def check_affinity(affinity: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
+def check_affinity(affinity: Mapping[str, Any] | None, policy: AdmissionPolicy, at: str = RUN_POD) -> list[str]:
     """Node affinity keys from the nodeSelector allowlist: an affinity selects nodes as a nodeSelector does."""
     out = []
-    for field, key in node_affinity_keys(affinity):
+    for field, key in node_affinity_keys(affinity, at):
         if _key_allowed(key, policy.node_selector_keys, policy):
             continue
         rule = (
@@ -394,18 +400,18 @@ def check_affinity(affinity: Mapping[str, Any] | None, policy: AdmissionPolicy) 
     return out
 
 
-def check_pod(pod: Mapping[str, Any] | None, policy: AdmissionPolicy) -> list[str]:
-    """``spec.pod``: each setting only as far as the admin allows it."""
+def check_pod(pod: Mapping[str, Any] | None, policy: AdmissionPolicy, at: str = RUN_POD) -> list[str]:
+    """``spec.pod`` (a run's, or a task's named by ``at``): each setting only as far as the admin allows it."""
     pod = pod or {}
     return [
-        *check_env(pod.get("env"), policy),
+        *check_env(pod.get("env"), policy, at),
         *check_pod_keys(
-            pod.get("annotations"), "annotations", policy.pod_annotations, "MLBENCH_ALLOWED_POD_ANNOTATIONS"
+            pod.get("annotations"), "annotations", policy.pod_annotations, "MLBENCH_ALLOWED_POD_ANNOTATIONS", at
         ),
-        *check_pod_keys(pod.get("labels"), "labels", policy.pod_labels, "MLBENCH_ALLOWED_POD_LABELS"),
-        *check_extended_resources(pod.get("extendedResources"), policy),
-        *check_affinity(pod.get("affinity"), policy),
-        *check_host_namespaces(pod, policy),
+        *check_pod_keys(pod.get("labels"), "labels", policy.pod_labels, "MLBENCH_ALLOWED_POD_LABELS", at),
+        *check_extended_resources(pod.get("extendedResources"), policy, at),
+        *check_affinity(pod.get("affinity"), policy, at),
+        *check_host_namespaces(pod, policy, at),
     ]
 
 

@@ -9,12 +9,15 @@ creates can be checked in a unit test: names, owner references, labels, resource
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from mlbench_api import contract
 from mlbench_api.common import API_VERSION
 from mlbench_api.config import RunConfig
+from mlbench_api.pod import PodSettings, merge
 from mlbench_api.run import BenchmarkRunSpec
+from mlbench_api.scheduling import Scheduling
 from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import naming as n
 from mlbench_operator.settings import GANG_SCHEDULER_NAME, NODE_LOSS_SECONDS, SCRATCH_LIMITS, ScratchLimits
@@ -44,11 +47,20 @@ class RunContext:
     gang_scheduler_name: str = GANG_SCHEDULER_NAME
     #: Size limits of ``/dev/shm`` and the output emptyDir (``MLBENCH_SHM_SIZE_LIMIT``, ``MLBENCH_OUTPUT_SIZE_LIMIT``).
     scratch: ScratchLimits = SCRATCH_LIMITS
+    #: The launcher's scheduling when it is not ``spec.scheduling``: the flavors Kueue assigned the launcher's pod
+    #: set (run.kueue.placed); None: ``spec.scheduling``, as every other pod of the run.
+    launcher_scheduling: Scheduling | None = None
 
     @property
     def task(self) -> BenchmarkTaskSpec:
         """The task as this run sees it: the snapshot with the run's overrides applied."""
         return self.config.task
+
+    @cached_property
+    def pod(self) -> PodSettings | None:
+        """The pod settings of the run's pods: the task's ``pod`` under the run's ``spec.pod``
+        (:func:`mlbench_api.pod.merge`)."""
+        return merge(self.task.pod, self.spec.pod)
 
     @property
     def image(self) -> str:

@@ -27,7 +27,8 @@ def worker_resources(ctx: RunContext) -> Obj:
             quantities["memory"] = str(res.memory)
         if res.gpu:
             quantities["nvidia.com/gpu"] = str(res.gpu)
-    extended = ctx.spec.pod.extended_resources if ctx.spec.pod is not None else None
+    pod = ctx.pod
+    extended = pod.extended_resources if pod is not None else None
     quantities.update({name: str(count) for name, count in sorted((extended or {}).items())})
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else {}
 
@@ -110,10 +111,11 @@ def _env(ctx: RunContext, role: str) -> list[Obj]:
 
 
 def pod_env(ctx: RunContext) -> list[Obj]:
-    """``spec.pod.env`` (workers and launcher alike), and the list of its names for the launcher to forward to
-    every rank (``mpirun -x``; the ranks start under sshd, whose sessions do not inherit the container's
-    environment). Nothing without ``spec.pod.env``."""
-    given = ctx.spec.pod.env if ctx.spec.pod is not None else None
+    """The pod settings' env (the run's ``spec.pod`` over its task's, :attr:`RunContext.pod`; workers and launcher
+    alike), and the list of its names for the launcher to forward to every rank (``mpirun -x``; the ranks start
+    under sshd, whose sessions do not inherit the container's environment). Nothing without env."""
+    pod = ctx.pod
+    given = pod.env if pod is not None else None
     if not given:
         return []
     names = ",".join(var.name for var in given)
@@ -190,7 +192,7 @@ def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
     """The worker's metadata: ``spec.pod``'s labels and annotations under MLBench's own (which win; the API
     refuses keys under mlbench.io/)."""
     meta = object_metadata(ctx, n.worker_name(ctx.name, rank), role=n.ROLE_WORKER, rank=rank, attempt=attempt)
-    pod = ctx.spec.pod
+    pod = ctx.pod
     if pod is not None and pod.labels:
         meta["labels"] = {**pod.labels, **meta["labels"]}
     if pod is not None and pod.annotations:
@@ -203,18 +205,19 @@ def worker_metadata(ctx: RunContext, rank: int, attempt: int) -> Obj:
 def image_pull_secrets(ctx: RunContext) -> Obj:
     """``spec.pod.imagePullSecrets`` as a pod spec's field, for every pod that pulls the run's image (none set:
     nothing, and the namespace's default service account's imagePullSecrets apply)."""
-    secrets = ctx.spec.pod.image_pull_secrets if ctx.spec.pod is not None else None
+    pod = ctx.pod
+    secrets = pod.image_pull_secrets if pod is not None else None
     return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
 
 
-def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None) -> Obj:
+def _pod_spec_common(ctx: RunContext, deadline_seconds: int | None = None, launcher: bool = False) -> Obj:
     spec: Obj = {
         "restartPolicy": "Never",  # any failure restarts the whole gang, never a single rank
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": pod_security(ctx),
         **image_pull_secrets(ctx),
-        **pod_scheduling(ctx),
+        **pod_scheduling(ctx, launcher),
     }
     if deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = deadline_seconds
@@ -380,7 +383,7 @@ def launcher_pod(ctx: RunContext, attempt: int, deadline_seconds: int | None = N
         "kind": "Pod",
         "metadata": object_metadata(ctx, n.launcher_name(ctx.name), role=n.ROLE_LAUNCHER, attempt=attempt),
         "spec": {
-            **_pod_spec_common(ctx, deadline_seconds),
+            **_pod_spec_common(ctx, deadline_seconds, launcher=True),
             "initContainers": [wait],
             "containers": [container],
             "volumes": volumes,

@@ -31,6 +31,10 @@ EXEMPT = {
     "BenchmarkRun.spec.pod.topologySpreadConstraints[]": "a core/v1 TopologySpreadConstraint, validated with the pods",
     "BenchmarkSweep.spec.template.pod.affinity": "a run's spec.pod.affinity (the sweep's runs copy it)",
     "BenchmarkSweep.spec.template.pod.topologySpreadConstraints[]": "a run's spec.pod.topologySpreadConstraints",
+    "BenchmarkTask.spec.pod.affinity": "a run's spec.pod.affinity (merged under the run's)",
+    "BenchmarkTask.spec.pod.topologySpreadConstraints[]": "a run's spec.pod.topologySpreadConstraints",
+    "BenchmarkRun.status.taskSnapshot.pod.affinity": "the task's pod.affinity, copied at admission",
+    "BenchmarkRun.status.taskSnapshot.pod.topologySpreadConstraints[]": "the task's, copied at admission",
 }
 #: ``format: date-time`` strings are parsed by the API server (RFC 3339), which bounds them.
 DATE_TIME = "date-time"

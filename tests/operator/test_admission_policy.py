@@ -183,11 +183,13 @@ def run_spec(**spec: Any) -> Obj:
     return {"taskRef": {"name": h.TASK_NAME}, "workers": 2, **spec}
 
 
-def task_spec(image: str = RUNNER, volume: Obj | None = None) -> Obj:
+def task_spec(image: str = RUNNER, volume: Obj | None = None, pod: Obj | None = None) -> Obj:
     spec = copy.deepcopy(h.task()["spec"])
     spec["runner"]["image"] = image
     if volume is not None:
         spec["dataset"]["volume"] = volume
+    if pod is not None:
+        spec["pod"] = pod
     return spec
 
 
@@ -454,6 +456,11 @@ CASES = [
     # empty settings keep the defaults (the operator: as if unset; the policy: not patched)
     run("empty-image", False, "spec.image", image="busybox", settings="empty"),
     task("empty-volume", False, "spec.dataset.volume", settings="empty", volume={"hostPath": {"path": "/"}}),
+    # a task's pod settings: checked as a run's (the operator names the task, the API server the task's field)
+    task("task-pod-nccl", True, pod={"env": [{"name": "NCCL_ALGO", "value": "Ring"}]}),
+    task("task-pod-env", False, "spec.pod.env", pod={"env": [{"name": "LD_PRELOAD", "value": "x"}]}),
+    task("task-pod-rdma", False, "spec.pod.extendedResources", pod={"extendedResources": {"rdma/hca": 1}}),
+    task("task-pod-ipc", False, "spec.pod.hostIpc", pod={"hostIpc": True}),
 ]
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from mlbench_api.run import SUSPEND_FINISHED
 from mlbench_operator import conditions as c
+from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
 from mlbench_operator.run import kueue as kq
 from tests import factories
@@ -265,6 +266,36 @@ def test_a_run_that_does_not_fit_the_first_flavor_is_admitted_on_the_second_and_
     assert runs.run("second")["spec"].get("scheduling") is None  # the placement is on the pods, not the spec
 
 
+@pytest.fixture
+def split_flavors(runs: Runs, kube_cluster: KubeCluster, kueue_manager: KueueManager, flavor_key: str) -> Iterator[str]:
+    """Flavor a with room for 2 one-CPU workers and nothing more, then flavor b: Kueue assigns a run of 2 workers
+    the workers' pod set on a and the launcher's (its 100m no longer fits a) on b."""
+    flavors = [(_name(runs, "-a"), {flavor_key: "a"}, "2"), (_name(runs, "-b"), {flavor_key: "b"}, "1")]
+    yield from _apply_queue(kube_cluster, _queue(runs.ns, flavors))
+
+
+def test_workers_and_launcher_on_different_flavors_each_get_their_own(
+    runs: Runs, split_flavors: str, flavor_key: str
+) -> None:
+    """Each pod set's own flavor's node labels on its pods: the union (both values of one label key) would put
+    every pod on one flavor's nodes, or on none."""
+    runs.apply(_queued("split", 2))
+    runs.wait_phase("split", "Running", timeout=90)
+    assignments = _workload(runs, "split")["status"]["admission"]["podSetAssignments"]
+    assert {a["name"]: a["flavors"]["cpu"] for a in assignments} == {
+        kq.WORKERS_POD_SET: _name(runs, "-a"),
+        kq.LAUNCHER_POD_SET: _name(runs, "-b"),
+    }
+    pods = runs.pods("split")
+    placed = {
+        (p["metadata"]["labels"][n.LABEL_ROLE], (p["spec"].get("nodeSelector") or {}).get(flavor_key))
+        for p in pods.values()
+    }
+    assert placed == {(n.ROLE_WORKER, "a"), (n.ROLE_LAUNCHER, "b")}
+    nodes = {p["metadata"]["labels"][n.LABEL_ROLE]: p["spec"].get("nodeName") for p in pods.values()}
+    assert nodes == {n.ROLE_WORKER: FLAVOR_NODES["a"], n.ROLE_LAUNCHER: FLAVOR_NODES["b"]}
+
+
 def _workload(runs: Runs, run: str) -> dict[str, Any]:
     uid = runs.run(run)["metadata"]["uid"]
     found = runs.get("workloads.kueue.x-k8s.io", kq.workload_name(run, uid))
@@ -335,3 +366,25 @@ def test_kueue_evicts_a_run_whose_workers_never_become_ready_and_leaves_a_starte
     status = runs.status("fine")
     assert status["phase"] == "Running"
     assert status.get("restarts", 0) == 0
+
+
+def test_a_queued_run_whose_workload_is_deactivated_fails_with_kueues_message(runs: Runs, queue: str) -> None:
+    """An admin deactivates the Workload of a run that waits (spec.active false, as Kueue itself does once
+    waitForPodsReady's backoffLimitCount is spent): Kueue never admits it again, so the run ends Failed,
+    WorkloadDeactivated, in Kueue's words, instead of staying Suspended forever; its Workload is marked Finished."""
+    runs.apply(_queued("parked", 4))  # never fits the queue: it waits
+    runs.wait_status("parked", _kueues_word, timeout=60, what="parked run Queued, in Kueue's words")
+    uid = runs.run("parked")["metadata"]["uid"]
+    name = kq.workload_name("parked", uid)
+    runs.kubectl("patch", "workloads.kueue.x-k8s.io", name, "--type=merge", "-p", '{"spec": {"active": false}}')
+    status = runs.wait_phase("parked", "Failed", timeout=60)
+    failed = c.get(status["conditions"], c.FAILED)
+    assert failed is not None
+    assert failed["reason"] == Reason.WORKLOAD_DEACTIVATED
+    assert "The workload is deactivated" in failed["message"]  # Kueue's own words (its Evicted condition)
+    assert name in failed["message"]
+    assert runs.pods("parked") == {}
+    finished = runs.wait_status(
+        "parked", lambda s: _true(_workload(runs, "parked"), kq.FINISHED), timeout=30, what="the Workload Finished"
+    )
+    assert finished["reason"] == "Failed"

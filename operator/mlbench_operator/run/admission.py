@@ -18,7 +18,7 @@ from mlbench_api.task import BenchmarkTaskSpec
 from mlbench_operator import conditions as c
 from mlbench_operator import naming as n
 from mlbench_operator.conditions import Reason
-from mlbench_operator.policy import AdmissionPolicy, check_placement, check_priority, violations
+from mlbench_operator.policy import AdmissionPolicy, check_placement, check_pod, check_priority, violations
 from mlbench_operator.run.status import _short, _spec_workers, _Status
 from mlbench_operator.runcontext import RunContext
 
@@ -104,10 +104,15 @@ def admit(
     volume = dataset.volume if dataset else None
     broken = violations(
         ctx.image, image_field, spec.get("scheduling"), volume, policy, network=spec.get("network"), pod=spec.get("pod")
-    )
+    ) + check_pod(snapshot.get("pod"), policy, task_pod_field(task_name))
     if broken:
         return Rejection(Reason.POLICY_VIOLATION, "; ".join(broken))
     return ctx, snapshot
+
+
+def task_pod_field(task_name: str) -> str:
+    """How a refusal names a task's pod settings (a run's are ``spec.pod``)."""
+    return f"BenchmarkTask {task_name!r} spec.pod"
 
 
 def scheduling_rejection(body: Mapping[str, Any], policy: AdmissionPolicy = DEFAULT_POLICY) -> Rejection | None:

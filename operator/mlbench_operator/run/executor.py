@@ -110,6 +110,9 @@ class RunReconciler(Observing, Creating, Keeping):
         queue = kueue.queue_name(self.body)
         queued = await self.kueue_admission(ctx, queue) if queue else None
         self.awaiting_pods_ready = self.awaiting_pods_ready and queued is not None
+        ended = suspension.deactivated_plan(self.view(), ctx.uid, pods, queued, now) if queued is not None else None
+        if ended is not None:
+            return _Stop(await self.end_deactivated(ended, now, pods))
         held = suspension.gate(self.body["spec"], queued)
         if held is not None:
             plan = suspension.held_plan(self.view(), ctx.uid, pods, held, now)
@@ -135,9 +138,19 @@ class RunReconciler(Observing, Creating, Keeping):
             await self.tell_kueue(queued, started=started, pods_gone=False)
         if queued is None or not queued.flavors:
             return ctx
-        flavors = [await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors]
-        labels, tolerations = kueue.placement(flavors)
-        return dataclasses.replace(ctx, spec=kueue.with_placement(ctx.spec, labels, tolerations))
+        flavors = {f: await self.kube.run(queueing.get_flavor, self.kube, f) for f in queued.flavors}
+        return kueue.placed(ctx, queued.assignments, flavors)
+
+    async def end_deactivated(self, plan: Plan, now: datetime, pods: list[PodView]) -> float | None:
+        """A run whose Workload Kueue deactivated: Failed, its unfinished pods deleted, then as any finished run."""
+        self.awaiting_pods_ready = False
+        await self.patch(plan.status)
+        self.emit(plan)
+        self.log.warning("workload_deactivated", message=plan.status.get("message"))
+        if plan.delete_stale:
+            await self.kube.delete_pods_named(self.namespace, plan.delete_stale, uids=plan.delete_stale)
+        after = [dataclasses.replace(p, terminating=True) if p.name in plan.delete_stale else p for p in pods]
+        return await self.finished(now, after)
 
     async def prepare(self, ctx: runcontext.RunContext, now: datetime, pods: list[PodView]) -> _Stop | None:
         """The run's ConfigMap, Secret and NetworkPolicy, then its dataset; None when the pods may come."""

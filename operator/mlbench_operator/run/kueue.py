@@ -6,8 +6,9 @@ The operator plays the part Kueue's job integrations play for a Job or an MPIJob
 launcher, each with the requests of the pods the operator will create. Until Kueue admits the Workload
 (``Admitted`` True) the run is held as if suspended: no pods, condition ``Suspended`` True with reason
 ``Queued`` and Kueue's own message. Once admitted, the node labels and tolerations of the flavors Kueue
-assigned go on every pod of the run. Once the attempt has started (the launcher runs) the Workload's ``PodsReady``
-condition is set True, so that Kueue's ``waitForPodsReady`` leaves it alone. If Kueue evicts the Workload
+assigned each pod set go on that pod set's pods (the workers', the launcher's). Once the attempt has started
+(the launcher runs) the Workload's ``PodsReady`` condition is set True, so that Kueue's ``waitForPodsReady``
+leaves it alone. If Kueue evicts the Workload
 (preemption, or ``waitForPodsReady``'s timeout: ``PodsReadyTimeout``) the run releases its pods, and once they
 are gone the operator gives the quota back (:func:`release_patch`, as Kueue's job integrations do): Kueue
 requeues the Workload. When the run ends the Workload is marked ``Finished``, which releases its quota.
@@ -21,6 +22,7 @@ run's gang restarts, like a Job's, and works with nothing but Kueue's controller
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +31,7 @@ from typing import Any
 from mlbench_api.run import BenchmarkRunSpec
 from mlbench_api.scheduling import Scheduling, Toleration
 from mlbench_operator import conditions as c
+from mlbench_operator.runcontext import RunContext
 
 #: The label that names a run's LocalQueue (Kueue's, on any job kind).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -46,6 +49,9 @@ ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evic
 PODS_READY, REQUEUED = "PodsReady", "Requeued"
 #: Kueue's eviction reason when an admitted Workload's ``PodsReady`` stayed unset past ``waitForPodsReady.timeout``.
 PODS_READY_TIMEOUT = "PodsReadyTimeout"
+#: The start of Kueue's eviction reason for a Workload whose ``spec.active`` is false (``Deactivated``, or
+#: ``DeactivatedDueToRequeuingLimitExceeded`` once waitForPodsReady's ``backoffLimitCount`` is spent).
+DEACTIVATED = "Deactivated"
 #: Evictions after which Kueue's job integrations set ``Requeued`` True at once (others wait for a backoff).
 _REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 
@@ -120,12 +126,16 @@ class Admission:
     admitted: bool
     message: str
     flavors: tuple[str, ...] = ()
+    #: (pod set, the flavors Kueue assigned it) of every pod set, from ``status.admission.podSetAssignments``
+    assignments: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: Kueue's reason while the Workload's ``Evicted`` condition is True (e.g. ``PodsReadyTimeout``), else ""
     evicted: str = ""
     #: the Workload still holds its quota (evicted: the operator must release it once the pods are gone)
     reserved: bool = False
     #: the Workload's ``PodsReady`` condition is True
     pods_ready: bool = False
+    #: Kueue deactivated the Workload (``spec.active`` false, and evicted): it is never admitted again
+    deactivated: bool = False
 
 
 def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -147,11 +157,17 @@ def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admi
     evicted = _condition(workload, EVICTED) if _true(workload, EVICTED) else None
     reserved = bool(status.get("admission")) or _true(workload, QUOTA_RESERVED)
     ready = _true(workload, PODS_READY)
+    if evicted is not None and (workload.get("spec") or {}).get("active") is False:
+        text = f"queue {queue}, Workload {name}: {deactivation_message(evicted)}"
+        return Admission(False, text, evicted=str(evicted.get("reason") or ""), reserved=reserved, deactivated=True)
     if _true(workload, ADMITTED) and evicted is None and _condition(workload, FINISHED) is None:
         assignments = (status.get("admission") or {}).get("podSetAssignments") or []
-        flavors = sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
+        by_set = tuple(
+            (str(a.get("name", "")), tuple(sorted(set((a.get("flavors") or {}).values())))) for a in assignments
+        )
+        flavors = tuple(sorted({f for _, names in by_set for f in names}))
         message = f"admitted by Kueue (queue {queue}, Workload {name})"
-        return Admission(True, message, tuple(flavors), reserved=reserved, pods_ready=ready)
+        return Admission(True, message, flavors, by_set, reserved=reserved, pods_ready=ready)
     why = str((evicted or {}).get("reason") or "")
     for type_ in (EVICTED, QUOTA_RESERVED, ADMITTED):
         cond = _condition(workload, type_)
@@ -159,6 +175,16 @@ def admission(workload: Mapping[str, Any] | None, name: str, queue: str) -> Admi
             text = f"queue {queue}, Workload {name}: {cond['message']}"
             return Admission(False, text, evicted=why, reserved=reserved, pods_ready=ready)
     return Admission(False, f"queue {queue}, Workload {name}: waiting for Kueue", evicted=why, reserved=reserved)
+
+
+def deactivation_message(evicted: Mapping[str, Any]) -> str:
+    """Kueue's words for a deactivated Workload: its ``Evicted`` message (``Deactivated...``: "The workload is
+    deactivated due to exceeding the maximum number of re-queuing retries"), or, when Kueue had evicted it for
+    another reason before (it does not evict it again), that eviction's, said to be followed by deactivation."""
+    message = str(evicted.get("message") or "")
+    if str(evicted.get("reason") or "").startswith(DEACTIVATED):
+        return message or "The workload is deactivated"
+    return f"spec.active is false (deactivated) after Kueue evicted it: {message or evicted.get('reason')}"
 
 
 def placement(flavors: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -189,6 +215,17 @@ def with_placement(
         }
     )
     return spec.model_copy(update={"scheduling": merged})
+
+
+def placed(ctx: RunContext, assignments: Iterable[tuple[str, Iterable[str]]], flavors: Mapping[str, Any]) -> RunContext:
+    """The run's context once admitted: each pod set's own flavors (``assignments``; ``flavors``: the
+    ResourceFlavors by name) put their node labels and tolerations on its pods, the workers' on spec.scheduling
+    (the workers and the dataset fetch), the launcher's on ``launcher_scheduling`` (when Kueue gave the launcher
+    other flavors than the workers, neither pod set gets the other's labels: they could select no node at all)."""
+    by_set = {pod_set: [flavors.get(f) or {} for f in names] for pod_set, names in assignments}
+    workers = with_placement(ctx.spec, *placement(by_set.get(WORKERS_POD_SET, [])))
+    launcher = with_placement(ctx.spec, *placement(by_set.get(LAUNCHER_POD_SET, [])))
+    return dataclasses.replace(ctx, spec=workers, launcher_scheduling=launcher.scheduling or Scheduling())
 
 
 def finished_patch(phase: str, now: datetime) -> dict[str, Any]:

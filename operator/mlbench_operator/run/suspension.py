@@ -1,5 +1,8 @@
 """``spec.suspend`` and ``spec.managedBy`` (Kubernetes Job semantics), and the gate a queue puts on a run (pure).
 
+A run whose Kueue Workload is deactivated (:func:`deactivated_plan`) is not held: it fails, as the Workload is
+never admitted again.
+
 A run is held (:func:`gate`) while ``spec.suspend`` is true or, with the label ``kueue.x-k8s.io/queue-name``,
 until Kueue admits its Workload (:mod:`.kueue`). A held run has no pods: :func:`held_plan` deletes those it
 has and says why (phase ``Suspended``, condition ``Suspended`` True). A run that had pods of its current
@@ -85,6 +88,24 @@ def held_plan(body: Mapping[str, Any], uid: str, pods: Iterable[PodView], held: 
     st.say(held.message if not left else f"{held.message}; deleting {len(left)} pods")
     events = [("Normal", str(held.reason), held.message)] if st.changed(c.SUSPENDED, message=True) else []
     return Plan(status=st.dump(), delete_stale=_deletable(own), events=events)
+
+
+def deactivated_plan(
+    body: Mapping[str, Any], uid: str, pods: Iterable[PodView], queued: Admission, now: datetime
+) -> Plan | None:
+    """A run whose Kueue Workload was deactivated (``spec.active`` false: waitForPodsReady's requeuing
+    ``backoffLimitCount`` spent, or an admin) ends ``Failed``/``WorkloadDeactivated`` with Kueue's message (None:
+    not deactivated): the Workload is never admitted again, and a run held for it would wait forever. Its
+    unfinished pods are deleted whatever cleanPodPolicy says (they hold resources Kueue no longer counts); the
+    Workload is then marked Finished as for any finished run."""
+    if not queued.deactivated:
+        return None
+    st = _Status.of(body, now)
+    message = f"Kueue deactivated the run's Workload, which is never admitted again ({queued.message})"
+    st.fail(Reason.WORKLOAD_DEACTIVATED, message)
+    own, _foreign = _own(pods, uid)
+    release = _deletable([p for p in own if not p.finished])
+    return Plan(status=st.dump(), delete_stale=release, events=[("Warning", str(Reason.WORKLOAD_DEACTIVATED), message)])
 
 
 def pods_gone(pods: Iterable[PodView], uid: str) -> bool:
