@@ -16,9 +16,10 @@ from mlbench_api.results import RunSummary
 from mlbench_api.run import BenchmarkRun
 from mlbench_api.training import TRANSLATION_ALGORITHMS, Algorithm
 from mlbench_runner.algorithms import make_algorithm
+from mlbench_runner.algorithms.loop_step import AVERAGING
 from mlbench_runner.comm import CountingCommunicator, TorchCommunicator, close_quietly
 from mlbench_runner.options import TRACE_GOSSIP
-from mlbench_runner.translation.algorithm_step import AVERAGING, FUSED, algorithm_step
+from mlbench_runner.translation.algorithm_step import FUSED, algorithm_step
 from mlbench_runner.translation.optim import LossScaler, accumulated_step
 
 from .helpers import join_all, launch_processes, make_config, run_doc, spawn_ranks
@@ -40,13 +41,6 @@ def test_admission_lets_a_translation_task_have_every_algorithm_but_ddp(algorith
     else:
         assert admit("synthetic-gnmt-smoke", algorithm.value) is algorithm
         assert algorithm in TRANSLATION_ALGORITHMS
-
-
-def test_admission_refuses_a_language_model_task_anything_but_allreduce() -> None:
-    assert admit("synthetic-awd-lstm-smoke", "allreduce-sgd") is Algorithm.ALLREDUCE_SGD
-    refused = r"^spec\.algorithm: powersgd .* awd-lstm task .*runs: allreduce-sgd\)"
-    with pytest.raises(AlgorithmNotAllowed, match=refused):
-        admit("synthetic-awd-lstm-smoke", "powersgd")
 
 
 def test_the_closed_translation_task_still_allows_all_reduce_only() -> None:

@@ -5,7 +5,8 @@ The step's statistics and its gradient travel apart: every micro-batch is back-p
 gradient buffers (loss times the loss scale, as the fused step); one small all-reduce sums the loss, the target
 tokens, the sentences and this rank's count of non-finite gradient entries, so every rank sees the same totals
 and takes the same loss-scaler decision; the gradient is then deflated, handed to the algorithm, clipped and
-applied by the recipe's Adam:
+applied by the recipe's Adam (:func:`mlbench_runner.algorithms.loop_step.registry_step`, shared with the
+language-model loop):
 
 * gradient-averaging algorithms (:data:`AVERAGING`: powersgd, sign-sgd, sparsified-sgd) average over ranks, so
   each rank deflates by ``scale * (all ranks' tokens, or sentences) / world``: their exact average would be the
@@ -28,14 +29,12 @@ from torch import nn
 
 from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms.base import DistributedAlgorithm, trainable
+from mlbench_runner.algorithms.loop_step import AVERAGING, registry_step
 from mlbench_runner.comm import Communicator
-from mlbench_runner.timing import PhaseTimer
 from mlbench_runner.translation.optim import LossScaler, MicroBatch, StepOutcome, label_smoothed_loss
 
 #: The algorithms whose step is the loop's fused all-reduce (centralized-adam: the recipe's Adam on the average).
 FUSED = frozenset({Algorithm.ALLREDUCE_SGD.value, Algorithm.CENTRALIZED_ADAM.value})
-#: Registry algorithms that average a (compressed) gradient over ranks.
-AVERAGING = frozenset({Algorithm.POWERSGD.value, Algorithm.SIGN_SGD.value, Algorithm.SPARSIFIED_SGD.value})
 
 
 def backward_all(
@@ -108,7 +107,9 @@ def algorithm_step(
             totals=(total_tokens, total_sentences),
             world=comm.size,
         )
-        collectives = _apply(model, optimizer, algorithm, params, lr=lr, clip_norm=clip_norm, denominator=denominator)
+        collectives = registry_step(
+            model, optimizer, algorithm, lr=lr, clip_norm=clip_norm, denominator=denominator, params=params
+        )
     algorithm.zero_grad(model)
     compute += time.perf_counter() - started - collectives
     communication += collectives
@@ -130,30 +131,3 @@ def _denominator(
     if algorithm.name in AVERAGING:
         return scale * max(totals[index], 1.0) / world
     return scale * max(mine[index], 1)
-
-
-def _apply(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    algorithm: DistributedAlgorithm,
-    params: Sequence[nn.Parameter],
-    *,
-    lr: float,
-    clip_norm: float | None,
-    denominator: float,
-) -> float:
-    """Deflate, synchronize, clip, step, gossip; the seconds spent in the algorithm's collectives."""
-    timer = PhaseTimer(torch.device("cpu"))  # wall clock around the collectives (a GPU run syncs on .tolist())
-    timer.start_step(0)
-    for p in params:
-        if p.grad is not None:
-            p.grad.div_(denominator)
-    algorithm.synchronize(model, timer)
-    if clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, clip_norm)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    algorithm.after_step(model, timer)
-    timer.end_step()
-    return sum(t.phases.get("communication", 0.0) for t in timer.flush(wait=True))

@@ -22,8 +22,9 @@ from torch import nn
 
 from mlbench_api.goal import Goal, GoalMetric, GoalMode
 from mlbench_api.results import CommunicationRecord
-from mlbench_runner.algorithms.base import CommunicationPlan, DistributedAlgorithm
-from mlbench_runner.comm import Communicator, CountingCommunicator
+from mlbench_runner.algorithms.base import DistributedAlgorithm
+from mlbench_runner.algorithms.loop_step import StepBytes, counted_bytes
+from mlbench_runner.comm import Communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
 from mlbench_runner.metrics import RunnerMetrics
@@ -198,15 +199,12 @@ class TranslationResult:
     compute_seconds: float = 0.0
     communication_seconds: float = 0.0
     signature: str = ""  #: sacrebleu's
-    plan: CommunicationPlan | None = None  #: a registry algorithm's declared collectives and bytes per step
-    algorithm_bytes: int = 0  #: what the registry algorithm handed its communicator in the steps (this rank)
+    sent: StepBytes = field(default_factory=StepBytes)  #: a registry algorithm's declared and counted bytes
     hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
 
     def communication(self) -> CommunicationRecord | None:
         """The registry algorithm's declared bytes per step next to those counted in the steps (None: fused)."""
-        if self.plan is None:
-            return None
-        return self.plan.record(self.algorithm_bytes / self.steps if self.steps else None)
+        return self.sent.record(self.steps)
 
 
 def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Module:
@@ -339,14 +337,8 @@ def one_step(
         return accumulated_step(model, optimizer, batches, comm, scaler, **options)
     sent = counted_bytes(algorithm)
     outcome = algorithm_step(model, optimizer, batches, comm, scaler, algorithm=algorithm, **options)
-    result.algorithm_bytes += counted_bytes(algorithm) - sent
+    result.sent.sent += counted_bytes(algorithm) - sent
     return outcome
-
-
-def counted_bytes(algorithm: DistributedAlgorithm) -> int:
-    """What the algorithm's communicator has counted so far (0 when it does not count, e.g. ddp's)."""
-    comm = algorithm.comm
-    return comm.bytes if isinstance(comm, CountingCommunicator) and algorithm.counted else 0
 
 
 def evaluate(
@@ -413,7 +405,8 @@ def train_translation(
     lengths = [max(len(s), len(t)) for s, t in zip(train.source, train.target, strict=True)]
     batches, freq = rank_batches(lengths, recipe, comm.size)
     total_steps = len(batches) // (comm.size * freq) * recipe.max_epochs
-    result = TranslationResult(update_freq=freq, plan=algorithm.plan(model) if algorithm is not None else None)
+    plan = algorithm.plan(model) if algorithm is not None else None
+    result = TranslationResult(update_freq=freq, sent=StepBytes(plan))
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
