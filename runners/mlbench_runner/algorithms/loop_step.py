@@ -66,13 +66,15 @@ def counted_bytes(algorithm: DistributedAlgorithm) -> int:
 @dataclass
 class StepBytes:
     """A registry algorithm's declared bytes per step and what its communicator counted in the steps (this
-    rank); a loop adds ``counted_bytes`` after a step minus before it to ``sent``."""
+    rank); a loop adds ``counted_bytes`` after a step minus before it to ``sent``. ``counted`` False: the
+    algorithm talks to the process group past the counter (ddp), nothing is measured."""
 
     plan: CommunicationPlan | None = None
     sent: int = 0
+    counted: bool = True
 
     def record(self, steps: int) -> CommunicationRecord | None:
         """The declared bytes per step next to the counted ones (None without an algorithm)."""
         if self.plan is None:
             return None
-        return self.plan.record(self.sent / steps if steps else None)
+        return self.plan.record(self.sent / steps if steps and self.counted else None)

@@ -1,5 +1,5 @@
 """One translation optimizer step through a registry algorithm (powersgd, sign-sgd, sparsified-sgd,
-decentralized-sgd) instead of the loop's fused all-reduce (:func:`~.optim.accumulated_step`).
+decentralized-sgd, ddp) instead of the loop's fused all-reduce (:func:`~.optim.accumulated_step`).
 
 The step's statistics and its gradient travel apart: every micro-batch is back-propagated into the algorithm's
 gradient buffers (loss times the loss scale, as the fused step); one small all-reduce sums the loss, the target
@@ -8,9 +8,14 @@ and takes the same loss-scaler decision; the gradient is then deflated, handed t
 applied by the recipe's Adam (:func:`mlbench_runner.algorithms.loop_step.registry_step`, shared with the
 language-model loop):
 
-* gradient-averaging algorithms (:data:`AVERAGING`: powersgd, sign-sgd, sparsified-sgd) average over ranks, so
-  each rank deflates by ``scale * (all ranks' tokens, or sentences) / world``: their exact average would be the
-  fused step's gradient, and what they send instead is their compression of it;
+* gradient-averaging algorithms (:data:`~mlbench_runner.algorithms.loop_step.AVERAGING`: powersgd, sign-sgd,
+  sparsified-sgd) average over ranks, so each rank deflates by ``scale * (all ranks' tokens, or sentences) /
+  world``: their exact average would be the fused step's gradient, and what they send instead is their
+  compression of it;
+* ddp (torch DistributedDataParallel) averages too, inside backward: every micro-batch but the last is
+  back-propagated under the wrapper's ``no_sync()``, so its reducer all-reduces the accumulated gradient once per
+  optimizer step, during the last micro-batch's backward (its time is in the compute seconds, as the Trainer's);
+  the deflation is the averaging algorithms';
 * decentralized-sgd steps on this rank's own mean gradient (deflated by its own tokens or sentences) and then
   gossips the parameters with its neighbours (``after_step``); the recipe's clip applies to that own gradient.
 
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms.base import DistributedAlgorithm, trainable
@@ -35,6 +41,15 @@ from mlbench_runner.translation.optim import LossScaler, MicroBatch, StepOutcome
 
 #: The algorithms whose step is the loop's fused all-reduce (centralized-adam: the recipe's Adam on the average).
 FUSED = frozenset({Algorithm.ALLREDUCE_SGD.value, Algorithm.CENTRALIZED_ADAM.value})
+#: The registry algorithms whose synchronized gradient is a mean over ranks (deflated by the ranks' totals).
+MEAN_OVER_RANKS = AVERAGING | {Algorithm.DDP.value}
+
+
+def accumulating(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[object]:
+    """DDP's ``no_sync()`` for every micro-batch but the step's last (one all-reduce per step), else nothing."""
+    if isinstance(model, DistributedDataParallel) and not last:
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def backward_all(
@@ -46,15 +61,17 @@ def backward_all(
     smoothing: float,
     autocast: torch.dtype | None,
 ) -> tuple[float, int, int]:
-    """Back-propagate every micro-batch's summed token loss times ``scale``; the summed loss, tokens, sentences."""
+    """Back-propagate every micro-batch's summed token loss times ``scale`` (DDP: synchronized in the last's
+    backward only); the summed loss, tokens, sentences."""
     loss_sum, tokens, sentences = 0.0, 0, 0
-    for mb in micro_batches:
+    for i, mb in enumerate(micro_batches):
         device = mb.source.device
         context = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
-        with context:
-            logits = model(mb.source, mb.previous)
-        loss = label_smoothed_loss(logits, mb.target, pad, smoothing)
-        (loss * scale).backward()
+        with accumulating(model, last=i == len(micro_batches) - 1):
+            with context:
+                logits = model(mb.source, mb.previous)
+            loss = label_smoothed_loss(logits, mb.target, pad, smoothing)
+            (loss * scale).backward()
         loss_sum += float(loss.detach())
         tokens += int(mb.target.ne(pad).sum())
         sentences += mb.target.shape[0]
@@ -128,6 +145,6 @@ def _denominator(
 ) -> float:
     """What this rank divides its scaled gradient sum by (module doc)."""
     index = 1 if per_sentence else 0
-    if algorithm.name in AVERAGING:
+    if algorithm.name in MEAN_OVER_RANKS:
         return scale * max(totals[index], 1.0) / world
     return scale * max(mine[index], 1)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from mlbench_api.goal import Goal, GoalMetric, GoalMode
 from mlbench_api.results import CommunicationRecord
@@ -214,6 +215,11 @@ def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Mo
     return Transformer(len(vocab), vocab.pad, shape)
 
 
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The network inside DDP's wrapper (ddp), or ``model`` itself."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def seq2seq(model: nn.Module) -> Seq2Seq:
     """``model`` as the search sees it (both kinds of :func:`build_model` are)."""
     assert isinstance(model, Transformer | Gnmt)
@@ -406,7 +412,8 @@ def train_translation(
     batches, freq = rank_batches(lengths, recipe, comm.size)
     total_steps = len(batches) // (comm.size * freq) * recipe.max_epochs
     plan = algorithm.plan(model) if algorithm is not None else None
-    result = TranslationResult(update_freq=freq, sent=StepBytes(plan))
+    result = TranslationResult(update_freq=freq, sent=StepBytes(plan, counted=algorithm is None or algorithm.counted))
+    net = unwrapped(model)  # what evaluation runs: DDP's forward would broadcast buffers, a collective per batch
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
@@ -440,7 +447,7 @@ def train_translation(
                 out_of_time = True
                 break
         result.skipped_steps = scaler.skipped
-        nll, bleu = evaluate(model, test, vocab, recipe, comm=comm, result=result, algorithm=algorithm)
+        nll, bleu = evaluate(net, test, vocab, recipe, comm=comm, result=result, algorithm=algorithm)
         score = epoch_score(goal.metric, 0.0, nll, bleu)
         elapsed = time.perf_counter() - clock
         record = EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed)
