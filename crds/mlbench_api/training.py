@@ -38,8 +38,8 @@ class Algorithm(StrEnum):
 REFERENCE_ALGORITHMS = (Algorithm.ALLREDUCE_SGD, Algorithm.DDP)
 #: The algorithms the translation kind's loop runs (models transformer and gnmt; docs/tasks-translation.md): its own
 #: fused all-reduce of the accumulated gradient with the token count (allreduce-sgd; centralized-adam is the same
-#: step, the recipe's Adam on the averaged gradient), the compressed ones and gossip through the runner's registry.
-#: Not ddp: DDP's reducer all-reduces inside backward, per micro-batch, past the loop's one step per accumulation.
+#: step, the recipe's Adam on the averaged gradient), the compressed ones, gossip and ddp (its reducer held off by
+#: ``no_sync()`` on all micro-batches of a step but the last) through the runner's registry.
 TRANSLATION_ALGORITHMS = (
     Algorithm.ALLREDUCE_SGD,
     Algorithm.CENTRALIZED_ADAM,
@@ -47,9 +47,18 @@ TRANSLATION_ALGORITHMS = (
     Algorithm.SIGN_SGD,
     Algorithm.SPARSIFIED_SGD,
     Algorithm.DECENTRALIZED_SGD,
+    Algorithm.DDP,
 )
-#: The language-modelling kind's loop (awd-lstm) all-reduces its gradient itself: allreduce-sgd only.
-LANGUAGE_MODEL_ALGORITHMS = (Algorithm.ALLREDUCE_SGD,)
+#: The algorithms the language-modelling kind's loop (awd-lstm; docs/algorithms.md) runs through the runner's registry,
+#: each under the recipe's clip and switch to averaged SGD. Not centralized-adam (NT-ASGD is a rule of SGD, and the
+#: recipe's rate, 30, is SGD's), not ddp (the loop trains the model itself, unwrapped).
+LANGUAGE_MODEL_ALGORITHMS = (
+    Algorithm.ALLREDUCE_SGD,
+    Algorithm.POWERSGD,
+    Algorithm.SIGN_SGD,
+    Algorithm.SPARSIFIED_SGD,
+    Algorithm.DECENTRALIZED_SGD,
+)
 
 
 class LossScaling(ApiModel):

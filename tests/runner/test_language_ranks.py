@@ -18,9 +18,8 @@ from mlbench_api.results import RunSummary
 from mlbench_api.training import Algorithm
 from mlbench_runner.comm import Communicator, LocalCommunicator, TorchCommunicator, close_quietly
 from mlbench_runner.language.corpus import batchify, read_corpus, write_synthetic
-from mlbench_runner.language.loop import SMOKE, LanguageRecipe, Trainee, train_language, train_window
+from mlbench_runner.language.loop import SMOKE, LanguageRecipe, default_algorithm, train_language, train_window, trainee
 from mlbench_runner.language.model import AwdLstm, AwdLstmShape
-from mlbench_runner.language.rules import ParameterAverage
 from mlbench_runner.language.task import run as run_language
 
 from .helpers import env, join_all, launch_processes, make_config, spawn_ranks
@@ -31,22 +30,20 @@ WINDOWS = 3
 PLAIN = AwdLstmShape(
     embedding=6, hidden=10, layers=2, dropout=0, dropout_hidden=0, dropout_input=0, dropout_embedding=0, weight_drop=0
 )
-PARITY = LanguageRecipe(shape=PLAIN, bptt=5, rate=2.0, clip=0.5, alpha=2.0, beta=1.0)
+PARITY = LanguageRecipe(shape=PLAIN, bptt=5, rate=2.0, clip=0.5, alpha=2.0, beta=1.0, weight_decay=1e-3)
 
 
 def train_steps(comm: Communicator, streams: int) -> list[float]:
     """WINDOWS steps of the fp64 model on this rank's ``streams`` streams of a fixed token sequence."""
     ids = torch.arange(400) * 7 % 23
     torch.manual_seed(0)
-    model = AwdLstm(23, PLAIN).double().train()
-    params = list(model.parameters())
-    t = Trainee(model, torch.optim.SGD(params, lr=1.0, weight_decay=1e-3), ParameterAverage(), params)
+    t = trainee(AwdLstm(23, PLAIN).double().train(), PARITY, default_algorithm(comm))
     data = batchify(ids, streams, comm.rank, comm.size)
-    hidden = model.init_hidden(streams)
+    hidden = t.model.init_hidden(streams)
     for w in range(WINDOWS):
         words, target = data[w * 5 : w * 5 + 5], data[w * 5 + 1 : w * 5 + 6]
-        hidden, _, _, _ = train_window(t, words, target, hidden, recipe=PARITY, lr=PARITY.rate, comm=comm)
-    return torch.cat([p.detach().reshape(-1) for p in params]).tolist()
+        hidden, _, _, _ = train_window(t, words, target, hidden, recipe=PARITY, lr=PARITY.rate)
+    return torch.cat([p.detach().reshape(-1) for p in t.params]).tolist()
 
 
 def _parity_rank(rank: int, port: int, out: str) -> None:
@@ -147,9 +144,10 @@ def test_the_catalog_smoke_task_trains_to_its_goal_under_the_runner_command(tmp_
 
 
 def test_another_algorithm_is_refused_by_name(tmp_path: Path) -> None:
-    """Admission refuses it (tests/runner/test_translation_algorithms.py); a config that got past it anyway is
+    """Admission refuses it (tests/runner/test_language_algorithms.py); a config that got past it anyway is
     refused by the runner too."""
     config = make_config(get_task("synthetic-awd-lstm-smoke").spec.to_api(), tmp_path / "out", 1)
-    config = config.model_copy(update={"algorithm": Algorithm.POWERSGD})
-    with pytest.raises(ValueError, match="algorithm: an awd-lstm task runs allreduce-sgd only, not powersgd"):
+    config = config.model_copy(update={"algorithm": Algorithm.CENTRALIZED_ADAM})
+    runs = "allreduce-sgd, powersgd, sign-sgd, sparsified-sgd, decentralized-sgd only, not centralized-adam"
+    with pytest.raises(ValueError, match=f"algorithm: an awd-lstm task runs {runs}"):
         run_language(config)

@@ -1,11 +1,13 @@
 """One rank's AWD-LSTM training to a perplexity goal: task 3a's recipe, flat.
 
 Per epoch: the BPTT window lengths drawn from (seed, epoch), alike on every rank; per window the loss (cross-entropy
-plus AR and TAR), the gradient all-reduced and averaged (allreduce-sgd: one all-reduce per step), clipped at the
-recipe's norm, and an SGD step at eta * seq_len / bptt (warmed up to eta * sqrt(k)). After each epoch the
-validation split is scored (every rank its share of the evaluation streams, the NLL sums all-reduced); when the
-validation loss stops improving for ``nonmono`` epochs, the parameters are averaged from then on (NT-ASGD) and
-evaluation uses the average.
+plus AR and TAR), the gradient synchronized by the run's registry algorithm (allreduce-sgd: one all-reduce and the
+average; powersgd, sign-sgd, sparsified-sgd: their compressed average; decentralized-sgd: none, gossip after the
+step), clipped at the recipe's norm, and an SGD step at eta * seq_len / bptt (warmed up to eta * sqrt(k)); the
+shared step is :func:`mlbench_runner.algorithms.loop_step.registry_step`. After each epoch the validation split is
+scored (every rank its share of the evaluation streams, the NLL sums all-reduced; decentralized-sgd: of the ranks'
+average model); when the validation loss stops improving for ``nonmono`` epochs, the parameters are averaged from
+then on (NT-ASGD: each rank averages its own iterates) and evaluation uses the average (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from mlbench_api.goal import Goal, GoalMetric, GoalMode
-from mlbench_runner.comm import Communicator
+from mlbench_api.results import CommunicationRecord
+from mlbench_runner.algorithms import DistributedAlgorithm, make_algorithm
+from mlbench_runner.algorithms.loop_step import StepBytes, counted_bytes, registry_step
+from mlbench_runner.comm import Communicator, CountingCommunicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score, perplexity
 from mlbench_runner.language.corpus import LanguageCorpus, batchify
@@ -87,6 +92,11 @@ class LanguageResult:
     test_perplexity: float | None = None  #: of the final model (averaged if averaging), on the test split
     compute_seconds: float = 0.0
     communication_seconds: float = 0.0
+    sent: StepBytes = field(default_factory=StepBytes)  #: the algorithm's declared and counted bytes per step
+
+    def communication(self) -> CommunicationRecord | None:
+        """The algorithm's declared bytes per step next to those counted in the steps."""
+        return self.sent.record(self.steps)
 
 
 @torch.no_grad()
@@ -113,22 +123,6 @@ def evaluate(model: AwdLstm, ids: torch.Tensor, recipe: LanguageRecipe, comm: Co
     return float(totals[0] / totals[1].clamp(min=1))
 
 
-def averaged_gradient(model: AwdLstm, comm: Communicator) -> float:
-    """All-reduce the flat gradient once and divide by the world size; the seconds it took."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
-    started = time.perf_counter()
-    comm.all_reduce_sum_(flat)
-    seconds = time.perf_counter() - started
-    flat /= comm.size
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
-        offset += n
-    return seconds
-
-
 def budget_spent(comm: Communicator, started: float, budget: float | None, device: torch.device) -> bool:
     """Rank 0's clock decides for every rank (collective when there is a budget)."""
     if budget is None:
@@ -144,6 +138,21 @@ class Trainee:
     optimizer: torch.optim.SGD
     average: ParameterAverage
     params: list[torch.nn.Parameter]
+    algorithm: DistributedAlgorithm  #: prepared on ``model``; its communicator counts its bytes
+
+
+def trainee(model: AwdLstm, recipe: LanguageRecipe, algorithm: DistributedAlgorithm) -> Trainee:
+    """``model`` prepared by ``algorithm`` (rank 0's parameters everywhere), its SGD and its (idle) average."""
+    if algorithm.prepare(model) is not model:  # ddp's wrapper: not one of LANGUAGE_MODEL_ALGORITHMS
+        raise ValueError(f"algorithm: {algorithm.name} wraps the model; the awd-lstm loop trains it as it is")
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=recipe.rate, weight_decay=recipe.weight_decay)
+    return Trainee(model, optimizer, ParameterAverage(), params, algorithm)
+
+
+def default_algorithm(comm: Communicator) -> DistributedAlgorithm:
+    """The reference, allreduce-sgd, over a counting view of ``comm``."""
+    return make_algorithm("allreduce-sgd", CountingCommunicator(comm))
 
 
 def train_window(
@@ -154,22 +163,23 @@ def train_window(
     *,
     recipe: LanguageRecipe,
     lr: float,
-    comm: Communicator,
+    sent: StepBytes | None = None,
 ) -> tuple[list, float, float, float]:
-    """One BPTT window: the step, then the average's update; (hidden, cross-entropy, compute s, communication s)."""
+    """One BPTT window: the step through the algorithm (its counted bytes added to ``sent``), then the average's
+    update; (hidden, cross-entropy, compute s, communication s). Every rank's loss is the mean over its own
+    window of equal size, so an averaging algorithm's exact average is the mean over all ranks' tokens."""
     started = time.perf_counter()
-    for group in t.optimizer.param_groups:
-        group["lr"] = lr
-    t.optimizer.zero_grad(set_to_none=True)
+    t.algorithm.zero_grad(t.model)  # in place: the algorithm's gradient buffers stay
     out = t.model(words, detach(hidden))
     loss = F.cross_entropy(out.logits, target.reshape(-1))
     regularized = loss + activation_regularization(out.dropped, recipe.alpha)
     regularized = regularized + temporal_activation_regularization(out.raw, recipe.beta)
     regularized.backward()
-    communication = averaged_gradient(t.model, comm)
-    torch.nn.utils.clip_grad_norm_(t.params, recipe.clip)
-    t.optimizer.step()
-    t.average.update(t.params)
+    before = counted_bytes(t.algorithm)
+    communication = registry_step(t.model, t.optimizer, t.algorithm, lr=lr, clip_norm=recipe.clip, params=t.params)
+    if sent is not None:
+        sent.sent += counted_bytes(t.algorithm) - before
+    t.average.update(t.params)  # after the gossip: the iterate this rank goes on from
     compute = time.perf_counter() - started - communication
     return out.hidden, float(loss.detach()), compute, communication
 
@@ -183,21 +193,22 @@ def train_language(
     device: torch.device | None = None,
     metrics: RunnerMetrics | None = None,
     log: EventLog | None = None,
+    algorithm: DistributedAlgorithm | None = None,
 ) -> LanguageResult:
     """Train to the recipe's goal on its evaluated split (time-to-accuracy: the first epoch that meets it;
-    accuracy-after-time: the last evaluation once the budget is spent), at most ``max_epochs``."""
+    accuracy-after-time: the last evaluation once the budget is spent), at most ``max_epochs``; ``algorithm``: a
+    registry algorithm over a counting view of ``comm`` (default allreduce-sgd), not yet prepared."""
     clock = time.perf_counter()
     goal = recipe.goal
     budget = goal.time_budget_seconds if goal.mode is GoalMode.ACCURACY_AFTER_TIME else None
     device = device or torch.device("cpu")
     torch.manual_seed(seed)  # the same initial model on every rank
-    model = AwdLstm(len(corpus.vocab), recipe.shape).to(device)
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=recipe.rate, weight_decay=recipe.weight_decay)
-    t = Trainee(model, optimizer, ParameterAverage(), params)
+    algorithm = algorithm or default_algorithm(comm)
+    t = trainee(AwdLstm(len(corpus.vocab), recipe.shape).to(device), recipe, algorithm)
+    model = t.model
     data = batchify(corpus.train, recipe.batch, comm.rank, comm.size).to(device)
     held_out = corpus.valid if recipe.evaluate_on == "valid" else corpus.test
-    result = LanguageResult()
+    result = LanguageResult(sent=StepBytes(algorithm.plan(model)))
     losses: list[float] = []
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout masks differ by rank
     for epoch in range(recipe.max_epochs):
@@ -208,7 +219,7 @@ def train_language(
             lr = batch_rate(base, length, recipe.bptt)
             words, target = data[start : start + length], data[start + 1 : start + 1 + length]
             hidden, loss, compute, communication = train_window(
-                t, words, target, hidden, recipe=recipe, lr=lr, comm=comm
+                t, words, target, hidden, recipe=recipe, lr=lr, sent=result.sent
             )
             start += length
             count_window(result, metrics, target.numel(), comm.size, lr=lr, seconds=(compute, communication))
@@ -280,10 +291,15 @@ def count_window(
 
 def evaluate_average(t: Trainee, split: torch.Tensor, recipe: LanguageRecipe, comm: Communicator) -> float:
     """The mean negative log-likelihood on ``split`` of the averaged parameters (the model's own until averaging
-    starts), the model's put back after."""
+    starts) under the algorithm's evaluation (decentralized-sgd: their mean over ranks), the model's put back
+    after."""
     t.average.swap(t.params)
     try:
-        return evaluate(t.model, split, recipe, comm)
+        t.algorithm.before_evaluation(t.model)
+        try:
+            return evaluate(t.model, split, recipe, comm)
+        finally:
+            t.algorithm.after_evaluation(t.model)
     finally:
         t.average.swap(t.params)
 

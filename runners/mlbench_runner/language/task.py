@@ -3,7 +3,9 @@ RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.train` does f
 
 The task's sections become a :class:`~.loop.LanguageRecipe` (:func:`recipe_for`); the data is the task's
 ``wikitext-tokens`` folder, or the synthetic corpus (NOT WikiText-2) generated into this rank's output folder for
-format ``synthetic``. Only the reference algorithm runs it (allreduce-sgd: one all-reduce of the gradient per step).
+format ``synthetic``. The run's algorithm comes from the runner's registry (``mlbench_api.training.
+LANGUAGE_MODEL_ALGORITHMS``: allreduce-sgd, powersgd, sign-sgd, sparsified-sgd, decentralized-sgd), its declared and
+counted bytes per step in the summary's ``communication``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 from mlbench_api.config import RunConfig
 from mlbench_api.dataspec import DatasetFormat, DatasetSpec
 from mlbench_api.results import RunSummary
-from mlbench_runner.comm import close_quietly, make_communicator
+from mlbench_api.training import LANGUAGE_MODEL_ALGORITHMS
+from mlbench_runner.algorithms import make_algorithm
+from mlbench_runner.comm import CountingCommunicator, close_quietly, make_communicator
 from mlbench_runner.language.corpus import read_corpus, write_synthetic
 from mlbench_runner.language.loop import LanguageRecipe, train_language
 from mlbench_runner.language.model import AwdLstmShape
@@ -84,7 +88,7 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     started = time.perf_counter()
     world = world or detect_world()
     recipe = recipe_for(config)
-    rank = start_rank(config, world, "an awd-lstm")
+    rank = start_rank(config, world, "an awd-lstm", LANGUAGE_MODEL_ALGORITHMS)
     root = data_folder(config.task.dataset, rank.out, world.rank)
     corpus = read_corpus(root)
     rank.log.event(
@@ -96,9 +100,20 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
         unknown_words=corpus.unknown,
     )
     comm = make_communicator(world, config.backend.value)
+    counting = CountingCommunicator(comm)
+    algorithm = make_algorithm(
+        config.algorithm.value, counting, config.bucketing.value, config.algorithm_parameters, config.seed
+    )
     try:
         result = train_language(
-            corpus, recipe, comm, seed=config.seed, device=rank.device, metrics=rank.metrics, log=rank.log
+            corpus,
+            recipe,
+            comm,
+            seed=config.seed,
+            device=rank.device,
+            metrics=rank.metrics,
+            log=rank.log,
+            algorithm=algorithm,
         )
     finally:
         close_quietly(comm, orderly=True)
@@ -106,7 +121,9 @@ def run(config: RunConfig, world: World | None = None) -> RunSummary | None:
     if world.rank != 0:
         rank.log.close()
         return None
-    summary = summary_of(config, world, rank.device, result, time.perf_counter() - started)
+    summary = summary_of(
+        config, world, rank.device, result, time.perf_counter() - started, communication=result.communication()
+    )
     rank.log.event(
         "test_perplexity", perplexity=result.test_perplexity, averaging_from_epoch=result.averaging_from_epoch
     )

@@ -1,15 +1,21 @@
 """One translation optimizer step through a registry algorithm (powersgd, sign-sgd, sparsified-sgd,
-decentralized-sgd) instead of the loop's fused all-reduce (:func:`~.optim.accumulated_step`).
+decentralized-sgd, ddp) instead of the loop's fused all-reduce (:func:`~.optim.accumulated_step`).
 
 The step's statistics and its gradient travel apart: every micro-batch is back-propagated into the algorithm's
 gradient buffers (loss times the loss scale, as the fused step); one small all-reduce sums the loss, the target
 tokens, the sentences and this rank's count of non-finite gradient entries, so every rank sees the same totals
 and takes the same loss-scaler decision; the gradient is then deflated, handed to the algorithm, clipped and
-applied by the recipe's Adam:
+applied by the recipe's Adam (:func:`mlbench_runner.algorithms.loop_step.registry_step`, shared with the
+language-model loop):
 
-* gradient-averaging algorithms (:data:`AVERAGING`: powersgd, sign-sgd, sparsified-sgd) average over ranks, so
-  each rank deflates by ``scale * (all ranks' tokens, or sentences) / world``: their exact average would be the
-  fused step's gradient, and what they send instead is their compression of it;
+* gradient-averaging algorithms (:data:`~mlbench_runner.algorithms.loop_step.AVERAGING`: powersgd, sign-sgd,
+  sparsified-sgd) average over ranks, so each rank deflates by ``scale * (all ranks' tokens, or sentences) /
+  world``: their exact average would be the fused step's gradient, and what they send instead is their
+  compression of it;
+* ddp (torch DistributedDataParallel) averages too, inside backward: every micro-batch but the last is
+  back-propagated under the wrapper's ``no_sync()``, so its reducer all-reduces the accumulated gradient once per
+  optimizer step, during the last micro-batch's backward (its time is in the compute seconds, as the Trainer's);
+  the deflation is the averaging algorithms';
 * decentralized-sgd steps on this rank's own mean gradient (deflated by its own tokens or sentences) and then
   gossips the parameters with its neighbours (``after_step``); the recipe's clip applies to that own gradient.
 
@@ -25,17 +31,25 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from mlbench_api.training import Algorithm
 from mlbench_runner.algorithms.base import DistributedAlgorithm, trainable
+from mlbench_runner.algorithms.loop_step import AVERAGING, registry_step
 from mlbench_runner.comm import Communicator
-from mlbench_runner.timing import PhaseTimer
 from mlbench_runner.translation.optim import LossScaler, MicroBatch, StepOutcome, label_smoothed_loss
 
 #: The algorithms whose step is the loop's fused all-reduce (centralized-adam: the recipe's Adam on the average).
 FUSED = frozenset({Algorithm.ALLREDUCE_SGD.value, Algorithm.CENTRALIZED_ADAM.value})
-#: Registry algorithms that average a (compressed) gradient over ranks.
-AVERAGING = frozenset({Algorithm.POWERSGD.value, Algorithm.SIGN_SGD.value, Algorithm.SPARSIFIED_SGD.value})
+#: The registry algorithms whose synchronized gradient is a mean over ranks (deflated by the ranks' totals).
+MEAN_OVER_RANKS = AVERAGING | {Algorithm.DDP.value}
+
+
+def accumulating(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[object]:
+    """DDP's ``no_sync()`` for every micro-batch but the step's last (one all-reduce per step), else nothing."""
+    if isinstance(model, DistributedDataParallel) and not last:
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def backward_all(
@@ -47,15 +61,17 @@ def backward_all(
     smoothing: float,
     autocast: torch.dtype | None,
 ) -> tuple[float, int, int]:
-    """Back-propagate every micro-batch's summed token loss times ``scale``; the summed loss, tokens, sentences."""
+    """Back-propagate every micro-batch's summed token loss times ``scale`` (DDP: synchronized in the last's
+    backward only); the summed loss, tokens, sentences."""
     loss_sum, tokens, sentences = 0.0, 0, 0
-    for mb in micro_batches:
+    for i, mb in enumerate(micro_batches):
         device = mb.source.device
         context = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
-        with context:
-            logits = model(mb.source, mb.previous)
-        loss = label_smoothed_loss(logits, mb.target, pad, smoothing)
-        (loss * scale).backward()
+        with accumulating(model, last=i == len(micro_batches) - 1):
+            with context:
+                logits = model(mb.source, mb.previous)
+            loss = label_smoothed_loss(logits, mb.target, pad, smoothing)
+            (loss * scale).backward()
         loss_sum += float(loss.detach())
         tokens += int(mb.target.ne(pad).sum())
         sentences += mb.target.shape[0]
@@ -108,7 +124,9 @@ def algorithm_step(
             totals=(total_tokens, total_sentences),
             world=comm.size,
         )
-        collectives = _apply(model, optimizer, algorithm, params, lr=lr, clip_norm=clip_norm, denominator=denominator)
+        collectives = registry_step(
+            model, optimizer, algorithm, lr=lr, clip_norm=clip_norm, denominator=denominator, params=params
+        )
     algorithm.zero_grad(model)
     compute += time.perf_counter() - started - collectives
     communication += collectives
@@ -127,33 +145,6 @@ def _denominator(
 ) -> float:
     """What this rank divides its scaled gradient sum by (module doc)."""
     index = 1 if per_sentence else 0
-    if algorithm.name in AVERAGING:
+    if algorithm.name in MEAN_OVER_RANKS:
         return scale * max(totals[index], 1.0) / world
     return scale * max(mine[index], 1)
-
-
-def _apply(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    algorithm: DistributedAlgorithm,
-    params: Sequence[nn.Parameter],
-    *,
-    lr: float,
-    clip_norm: float | None,
-    denominator: float,
-) -> float:
-    """Deflate, synchronize, clip, step, gossip; the seconds spent in the algorithm's collectives."""
-    timer = PhaseTimer(torch.device("cpu"))  # wall clock around the collectives (a GPU run syncs on .tolist())
-    timer.start_step(0)
-    for p in params:
-        if p.grad is not None:
-            p.grad.div_(denominator)
-    algorithm.synchronize(model, timer)
-    if clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, clip_norm)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    algorithm.after_step(model, timer)
-    timer.end_step()
-    return sum(t.phases.get("communication", 0.0) for t in timer.flush(wait=True))

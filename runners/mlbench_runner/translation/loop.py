@@ -19,11 +19,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from mlbench_api.goal import Goal, GoalMetric, GoalMode
 from mlbench_api.results import CommunicationRecord
-from mlbench_runner.algorithms.base import CommunicationPlan, DistributedAlgorithm
-from mlbench_runner.comm import Communicator, CountingCommunicator
+from mlbench_runner.algorithms.base import DistributedAlgorithm
+from mlbench_runner.algorithms.loop_step import StepBytes, counted_bytes
+from mlbench_runner.comm import Communicator
 from mlbench_runner.events import EventLog
 from mlbench_runner.goals import epoch_score
 from mlbench_runner.metrics import RunnerMetrics
@@ -201,15 +203,12 @@ class TranslationResult:
     compute_seconds: float = 0.0
     communication_seconds: float = 0.0
     signature: str = ""  #: sacrebleu's
-    plan: CommunicationPlan | None = None  #: a registry algorithm's declared collectives and bytes per step
-    algorithm_bytes: int = 0  #: what the registry algorithm handed its communicator in the steps (this rank)
+    sent: StepBytes = field(default_factory=StepBytes)  #: a registry algorithm's declared and counted bytes
     hypotheses: list[str] = field(default_factory=list)  #: the last evaluation's, in test-set order
 
     def communication(self) -> CommunicationRecord | None:
         """The registry algorithm's declared bytes per step next to those counted in the steps (None: fused)."""
-        if self.plan is None:
-            return None
-        return self.plan.record(self.algorithm_bytes / self.steps if self.steps else None)
+        return self.sent.record(self.steps)
 
 
 def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Module:
@@ -217,6 +216,11 @@ def build_model(shape: TransformerShape | GnmtShape, vocab: Vocabulary) -> nn.Mo
     if isinstance(shape, GnmtShape):
         return Gnmt(len(vocab), vocab.pad, shape)
     return Transformer(len(vocab), vocab.pad, shape)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The network inside DDP's wrapper (ddp), or ``model`` itself."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def seq2seq(model: nn.Module) -> Seq2Seq:
@@ -342,14 +346,8 @@ def one_step(
         return accumulated_step(model, optimizer, batches, comm, scaler, **options)
     sent = counted_bytes(algorithm)
     outcome = algorithm_step(model, optimizer, batches, comm, scaler, algorithm=algorithm, **options)
-    result.algorithm_bytes += counted_bytes(algorithm) - sent
+    result.sent.sent += counted_bytes(algorithm) - sent
     return outcome
-
-
-def counted_bytes(algorithm: DistributedAlgorithm) -> int:
-    """What the algorithm's communicator has counted so far (0 when it does not count, e.g. ddp's)."""
-    comm = algorithm.comm
-    return comm.bytes if isinstance(comm, CountingCommunicator) and algorithm.counted else 0
 
 
 def evaluate(
@@ -416,7 +414,9 @@ def train_translation(
     lengths = [max(len(s), len(t)) for s, t in zip(train.source, train.target, strict=True)]
     batches, freq = rank_batches(lengths, recipe, comm.size)
     total_steps = len(batches) // (comm.size * freq) * recipe.max_epochs
-    result = TranslationResult(update_freq=freq, plan=algorithm.plan(model) if algorithm is not None else None)
+    plan = algorithm.plan(model) if algorithm is not None else None
+    result = TranslationResult(update_freq=freq, sent=StepBytes(plan, counted=algorithm is None or algorithm.counted))
+    net = unwrapped(model)  # what evaluation runs: DDP's forward would broadcast buffers, a collective per batch
     torch.manual_seed(seed * 7919 + comm.rank)  # dropout differs by rank
     for epoch in range(recipe.max_epochs):
         loss_tokens, loss_sum, out_of_time = 0, 0.0, False
@@ -450,7 +450,7 @@ def train_translation(
                 out_of_time = True
                 break
         result.skipped_steps = scaler.skipped
-        nll, bleu = evaluate(model, test, vocab, recipe, comm=comm, result=result, algorithm=algorithm)
+        nll, bleu = evaluate(net, test, vocab, recipe, comm=comm, result=result, algorithm=algorithm)
         score = epoch_score(goal.metric, 0.0, nll, bleu)
         elapsed = time.perf_counter() - clock
         record = EpochScore(epoch + 1, score, bleu, nll, loss_sum / max(loss_tokens, 1), elapsed)

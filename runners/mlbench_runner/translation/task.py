@@ -4,9 +4,9 @@ in, rank 0's RunSummary out (summary.json), as :func:`mlbench_runner.rank.train.
 The task's sections become a :class:`~.loop.TranslationRecipe` (:func:`recipe_for`); the data is the task's
 ``parallel-text`` folder, or the synthetic pair (NOT WMT) generated into this rank's output folder for format
 ``synthetic``. allreduce-sgd and centralized-adam run the loop's fused step (one all-reduce of the summed
-gradients and the token count per optimizer step); powersgd, sign-sgd, sparsified-sgd and decentralized-sgd run
-through the runner's algorithm registry (:mod:`~.algorithm_step`), their declared and counted bytes per step in the
-summary's ``communication``; ddp is refused (``mlbench_api.training.TRANSLATION_ALGORITHMS``).
+gradients and the token count per optimizer step); powersgd, sign-sgd, sparsified-sgd, decentralized-sgd and ddp
+run through the runner's algorithm registry (:mod:`~.algorithm_step`), their declared and counted bytes per step in
+the summary's ``communication`` (ddp's declared only: its reducer talks to the process group itself).
 """
 
 from __future__ import annotations
