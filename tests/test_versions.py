@@ -110,7 +110,7 @@ def test_the_revision_is_the_last_commit_of_the_images_inputs() -> None:
     inputs = [
         "Dockerfile.operator",
         ".dockerignore",
-        "constraints.txt",
+        "locks",
         "crds/mlbench_api",
         "operator/mlbench_operator",
     ]
