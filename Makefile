@@ -50,21 +50,23 @@ $(PYTHON):
 	@$(MAKE) --no-print-directory install
 
 .PHONY: lock
-lock: $(PYTHON) ## re-pin constraints.txt from the current environment (the optional packages of constraints-plots.txt excluded)
+lock: $(PYTHON) ## re-pin constraints.txt from the current environment (constraints-plots.txt's packages excluded), then the images' hashed locks/ (uv; needs PyPI)
 	{ echo "# Exact versions of every Python package (regenerate with \`make lock\`)."; \
 	  $(PYTHON) -m pip freeze --all --exclude-editable | grep -vE '^(mlbench|pip)==' \
 	    | grep -viE "^($$(grep -oE '^[A-Za-z0-9_.-]+' constraints-plots.txt | paste -sd'|'))=="; } > constraints.txt.tmp
 	mv constraints.txt.tmp constraints.txt
+	$(PYTHON) hack/lock.py
 
 .PHONY: crds
 crds: $(PYTHON) ## regenerate crds/bases from the pydantic models
 	$(VENV)/bin/mlbench crds
 
 .PHONY: lint
-lint: $(PYTHON) ## ruff, mypy, dashboard ConfigMaps, namespaced RBAC and the Helm chart fresh, grafana's dashboard-linter
+lint: $(PYTHON) ## ruff, mypy, the images' locks, dashboard ConfigMaps, namespaced RBAC and the Helm chart fresh, grafana's dashboard-linter
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PYTHON) -m mypy
+	$(PYTHON) hack/lock.py --check
 	$(PYTHON) hack/dashboards.py --check
 	$(PYTHON) hack/namespaced-rbac.py --check
 	$(PYTHON) hack/chart.py --check --kubectl "$(KUBECTL)"
@@ -146,10 +148,17 @@ bench: install ## runner and operator benchmarks (print figures)
 
 # Registry and repository of both images: <IMAGE_REPO>/mlbench-operator, <IMAGE_REPO>/mlbench-runner (hack/images.sh).
 IMAGE_REPO ?=
+# The base of both images, pinned by digest: BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm@sha256:<digest>
+# (empty: hack/images.sh's local Debian base where mmdebstrap is installed, else the Dockerfiles' default).
+BASE_IMAGE ?=
 
 .PHONY: images
-images: ## build the operator and runner images (docker or podman; cached by a hash of their inputs); IMAGE_REPO=registry/team
-	IMAGE_REPO=$(IMAGE_REPO) hack/images.sh build
+images: ## build the operator and runner images (docker or podman; cached by a hash of their inputs); IMAGE_REPO=registry/team BASE_IMAGE=name@sha256:...
+	IMAGE_REPO=$(IMAGE_REPO) BASE_IMAGE=$(BASE_IMAGE) hack/images.sh build
+
+.PHONY: sbom
+sbom: ## copy both built images' SBOMs (CycloneDX JSON, inside each image at its label io.mlbench.sbom) to dist/sbom/
+	IMAGE_REPO=$(IMAGE_REPO) hack/images.sh sbom
 
 .PHONY: push
 push: ## push what `make images` built to IMAGE_REPO (required: registry.example.com/team)

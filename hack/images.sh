@@ -2,11 +2,11 @@
 # Build the operator and runner images (Dockerfile.operator, Dockerfile.runner), cached by
 # a hash of their inputs, and load them into the test node's containerd.
 #
-# Usage: hack/images.sh [--debian-base] [--load] [build|push|load|prune|base|wheelhouse|tags|oci-args DOCKERFILE|run-flags|hash DOCKERFILE]
+# Usage: hack/images.sh [--debian-base] [--load] [build|push|load|prune|base|wheelhouse|sbom|tags|oci-args DOCKERFILE|run-flags|hash DOCKERFILE]
 #        (default: build)
 #
 #   build       base (if local) + wheelhouse (podman) + both images; a no-op when every
-#               image already carries the label io.mlbench.inputs=<hash of its inputs>
+#               image already carries the label io.mlbench.inputs=<hash of its inputs>; then sbom
 #   push        push both images (as built: build first) to their registry; refused for the default IMAGE_REPO,
 #               which is a name for local images only (the project owns no Docker Hub namespace)
 #   load        import both images into every node's containerd, $MLBENCH_CONTAINERD_ADDRESSES (space-separated;
@@ -15,7 +15,9 @@
 #   prune       remove the image-id refs ("sha256:...") no named image points to any more there: what
 #               the CRI kept of images a load replaced (each old runner ~6 GB of the node's disk)
 #   base        only the local Debian base image (mmdebstrap + import)
-#   wheelhouse  only the wheelhouse (pip download with constraints.txt)
+#   wheelhouse  only the wheelhouse (pip download of the hashed locks, locks/*.txt)
+#   sbom        copy each built image's SBOM (CycloneDX JSON, at the path of its label io.mlbench.sbom) to
+#               $MLBENCH_SBOM_DIR/<image name>-<tag>.cdx.json (default dist/sbom)
 #   tags        print the image tags, one a line
 #   oci-args D  the build arguments of Dockerfile D's OCI labels (VERSION, REVISION, SOURCE), one a line
 #   run-flags   the flags `podman run` needs on this host (tests use them)
@@ -23,9 +25,13 @@
 #
 # Environment:
 #   MLBENCH_BUILDER   docker | podman (default: docker if its daemon answers, else podman)
+#   BASE_IMAGE        the base of both images, pinned by digest: name@sha256:<64 hex> (pulled when missing; a
+#                     tag is taken with a warning: not reproducible). Wins over MLBENCH_BASE.
 #   MLBENCH_BASE      local | <image ref>. local (the default when mmdebstrap is installed):
 #                     a Debian bookworm base built here, never pulled. Otherwise the ref is
 #                     passed as BASE_IMAGE (the Dockerfiles' default is python:3.11-slim-bookworm).
+#                     The images' labels org.opencontainers.image.base.name/.base.digest record the base:
+#                     the ref and its digest (the ref's own, else the builder's manifest digest of it).
 #   TORCH_INDEX       pip index for torch (e.g. https://download.pytorch.org/whl/cpu); empty
 #                     (the default here) means PyPI, i.e. exactly what constraints.txt pins.
 #   MLBENCH_RUNTIME_CC  the runner image's RUNTIME_CC: auto (default: gcc only with a CUDA TORCH_INDEX) | 1 | 0;
@@ -60,8 +66,9 @@ INPUTS_LABEL="io.mlbench.inputs"
 CACHE="${MLBENCH_CACHE:-$HOME/.cache/mlbench}"
 TORCH_INDEX="${TORCH_INDEX-}"
 PIP_CA="${MLBENCH_PIP_CA-/etc/ssl/certs/ca-certificates.crt}"
-# Python packages each image installs (their pins come from constraints.txt).
-WHEEL_REQUIREMENTS=(torch mpi4py numpy pillow prometheus-client structlog pydantic pyyaml sacrebleu kopf kubernetes)
+# The hashed locks the images install from (locks/, `make lock`); the wheelhouse holds their files.
+WHEEL_LOCKS=(locks/runner.txt locks/operator.txt locks/sbom.txt)
+SBOM_DIR="${MLBENCH_SBOM_DIR:-dist/sbom}"
 
 log() { echo "[images] $*" >&2; }
 die() { echo "[images] error: $*" >&2; exit 1; }
@@ -143,9 +150,32 @@ base_build() {
   return "$rc"
 }
 
+# base_ref REF: REF, refused when its digest is malformed; a warning when it has none (a tag can move).
+base_ref() {
+  case "$1" in
+    *@sha256:*) [[ $1 =~ @sha256:[0-9a-f]{64}$ ]] || die "BASE_IMAGE ${1}: a digest is sha256:<64 lowercase hex digits>" ;;
+    *@*) die "BASE_IMAGE ${1}: only sha256 digests (name@sha256:<64 hex>)" ;;
+    *) log "warning: base ${1} is a tag, not a digest: the build is not reproducible (BASE_IMAGE=name@sha256:...)" ;;
+  esac
+  echo "$1"
+}
+
+# base_digest REF: what the label org.opencontainers.image.base.digest records: REF's own digest (name@sha256:...),
+# else the builder's manifest digest of the image (podman: .Digest; docker: its first RepoDigests entry).
+base_digest() {
+  case "$1" in *@sha256:*) echo "${1##*@}"; return ;; esac
+  local digest
+  digest=$("$(builder)" image inspect --format '{{.Digest}}' "$1" 2>/dev/null || true)
+  if [[ ! $digest =~ ^sha256: ]]; then
+    digest=$("$(builder)" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$1" 2>/dev/null |
+      sed -n '1s/.*@//p' || true)
+  fi
+  echo "$digest"
+}
+
 # ensure_base: the BASE_IMAGE build argument (empty: the Dockerfiles' default).
 ensure_base() {
-  local mode=${MLBENCH_BASE:-}
+  local mode=${BASE_IMAGE:-${MLBENCH_BASE:-}}
   if [ -z "$mode" ]; then
     if command -v mmdebstrap >/dev/null; then mode=local; else mode=default; fi
   fi
@@ -166,12 +196,18 @@ ensure_base() {
       fi
       echo "$tag"
       ;;
-    *) echo "$mode" ;;
+    *)
+      base_ref "$mode" >/dev/null
+      if ! "$(builder)" image inspect "$mode" >/dev/null 2>&1; then
+        timed "base pull" "$(builder)" pull "$mode" >&2 || die "pulling the base image ${mode} failed"
+      fi
+      echo "$mode"
+      ;;
   esac
 }
 
 # -------------------------------------------------------------- wheelhouse
-# Every wheel both images install, downloaded once per constraints.txt into $CACHE (pip's own
+# Every wheel both images install, downloaded once per set of locks into $CACHE, hash-checked (pip's own
 # cache makes this a copy when the host venv was installed already), so an image build never
 # downloads torch again and needs no index at all. The wheels are the images' (CPython 3.11 on
 # bookworm's glibc 2.36, x86_64), whatever Python the host runs.
@@ -182,7 +218,7 @@ WHEEL_TARGET+=(--platform linux_x86_64 --platform any)
 
 wheelhouse_dir() {
   local key
-  key=$( (cat constraints.txt; printf '%s\n' "${WHEEL_REQUIREMENTS[@]}" "${WHEEL_TARGET[@]}") | sha256sum | cut -c1-12)
+  key=$( (cat "${WHEEL_LOCKS[@]}"; printf '%s\n' "${WHEEL_TARGET[@]}") | sha256sum | cut -c1-12)
   echo "${CACHE}/wheelhouse-${key}"
 }
 
@@ -205,8 +241,11 @@ ensure_wheelhouse() {
   else
     log "wheelhouse: filling ${dir}"
     # called in $(...), where errexit is off: a failed download must not be marked complete
-    timed "wheelhouse" host_pip download --quiet "${WHEEL_TARGET[@]}" --dest "$dir" \
-      --constraint constraints.txt "${WHEEL_REQUIREMENTS[@]}" >&2 || return 1
+    local lock
+    local -a reqs=()
+    for lock in "${WHEEL_LOCKS[@]}"; do reqs+=(-r "$lock"); done
+    timed "wheelhouse" host_pip download --quiet "${WHEEL_TARGET[@]}" --dest "$dir" --require-hashes --no-deps \
+      "${reqs[@]}" >&2 || return 1
     touch "$dir/.complete"
   fi
   echo "$dir"
@@ -246,7 +285,7 @@ build_image() {
   local -a args=()
   for extra in "$@"; do args+=(--build-arg "$extra"); done
   if [ -n "$base" ]; then
-    args+=(--build-arg "BASE_IMAGE=${base}")
+    args+=(--build-arg "BASE_IMAGE=${base}" --build-arg "BASE_DIGEST=$(base_digest "$base")")
     # the base's id, not its tag: a rebuilt base rebuilds the images
     args+=(--label "io.mlbench.base=${base}@$(image_id "$base")")
   fi
@@ -414,6 +453,28 @@ cmd_load() {
   for CTR_ADDRESS in "${list[@]}"; do prune_stale; done
 }
 
+# ------------------------------------------------------------------- sbom
+# Each image's SBOM, read from the image itself (the path its label io.mlbench.sbom names), into $SBOM_DIR.
+sbom_out() { local name=${1##*/}; echo "${SBOM_DIR}/${name/:/-}.cdx.json"; }
+
+copy_sbom() {
+  local image=$1 path out cid rc=0
+  path=$(image_label "$image" io.mlbench.sbom)
+  [ -n "$path" ] || die "sbom: ${image} has no label io.mlbench.sbom (build it: make images IMAGE_REPO=${IMAGE_REPO})"
+  out=$(sbom_out "$image")
+  mkdir -p "$SBOM_DIR"
+  cid=$("$(builder)" create "$image")
+  "$(builder)" cp "${cid}:${path}" "$out" >/dev/null || rc=$?
+  "$(builder)" rm "$cid" >/dev/null
+  [ "$rc" = 0 ] && [ -s "$out" ] || die "sbom: copying ${path} out of ${image} failed"
+  log "sbom: ${out} (${image}:${path})"
+}
+
+cmd_sbom() {
+  copy_sbom "$OPERATOR_IMAGE"
+  copy_sbom "$RUNNER_IMAGE"
+}
+
 cmd_prune() {
   local list
   list=$(addresses)
@@ -454,6 +515,7 @@ case "${cmd:-build}" in
   prune) cmd_prune ;;
   base) ensure_base >/dev/null ;;
   wheelhouse) ensure_wheelhouse ;;
+  sbom) cmd_sbom ;;
   tags) printf '%s\n' "$OPERATOR_IMAGE" "$RUNNER_IMAGE" ;;
   oci-args)
     [ $# = 1 ] || die "usage: hack/images.sh oci-args Dockerfile.runner|Dockerfile.operator"
@@ -464,5 +526,5 @@ case "${cmd:-build}" in
     [ $# = 1 ] || die "usage: hack/images.sh hash Dockerfile.runner|Dockerfile.operator"
     inputs_hash "$1"
     ;;
-  *) die "unknown command ${cmd} (build | push | load | base | wheelhouse | tags | oci-args DOCKERFILE | run-flags | hash DOCKERFILE)" ;;
+  *) die "unknown command ${cmd} (build | push | load | base | wheelhouse | sbom | tags | oci-args DOCKERFILE | run-flags | hash DOCKERFILE)" ;;
 esac

@@ -110,7 +110,7 @@ def test_the_revision_is_the_last_commit_of_the_images_inputs() -> None:
     inputs = [
         "Dockerfile.operator",
         ".dockerignore",
-        "constraints.txt",
+        "locks",
         "crds/mlbench_api",
         "operator/mlbench_operator",
     ]
@@ -145,3 +145,53 @@ def test_make_images_passes_the_labels_and_names_image_repo_for_both() -> None:
     ]
     for build in builds:
         assert f"--build-arg VERSION={version} --build-arg REVISION=" in build
+
+
+def make_images(*args: str) -> subprocess.CompletedProcess[str]:
+    """``make images ARGS`` with a builder that only prints its commands (``echo``): what docker or podman would run."""
+    env = {**os.environ, "MLBENCH_BUILDER": "echo", "MLBENCH_BASE": "default", "MLBENCH_WHEELHOUSE": "off"}
+    return subprocess.run(
+        ["make", "--no-print-directory", "images", "IMAGE_REPO=x/y", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+
+
+@pytest.mark.multiproc
+def test_make_images_builds_from_a_base_pinned_by_digest() -> None:
+    """BASE_IMAGE=name@sha256:... reaches both builds as BASE_IMAGE and as BASE_DIGEST (the base.digest label)."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    res = make_images(f"BASE_IMAGE=registry.example.com/python:3.11-slim-bookworm@{digest}")
+    assert res.returncode == 0, res.stderr
+    builds = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("build -f ")]
+    assert len(builds) == 2
+    for build in builds:
+        assert f"--build-arg BASE_IMAGE=registry.example.com/python:3.11-slim-bookworm@{digest} " in build
+        assert f"--build-arg BASE_DIGEST={digest} " in build
+    assert "not reproducible" not in res.stderr
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("base", "message"),
+    [
+        ("python@sha256:abc", "a digest is sha256:<64 lowercase hex digits>"),
+        ("python@sha512:" + "0" * 128, "only sha256 digests"),
+    ],
+)
+def test_make_images_refuses_a_malformed_base_digest(base: str, message: str) -> None:
+    res = make_images(f"BASE_IMAGE={base}")
+    assert res.returncode != 0
+    assert message in res.stderr
+    assert "build -f " not in res.stdout + res.stderr
+
+
+@pytest.mark.multiproc
+def test_make_images_warns_of_a_base_by_tag() -> None:
+    res = make_images("BASE_IMAGE=python:3.11-slim-bookworm")
+    assert res.returncode == 0, res.stderr
+    assert "base python:3.11-slim-bookworm is a tag, not a digest: the build is not reproducible" in res.stderr

@@ -5,8 +5,11 @@ image runs as UID 1000 (user ``mlbench``), starts a non-root sshd with the per-r
 ``mpirun`` and ``mlbench-runner`` and Python with torch + mpi4py, and no compiler (the
 builder stage has one, the runtime stage must not; only a build from a CUDA torch index, or
 with RUNTIME_CC=1, adds gcc for torch.compile's Triton, and the image built here is neither);
-the operator image runs as 65532, imports its handlers and carries no torch. A second build must be a cache hit: ``make
-images`` runs before every e2e session and must not rebuild several GB.
+the operator image runs as 65532, imports its handlers and carries no torch. Both carry their SBOM (CycloneDX JSON of
+their Python packages, as locks/ pin them) and the OCI labels of their version, revision, source and base. A second
+build must be a cache hit: ``make images`` runs before every e2e session and must not rebuild several GB.
+
+The images are those of ``IMAGE_REPO`` (default localhost/mlbench), as ``hack/images.sh`` names them.
 
 The images are built once per session (``hack/images.sh build``, itself a no-op when
 they are current) and every check runs a throwaway container without network.
@@ -14,7 +17,9 @@ they are current) and every check runs a throwaway container without network.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,20 +29,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
 
 from mlbench_api import contract
 from mlbench_operator import naming as n
 from mlbench_operator import runobjects, sshkeys
-from mlbench_operator.policy import DEFAULT_RUNNER_IMAGE
+from mlbench_operator.policy import DEFAULT_IMAGE_REPO, DEFAULT_RUNNER_IMAGE
 from mlbench_operator.run import admission
 from mlbench_operator.runpods import WORKER_SCRIPT
 from mlbench_runner.pod.collect import ssh_options
 from tests.operator import helpers as h
+from tests.scripts import load_script
 
+lock = load_script("hack/lock.py")
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
-RUNNER = DEFAULT_RUNNER_IMAGE
-OPERATOR = DEFAULT_RUNNER_IMAGE.replace("/mlbench-runner:", "/mlbench-operator:")
+IMAGE_REPO = os.environ.get("IMAGE_REPO", "").rstrip("/") or DEFAULT_IMAGE_REPO
+RUNNER = DEFAULT_RUNNER_IMAGE.replace(DEFAULT_IMAGE_REPO, IMAGE_REPO)
+OPERATOR = RUNNER.replace("/mlbench-runner:", "/mlbench-operator:")
 #: what build-essential brings (openmpi-bin's mpicc wrapper stays: without a compiler it compiles nothing)
 COMPILERS = ("gcc", "cc", "c++", "g++", "cpp", "clang", "make")
 
@@ -97,9 +107,15 @@ class Images:
         return proc.stdout
 
     def image_id(self, image: str) -> str:
-        cmd = [self.builder, "image", "inspect", "--format", "{{.Id}}", image]
+        return self.inspect(image, "{{.Id}}")
+
+    def inspect(self, image: str, template: str) -> str:
+        cmd = [self.builder, "image", "inspect", "--format", template, image]
         out = subprocess.run(cmd, text=True, capture_output=True, check=True)
         return out.stdout.strip()
+
+    def labels(self, image: str) -> dict[str, str]:
+        return dict(json.loads(self.inspect(image, "{{json .Config.Labels}}")))
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +127,7 @@ def images() -> Images:
     if shutil.which("mmdebstrap") is None and os.environ.get("MLBENCH_BASE", "local") == "local":
         pytest.skip("no registry here and no mmdebstrap for the local base image (apt-get install mmdebstrap)")
     start = time.monotonic()
+    assert images_sh("tags").stdout.split() == [OPERATOR, RUNNER]  # IMAGE_REPO names them as this module does
     proc = images_sh("build")
     assert proc.returncode == 0, f"hack/images.sh build failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     print(f"hack/images.sh build: {time.monotonic() - start:.1f}s\n{proc.stderr[-2000:]}")
@@ -223,3 +240,75 @@ def test_second_build_is_a_cache_hit(images: Images) -> None:
     assert "runner: cache hit" in proc.stderr, proc.stderr
     assert " build: " not in proc.stderr, f"something was rebuilt:\n{proc.stderr}"
     assert {image: images.image_id(image) for image in (RUNNER, OPERATOR)} == before
+
+
+def sbom(images: Images, image: str) -> dict:
+    """The image's SBOM, read inside it at the path its label io.mlbench.sbom names, valid CycloneDX 1.6 JSON."""
+    path = images.labels(image)["io.mlbench.sbom"]
+    text = images.check(image, f"cat {shlex.quote(path)}")
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    assert error is None, str(error)[:2000]
+    return dict(json.loads(text))
+
+
+def pypi_versions(bom: dict) -> dict[str, str]:
+    """The SBOM's PyPI components: canonical name -> version (from their purls)."""
+    versions = {}
+    for component in bom["components"]:
+        purl = re.match(r"pkg:pypi/([^@]+)@([^?#]+)", component.get("purl", ""))
+        assert purl is not None, component
+        versions[lock.canonicalize_name(purl.group(1))] = purl.group(2)
+    return versions
+
+
+@pytest.mark.parametrize("name", ["runner", "operator"])
+def test_sbom_lists_what_the_lock_pins(images: Images, name: str) -> None:
+    """Every package of the image's lock is in its SBOM at the lock's version (torch at constraints.txt's), the root
+    component is the image at the project's version, and nothing else is there but what `python -m venv` put in the
+    venv (Debian's ensurepip: pip, and setuptools where the lock has none)."""
+    image = RUNNER if name == "runner" else OPERATOR
+    bom = sbom(images, image)
+    assert bom["metadata"]["component"]["name"] == f"mlbench-{name}"
+    assert bom["metadata"]["component"]["version"] == RUNNER.rsplit(":", 1)[1]
+    locked = lock.parse_lock((REPO / "locks" / f"{name}.txt").read_text())
+    pinned = {pkg: pin.version for pkg, pin in locked.items()}
+    listed = pypi_versions(bom)
+    assert {pkg: listed.get(pkg) for pkg in pinned} == pinned
+    assert set(listed) - set(pinned) <= {"pip", "setuptools"}
+    if name == "runner":
+        assert listed["torch"] == lock.parse_pins((REPO / "constraints.txt").read_text())["torch"]
+    else:
+        assert "torch" not in listed
+
+
+def test_sbom_comes_out_with_make_sbom(images: Images, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(IMAGES_SH), "sbom"],
+        check=False,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "MLBENCH_SBOM_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    for image in (OPERATOR, RUNNER):
+        out = tmp_path / f"{image.rsplit('/', 1)[1].replace(':', '-')}.cdx.json"
+        assert json.loads(out.read_text()) == sbom(images, image)
+
+
+@pytest.mark.parametrize("image", [RUNNER, OPERATOR])
+def test_labels_name_version_revision_source_and_base(images: Images, image: str) -> None:
+    labels = images.labels(image)
+    dockerfile = "Dockerfile.runner" if image == RUNNER else "Dockerfile.operator"
+    expected = dict(arg.split("=", 1) for arg in images_sh("oci-args", dockerfile).stdout.split())
+    assert labels["org.opencontainers.image.version"] == expected["VERSION"] == RUNNER.rsplit(":", 1)[1]
+    assert labels["org.opencontainers.image.revision"] == expected["REVISION"]
+    assert labels["org.opencontainers.image.source"] == expected["SOURCE"]
+    base = labels["org.opencontainers.image.base.name"]
+    digest = labels["org.opencontainers.image.base.digest"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), labels
+    if "@" in base:  # BASE_IMAGE=name@sha256:...
+        assert base.endswith(f"@{digest}")
+    else:  # the local base (or a tag): the builder's digest of the image the build started from
+        assert images.inspect(base, "{{.Digest}}") == digest
