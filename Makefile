@@ -170,8 +170,8 @@ KUBECTL ?= $(or $(MLBENCH_KUBECTL),$(firstword $(wildcard $(MLBENCH_CACHE)/k8s-*
 .PHONY: release
 release: $(PYTHON) ## dist/install.yaml and dist/mlbench-x.y.z.tgz (the chart; HELM=path, else make helm's) of VERSION=x.y.z (pyproject's version, with a CHANGELOG.md entry), images at IMAGE_REPO
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z IMAGE_REPO=registry.example.com/team" >&2; exit 2; }
-	$(PYTHON) hack/chart.py --package dist --version "$(VERSION)" --image-repo "$(IMAGE_REPO)" --kubectl "$(KUBECTL)" $(if $(HELM),--helm "$(HELM)")
 	$(PYTHON) hack/release.py --version "$(VERSION)" --image-repo "$(IMAGE_REPO)" --kubectl "$(KUBECTL)" --out dist/install.yaml
+	$(PYTHON) hack/chart.py --package dist --version "$(VERSION)" --image-repo "$(IMAGE_REPO)" --kubectl "$(KUBECTL)" $(if $(HELM),--helm "$(HELM)")
 
 .PHONY: uninstall
 uninstall: $(PYTHON) ## remove MLBench: sweeps and runs first (waited for), then catalog, policy, operator, CRDs; DELETE_DATASETS=1 also the dataset PVCs

@@ -23,7 +23,7 @@ from mlbench_api.goal import Goal, GoalMode
 from mlbench_api.model import ModelName
 from mlbench_api.network import NetworkConditions
 from mlbench_api.parameters import AlgorithmParameters
-from mlbench_api.pod import contradictions, merge
+from mlbench_api.pod import PodSettings, contradictions, merge
 from mlbench_api.run import Backend, BenchmarkRun, Bucketing, RunOverrides, host_network_problem
 from mlbench_api.schedule import AlphaForWorkers, LearningRate, Schedule
 from mlbench_api.task import TRANSLATION_MODELS, BenchmarkTaskSpec, Division
@@ -212,7 +212,13 @@ def check_pod(task: BenchmarkTaskSpec, run: BenchmarkRun) -> None:
         changed = contradictions(task.pod, run.spec.pod)
         if changed:
             raise OverrideNotAllowed(f"{'; '.join(changed)}: {CLOSED_POD_SETTINGS}")
-    problem = host_network_problem(run.spec, merge(task.pod, run.spec.pod))
+    merged = merge(task.pod, run.spec.pod)
+    if merged is not None and merged is not run.spec.pod:
+        try:  # each side is within its bounds; together they may not be (env, annotations: at most so many)
+            PodSettings.model_validate(merged.model_dump(by_alias=True, exclude_none=True))
+        except ValidationError as exc:
+            raise ValueError(f"pod (the task's and the run's together): {'; '.join(format_errors(exc))}") from None
+    problem = host_network_problem(run.spec, merged)
     if problem:
         raise ValueError(f"pod.hostNetwork (set by the task's pod): {problem}")
 

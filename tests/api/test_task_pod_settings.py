@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mlbench_api.config import OverrideNotAllowed, effective_config
-from mlbench_api.pod import PodSettings, contradictions, merge
+from mlbench_api.pod import MAX_ENV, PodSettings, contradictions, merge
 from mlbench_api.run import HOST_NETWORK_ONE_PER_NODE, BenchmarkRun
 from mlbench_api.task import BenchmarkTaskSpec
 from tests.operator import helpers as h
@@ -145,3 +145,14 @@ def test_a_task_s_host_network_needs_what_a_run_s_does() -> None:
     assert str(err.value) == f"pod.hostNetwork (set by the task's pod): {HOST_NETWORK_ONE_PER_NODE}"
     one_per_node = run_with(scheduling={"placement": "OneWorkerPerNode"})
     effective_config(one_per_node, "t", task_with({"hostNetwork": True}, division="open"))
+
+
+def test_settings_within_bounds_on_each_side_may_not_exceed_them_together() -> None:
+    half = MAX_ENV // 2 + 1
+    task_env = [{"name": f"TASK_{i}", "value": "1"} for i in range(half)]
+    run_env = [{"name": f"RUN_{i}", "value": "1"} for i in range(half)]
+    with pytest.raises(ValueError, match=r"^pod \(the task's and the run's together\): env: ") as err:
+        effective_config(run_with({"env": run_env}), "t", task_with({"env": task_env}, division="open"))
+    assert str(MAX_ENV) in str(err.value)
+    # the same names on both sides merge to one each: within the bound
+    effective_config(run_with({"env": task_env}), "t", task_with({"env": task_env}, division="open"))

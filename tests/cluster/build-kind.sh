@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build kind (sigs.k8s.io/kind) from its Go module -- no release download -- for the kind recipe's test
-# (tests/test_kind_recipe.py: the shipped manifests/kind/cluster.yaml through kind's own loader and validation).
+# (tests/kind/: the shipped manifests/kind/cluster.yaml through kind's own loader and validation).
 # Output goes to a cache dir keyed by the version; a stamp file is written only after the build
 # succeeded, so an interrupted build is redone. `make test` starts it in the background (tests/cluster/cluster.mk).
 #

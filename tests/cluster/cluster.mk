@@ -22,7 +22,7 @@ k8s-bins:
 	  nohup tests/cluster/build-kind.sh >"$(MLBENCH_CACHE)/kind-build.log" 2>&1 & \
 	else tests/cluster/build-kueue.sh >/dev/null & kueue=$$!; tests/cluster/build-helm.sh >/dev/null & helm=$$!; \
 	  tests/cluster/build-kind.sh >/dev/null & kind=$$!; fi; \
-	tests/cluster/build-k8s.sh; wait $$netpol; if [ -n "$$kueue" ]; then wait $$kueue $$helm $$kind; fi
+	tests/cluster/build-k8s.sh; wait $$netpol; if [ -n "$$kueue" ]; then wait $$kueue && wait $$helm && wait $$kind; fi
 
 ## cluster-up: start the local cluster (idempotent); prints the kubeconfig path
 cluster-up: k8s-bins $(PYTHON)

@@ -125,3 +125,16 @@ def test_a_workload_that_is_not_deactivated_ends_nothing(queued: Admission) -> N
     body = h.run()
     body["status"] = {"phase": "Suspended", "restarts": 0}
     assert suspension.deactivated_plan(body, "uid-r1", [], queued, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [
+        ("Deactivated", BY_HAND),
+        ("DeactivatedDueToRequeuingLimitExceeded", BY_HAND),
+        ("InactiveWorkload", BY_HAND),  # Kueue releases before the Deactivated... reasons
+        ("PodsReadyTimeout", f"spec.active is false (deactivated) after Kueue evicted it: {BY_HAND}"),
+    ],
+)
+def test_the_failure_says_kueues_words_for_its_deactivation(reason: str, says: str) -> None:
+    assert kueue.deactivation_message({"reason": reason, "message": BY_HAND}) == says

@@ -52,6 +52,8 @@ PODS_READY_TIMEOUT = "PodsReadyTimeout"
 #: The start of Kueue's eviction reason for a Workload whose ``spec.active`` is false (``Deactivated``, or
 #: ``DeactivatedDueToRequeuingLimitExceeded`` once waitForPodsReady's ``backoffLimitCount`` is spent).
 DEACTIVATED = "Deactivated"
+#: The same eviction's reason in Kueue releases before the ``Deactivated...`` reasons.
+INACTIVE_WORKLOAD = "InactiveWorkload"
 #: Evictions after which Kueue's job integrations set ``Requeued`` True at once (others wait for a backoff).
 _REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 
@@ -182,7 +184,7 @@ def deactivation_message(evicted: Mapping[str, Any]) -> str:
     deactivated due to exceeding the maximum number of re-queuing retries"), or, when Kueue had evicted it for
     another reason before (it does not evict it again), that eviction's, said to be followed by deactivation."""
     message = str(evicted.get("message") or "")
-    if str(evicted.get("reason") or "").startswith(DEACTIVATED):
+    if str(evicted.get("reason") or "").startswith((DEACTIVATED, INACTIVE_WORKLOAD)):
         return message or "The workload is deactivated"
     return f"spec.active is false (deactivated) after Kueue evicted it: {message or evicted.get('reason')}"
 

@@ -73,6 +73,13 @@ class CentralizedAdam(AllReduceSGD):
         return torch.optim.Adam(model.parameters(), lr=config.lr.initial_lr, weight_decay=tr.weight_decay)
 
 
+def has_moving_buffers(model: nn.Module) -> bool:
+    """Whether DDP must broadcast rank 0's buffers before each forward: only buffers that change in training
+    (BatchNorm's running statistics) need it; a constant one (the Transformer's positional table) would cost one
+    uncounted broadcast per micro-batch for nothing."""
+    return any(getattr(m, "track_running_stats", False) for m in model.modules())
+
+
 @register("ddp")
 class DDPBaseline(DistributedAlgorithm):
     """torch DistributedDataParallel: bucketed all-reduce overlapped with backward.
@@ -86,7 +93,7 @@ class DDPBaseline(DistributedAlgorithm):
             raise ValueError("algorithm: ddp needs backend gloo or nccl (torch.distributed), not mpi")
         device = next(model.parameters()).device
         ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=True)
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=has_moving_buffers(model))
 
     counted = False  # DDP's reducer calls the process group itself, past the counting communicator
 
