@@ -164,8 +164,9 @@ SMOKE = TranslationRecipe(
 
 #: The GNMT smoke size (NOT task 4a): 4a's rule on a 2 + 2-layer, 256-wide GNMT without dropout on the synthetic pair,
 #: 64 sentences per step, peak 6e-3 after 20 steps, the first halving after 80 % of 12 epochs, decoding at most 16
-#: tokens (the pair's sentences have at most 12), goal 8 BLEU (GNMT learns the pair's alignment far more slowly than
-#: the Transformer: about 13 BLEU after 5 epochs on 2 ranks).
+#: tokens (the pair's sentences have at most 12), goal 6 BLEU (GNMT learns the pair's alignment far more slowly than
+#: the Transformer: about 1 BLEU after the first epoch, about 7 after the fourth on 2 ranks; the goal was 8, met at
+#: the fifth, until the mpi test made the run's cost count twice in CI: docs/tasks-translation.md).
 SMOKE_GNMT = dataclasses.replace(
     RECIPE_4A,
     shape=GnmtShape(hidden=256, layers=2, dropout=0.0),
@@ -177,7 +178,7 @@ SMOKE_GNMT = dataclasses.replace(
     test_max_length=16,
     max_epochs=12,
     decay=StepDecay(start=0.8),
-    goal=bleu_goal(8.0),
+    goal=bleu_goal(6.0),
 )
 
 
