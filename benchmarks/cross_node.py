@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def environment(cluster: LocalCluster) -> tuple[E2E, KubeCluster]:
         raise SystemExit(f"no real nodes: {cluster.real_node_reason()} (make cluster-up as root)")
     kube = KubeCluster(cluster.kubeconfig, str(kubectl_path()), False, (), cluster)
     _build_images(node.containerd_addresses)
-    _install_operator(kube)
+    _install_operator(kube, node, Path(tempfile.mkdtemp(prefix="mlbench-study-helm-")))
     namespace = create_namespace(kube, f"mlbench-study-{dt.datetime.now(dt.UTC):%H%M%S}", pod_security="privileged")
     env = serving_data(kube, node, namespace)
     return env, kube

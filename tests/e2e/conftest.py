@@ -1,7 +1,9 @@
 """End-to-end fixtures: built images, the operator installed as a user installs it, real pods.
 
-Everything here goes through what a user has: ``make images`` (hack/images.sh), ``kubectl apply
--k`` of the shipped manifests (tests/e2e/deploy only adds the test cluster's scheduling), a
+Everything here goes through what a user has: ``make images`` (hack/images.sh), ``helm install``
+of charts/mlbench with a real helm as docs/install.md says (tests/e2e/deploy: values for the test
+cluster's scheduling, and a post-renderer for the operator settings no value expresses), uninstalled
+at the session's end (runs first) with nothing of the release left, a
 namespace that enforces the ``restricted`` Pod Security Standard, and the dataset mechanism of
 the operator (a task whose ``dataset.source`` points at an HTTP server inside the cluster that
 serves ``../shared/datasets/cifar10-jpeg.tar.gz``; nothing is prepared on a volume by hand).
@@ -17,7 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster.helm import CHART, Helm, build
 from tests.cluster.node import RealNodeInfo
 from tests.cluster.plugin import KubeCluster, create_namespace
 
@@ -39,6 +45,9 @@ DATASET = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
 BUSYBOX = "docker.io/mlbench/busybox:test"
 E2E_LABEL = {"mlbench.io/e2e": "true"}
 SESSION = uuid.uuid4().hex[:6]
+RELEASE = "mlbench"
+OPERATOR_NAMESPACE = "mlbench-system"
+POST_RENDER = Path(__file__).resolve().parent / "post_render.py"
 
 
 def sha256(path: Path) -> str:
@@ -63,6 +72,8 @@ class E2E:
     real_nodes: tuple[str, ...] = ()
     containerd_addresses: tuple[str, ...] = ()
     tasks: list[str] = field(default_factory=list)
+    #: the Helm release that installed the operator (None: installed otherwise)
+    release: Release | None = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, input=input, check=check)
@@ -234,27 +245,78 @@ def _build_images(containerd_addresses: tuple[str, ...]) -> None:
         pytest.fail(f"hack/images.sh failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
 
 
-def _install_operator(cluster: KubeCluster) -> None:
-    """As the README says: the CRDs first (the catalog's tasks need them Established), then everything."""
-    cluster.kubectl("apply", "-k", str(REPO / "crds/bases"), check=True)
-    cluster.kubectl(
-        "wait",
-        "--for",
-        "condition=Established",
-        "crd/benchmarktasks.mlbench.io",
-        "crd/benchmarkruns.mlbench.io",
-        check=True,
-    )
-    cluster.kubectl("apply", "-k", str(DEPLOY), check=True)
-    # a rebuilt image under the same tag needs a new pod (IfNotPresent keeps the old one otherwise)
-    cluster.kubectl("rollout", "restart", "deployment/mlbench-operator", "-n", "mlbench-system", check=True)
-    res = cluster.kubectl(
-        "rollout", "status", "deployment/mlbench-operator", "-n", "mlbench-system", "--timeout=180s", timeout=200
-    )
-    if res.returncode != 0:
-        pods = cluster.kubectl("get", "pods,events", "-n", "mlbench-system", "-o", "wide").stdout
-        logs = cluster.kubectl("logs", "deployment/mlbench-operator", "-n", "mlbench-system", "--tail=50").stdout
-        pytest.fail(f"the operator Deployment did not become available: {res.stderr}\n{pods}\n{logs}")
+@dataclass(frozen=True)
+class Release:
+    """The e2e's Helm release of charts/mlbench in ``mlbench-system``: tests/e2e/deploy/values.yaml, the real nodes'
+    scheduling as a second values file, and the post-renderer (tests/e2e/post_render.py)."""
+
+    cluster: KubeCluster
+    helm: Helm
+    scheduling_values: Path
+
+    def args(self) -> list[str]:
+        return [
+            RELEASE,
+            str(CHART),
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-f",
+            str(DEPLOY / "values.yaml"),
+            "-f",
+            str(self.scheduling_values),
+            "--post-renderer",
+            sys.executable,
+            "--post-renderer-args",
+            str(POST_RENDER),
+            "--post-renderer-args",
+            self.cluster.kubectl_bin,
+            "--wait",
+            "--timeout=180s",
+        ]
+
+    def install(self) -> None:
+        # --take-ownership: the cluster-scoped objects (catalog, ClusterRoles) that earlier tests of the session
+        # applied with kubectl; a first install on a fresh cluster needs no such flag
+        self.helm("install", *self.args(), "--take-ownership", timeout=240)
+
+    def upgrade(self, *sets: str) -> None:
+        """``helm upgrade --reuse-values`` with ``--set`` ``sets``, waited for."""
+        self.helm("upgrade", *self.args(), "--reuse-values", *(a for s in sets for a in ("--set", s)), timeout=240)
+
+    def uninstall(self) -> None:
+        """As docs/install.md says: the runs first (the e2e's, by their label: the kwok tests' runs are served by
+        operators of their own), then ``helm uninstall``; then nothing of the release may be left but the CRDs."""
+        manifest = self.helm("get", "manifest", RELEASE, "-n", OPERATOR_NAMESPACE).stdout
+        selector = ",".join(f"{k}={v}" for k, v in E2E_LABEL.items())
+        runs = ("delete", "benchmarksweeps,benchmarkruns", "-A", "-l", selector, "--wait", "--timeout=300s")
+        self.cluster.kubectl(*runs, check=True, timeout=330)
+        self.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout=180s", timeout=240)
+        left = self.cluster.kubectl("get", "-f", "-", "--ignore-not-found", "-o", "name", input=manifest, check=True)
+        assert left.stdout.strip() == "", f"left after helm uninstall: {left.stdout}"
+        assert self.helm("list", "-n", OPERATOR_NAMESPACE, "-q").stdout.strip() == ""
+        secrets = ("get", "secrets", "-n", OPERATOR_NAMESPACE, "-l", f"owner=helm,name={RELEASE}", "-o", "name")
+        assert self.cluster.kubectl(*secrets, check=True).stdout.strip() == "", "the release's history is left"
+
+
+def _install_operator(cluster: KubeCluster, real_node: RealNodeInfo, workdir: Path) -> Release:
+    """As docs/install.md says: the namespace with its Pod Security labels, then ``helm install`` (the chart's
+    CRDs first, then everything), waited for until the operator's Deployment is available."""
+    scheduling = workdir / "scheduling.yaml"
+    scheduling.write_text(yaml.safe_dump({"operator": real_node.scheduling()}))
+    release = Release(cluster, Helm(build(), workdir / "helm-home", cluster.kubeconfig), scheduling)
+    create_namespace(cluster, OPERATOR_NAMESPACE)  # enforcing restricted, as manifests/operator/namespace.yaml
+    # what an earlier session left (a release, or the Deployment of a kustomize install): a new pod for the image
+    # loaded under the same tag (IfNotPresent keeps the old one otherwise)
+    if release.helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, check=False).returncode == 0:
+        release.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", timeout=240)
+    cluster.kubectl("delete", "deployment", "mlbench-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
+    try:
+        release.install()
+    except AssertionError as err:
+        pods = cluster.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, "-o", "wide").stdout
+        logs = cluster.kubectl("logs", "deployment/mlbench-operator", "-n", OPERATOR_NAMESPACE, "--tail=50").stdout
+        pytest.fail(f"helm install did not make the operator available: {err}\n{pods}\n{logs}")
+    return release
 
 
 def _dataset_server(cluster: KubeCluster, namespace: str, scheduling: dict[str, Any]) -> None:
@@ -335,15 +397,19 @@ def e2e(kube_cluster: KubeCluster, real_node: RealNodeInfo) -> Iterator[E2E]:
     _build_images(real_node.containerd_addresses or tuple(filter(None, [real_node.containerd_address])))
     if kube_cluster.local is not None:
         kube_cluster.local.ensure_node_images()
-    _install_operator(kube_cluster)
+    workdir = Path(tempfile.mkdtemp(prefix="mlbench-e2e-helm-"))
+    release = _install_operator(kube_cluster, real_node, workdir)
     namespace = create_namespace(kube_cluster, f"mlbench-e2e-{SESSION}")  # enforcing restricted
     env = serving_data(kube_cluster, real_node, namespace)
+    env.release = release
     yield env
-    kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
-    if env.tasks:
-        kube_cluster.kubectl("delete", "benchmarktask", *env.tasks, "--wait=false")
-    # the Deployment only: the CRDs and the catalog stay for the other tests of the session
-    kube_cluster.kubectl("delete", "deployment", "mlbench-operator", "-n", "mlbench-system", "--wait=false")
+    try:
+        release.uninstall()  # the runs first: the operator must still run to release them
+    finally:
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+        if env.tasks:
+            kube_cluster.kubectl("delete", "benchmarktask", *env.tasks, "--wait=false")
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
